@@ -1,0 +1,1 @@
+"""Experiments: specs, runners and analysis, joined by a run directory."""
