@@ -1,0 +1,38 @@
+# pddlab: the single entry point. CI runs `make test` (via .ci/run).
+PY      := .venv/bin/python
+PDDLAB  := .venv/bin/pddlab
+EXP     ?= link-calibration
+PROFILE ?= wan-cross-country
+BACKEND ?= auto
+PYTEST  := $(PY) -m pytest -q -rs
+
+.PHONY: setup test test-unit test-emulation vm-test bench run-experiment clean profiles
+
+setup:
+	@bash scripts/setup.sh
+
+test: setup test-unit test-emulation vm-test
+
+test-unit: setup
+	$(PYTEST) tests/unit
+
+test-emulation: setup
+	$(PYTEST) tests/emulation
+
+# The tc backend on a real sch_netem: a stock Debian kernel under qemu TCG.
+vm-test: setup
+	$(PY) -m vm.run --timeout 1500 -- $(PY) -m pytest -q -rs -p no:cacheprovider tests/emulation/test_fidelity.py --backend tc
+
+bench: setup
+	$(PY) benchmarks/bench_engine.py
+	$(PY) benchmarks/bench_shaper.py
+	$(PY) benchmarks/bench_links.py
+
+run-experiment: setup
+	$(PDDLAB) run $(EXP) --profile $(PROFILE) --backend $(BACKEND)
+
+profiles: setup
+	@$(PDDLAB) profiles
+
+clean:
+	@if [ -x $(PDDLAB) ]; then $(PDDLAB) clean; fi

@@ -1,0 +1,229 @@
+"""The `link-calibration` experiment: measure the live WAN link against its profile.
+
+Responsible for: bringing the topology up with a profile, probing both
+directions at once (UDP one-way delay probes), measuring TCP and UDP
+throughput with iperf3, capturing pcap, and writing the run directory:
+
+    metadata.json     resolved profile, backend and why, seeds, provenance
+    calibration.json  per direction: configured, expected, measured, checks
+    calibration.md    the measured-vs-configured table, human-readable
+    probes/*.json     raw probe records (seq, send_ns, recv_ns)
+    pcap/wan-a.pcap   both ends of the WAN link, headers only
+    pcap/wan-b.pcap
+
+Not responsible for: the statistics themselves (`experiments.linkstats`).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from experiments import rundir
+from experiments.linkstats import (Check, DirectionStats, Expected, ProbePlan, expected_stats,
+                                   fidelity_checks, goodput_check, probe_stats)
+from experiments.probe import ProbeRecord
+from topology import naming
+from topology.net import Testbed, TopologyConfig
+from topology.profiles import LinkParams, Profile
+
+log = logging.getLogger(__name__)
+PROBE_PORT = 9000
+IPERF_PORT = 5201
+# Probe endpoints: one host per cluster.
+ENDPOINTS = {"a_to_b": ("client", "md1"), "b_to_a": ("md1", "client")}
+
+
+@dataclass(frozen=True)
+class CalibrationConfig:
+    """How to calibrate.
+
+    probes: the UDP probe stream per direction
+    tcp_seconds: iperf3 TCP test length per direction (s); 0 = skip
+    udp: also run an iperf3 UDP test at half the rate
+    lossless_goodput: measure TCP goodput on a lossless copy of the profile
+        (the fidelity criterion); False = on the profile as it is
+    """
+    probes: ProbePlan = ProbePlan()
+    tcp_seconds: float = 8.0
+    udp: bool = True
+    lossless_goodput: bool = True
+
+
+@dataclass
+class DirectionResult:
+    """Everything measured for one direction."""
+    direction: str
+    configured: dict
+    expected: Expected
+    measured: DirectionStats
+    checks: list[Check]
+    tcp_goodput_mbit: float | None = None
+    udp: dict | None = None
+
+    @property
+    def ok(self) -> bool:
+        """All checks passed."""
+        return all(c.ok for c in self.checks)
+
+
+def lan_path_delay_ms(testbed: Testbed) -> float:
+    """Configured one-way delay of the LAN hops between probe endpoints (0 without LAN shaping)."""
+    if testbed.backend_choice.name != "tc":
+        return 0.0
+    # host -> switch -> gateway, and gateway -> switch -> host: 4 shaped egresses.
+    return 4 * testbed.config.lan_profile.a_to_b.delay_ms
+
+
+def _python() -> str:
+    return sys.executable
+
+
+def run_probes(testbed: Testbed, plan: ProbePlan, out_dir: Path) -> dict[str, list[ProbeRecord]]:
+    """Probe both directions concurrently; return the raw records per direction."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    receivers = {}
+    for direction, (src, dst) in ENDPOINTS.items():
+        out = out_dir / f"{direction}.json"
+        receivers[direction] = (out, testbed.popen(dst, [
+            _python(), "-m", "experiments.probe", "recv", "--port", str(PROBE_PORT),
+            "--count", str(plan.count), "--out", str(out),
+            "--overall-timeout-s", str(plan.count * plan.interval_ms / 1000 + 60)],
+            stdout=subprocess.PIPE, text=True))
+    for direction, (_, proc) in receivers.items():
+        _wait_ready(proc, f"probe receiver {direction}")
+    senders = [testbed.popen(src, [
+        _python(), "-m", "experiments.probe", "send", "--dst", _ip(dst), "--port", str(PROBE_PORT),
+        "--count", str(plan.count), "--interval-ms", str(plan.interval_ms),
+        "--payload-bytes", str(plan.payload_bytes)]) for src, dst in ENDPOINTS.values()]
+    for proc in senders:
+        if proc.wait() != 0:
+            raise RuntimeError(f"probe sender failed: {proc.args}")
+    records = {}
+    for direction, (out, proc) in receivers.items():
+        if proc.wait(timeout=120) != 0:
+            raise RuntimeError(f"probe receiver {direction} failed")
+        records[direction] = [ProbeRecord(**r) for r in json.loads(out.read_text())]
+    return records
+
+
+def _wait_ready(proc: subprocess.Popen, what: str, timeout_s: float = 30) -> None:
+    """Block until the process prints 'ready' (its socket is bound)."""
+    line = proc.stdout.readline()
+    if line.strip() != "ready":
+        raise RuntimeError(f"{what} did not become ready (exit {proc.poll()}): {line!r}")
+
+
+def _ip(host: str) -> str:
+    spec = next(h for h in naming.hosts() if h.name == host)
+    return spec.ip
+
+
+def _wait_listening(testbed: Testbed, host: str, port: int, timeout_s: float = 15) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if testbed.run(host, ["ss", "-Hltn", f"sport = :{port}"]).strip():
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on {host}:{port} after {timeout_s}s")
+
+
+def iperf3(testbed: Testbed, direction: str, seconds: float, udp_mbit: float | None = None) -> dict:
+    """One iperf3 test in a direction; returns iperf3's JSON `end` section."""
+    src, dst = ENDPOINTS[direction]
+    server = testbed.popen(dst, ["iperf3", "-s", "-1", "-p", str(IPERF_PORT)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _wait_listening(testbed, dst, IPERF_PORT)
+    argv = ["iperf3", "-c", _ip(dst), "-p", str(IPERF_PORT), "-t", str(seconds), "-J"]
+    argv += ["-O", "2"] if seconds > 3 else []  # skip slow start on the long runs
+    if udp_mbit:
+        argv += ["-u", "-b", f"{udp_mbit}M", "-l", "1400"]
+    out = testbed.run(src, argv, timeout_s=seconds + 60)
+    server.wait(timeout=10)
+    return json.loads(out)["end"]
+
+
+def calibrate(testbed: Testbed, cfg: CalibrationConfig, out_dir: Path) -> list[DirectionResult]:
+    """Measure both directions of the live WAN link against its current parameters."""
+    params = dict(testbed.link.current)
+    base = lan_path_delay_ms(testbed)
+    records = run_probes(testbed, cfg.probes, out_dir / "probes")
+    results = []
+    for direction, p in params.items():
+        expected = expected_stats(p, cfg.probes, base_delay_ms=base)
+        measured = probe_stats(records[direction], cfg.probes.count)
+        results.append(DirectionResult(direction, p.to_dict(), expected, measured,
+                                       fidelity_checks(expected, measured)))
+    if cfg.tcp_seconds:
+        _measure_goodput(testbed, cfg, params, results)
+    if cfg.udp:
+        for r in results:
+            rate = params[r.direction].rate_mbit or 1000
+            r.udp = iperf3(testbed, r.direction, min(cfg.tcp_seconds or 5, 5), udp_mbit=rate / 2).get("sum")
+    return results
+
+
+def _lossless(p: LinkParams) -> LinkParams:
+    return p.replace(loss_pct=0, loss_ge=None, duplicate_pct=0, corrupt_pct=0, reorder_pct=0, reorder_gap=0)
+
+
+def _measure_goodput(testbed: Testbed, cfg: CalibrationConfig, params: dict, results: list) -> None:
+    if cfg.lossless_goodput:
+        for d, p in params.items():
+            testbed.link.set(d, _lossless(p), "lossless copy for TCP goodput")
+    try:
+        for r in results:
+            end = iperf3(testbed, r.direction, cfg.tcp_seconds)
+            r.tcp_goodput_mbit = end["sum_received"]["bits_per_second"] / 1e6
+            rate = params[r.direction].rate_mbit
+            if rate and cfg.lossless_goodput:
+                r.checks.append(goodput_check(rate, r.tcp_goodput_mbit))
+    finally:
+        if cfg.lossless_goodput:
+            for d, p in params.items():
+                testbed.link.set(d, p, "restore profile")
+
+
+def markdown_table(profile: Profile, backend: str, results: list[DirectionResult]) -> str:
+    """The measured-vs-configured table of calibration.md."""
+    lines = [f"# Link calibration: `{profile.name}` on the `{backend}` backend", "",
+             "| direction | quantity | configured / expected | measured | allowed | ok |",
+             "|---|---|---|---|---|---|"]
+    for r in results:
+        for c in r.checks:
+            lines.append(f"| {r.direction} | {c.name} | {c.expected:.4g} | {c.measured:.4g} "
+                         f"| {c.lo:.4g} .. {c.hi:.4g} | {'yes' if c.ok else '**NO**'} |")
+        m = r.measured
+        lines.append(f"| {r.direction} | probes sent/received/dup/reordered | {m.sent} | "
+                     f"{m.received}/{m.duplicates}/{m.reordered} | | |")
+        if r.udp:
+            lines.append(f"| {r.direction} | UDP at half rate: Mbit/s, loss % | | "
+                         f"{r.udp.get('bits_per_second', 0) / 1e6:.4g}, {r.udp.get('lost_percent', 0):.3g} | | |")
+    return "\n".join(lines) + "\n"
+
+
+def run(profile: Profile, backend: str = "auto", cfg: CalibrationConfig = CalibrationConfig(),
+        results_root: Path = rundir.RESULTS, seed: int = 1) -> Path:
+    """The whole experiment: topology up, calibrate, write the run directory, tear down."""
+    out = rundir.new_run_dir("link-calibration", results_root)
+    meta = {"experiment": "link-calibration", "complete": False, "calibration": asdict(cfg),
+            **rundir.provenance()}
+    rundir.write_json(out / "metadata.json", meta)
+    topo = TopologyConfig(wan_profile=profile, backend=backend, capture_dir=out / "pcap", seed=seed)
+    try:
+        with Testbed(topo) as testbed:
+            results = calibrate(testbed, cfg, out)
+            meta.update(topology=testbed.metadata())
+        rundir.write_json(out / "calibration.json", [asdict(r) | {"ok": r.ok} for r in results])
+        (out / "calibration.md").write_text(markdown_table(profile, meta["topology"]["backend"], results))
+        meta["complete"] = True
+        meta["all_checks_ok"] = all(r.ok for r in results)
+    finally:
+        meta["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        rundir.write_json(out / "metadata.json", meta)
+    log.info("run directory: %s", out)
+    return out

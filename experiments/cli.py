@@ -1,0 +1,112 @@
+"""`pddlab`: the command-line entry point that the Makefile wraps.
+
+Responsible for: parsing arguments, validating them before anything starts,
+turning errors into one clear line and an exit status, and dispatching to
+experiments and maintenance commands. Not responsible for: the experiments.
+
+    pddlab profiles                      list the shipped netem profiles
+    pddlab check-profile FILE...         validate profile files
+    pddlab run [EXPERIMENT] [--profile NAME] [--backend auto|tc|userspace]
+    pddlab clean                         remove leftovers of crashed runs
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from experiments import calibration
+from experiments.linkstats import ProbePlan
+from topology.profiles import ProfileError, available_profiles, load_profile
+from topology.shaping import BACKENDS
+
+log = logging.getLogger("pddlab")
+DEFAULT_EXPERIMENT = "link-calibration"
+DEFAULT_PROFILE = "wan-cross-country"
+EXPERIMENTS = ("link-calibration",)
+
+
+def _profiles(_args) -> int:
+    print(f"{'name':<20} {'rate Mbit/s':>11} {'delay ms':>8} {'jitter ms':>9} {'loss %':>7}  description")
+    for name in available_profiles():
+        p = load_profile(name)
+        d = p.a_to_b
+        print(f"{name:<20} {d.rate_mbit:>11g} {d.delay_ms:>8g} {d.jitter_ms:>9g} "
+              f"{d.expected_loss_pct:>7.3g}  {p.description}")
+    return 0
+
+
+def _check_profile(args) -> int:
+    for path in args.files:
+        load_profile(Path(path))
+        print(f"{path}: ok")
+    return 0
+
+
+def _run(args) -> int:
+    if args.experiment not in EXPERIMENTS:
+        raise UsageError(f"unknown experiment {args.experiment!r}; available: {', '.join(EXPERIMENTS)}")
+    profile = load_profile(args.profile)
+    cfg = calibration.CalibrationConfig(
+        probes=ProbePlan(count=args.probes, interval_ms=args.probe_interval_ms),
+        tcp_seconds=args.tcp_seconds)
+    out = calibration.run(profile, backend=args.backend, cfg=cfg, seed=args.seed)
+    print((out / "calibration.md").read_text())
+    print(f"run directory: {out}")
+    return 0
+
+
+def _clean(_args) -> int:
+    from topology.cleanup import clean
+    removed = clean()
+    print("\n".join(removed) if removed else "nothing to clean")
+    return 0
+
+
+class UsageError(ValueError):
+    """Bad command-line input."""
+
+
+def parser() -> argparse.ArgumentParser:
+    """The argument parser (exposed for tests)."""
+    ap = argparse.ArgumentParser(prog="pddlab", description="PDD cross-cluster serving testbed")
+    ap.add_argument("-v", "--verbose", action="store_true")
+    sub = ap.add_subparsers(dest="command", required=True)
+    sub.add_parser("profiles", help="list netem profiles").set_defaults(func=_profiles)
+    cp = sub.add_parser("check-profile", help="validate profile files")
+    cp.add_argument("files", nargs="+")
+    cp.set_defaults(func=_check_profile)
+    run = sub.add_parser("run", help="run an experiment")
+    run.add_argument("experiment", nargs="?", default=DEFAULT_EXPERIMENT)
+    run.add_argument("--profile", default=DEFAULT_PROFILE, help="profile name or YAML path")
+    run.add_argument("--backend", default="auto", choices=BACKENDS)
+    run.add_argument("--probes", type=int, default=1000, help="UDP probes per direction")
+    run.add_argument("--probe-interval-ms", type=float, default=20.0)
+    run.add_argument("--tcp-seconds", type=float, default=8.0)
+    run.add_argument("--seed", type=int, default=1)
+    run.set_defaults(func=_run)
+    sub.add_parser("clean", help="remove leftovers of crashed runs").set_defaults(func=_clean)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: returns the process exit status."""
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("mininet").setLevel(logging.ERROR)
+    from topology.net import TestbedError
+    from topology.shaping import ShapingError
+    try:
+        return args.func(args)
+    except (ProfileError, UsageError, TestbedError, ShapingError) as exc:
+        print(f"pddlab: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("pddlab: interrupted; everything the run made was torn down", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

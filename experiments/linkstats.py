@@ -1,0 +1,196 @@
+"""Link statistics from probe records, and the fidelity verdict against a profile.
+
+Responsible for: turning `ProbeRecord`s into delay/jitter/loss/reorder numbers,
+computing what a profile should show for the same probe stream (by running
+netem's own per-packet model, `topology.netem_model`, over it), and comparing
+the two with the named tolerances below.
+Not responsible for: running probes (`experiments.probe`) or the topology.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+
+from experiments.probe import WIRE_OVERHEAD_BYTES, ProbeRecord
+from topology.profiles import LinkParams
+
+# Tolerances (issue: "Mininet's own high-fidelity tests allow ±20%; we aim far tighter").
+DELAY_MEAN_TOL_FRAC = 0.02      # one-way delay mean within max(2%, 0.3 ms) ...
+DELAY_MEAN_TOL_MS = 0.3         # ... of the expected mean
+JITTER_STD_TOL_FRAC = 0.15      # delay standard deviation within 15%
+LOSS_INTERVAL = 0.99            # measured loss inside the 99% interval of the configured rate
+GOODPUT_MIN_FRAC = 0.90         # TCP goodput on a lossless rated link: 90% ...
+GOODPUT_MAX_FRAC = 1.01         # ... to 101% of the configured rate
+MONTE_CARLO_RUNS = 200          # model runs that give correlated/bursty loss its 99% interval
+MODEL_PROBES = 20_000           # probes in the model run giving the expected delay mean and spread
+
+
+@dataclass(frozen=True)
+class DirectionStats:
+    """What one direction of probes showed (delays in ms)."""
+    sent: int
+    received: int          # distinct sequence numbers that arrived
+    duplicates: int
+    lost: int
+    loss_pct: float
+    reordered: int         # arrivals with a lower seq than one already seen
+    delay_mean_ms: float
+    delay_std_ms: float
+    delay_min_ms: float
+    delay_p50_ms: float
+    delay_p99_ms: float
+    delay_max_ms: float
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return math.nan
+    k = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
+    return sorted_values[k]
+
+
+def probe_stats(records: list[ProbeRecord], sent: int) -> DirectionStats:
+    """Delay, jitter, loss, duplicates and reordering of one probe run."""
+    first: dict[int, ProbeRecord] = {}
+    duplicates = reordered = 0
+    highest = -1
+    for rec in sorted(records, key=lambda r: r.recv_ns):
+        if rec.seq in first:
+            duplicates += 1
+            continue
+        first[rec.seq] = rec
+        if rec.seq < highest:
+            reordered += 1
+        highest = max(highest, rec.seq)
+    delays = sorted((r.recv_ns - r.send_ns) / 1e6 for r in first.values())
+    lost = sent - len(first)
+    return DirectionStats(
+        sent=sent, received=len(first), duplicates=duplicates, lost=lost,
+        loss_pct=100 * lost / sent if sent else math.nan, reordered=reordered,
+        delay_mean_ms=statistics.fmean(delays) if delays else math.nan,
+        delay_std_ms=statistics.pstdev(delays) if len(delays) > 1 else 0.0,
+        delay_min_ms=delays[0] if delays else math.nan,
+        delay_p50_ms=_percentile(delays, 0.5), delay_p99_ms=_percentile(delays, 0.99),
+        delay_max_ms=delays[-1] if delays else math.nan)
+
+
+@dataclass(frozen=True)
+class ProbePlan:
+    """A probe stream: how many, how far apart, how big."""
+    count: int = 1000
+    interval_ms: float = 20.0
+    payload_bytes: int = 64
+
+    @property
+    def frame_bytes(self) -> int:
+        """Bytes of one probe on the Ethernet wire (what netem's rate counts)."""
+        return self.payload_bytes + WIRE_OVERHEAD_BYTES
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What a profile should show for a probe plan (delays in ms, loss in %)."""
+    delay_mean_ms: float
+    delay_std_ms: float
+    loss_pct: float
+    loss_lo_pct: float     # 99% interval of the measured loss
+    loss_hi_pct: float
+    reordering_expected: bool
+
+
+def _simulate(params: LinkParams, plan: ProbePlan, seed: int) -> tuple[list[float], int]:
+    """Run netem's model over the probe stream: (delays in ms, probes not delivered intact)."""
+    from topology.netem_model import NetemQueue
+    queue = NetemQueue(params, seed=seed)
+    step_ns = int(plan.interval_ms * 1e6)
+    frame = bytes(plan.frame_bytes)
+    delays, missing = [], 0
+    for seq in range(plan.count):
+        now = seq * step_ns
+        queue.pop_due(now)  # frames that left before this probe free their queue slots
+        # A corrupted copy fails its checksum at the receiver; a duplicate adds no new sample.
+        intact = [d for d in queue.enqueue(now, frame) if d.outcome == "queued" and d.corrupt_at is None]
+        if intact:
+            delays.append(min(d.time_to_send_ns for d in intact) / 1e6 - now / 1e6)
+        else:
+            missing += 1
+    return delays, missing
+
+
+def _binomial_interval(n: int, p: float, level: float) -> tuple[int, int]:
+    """Smallest [lo, hi] loss counts with P(X < lo) and P(X > hi) each at most (1-level)/2."""
+    tail = (1 - level) / 2
+    cdf, lo, hi = 0.0, None, n
+    for k in range(n + 1):
+        pk = math.comb(n, k) * p ** k * (1 - p) ** (n - k)
+        if lo is None and cdf + pk > tail:
+            lo = k
+        cdf += pk
+        if cdf >= 1 - tail:
+            hi = k
+            break
+    return lo or 0, hi
+
+
+def expected_stats(params: LinkParams, plan: ProbePlan, base_delay_ms: float = 0.0, seed: int = 1) -> Expected:
+    """What `params` should show for `plan`; base_delay_ms adds the unshaped path (LAN hops)."""
+    # A long model run gives the expectation itself, not one more noisy sample of it.
+    long_plan = ProbePlan(max(MODEL_PROBES, plan.count), plan.interval_ms, plan.payload_bytes)
+    delays, _ = _simulate(params, long_plan, seed)
+    iid = not (params.loss_ge or params.loss_correlation_pct)
+    p_drop = 1 - (1 - params.loss_pct / 100) * (1 - params.corrupt_pct / 100)
+    if iid:
+        lo, hi = _binomial_interval(plan.count, p_drop, LOSS_INTERVAL)
+        loss = 100 * p_drop
+    else:
+        runs = sorted(_simulate(params, plan, seed + k)[1] for k in range(MONTE_CARLO_RUNS))
+        tail = (1 - LOSS_INTERVAL) / 2
+        lo, hi = runs[int(tail * len(runs))], runs[min(len(runs) - 1, math.ceil((1 - tail) * len(runs)) - 1)]
+        loss = 100 * statistics.fmean(runs) / plan.count
+    return Expected(
+        delay_mean_ms=statistics.fmean(delays) + base_delay_ms,
+        delay_std_ms=statistics.pstdev(delays),
+        loss_pct=loss, loss_lo_pct=100 * lo / plan.count, loss_hi_pct=100 * hi / plan.count,
+        reordering_expected=bool(params.reorder_pct or (params.jitter_ms and not params.rate_mbit)))
+
+
+@dataclass(frozen=True)
+class Check:
+    """One fidelity check: name, configured/expected, measured, allowed range, verdict."""
+    name: str
+    expected: float
+    measured: float
+    lo: float
+    hi: float
+
+    @property
+    def ok(self) -> bool:
+        """Measured inside [lo, hi]."""
+        return self.lo <= self.measured <= self.hi
+
+
+def fidelity_checks(expected: Expected, measured: DirectionStats, check_jitter: bool = True) -> list[Check]:
+    """Delay mean, jitter, loss and reordering checks for one direction."""
+    tol = max(DELAY_MEAN_TOL_FRAC * expected.delay_mean_ms, DELAY_MEAN_TOL_MS)
+    checks = [Check("delay_mean_ms", expected.delay_mean_ms, measured.delay_mean_ms,
+                    expected.delay_mean_ms - tol, expected.delay_mean_ms + tol),
+              Check("loss_pct", expected.loss_pct, measured.loss_pct, expected.loss_lo_pct, expected.loss_hi_pct)]
+    if check_jitter and expected.delay_std_ms >= 0.1:  # below ~0.1 ms host noise dominates the spread
+        std_tol = JITTER_STD_TOL_FRAC * expected.delay_std_ms
+        checks.append(Check("delay_std_ms", expected.delay_std_ms, measured.delay_std_ms,
+                            expected.delay_std_ms - std_tol, expected.delay_std_ms + std_tol))
+    if not expected.reordering_expected:
+        checks.append(Check("reordered", 0, measured.reordered, 0, 0))
+    return checks
+
+
+def goodput_check(rate_mbit: float, goodput_mbit: float) -> Check:
+    """TCP goodput on a lossless rated link against GOODPUT_MIN/MAX_FRAC of the rate.
+
+    Goodput counts TCP payload; the rate counts Ethernet frames: a full frame of
+    1514 B carries 1448 B of payload (with timestamps), so a perfect link gives
+    95.6% of the rate, comfortably inside 90-101%.
+    """
+    return Check("tcp_goodput_mbit", rate_mbit, goodput_mbit,
+                 GOODPUT_MIN_FRAC * rate_mbit, GOODPUT_MAX_FRAC * rate_mbit)

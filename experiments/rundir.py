@@ -1,0 +1,68 @@
+"""Run directories: where a run writes everything, and how it records how it was made.
+
+Responsible for: creating `results/<time>-<experiment>/`, writing JSON files,
+and collecting provenance (git commit and dirty flag, kernel, tool versions).
+Not responsible for: what the experiment measures.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "results"
+TOOLS = {"tc": ["tc", "-V"], "iperf3": ["iperf3", "--version"], "tcpdump": ["tcpdump", "--version"],
+         "mininet": ["/usr/bin/python3", "-c", "import mininet.net; print(mininet.net.VERSION)"]}
+
+
+def new_run_dir(experiment: str, root: Path = RESULTS) -> Path:
+    """A fresh `root/<YYYYmmdd-HHMMSS>-<experiment>/` (suffixed if taken)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for n in range(100):
+        path = root / (f"{stamp}-{experiment}" + (f"-{n}" if n else ""))
+        try:
+            path.mkdir(parents=True)
+            return path
+        except FileExistsError:
+            continue
+    raise RuntimeError(f"could not create a run directory under {root}")
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write indented JSON atomically (temp file, then rename)."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    tmp.replace(path)
+
+
+def _first_line(argv: list[str]) -> str | None:
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    text = (out.stdout or out.stderr).strip()
+    return text.splitlines()[0] if text else None
+
+
+def git_state() -> dict[str, Any]:
+    """Commit and dirty flag of the repository (None outside a git checkout)."""
+    commit = _first_line(["git", "-C", str(REPO), "rev-parse", "HEAD"])
+    status = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain"], capture_output=True, text=True)
+    return {"commit": commit, "dirty": bool(status.stdout.strip()) if status.returncode == 0 else None}
+
+
+def provenance() -> dict[str, Any]:
+    """How and where this run was made."""
+    return {
+        "git": git_state(), "kernel": platform.release(), "python": sys.version.split()[0],
+        "hostname": platform.node(), "argv": sys.argv,
+        "tools": {name: _first_line(argv) for name, argv in TOOLS.items()},
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }

@@ -1,0 +1,54 @@
+"""Probe statistics and fidelity verdicts on synthetic records (pure logic)."""
+import math
+
+import pytest
+
+from experiments.linkstats import (Expected, _binomial_interval, fidelity_checks, goodput_check,
+                                   probe_stats)
+from experiments.probe import ProbeRecord
+
+
+def _rec(seq, delay_ms, t0_ms=None):
+    send = int((t0_ms if t0_ms is not None else seq * 20) * 1e6)
+    return ProbeRecord(seq, send, send + int(delay_ms * 1e6))
+
+
+def test_loss_duplicates_reordering():
+    recs = [_rec(0, 10), _rec(1, 10), _rec(3, 10), _rec(2, 50), _rec(3, 10.5)]  # 2 overtaken, 3 doubled, 4 lost
+    s = probe_stats(recs, sent=5)
+    assert (s.received, s.lost, s.duplicates, s.reordered) == (4, 1, 1, 1)
+    assert s.loss_pct == pytest.approx(20)
+    assert s.delay_max_ms == pytest.approx(50)
+
+
+def test_delay_mean_and_std():
+    recs = [_rec(i, 30 + (1 if i % 2 else -1)) for i in range(100)]
+    s = probe_stats(recs, sent=100)
+    assert s.delay_mean_ms == pytest.approx(30, abs=1e-3)
+    assert s.delay_std_ms == pytest.approx(1, abs=1e-3)
+    assert s.reordered == 0
+
+
+def test_binomial_interval_brackets_the_mean():
+    lo, hi = _binomial_interval(1000, 0.01, 0.99)
+    assert lo < 10 < hi
+    assert (lo, hi) == (3, 19)  # exact 0.5%/99.5% quantiles of Binomial(1000, 0.01)
+    assert _binomial_interval(500, 0.0, 0.99) == (0, 0)
+
+
+def test_fidelity_checks_catch_each_deviation():
+    exp = Expected(delay_mean_ms=30, delay_std_ms=5, loss_pct=0.1, loss_lo_pct=0, loss_hi_pct=0.5,
+                   reordering_expected=False)
+    good = probe_stats([_rec(i, 30 + (5 if i % 2 else -5)) for i in range(1000)], 1000)
+    assert all(c.ok for c in fidelity_checks(exp, good))
+    slow = probe_stats([_rec(i, 31 + (5 if i % 2 else -5)) for i in range(1000)], 1000)
+    assert [c.name for c in fidelity_checks(exp, slow) if not c.ok] == ["delay_mean_ms"]
+    narrow = probe_stats([_rec(i, 30 + (3 if i % 2 else -3)) for i in range(1000)], 1000)
+    assert [c.name for c in fidelity_checks(exp, narrow) if not c.ok] == ["delay_std_ms"]
+    lossy = probe_stats([_rec(i, 30 + (5 if i % 2 else -5)) for i in range(990)], 1000)
+    assert [c.name for c in fidelity_checks(exp, lossy) if not c.ok] == ["loss_pct"]
+
+
+def test_goodput_window():
+    assert goodput_check(200, 191).ok and not goodput_check(200, 170).ok and not goodput_check(200, 205).ok
+    assert math.isclose(goodput_check(100, 95).lo, 90)

@@ -1,0 +1,92 @@
+"""Profile loading and validation: every shipped profile loads; bad input names file, field and allowed values."""
+import textwrap
+
+import pytest
+
+from topology.profiles import (LinkParams, ProfileError, available_profiles, load_profile,
+                               profile_from_dict)
+
+WAN_PROFILES = ["wan-congested", "wan-cross-country", "wan-flaky", "wan-lossy", "wan-regional"]
+
+
+def test_shipped_profiles_present_and_valid():
+    assert set(WAN_PROFILES) | {"lan"} <= set(available_profiles())
+    for name in available_profiles():
+        assert load_profile(name).name == name
+
+
+def test_default_profile_matches_the_issue():
+    p = load_profile("wan-cross-country").a_to_b
+    assert (p.rate_mbit, p.delay_ms, p.jitter_ms, p.loss_pct) == (200, 30, 5, 0.1)
+
+
+def test_queue_limit_covers_a_bdp():
+    for name in WAN_PROFILES:
+        for d in ("a_to_b", "b_to_a"):
+            p = load_profile(name).direction(d)
+            bdp_pkts = p.rate_mbit * 1e6 * 2 * p.delay_ms / 1000 / 8 / 1514
+            assert p.effective_limit_pkts >= bdp_pkts, (name, d)
+
+
+def test_direction_override():
+    p = load_profile("wan-congested")
+    assert p.a_to_b.rate_mbit == 20 and p.b_to_a.rate_mbit == 50
+    assert p.a_to_b.delay_ms == p.b_to_a.delay_ms == 60
+
+
+def test_flaky_schedule_parsed():
+    steps = load_profile("wan-flaky").schedule
+    assert [s.at_s for s in steps] == [10, 25, 40]
+    assert steps[1].direction == "a_to_b" and steps[0].duration_s == 5
+
+
+def _write(tmp_path, text, name="bad"):
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+@pytest.mark.parametrize("body, needle", [
+    ("link: {delay_ms: -1}", "delay_ms: -1"),
+    ("link: {loss_pct: 150}", "loss_pct: 150"),
+    ("link: {delay_ms: 5, jitter_ms: 1, delay_distribution: cauchy}", "allowed: uniform, normal, pareto, paretonormal"),
+    ("link: {dealy_ms: 5}", "unknown key(s) ['dealy_ms']"),
+    ("link: {rate_mbit: fast}", "expected a number"),
+    ("link: {reorder_pct: 5}", "needs delay_ms"),
+    ("link: {loss_pct: 1, loss_ge: {p_pct: 1}}", "exclusive"),
+    ("schedule: [{at_s: 10, set: {loss_pct: 1}}, {at_s: 5, set: {loss_pct: 2}}]", "goes back in time"),
+    ("schedule: [{at_s: 1, direction: up, set: {loss_pct: 1}}]", "allowed: both, a_to_b, b_to_a"),
+    ("schedule: [{at_s: 1, set: {loss_pct: 101}}]", "schedule[0].set.loss_pct"),
+    ("bogus: 1", "unknown key(s) ['bogus']"),
+])
+def test_bad_profiles_name_file_field_and_allowed(tmp_path, body, needle):
+    path = _write(tmp_path, f"name: bad\n{body}\n")
+    with pytest.raises(ProfileError) as err:
+        load_profile(path)
+    assert str(path) in str(err.value) and needle in str(err.value)
+
+
+def test_unknown_profile_lists_available():
+    with pytest.raises(ProfileError, match="available: .*wan-cross-country"):
+        load_profile("no-such-profile")
+
+
+def test_name_must_match_file(tmp_path):
+    with pytest.raises(ProfileError, match="must equal the file name"):
+        load_profile(_write(tmp_path, "name: other\n", name="mine"))
+
+
+def test_invalid_yaml(tmp_path):
+    with pytest.raises(ProfileError, match="not valid YAML"):
+        load_profile(_write(tmp_path, "name: [unclosed\n"))
+
+
+def test_replace_validates():
+    with pytest.raises(ProfileError):
+        LinkParams(delay_ms=5).replace(loss_pct=-3)
+    assert LinkParams(delay_ms=5).replace(loss_pct=3).loss_pct == 3
+
+
+def test_gilbert_elliott_mean_loss():
+    p = profile_from_dict({"name": "x", "link": {"loss_ge": {"p_pct": 1, "r_pct": 25, "bad_loss_pct": 50}}}, "x")
+    assert p.a_to_b.expected_loss_pct == pytest.approx(100 * (0.01 / 0.26) * 0.5)

@@ -1,0 +1,393 @@
+"""The two-cluster Mininet topology: bring-up, live use and guaranteed teardown.
+
+Responsible for: building the hosts, switches and links of `topology.naming`
+with Mininet's Python API (Linux-bridge switches, no controller, no OVS),
+addressing and routing, shaping the links through a backend, captures, and
+removing everything it made — on normal exit, exceptions, Ctrl-C and SIGTERM.
+Not responsible for: what runs on the hosts (experiments and workers do that,
+through `Testbed.popen` / `Testbed.run`).
+
+Mininet's global setup (`Mininet.init`, which raises root-namespace sysctls)
+and its cleanup (`mn -c`, which kills by name) are never used.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from topology import capture, naming, tc
+from topology.cleanup import StateFile, prefixed_links
+from topology.profiles import DIRECTIONS, Profile, load_profile
+from topology.shaping import (BackendChoice, LinkState, ScheduleRunner, TcBackend,
+                              UserspaceBackend, choose_backend)
+
+log = logging.getLogger(__name__)
+REQUIRED_TOOLS = ("mnexec", "ip", "tc", "brctl", "ifconfig", "ethtool", "iptables")
+
+
+class TestbedError(RuntimeError):
+    """The topology cannot start (not root, Mininet missing, prefix busy, ...)."""
+
+    __test__ = False  # not a pytest test class
+
+
+@dataclass(frozen=True)
+class TopologyConfig:
+    """What to build.
+
+    wan_profile: the WAN link's profile
+    lan_profile: every intra-cluster link's profile
+    n_p, n_rld, n_md: host counts per role (1..19)
+    backend: auto | tc | userspace
+    capture_dir: where WAN pcaps go; None = no capture
+    snaplen_bytes: bytes kept per captured frame (headers only by default)
+    seed: random seed of the userspace emulator
+    log_dir: where the emulator's log goes; None = a temporary directory
+    """
+    wan_profile: Profile
+    lan_profile: Profile = field(default_factory=lambda: load_profile("lan"))
+    n_p: int = 1
+    n_rld: int = 1
+    n_md: int = 1
+    backend: str = "auto"
+    capture_dir: Path | None = None
+    snaplen_bytes: int = 128
+    seed: int = 1
+    log_dir: Path | None = None
+
+
+def preflight() -> None:
+    """Fail with a clear message when the topology cannot be built here."""
+    if os.geteuid() != 0:
+        raise TestbedError("the emulated network needs root (network namespaces, veth, tc): run as root or with sudo")
+    try:
+        import mininet.net  # noqa: F401
+    except ImportError:
+        raise TestbedError("Mininet's Python library is missing: run `make setup` "
+                           "(installs Debian's mininet; the project venv sees Debian's site-packages)") from None
+    missing = [t for t in REQUIRED_TOOLS if not shutil.which(t)]
+    if missing:
+        raise TestbedError(f"missing tools {missing}: run `make setup`")
+    busy = prefixed_links()
+    if busy:
+        raise TestbedError(f"name prefix {naming.PREFIX!r} is busy: {busy} exist (another run is active, "
+                           "or a crashed one left them: run `make clean`)")
+
+
+class _SigtermAsInterrupt:
+    """Turns SIGTERM into KeyboardInterrupt while active, so `finally` blocks tear down."""
+
+    def __enter__(self):
+        self._old = signal.signal(signal.SIGTERM, self._raise)
+        return self
+
+    @staticmethod
+    def _raise(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    def __exit__(self, *exc):
+        signal.signal(signal.SIGTERM, self._old)
+        return False
+
+
+class Testbed:
+    """A running two-cluster topology; use as a context manager."""
+
+    __test__ = False  # not a pytest test class
+
+    def __init__(self, config: TopologyConfig):
+        self.config = config
+        self.net: Any = None
+        self.backend_choice: BackendChoice | None = None
+        self.link: LinkState | None = None
+        self._schedule: ScheduleRunner | None = None
+        self._captures: list[capture.Capture] = []
+        self._procs: list[subprocess.Popen] = []
+        self._iptables_rules: list[list[str]] = []
+        self._workdir = Path(tempfile.mkdtemp(prefix="pddlab-"))
+        self._sigterm = _SigtermAsInterrupt()
+        self._state: StateFile | None = None
+        self._owns_prefix = False  # set once preflight found the prefix free: only then is it ours to clean
+
+    # ---- lifecycle -------------------------------------------------------
+    def __enter__(self) -> "Testbed":
+        self._sigterm.__enter__()
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            self._sigterm.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        try:
+            self.stop()
+        finally:
+            self._sigterm.__exit__(*exc)
+        return False
+
+    def start(self) -> None:
+        """Build, address, shape and (optionally) capture."""
+        preflight()
+        self._owns_prefix = True
+        self.backend_choice = choose_backend(self.config.backend)
+        self._state = StateFile()
+        self._build()
+        for host in self.net.hosts:
+            self._state.add(host.pid, f"host shell {host.name}")
+        self._address_and_route()
+        self._allow_bridged_forwarding()
+        self._shape()
+        self._check_connectivity()
+        if self.config.capture_dir:
+            self._start_captures(self.config.capture_dir)
+        self._schedule = ScheduleRunner(self.link, self.config.wan_profile.schedule)
+        self._schedule.start()
+
+    def stop(self) -> None:
+        """Tear down everything this testbed made, in reverse order; never raises midway."""
+        steps = [self._stop_schedule, self._stop_procs, self._stop_captures, self._stop_backend,
+                 self._stop_net, self._remove_iptables_rules, self._remove_leftover_links,
+                 lambda: shutil.rmtree(self._workdir, ignore_errors=True)]
+        failed = False
+        for step in steps:
+            try:
+                step()
+            except Exception as exc:
+                failed = True
+                log.error("teardown step %s failed: %s", getattr(step, "__name__", step), exc)
+        if not failed:
+            self._forget_state()  # else `make clean` finds the PIDs there
+
+    # ---- build -----------------------------------------------------------
+    def _build(self) -> None:
+        from mininet.link import Link
+        from mininet.net import Mininet
+        Mininet.inited = True  # skip Mininet.init(): it raises root-namespace sysctls we would not restore
+        self.net = Mininet(topo=None, switch=_bridge_class(), controller=None, link=Link,
+                           build=False, autoSetMacs=False, autoStaticArp=False, waitConnected=False)
+        sa = self.net.addSwitch(naming.SWITCH_A, dpid="1")
+        sb = self.net.addSwitch(naming.SWITCH_B, dpid="2")
+        switch = {"a": sa, "b": sb}
+        for cluster, gw in (("a", naming.GATEWAY_A), ("b", naming.GATEWAY_B)):
+            self.net.addLink(self.net.addHost(gw, ip=None), switch[cluster])  # gw-eth0: LAN
+        for spec in naming.hosts(self.config.n_p, self.config.n_rld, self.config.n_md):
+            host = self.net.addHost(spec.name, ip=f"{spec.ip}/24",
+                                    defaultRoute=f"via {naming.gateway_lan_ip(spec.cluster)}")
+            self.net.addLink(host, switch[spec.cluster])
+        gwa, gwb = self.net.get(naming.GATEWAY_A), self.net.get(naming.GATEWAY_B)
+        if self.backend_choice.name == "userspace":
+            wire = self.net.addHost(naming.WIRE, ip=None)
+            self.net.addLink(gwa, wire)   # gwa-eth1 <-> wan-eth0
+            self.net.addLink(wire, gwb)   # wan-eth1 <-> gwb-eth1
+        else:
+            self.net.addLink(gwa, gwb)    # gwa-eth1 <-> gwb-eth1
+        log.info("building topology: %d hosts", len(self.net.hosts))
+        self.net.build()
+        self.net.start()
+
+    def _address_and_route(self) -> None:
+        gwa, gwb = self.host(naming.GATEWAY_A), self.host(naming.GATEWAY_B)
+        prefix = naming.WAN_PREFIXLEN
+        for gw, lan_ip, wan_ip, remote_subnet, remote_wan in (
+                (gwa, naming.gateway_lan_ip("a"), naming.WAN_A_IP, naming.SUBNET_B, naming.WAN_B_IP),
+                (gwb, naming.gateway_lan_ip("b"), naming.WAN_B_IP, naming.SUBNET_A, naming.WAN_A_IP)):
+            name = gw.name
+            self.run(name, ["ip", "addr", "add", f"{lan_ip}/24", "dev", f"{name}-eth0"])
+            self.run(name, ["ip", "addr", "add", f"{wan_ip}/{prefix}", "dev", f"{name}-eth1"])
+            self.run(name, ["ip", "route", "add", remote_subnet, "via", remote_wan])
+            self.run(name, ["sysctl", "-qw", "net.ipv4.ip_forward=1"])  # namespace-local
+        for host in self.net.hosts:  # keep captures to the experiment's own IPv4 traffic
+            self.run(host.name, ["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1"])
+        if self.backend_choice.name == "userspace":
+            for dev in ("eth0", "eth1"):
+                self.run(naming.WIRE, ["ip", "link", "set", f"{naming.WIRE}-{dev}", "promisc", "on", "up"])
+
+    def _check_connectivity(self) -> None:
+        """Readiness by a real check: every host reaches its gateway and the gateways each other.
+
+        This also resolves every ARP entry, so the first measured packet is not delayed by it.
+        """
+        pairs = [(s.name, naming.gateway_lan_ip(s.cluster))
+                 for s in naming.hosts(self.config.n_p, self.config.n_rld, self.config.n_md)]
+        pairs += [(naming.GATEWAY_A, naming.WAN_B_IP), (naming.GATEWAY_B, naming.WAN_A_IP)]
+        for host, ip in pairs:
+            # Several tries: a lossy profile may drop a ping; one answer is enough.
+            self.run(host, ["ping", "-n", "-q", "-c", "5", "-i", "0.2", "-W", "2", "-w", "10", "-A", ip])
+
+    def _allow_bridged_forwarding(self) -> None:
+        """With br_netfilter loaded, bridged frames meet iptables FORWARD (Docker sets it to DROP).
+
+        Scoped fix: accept only frames bridged within our own bridges; removed at teardown.
+        """
+        if not Path("/proc/sys/net/bridge/bridge-nf-call-iptables").exists():
+            return
+        for bridge in (naming.SWITCH_A, naming.SWITCH_B):
+            rule = ["FORWARD", "-i", bridge, "-o", bridge, "-m", "comment", "--comment", "pddlab", "-j", "ACCEPT"]
+            _check_call(["iptables", "-I", *rule])
+            self._iptables_rules.append(rule)
+
+    def _shape(self) -> None:
+        wan, lan = self.config.wan_profile, self.config.lan_profile
+        if self.backend_choice.name == "tc":
+            backend = TcBackend(self.run)
+            self._shape_lan(lan)
+        else:
+            log_dir = self.config.log_dir or self._workdir
+            log_dir.mkdir(parents=True, exist_ok=True)
+            backend = UserspaceBackend(self.ns_prefix(naming.WIRE), self._workdir / "emulator.sock",
+                                       self.config.seed, log_dir / "emulator.log")
+        self._offloads_off()
+        backend.start(wan.a_to_b, wan.b_to_a)
+        if getattr(backend, "pid", None):
+            self._state.add(backend.pid, "userspace emulator")
+        self.link = LinkState(backend=backend, current={d: wan.direction(d) for d in DIRECTIONS})
+
+    def _offloads_off(self) -> None:
+        """Every interface behaves like a wire: no GSO super-frames, checksums really checked."""
+        for link in self.net.links:
+            for end in (link.intf1, link.intf2):
+                self.run(None if _is_switch(end.node) else end.node.name, tc.offload_off_cmd(end.name))
+
+    def _shape_lan(self, lan: Profile) -> None:
+        """netem on both ends of every intra-cluster link (tc backend only; see README limits)."""
+        for link in self.net.links:
+            ends = (link.intf1, link.intf2)
+            if not any(_is_switch(e.node) for e in ends):
+                continue  # the WAN link
+            for end in ends:
+                self.run(None if _is_switch(end.node) else end.node.name,
+                         tc.netem_cmd(end.name, lan.a_to_b, "replace"))
+
+    def _start_captures(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        for side, (host, dev) in zip("ab", naming.wan_interfaces().values()):
+            cap = capture.Capture(self.ns_prefix(host), dev, directory / f"wan-{side}.pcap",
+                                  self.config.snaplen_bytes)
+            cap.start()
+            self._captures.append(cap)
+            self._state.add(cap.proc.pid, f"tcpdump {dev}")
+
+    # ---- use -------------------------------------------------------------
+    def host(self, name: str):
+        """The Mininet host object by name."""
+        return self.net.get(name)
+
+    def ns_prefix(self, host: str | None) -> list[str]:
+        """argv prefix that runs a command inside a host's namespaces (root namespace for None)."""
+        return [] if host is None else ["mnexec", "-a", str(self.host(host).pid)]
+
+    def run(self, host: str | None, argv: list[str], timeout_s: float = 60) -> str:
+        """Run argv inside a host (None = root namespace); raise TestbedError on failure."""
+        return _check_call(self.ns_prefix(host) + argv, timeout_s)
+
+    def popen(self, host: str, argv: list[str], **kwargs) -> subprocess.Popen:
+        """Start a tracked background process inside a host; stopped at teardown."""
+        full = self.ns_prefix(host) + argv
+        log.info("[%s] start: %s", host, " ".join(argv))
+        proc = subprocess.Popen(full, **kwargs)
+        self._procs.append(proc)
+        self._state.add(proc.pid, f"{host}: {argv[0]}")
+        return proc
+
+    def swap_profile(self, profile: Profile) -> None:
+        """Replace the WAN profile on the live link."""
+        self.link.swap_profile(profile)
+
+    def metadata(self) -> dict:
+        """How this topology was made, for the run's metadata.json."""
+        c = self.config
+        return {
+            "backend": self.backend_choice.name if self.backend_choice else None,
+            "backend_requested": c.backend,
+            "backend_reason": self.backend_choice.reason if self.backend_choice else None,
+            "lan_shaping": "netem" if self.backend_choice and self.backend_choice.name == "tc"
+            else "none (kernel lacks netem; veth base latency applies)",
+            "wan_profile": c.wan_profile.to_dict(), "lan_profile": c.lan_profile.to_dict(),
+            "hosts": [h.__dict__ for h in naming.hosts(c.n_p, c.n_rld, c.n_md)],
+            "seed": c.seed, "snaplen_bytes": c.snaplen_bytes,
+            "link_changes": [ch.__dict__ for ch in self.link.changes] if self.link else [],
+        }
+
+    # ---- teardown steps --------------------------------------------------
+    def _stop_schedule(self) -> None:
+        if self._schedule:
+            self._schedule.stop()
+
+    def _stop_procs(self) -> None:
+        for proc in reversed(self._procs):
+            _terminate(proc)
+        self._procs.clear()
+
+    def _stop_captures(self) -> None:
+        for cap in self._captures:
+            cap.stop()
+        self._captures.clear()
+
+    def _stop_backend(self) -> None:
+        if self.link:
+            self.link.backend.stop()
+
+    def _stop_net(self) -> None:
+        if self.net is not None:
+            self.net.stop()
+            self.net = None
+
+    def _remove_iptables_rules(self) -> None:
+        for rule in self._iptables_rules:
+            _check_call(["iptables", "-D", *rule])
+        self._iptables_rules.clear()
+
+    def _forget_state(self) -> None:
+        if self._state:
+            self._state.remove()
+
+    def _remove_leftover_links(self) -> None:
+        if not self._owns_prefix:
+            return
+        for name in prefixed_links():
+            log.warning("removing leftover link %s", name)
+            subprocess.run(["ip", "link", "del", name], capture_output=True)
+
+
+def _bridge_class():
+    """Mininet's LinuxBridge without its bridge-netfilter warning (we add scoped iptables rules instead)."""
+    from mininet.nodelib import LinuxBridge
+
+    class Bridge(LinuxBridge):
+        @classmethod
+        def setup(cls):
+            pass
+    return Bridge
+
+
+def _is_switch(node) -> bool:
+    return node.name in (naming.SWITCH_A, naming.SWITCH_B)
+
+
+def _check_call(argv: list[str], timeout_s: float = 60) -> str:
+    log.debug("run: %s", " ".join(argv))
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+    if proc.returncode != 0:
+        raise TestbedError(f"command failed ({proc.returncode}): {' '.join(argv)}: {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def _terminate(proc: subprocess.Popen, grace_s: float = 3) -> None:
+    """End a process we started, by its PID: SIGTERM, then SIGKILL after a grace period."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(grace_s)

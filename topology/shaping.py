@@ -1,0 +1,236 @@
+"""Shaping backends behind one interface, and the timed schedule that drives them.
+
+Responsible for: choosing a backend (`tc` | `userspace` | `auto`), applying a
+direction's `LinkParams` to the live WAN link, live profile swaps, and playing
+a profile's schedule. Not responsible for: building the topology (`topology.net`)
+or the per-packet semantics (the kernel's netem, or `topology.netem_model`).
+
+`auto` picks `tc` when the kernel accepts a netem qdisc and `userspace`
+otherwise; the choice and its reason are logged and recorded in run metadata.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Protocol
+
+from topology import naming, tc
+from topology.profiles import DIRECTIONS, LinkParams, Profile, ScheduleStep
+
+log = logging.getLogger(__name__)
+BACKENDS = ("auto", "tc", "userspace")
+
+# Runs argv inside a named topology host, raising on failure.
+HostRunner = Callable[[str, list[str]], str]
+
+
+class ShapingError(RuntimeError):
+    """A backend could not be chosen, started or applied."""
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    """Which backend runs and why (recorded in every run's metadata)."""
+    name: str
+    requested: str
+    reason: str
+
+
+def choose_backend(requested: str) -> BackendChoice:
+    """Resolve `auto` by asking the kernel for netem; validate explicit choices."""
+    if requested not in BACKENDS:
+        raise ShapingError(f"unknown shaping backend {requested!r}; allowed: {', '.join(BACKENDS)}")
+    has_netem = tc.kernel_has_netem()
+    if requested == "tc" and not has_netem:
+        raise ShapingError("backend 'tc' needs sch_netem, which this kernel lacks; use --backend userspace or auto")
+    if requested == "auto":
+        name = "tc" if has_netem else "userspace"
+        reason = "kernel has sch_netem" if has_netem else "kernel lacks sch_netem"
+    else:
+        name, reason = requested, "requested explicitly"
+    choice = BackendChoice(name=name, requested=requested, reason=reason)
+    log.info("shaping backend: %s (%s)", choice.name, choice.reason)
+    return choice
+
+
+class Backend(Protocol):
+    """What the topology needs from a shaping backend."""
+    name: str
+
+    def start(self, a_to_b: LinkParams, b_to_a: LinkParams) -> None: ...
+    def apply(self, direction: str, params: LinkParams) -> None: ...
+    def stats(self) -> dict: ...
+    def stop(self) -> None: ...
+
+
+class TcBackend:
+    """The kernel's netem as the root qdisc of each gateway's WAN interface."""
+    name = "tc"
+
+    def __init__(self, run: HostRunner):
+        self._run = run
+        self._installed: set[str] = set()
+
+    def start(self, a_to_b: LinkParams, b_to_a: LinkParams) -> None:
+        """Install netem on both directions."""
+        for direction, params in (("a_to_b", a_to_b), ("b_to_a", b_to_a)):
+            host, dev = naming.wan_interfaces()[direction]
+            self._run(host, tc.netem_cmd(dev, params, "replace"))
+            self._installed.add(direction)
+
+    def apply(self, direction: str, params: LinkParams) -> None:
+        """Change one direction in place (`tc qdisc change` keeps queued packets)."""
+        host, dev = naming.wan_interfaces()[direction]
+        self._run(host, tc.netem_cmd(dev, params, "change"))
+
+    def stats(self) -> dict:
+        """`tc -s qdisc` output per direction."""
+        return {d: self._run(h, ["tc", "-s", "qdisc", "show", "dev", dev])
+                for d, (h, dev) in naming.wan_interfaces().items()}
+
+    def stop(self) -> None:
+        """Remove the qdiscs this backend installed."""
+        for direction in sorted(self._installed):
+            host, dev = naming.wan_interfaces()[direction]
+            try:
+                self._run(host, tc.delete_root_cmd(dev))
+            except Exception as exc:  # the host may already be gone; log, keep tearing down
+                log.warning("removing netem on %s:%s failed: %s", host, dev, exc)
+        self._installed.clear()
+
+
+class UserspaceBackend:
+    """The userspace emulator forwarding frames between wan-eth0 and wan-eth1."""
+    name = "userspace"
+
+    def __init__(self, ns_prefix: list[str], control_path: Path, seed: int, log_path: Path | None = None):
+        self._ns_prefix = ns_prefix
+        self._control_path = control_path
+        self._seed = seed
+        self._log_path = log_path
+        self._emulator = None
+
+    @property
+    def pid(self) -> int | None:
+        """The forwarder's PID while it runs."""
+        return self._emulator.pid if self._emulator else None
+
+    def start(self, a_to_b: LinkParams, b_to_a: LinkParams) -> None:
+        """Start the forwarder in the wire host and wait until it answers."""
+        from topology.userspace import UserspaceEmulator
+        self._emulator = UserspaceEmulator(
+            if_a=f"{naming.WIRE}-eth0", if_b=f"{naming.WIRE}-eth1", a_to_b=a_to_b, b_to_a=b_to_a,
+            control_path=self._control_path, seed=self._seed, prefix=self._ns_prefix,
+            log_path=self._log_path)
+        self._emulator.start()
+
+    def apply(self, direction: str, params: LinkParams) -> None:
+        """Change one direction of the running emulator."""
+        self._emulator.set_params(direction, params)
+
+    def stats(self) -> dict:
+        """The emulator's per-direction counters."""
+        return {d: vars(c) for d, c in self._emulator.stats().items()} if self._emulator else {}
+
+    def stop(self) -> None:
+        """Stop the forwarder (gracefully, then by its PID)."""
+        if self._emulator:
+            self._emulator.stop()
+            self._emulator = None
+
+
+@dataclass
+class AppliedChange:
+    """One change the schedule (or a live swap) made, for the run's records."""
+    t_s: float
+    direction: str
+    params: dict
+    cause: str
+
+
+@dataclass
+class LinkState:
+    """The live WAN link: current parameters per direction and the log of changes."""
+    backend: Backend
+    current: dict[str, LinkParams]
+    started_at: float = field(default_factory=time.monotonic)
+    changes: list[AppliedChange] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def set(self, direction: str, params: LinkParams, cause: str) -> None:
+        """Apply params to one direction and record it."""
+        with self._lock:
+            self.backend.apply(direction, params)
+            self.current[direction] = params
+            self.changes.append(AppliedChange(round(time.monotonic() - self.started_at, 4),
+                                              direction, params.to_dict(), cause))
+        log.info("link %s <- %s (%s)", direction, _brief(params), cause)
+
+    def swap_profile(self, profile: Profile) -> None:
+        """Replace both directions with a new profile's (live)."""
+        for direction in DIRECTIONS:
+            self.set(direction, profile.direction(direction), f"profile {profile.name}")
+
+
+def _brief(p: LinkParams) -> str:
+    return (f"rate={p.rate_mbit}Mbit delay={p.delay_ms}ms jitter={p.jitter_ms}ms "
+            f"loss={p.expected_loss_pct:.3g}%")
+
+
+def _step_directions(step: ScheduleStep) -> tuple[str, ...]:
+    return DIRECTIONS if step.direction == "both" else (step.direction,)
+
+
+class ScheduleRunner:
+    """Plays a profile's schedule on a live link from a background thread."""
+
+    def __init__(self, state: LinkState, schedule: tuple[ScheduleStep, ...]):
+        self._state = state
+        self._events = _expand(schedule)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="netem-schedule", daemon=True)
+        self.error: Exception | None = None
+
+    def start(self) -> None:
+        """Start playing (no-op for an empty schedule)."""
+        if self._events:
+            self._thread.start()
+
+    def stop(self) -> None:
+        """Stop before the next change."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        saved: dict[tuple[int, str], dict] = {}
+        for at_s, index, step, revert in self._events:
+            wait_s = self._state.started_at + at_s - time.monotonic()
+            if wait_s > 0 and self._stop.wait(wait_s):
+                return
+            try:
+                self._play(index, step, revert, saved)
+            except Exception as exc:  # surfaced by the owner after the run
+                log.error("schedule step %d failed: %s", index, exc)
+                self.error = exc
+                return
+
+    def _play(self, index: int, step: ScheduleStep, revert: bool, saved: dict) -> None:
+        for direction in _step_directions(step):
+            current = self._state.current[direction]
+            if revert:
+                self._state.set(direction, current.replace(**saved.pop((index, direction))),
+                                f"schedule step {index} ends")
+            else:
+                saved[(index, direction)] = {k: current.to_dict()[k] for k in step.changes}
+                self._state.set(direction, current.replace(**step.changes), f"schedule step {index}")
+
+
+def _expand(schedule: tuple[ScheduleStep, ...]) -> list[tuple[float, int, ScheduleStep, bool]]:
+    """(time, step index, step, is_revert), in time order; reverts of equal time first."""
+    events = [(s.at_s, i, s, False) for i, s in enumerate(schedule)]
+    events += [(s.at_s + s.duration_s, i, s, True) for i, s in enumerate(schedule) if s.duration_s]
+    return sorted(events, key=lambda e: (e[0], not e[3], e[1]))
