@@ -28,7 +28,7 @@ from experiments.linkstats import (Check, DirectionStats, Expected, ProbePlan, e
                                    fidelity_checks, goodput_check, probe_stats)
 from experiments.probe import ProbeRecord
 from topology import naming
-from topology.net import Testbed, TopologyConfig
+from topology.net import Testbed, TopologyConfig, preflight
 from topology.profiles import LinkParams, Profile
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ class CalibrationConfig:
     lossless_goodput: measure TCP goodput on a lossless copy of the profile
         (the fidelity criterion); False = on the profile as it is
     """
-    probes: ProbePlan = ProbePlan()
+    probes: ProbePlan = ProbePlan(count=2000, interval_ms=10.0)
     tcp_seconds: float = 8.0
     udp: bool = True
     lossless_goodput: bool = True
@@ -209,11 +209,13 @@ def markdown_table(profile: Profile, backend: str, results: list[DirectionResult
 def run(profile: Profile, backend: str = "auto", cfg: CalibrationConfig = CalibrationConfig(),
         results_root: Path = rundir.RESULTS, seed: int = 1) -> Path:
     """The whole experiment: topology up, calibrate, write the run directory, tear down."""
+    preflight()  # fail before a run directory exists
     out = rundir.new_run_dir("link-calibration", results_root)
     meta = {"experiment": "link-calibration", "complete": False, "calibration": asdict(cfg),
             **rundir.provenance()}
     rundir.write_json(out / "metadata.json", meta)
-    topo = TopologyConfig(wan_profile=profile, backend=backend, capture_dir=out / "pcap", seed=seed)
+    topo = TopologyConfig(wan_profile=profile, backend=backend, capture_dir=out / "pcap", seed=seed,
+                          log_dir=out / "logs")
     try:
         with Testbed(topo) as testbed:
             results = calibrate(testbed, cfg, out)

@@ -138,3 +138,11 @@ def test_make_clean_removes_a_crashed_run(backend):
     out = subprocess.run([sys.executable, "-m", "experiments.cli", "clean"], capture_output=True, text=True)
     assert out.returncode == 0 and "link pdd-sa" in out.stdout
     assert leftovers() == NOTHING
+
+
+def test_not_root_is_a_clear_error(tmp_path):
+    out = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                          sys.executable, "-m", "experiments.cli", "run"],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 2
+    assert "needs root" in out.stderr and "Traceback" not in out.stderr

@@ -1,0 +1,30 @@
+"""The pddlab command line: bad input fails before anything starts, with one clear line."""
+import pytest
+
+from experiments.cli import main
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["run", "no-such-experiment"], "unknown experiment 'no-such-experiment'; available: link-calibration"),
+    (["run", "--profile", "no-such-profile"], "unknown profile 'no-such-profile'; available:"),
+    (["check-profile", "/nonexistent/x.yaml"], "no such profile file"),
+])
+def test_bad_input_is_one_clear_error(capsys, argv, needle):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pddlab: error:") and needle in err
+    assert "Traceback" not in err
+
+
+def test_bad_backend_is_refused_by_the_parser(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["run", "--backend", "magic"])
+    assert exc.value.code == 2
+    assert "invalid choice: 'magic'" in capsys.readouterr().err
+
+
+def test_profiles_lists_every_profile(capsys):
+    assert main(["profiles"]) == 0
+    out = capsys.readouterr().out
+    for name in ("lan", "wan-cross-country", "wan-lossy", "wan-congested", "wan-flaky", "wan-regional"):
+        assert name in out
