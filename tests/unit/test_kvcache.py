@@ -1,0 +1,167 @@
+"""Paged KV cache: blocks, slot mapping, attention binding, blob export/import and its refusals."""
+import dataclasses
+
+import pytest
+import torch
+
+from workers.errors import CapacityExceeded, KVChecksumError, KVHeaderError, KVImportError
+from workers.kvcache import BLOB_HEADER, KVCache
+from workers.model import TINY
+
+torch.set_num_threads(1)
+FP = bytes(range(16))
+
+
+def make_cache(capacity_tokens=64, block_size=4, config=TINY, fingerprint=FP) -> KVCache:
+    return KVCache(config, capacity_tokens, block_size, "cpu", fingerprint)
+
+
+def fill_random(cache: KVCache, slots: torch.Tensor, seed: int = 0) -> torch.Tensor:
+    c = cache.config
+    kv = torch.randn(c.n_layer, 2, slots.numel(), c.n_kv_head, c.head_dim,
+                     generator=torch.Generator().manual_seed(seed))
+    cache.write_kv(slots, kv)
+    return kv
+
+
+def test_alloc_free_and_capacity():
+    cache = make_cache(capacity_tokens=66, block_size=4)
+    assert cache.num_blocks == 16 and cache.capacity_tokens == 64  # rounded down to whole blocks
+    a = cache.alloc(10)
+    assert len(set(a)) == 10 and cache.free_blocks == 6
+    with pytest.raises(CapacityExceeded, match="needs 7 KV blocks"):
+        cache.alloc(7, "r1")
+    assert cache.free_blocks == 6  # a failed alloc takes nothing
+    cache.free(a[:4])
+    assert cache.free_blocks == 10
+    with pytest.raises(ValueError, match="twice"):
+        cache.free([a[0]])
+
+
+def test_blocks_for_rounds_up():
+    cache = make_cache(block_size=4)
+    assert [cache.blocks_for(n) for n in (1, 4, 5, 8, 9)] == [1, 1, 2, 2, 3]
+
+
+def test_slot_map_follows_the_block_table():
+    cache = make_cache(block_size=4)
+    slots = cache.slot_map([3, 0, 7], 10)
+    assert slots.tolist() == [12, 13, 14, 15, 0, 1, 2, 3, 28, 29]
+    with pytest.raises(ValueError):
+        cache.slot_map([3], 5)
+
+
+def test_blob_layout_and_size():
+    cache = make_cache()
+    slots = cache.slot_map(cache.alloc(3), 10)
+    fill_random(cache, slots)
+    blob = cache.export_blob(slots[2:9], list(range(50, 57)), start=2)
+    assert len(blob) == BLOB_HEADER.size + 7 * 4 + 7 * TINY.kv_bytes_per_token
+    magic, version, *_ = BLOB_HEADER.unpack_from(blob)
+    assert magic == b"PDKV" and version == 1
+
+
+def test_roundtrip_into_other_blocks_of_another_cache():
+    src, dst = make_cache(), make_cache()
+    src_slots = src.slot_map(src.alloc(3), 10)
+    kv = fill_random(src, src_slots)
+    blob = src.export_blob(src_slots[3:10], list(range(7)), start=3)
+    dst.alloc(5)  # so the destination uses different block ids
+    dst_slots = dst.slot_map(dst.alloc(3), 10)
+    parsed = dst.parse_blob(blob)
+    assert (parsed.start, parsed.end, parsed.token_ids) == (3, 10, tuple(range(7)))
+    dst.write_kv(dst_slots[3:10], parsed.kv)
+    torch.testing.assert_close(dst.read_kv(dst_slots[3:10]), kv[:, :, 3:10], rtol=0, atol=0)
+    assert dst.export_blob(dst_slots[3:10], list(range(7)), start=3) == blob
+
+
+def _blob(cache: KVCache) -> bytes:
+    slots = cache.slot_map(cache.alloc(2), 6)
+    fill_random(cache, slots)
+    return cache.export_blob(slots, [1, 2, 3, 4, 5, 6], start=0)
+
+
+def _patch_header(blob: bytes, index: int, value) -> bytes:
+    fields = list(BLOB_HEADER.unpack_from(blob))
+    fields[index] = value
+    return BLOB_HEADER.pack(*fields) + blob[BLOB_HEADER.size:]
+
+
+@pytest.mark.parametrize("index, value, field", [
+    (0, b"XXXX", "magic"),
+    (1, 2, "version"),
+    (2, 1, "dtype"),
+    (3, bytes(16), "fingerprint"),
+    (4, 3, "n_layer"),
+    (5, 4, "n_kv_head"),
+    (6, 8, "head_dim"),
+    (8, 5, "kv bytes"),        # end moved: token count no longer matches the payload
+])
+def test_header_mismatch_is_refused(index, value, field):
+    cache = make_cache()
+    with pytest.raises(KVHeaderError, match=field) as err:
+        cache.parse_blob(_patch_header(_blob(cache), index, value))
+    assert isinstance(err.value, KVImportError)
+
+
+def test_truncated_blob_is_refused():
+    cache = make_cache()
+    blob = _blob(cache)
+    with pytest.raises(KVHeaderError, match="length"):
+        cache.parse_blob(blob[:-1])
+    with pytest.raises(KVHeaderError, match="length"):
+        cache.parse_blob(blob[:10])
+
+
+@pytest.mark.parametrize("where", ["token", "kv"])
+def test_corrupted_payload_fails_the_checksum(where):
+    cache = make_cache()
+    blob = bytearray(_blob(cache))
+    pos = BLOB_HEADER.size + (1 if where == "token" else 6 * 4 + 100)
+    blob[pos] ^= 0x01
+    with pytest.raises(KVChecksumError):
+        cache.parse_blob(bytes(blob))
+
+
+def test_blob_from_another_model_shape_is_refused():
+    other = make_cache(config=dataclasses.replace(TINY, name="tiny3", n_layer=3))
+    with pytest.raises(KVHeaderError, match="n_layer"):
+        make_cache().parse_blob(_blob(other))
+
+
+def test_bf16_blob_roundtrip():
+    cfg = dataclasses.replace(TINY, name="tiny-bf16", dtype="bfloat16")
+    cache = make_cache(config=cfg)
+    blob = _blob(cache)
+    assert len(blob) == BLOB_HEADER.size + 6 * 4 + 6 * cfg.kv_bytes_per_token
+    parsed = cache.parse_blob(blob)
+    assert parsed.kv.dtype == torch.bfloat16
+    with pytest.raises(KVHeaderError, match="dtype"):
+        make_cache().parse_blob(blob)
+
+
+def test_batch_binding_writes_and_masks_padding():
+    cache = make_cache(block_size=4)
+    maps = [cache.slot_map(cache.alloc(2), 8), cache.slot_map(cache.alloc(2), 8)]
+    binding = cache.bind(maps, starts=[5, 2], n_new=1)
+    c = TINY
+    k = torch.ones(2, 1, c.n_kv_head, c.head_dim)
+    v = 2 * torch.ones(2, 1, c.n_kv_head, c.head_dim)
+    k_all, v_all, mask, is_causal = binding.attend(0, k, v)
+    assert k_all.shape == (2, 6, c.n_kv_head, c.head_dim) and not is_causal
+    assert mask[:, 0, 0].tolist() == [[True] * 6, [True] * 3 + [False] * 3]
+    assert torch.equal(k_all[0, 5], k[0, 0]) and torch.equal(v_all[1, 2], v[1, 0])  # written, then read back
+    assert torch.equal(cache.layer_kv(0)[0][maps[1][2]], k[1, 0])
+
+
+def test_prefix_binding_mask_is_causal_with_offset():
+    cache = make_cache(block_size=4)
+    slot_map = cache.slot_map(cache.alloc(2), 8)
+    binding = cache.bind([slot_map], starts=[5], n_new=3)
+    assert binding.mask[0, 0].int().tolist() == [
+        [1, 1, 1, 1, 1, 1, 0, 0],
+        [1, 1, 1, 1, 1, 1, 1, 0],
+        [1, 1, 1, 1, 1, 1, 1, 1]]
+    with pytest.raises(ValueError):
+        cache.bind([slot_map, slot_map], starts=[0, 0], n_new=2)
+
