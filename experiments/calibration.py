@@ -7,7 +7,7 @@ throughput with iperf3, capturing pcap, and writing the run directory:
     metadata.json     resolved profile, backend and why, seeds, provenance
     calibration.json  per direction: configured, expected, measured, checks
     calibration.md    the measured-vs-configured table, human-readable
-    probes/*.json     raw probe records (seq, send_ns, recv_ns)
+    probes/*.json     raw probe results (sequence numbers and one-way delays, arrival order)
     pcap/wan-a.pcap   both ends of the WAN link, headers only
     pcap/wan-b.pcap
 
@@ -26,10 +26,10 @@ from pathlib import Path
 from experiments import rundir
 from experiments.linkstats import (Check, DirectionStats, Expected, ProbePlan, expected_stats,
                                    fidelity_checks, goodput_check, probe_stats)
-from experiments.probe import ProbeRecord
 from topology import naming
 from topology.net import Testbed, TopologyConfig, preflight
 from topology.profiles import LinkParams, Profile
+from topology.udp_probe import ProbeResult
 
 log = logging.getLogger(__name__)
 PROBE_PORT = 9000
@@ -83,39 +83,38 @@ def _python() -> str:
     return sys.executable
 
 
-def run_probes(testbed: Testbed, plan: ProbePlan, out_dir: Path) -> dict[str, list[ProbeRecord]]:
-    """Probe both directions concurrently; return the raw records per direction."""
+def _receiver_argv(plan: ProbePlan) -> list[str]:
+    # Idle timeout: longer than any gap the profile's delay and jitter can open.
+    return [_python(), "-m", "topology.udp_probe", "recv", "--port", str(PROBE_PORT),
+            "--count", str(plan.count), "--idle-timeout-s", "5"]
+
+
+def _sender_argv(plan: ProbePlan, dst: str) -> list[str]:
+    return [_python(), "-m", "topology.udp_probe", "send", "--dst", _ip(dst), "--port", str(PROBE_PORT),
+            "--count", str(plan.count), "--interval-us", str(plan.interval_ms * 1000),
+            "--size-bytes", str(plan.payload_bytes)]
+
+
+def run_probes(testbed: Testbed, plan: ProbePlan, out_dir: Path) -> dict[str, ProbeResult]:
+    """Probe both directions concurrently; keep the raw results in out_dir/<direction>.json."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    receivers = {}
-    for direction, (src, dst) in ENDPOINTS.items():
-        out = out_dir / f"{direction}.json"
-        receivers[direction] = (out, testbed.popen(dst, [
-            _python(), "-m", "experiments.probe", "recv", "--port", str(PROBE_PORT),
-            "--count", str(plan.count), "--out", str(out),
-            "--overall-timeout-s", str(plan.count * plan.interval_ms / 1000 + 60)],
-            stdout=subprocess.PIPE, text=True))
-    for direction, (_, proc) in receivers.items():
-        _wait_ready(proc, f"probe receiver {direction}")
-    senders = [testbed.popen(src, [
-        _python(), "-m", "experiments.probe", "send", "--dst", _ip(dst), "--port", str(PROBE_PORT),
-        "--count", str(plan.count), "--interval-ms", str(plan.interval_ms),
-        "--payload-bytes", str(plan.payload_bytes)]) for src, dst in ENDPOINTS.values()]
+    receivers = {d: testbed.popen(dst, _receiver_argv(plan), stdout=subprocess.PIPE, text=True)
+                 for d, (_, dst) in ENDPOINTS.items()}
+    for direction, proc in receivers.items():
+        if proc.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"probe receiver {direction} did not start (exit {proc.poll()})")
+    senders = [testbed.popen(src, _sender_argv(plan, dst)) for src, dst in ENDPOINTS.values()]
     for proc in senders:
         if proc.wait() != 0:
             raise RuntimeError(f"probe sender failed: {proc.args}")
-    records = {}
-    for direction, (out, proc) in receivers.items():
-        if proc.wait(timeout=120) != 0:
-            raise RuntimeError(f"probe receiver {direction} failed")
-        records[direction] = [ProbeRecord(**r) for r in json.loads(out.read_text())]
-    return records
-
-
-def _wait_ready(proc: subprocess.Popen, what: str, timeout_s: float = 30) -> None:
-    """Block until the process prints 'ready' (its socket is bound)."""
-    line = proc.stdout.readline()
-    if line.strip() != "ready":
-        raise RuntimeError(f"{what} did not become ready (exit {proc.poll()}): {line!r}")
+    results = {}
+    for direction, proc in receivers.items():
+        line = proc.stdout.readline()
+        if proc.wait(timeout=120) != 0 or not line:
+            raise RuntimeError(f"probe receiver {direction} failed (exit {proc.returncode})")
+        (out_dir / f"{direction}.json").write_text(line)
+        results[direction] = ProbeResult(**json.loads(line))
+    return results
 
 
 def _ip(host: str) -> str:
@@ -155,7 +154,7 @@ def calibrate(testbed: Testbed, cfg: CalibrationConfig, out_dir: Path) -> list[D
     results = []
     for direction, p in params.items():
         expected = expected_stats(p, cfg.probes, base_delay_ms=base)
-        measured = probe_stats(records[direction], cfg.probes.count)
+        measured = probe_stats(records[direction])
         results.append(DirectionResult(direction, p.to_dict(), expected, measured,
                                        fidelity_checks(expected, measured)))
     if cfg.tcp_seconds:

@@ -1,10 +1,10 @@
 """Link statistics from probe records, and the fidelity verdict against a profile.
 
-Responsible for: turning `ProbeRecord`s into delay/jitter/loss/reorder numbers,
+Responsible for: turning probe results (`ProbeResult`) into delay/jitter/loss/reorder numbers,
 computing what a profile should show for the same probe stream (by running
 netem's own per-packet model, `topology.netem_model`, over it), and comparing
 the two with the named tolerances below.
-Not responsible for: running probes (`experiments.probe`) or the topology.
+Not responsible for: running probes (`topology.udp_probe`) or the topology.
 """
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from experiments.probe import WIRE_OVERHEAD_BYTES, ProbeRecord
 from topology.profiles import LinkParams
+from topology.udp_probe import WIRE_OVERHEAD_BYTES, ProbeResult
 
 # Tolerances (issue: "Mininet's own high-fidelity tests allow ±20%; we aim far tighter").
 DELAY_MEAN_TOL_FRAC = 0.02      # one-way delay mean within max(2%, 0.3 ms) ...
@@ -50,24 +50,17 @@ def _percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[k]
 
 
-def probe_stats(records: list[ProbeRecord], sent: int) -> DirectionStats:
-    """Delay, jitter, loss, duplicates and reordering of one probe run."""
-    first: dict[int, ProbeRecord] = {}
-    duplicates = reordered = 0
-    highest = -1
-    for rec in sorted(records, key=lambda r: r.recv_ns):
-        if rec.seq in first:
-            duplicates += 1
-            continue
-        first[rec.seq] = rec
-        if rec.seq < highest:
-            reordered += 1
-        highest = max(highest, rec.seq)
-    delays = sorted((r.recv_ns - r.send_ns) / 1e6 for r in first.values())
-    lost = sent - len(first)
+def probe_stats(result: ProbeResult) -> DirectionStats:
+    """Delay, jitter, loss, duplicates and reordering of one probe run (first arrivals only)."""
+    first: dict[int, float] = {}
+    for seq, delay_ns in zip(result.seqs, result.delays_ns):
+        first.setdefault(seq, delay_ns / 1e6)
+    delays = sorted(first.values())
+    lost = result.sent_count - result.received
     return DirectionStats(
-        sent=sent, received=len(first), duplicates=duplicates, lost=lost,
-        loss_pct=100 * lost / sent if sent else math.nan, reordered=reordered,
+        sent=result.sent_count, received=result.received, duplicates=result.duplicates, lost=lost,
+        loss_pct=100 * lost / result.sent_count if result.sent_count else math.nan,
+        reordered=result.reordered,
         delay_mean_ms=statistics.fmean(delays) if delays else math.nan,
         delay_std_ms=statistics.pstdev(delays) if len(delays) > 1 else 0.0,
         delay_min_ms=delays[0] if delays else math.nan,

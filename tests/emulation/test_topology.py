@@ -29,8 +29,8 @@ def _cfg(backend, profile="wan-cross-country", **kw):
 
 
 def _mean_delay(tb, tmp_path, count=100, interval_ms=5.0):
-    recs = run_probes(tb, ProbePlan(count=count, interval_ms=interval_ms), tmp_path)
-    return probe_stats(recs["a_to_b"], count), probe_stats(recs["b_to_a"], count)
+    res = run_probes(tb, ProbePlan(count=count, interval_ms=interval_ms), tmp_path)
+    return probe_stats(res["a_to_b"]), probe_stats(res["b_to_a"])
 
 
 def test_addresses_routes_and_reachability(backend):

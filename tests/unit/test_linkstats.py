@@ -5,25 +5,25 @@ import pytest
 
 from experiments.linkstats import (Expected, _binomial_interval, fidelity_checks, goodput_check,
                                    probe_stats)
-from experiments.probe import ProbeRecord
+from topology.udp_probe import ProbeResult
 
 
-def _rec(seq, delay_ms, t0_ms=None):
-    send = int((t0_ms if t0_ms is not None else seq * 20) * 1e6)
-    return ProbeRecord(seq, send, send + int(delay_ms * 1e6))
+def _result(arrivals, sent):
+    """arrivals: (seq, one-way delay ms) in arrival order."""
+    return ProbeResult(sent_count=sent, seqs=[s for s, _ in arrivals],
+                       delays_ns=[int(d * 1e6) for _, d in arrivals])
 
 
 def test_loss_duplicates_reordering():
-    recs = [_rec(0, 10), _rec(1, 10), _rec(3, 10), _rec(2, 50), _rec(3, 10.5)]  # 2 overtaken, 3 doubled, 4 lost
-    s = probe_stats(recs, sent=5)
+    arrivals = [(0, 10), (1, 10), (3, 10), (2, 50), (3, 10.5)]  # 2 overtaken, 3 doubled, 4 lost
+    s = probe_stats(_result(arrivals, sent=5))
     assert (s.received, s.lost, s.duplicates, s.reordered) == (4, 1, 1, 1)
     assert s.loss_pct == pytest.approx(20)
     assert s.delay_max_ms == pytest.approx(50)
 
 
 def test_delay_mean_and_std():
-    recs = [_rec(i, 30 + (1 if i % 2 else -1)) for i in range(100)]
-    s = probe_stats(recs, sent=100)
+    s = probe_stats(_result([(i, 30 + (1 if i % 2 else -1)) for i in range(100)], sent=100))
     assert s.delay_mean_ms == pytest.approx(30, abs=1e-3)
     assert s.delay_std_ms == pytest.approx(1, abs=1e-3)
     assert s.reordered == 0
@@ -39,13 +39,13 @@ def test_binomial_interval_brackets_the_mean():
 def test_fidelity_checks_catch_each_deviation():
     exp = Expected(delay_mean_ms=30, delay_std_ms=5, loss_pct=0.1, loss_lo_pct=0, loss_hi_pct=0.5,
                    reordering_expected=False)
-    good = probe_stats([_rec(i, 30 + (5 if i % 2 else -5)) for i in range(1000)], 1000)
+    good = probe_stats(_result([(i, 30 + (5 if i % 2 else -5)) for i in range(1000)], 1000))
     assert all(c.ok for c in fidelity_checks(exp, good))
-    slow = probe_stats([_rec(i, 31 + (5 if i % 2 else -5)) for i in range(1000)], 1000)
+    slow = probe_stats(_result([(i, 31 + (5 if i % 2 else -5)) for i in range(1000)], 1000))
     assert [c.name for c in fidelity_checks(exp, slow) if not c.ok] == ["delay_mean_ms"]
-    narrow = probe_stats([_rec(i, 30 + (3 if i % 2 else -3)) for i in range(1000)], 1000)
+    narrow = probe_stats(_result([(i, 30 + (3 if i % 2 else -3)) for i in range(1000)], 1000))
     assert [c.name for c in fidelity_checks(exp, narrow) if not c.ok] == ["delay_std_ms"]
-    lossy = probe_stats([_rec(i, 30 + (5 if i % 2 else -5)) for i in range(990)], 1000)
+    lossy = probe_stats(_result([(i, 30 + (5 if i % 2 else -5)) for i in range(990)], 1000))
     assert [c.name for c in fidelity_checks(exp, lossy) if not c.ok] == ["loss_pct"]
 
 

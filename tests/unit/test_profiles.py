@@ -28,6 +28,14 @@ def test_queue_limit_covers_a_bdp():
             assert p.effective_limit_pkts >= bdp_pkts, (name, d)
 
 
+def test_derived_limit_adds_the_frames_inside_the_delay():
+    # 200 Mbit/s = 16,512 frames/s; one way 40 ms (30 + 2 x 5) holds 660.5; 1.5 BDPs over 80 ms = 1981.5.
+    p = LinkParams(rate_mbit=200, delay_ms=30, jitter_ms=5)
+    assert p.effective_limit_pkts == 2643
+    assert LinkParams(rate_mbit=1, delay_ms=1).effective_limit_pkts == 1000
+    assert LinkParams(rate_mbit=200, delay_ms=30, limit_pkts=77).effective_limit_pkts == 77
+
+
 def test_direction_override():
     p = load_profile("wan-congested")
     assert p.a_to_b.rate_mbit == 20 and p.b_to_a.rate_mbit == 50
@@ -53,6 +61,7 @@ def _write(tmp_path, text, name="bad"):
     ("link: {dealy_ms: 5}", "unknown key(s) ['dealy_ms']"),
     ("link: {rate_mbit: fast}", "expected a number"),
     ("link: {reorder_pct: 5}", "needs delay_ms"),
+    ("link: {delay_ms: 5, reorder_gap: 3}", "reorder_gap: needs reorder_pct"),
     ("link: {loss_pct: 1, loss_ge: {p_pct: 1}}", "exclusive"),
     ("schedule: [{at_s: 10, set: {loss_pct: 1}}, {at_s: 5, set: {loss_pct: 2}}]", "goes back in time"),
     ("schedule: [{at_s: 1, direction: up, set: {loss_pct: 1}}]", "allowed: both, a_to_b, b_to_a"),

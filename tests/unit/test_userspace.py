@@ -1,0 +1,56 @@
+"""Unit tests of topology.userspace that need no root: command builders, CLI parsing, control protocol."""
+from __future__ import annotations
+
+import json
+import select
+import threading
+
+import pytest
+
+from topology.profiles import LinkParams
+from topology.userspace import ControlServer, control_request, emulator_cmd, offload_off_cmds, parse_args
+
+
+def test_offload_off_cmds():
+    assert offload_off_cmds(["wa"]) == [["ethtool", "-K", "wa", "tso", "off", "gso", "off", "gro", "off",
+                                         "tx", "off", "rx", "off"]]
+    (cmd,) = offload_off_cmds(["b0"], netns="pddt-b")
+    assert cmd[:4] == ["ip", "netns", "exec", "pddt-b"] and cmd[4:7] == ["ethtool", "-K", "b0"]
+
+
+def test_emulator_cmd_round_trips_through_the_cli():
+    a_to_b = LinkParams(rate_mbit=200, delay_ms=30, jitter_ms=5, loss_pct=0.1)
+    cmd = emulator_cmd("wa", "wb", "/tmp/x.sock", 7, a_to_b, LinkParams(delay_ms=30),
+                       prefix=["ip", "netns", "exec", "w"], python="python3")
+    assert cmd[:6] == ["ip", "netns", "exec", "w", "python3", "-m"]
+    args = parse_args(cmd[7:])
+    assert (args.if_a, args.if_b, args.control, args.seed) == ("wa", "wb", "/tmp/x.sock", 7)
+    assert args.params_a_to_b == a_to_b and args.params_b_to_a == LinkParams(delay_ms=30)
+
+
+def test_cli_rejects_bad_params():
+    with pytest.raises(SystemExit):
+        parse_args(["--if-a", "a", "--if-b", "b", "--control", "c", "--params-a-to-b", json.dumps({"delay_ms": -1})])
+
+
+def test_control_server_answers_json_lines(tmp_path):
+    path = tmp_path / "ctl.sock"
+    server = ControlServer(path, lambda req: {"ok": True, "echo": req.get("cmd")})
+    stop = threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            readable, _, _ = select.select(server.sockets(), [], [], 0.05)
+            for sock in readable:
+                server.on_readable(sock)
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    try:
+        assert control_request(path, {"cmd": "ping"}) == {"ok": True, "echo": "ping"}
+        assert control_request(path, {"cmd": "stats"})["echo"] == "stats"
+    finally:
+        stop.set()
+        thread.join()
+        server.close()
+    assert not path.exists()
