@@ -21,7 +21,7 @@ test-emulation: setup
 
 # The tc backend on a real sch_netem: a stock Debian kernel under qemu TCG.
 vm-test: setup
-	$(PY) -m vm.run --timeout 1500 -- $(PY) -m pytest -q -rs -p no:cacheprovider tests/emulation/test_fidelity.py --backend tc
+	$(PY) -m vm.run --timeout 1500 --cpus 1 -- $(PY) -m pytest -q -rs -p no:cacheprovider tests/emulation/test_fidelity.py --backend tc
 
 bench: setup
 	$(PY) benchmarks/bench_engine.py

@@ -34,6 +34,13 @@ from topology.udp_probe import ProbeResult
 log = logging.getLogger(__name__)
 PROBE_PORT = 9000
 IPERF_PORT = 5201
+# The baseline's probes: 1000 pin its mean to a few microseconds on a quiet host.
+BASELINE_PROBES = ProbePlan(count=1000, interval_ms=5.0)
+BASELINE_TCP_SECONDS = 3.0
+# A goodput check needs a path that can carry the rate with room to spare:
+# capacity at least this multiple of the rate (else the check is skipped, and
+# the skip is recorded, e.g. under an emulated CPU).
+CAPACITY_HEADROOM = 1.15
 # Probe endpoints: one host per cluster.
 ENDPOINTS = {"a_to_b": ("client", "md1"), "b_to_a": ("md1", "client")}
 
@@ -62,7 +69,11 @@ class DirectionResult:
     expected: Expected
     measured: DirectionStats
     checks: list[Check]
+    base_delay_ms: float = 0.0
+    base_std_ms: float = 0.0
+    capacity_mbit: float = 0.0
     tcp_goodput_mbit: float | None = None
+    goodput_skipped: str | None = None
     udp: dict | None = None
 
     @property
@@ -71,12 +82,38 @@ class DirectionResult:
         return all(c.ok for c in self.checks)
 
 
-def lan_path_delay_ms(testbed: Testbed) -> float:
-    """Configured one-way delay of the LAN hops between probe endpoints (0 without LAN shaping)."""
-    if testbed.backend_choice.name != "tc":
-        return 0.0
-    # host -> switch -> gateway, and gateway -> switch -> host: 4 shaped egresses.
-    return 4 * testbed.config.lan_profile.a_to_b.delay_ms
+@dataclass(frozen=True)
+class Baseline:
+    """The path with the WAN unshaped: what the emulation machinery itself adds.
+
+    delay_ms: mean one-way delay per direction (LAN hops, forwarding, probe stack)
+    std_ms: its standard deviation (host scheduling; large under an emulated CPU)
+    capacity_mbit: TCP goodput per direction with no WAN shaping (0 = not measured)
+    """
+    delay_ms: dict[str, float]
+    std_ms: dict[str, float]
+    capacity_mbit: dict[str, float]
+
+
+def measure_baseline(testbed: Testbed, out_dir: Path, tcp_seconds: float) -> Baseline:
+    """Unshape the WAN for a moment; measure base delay (median) and path capacity."""
+    saved = dict(testbed.link.current)
+    for d in saved:
+        testbed.link.set(d, LinkParams(), "baseline: WAN unshaped")
+    try:
+        stats = {d: probe_stats(r) for d, r in run_probes(testbed, BASELINE_PROBES, out_dir / "baseline").items()}
+        capacity = {d: 0.0 for d in saved}
+        if tcp_seconds:
+            for d in saved:
+                end = iperf3(testbed, d, BASELINE_TCP_SECONDS)
+                capacity[d] = end["sum_received"]["bits_per_second"] / 1e6
+    finally:
+        for d, p in saved.items():
+            testbed.link.set(d, p, "baseline done")
+    baseline = Baseline({d: s.delay_mean_ms for d, s in stats.items()},
+                        {d: s.delay_std_ms for d, s in stats.items()}, capacity)
+    log.info("baseline: %s", baseline)
+    return baseline
 
 
 def _python() -> str:
@@ -149,14 +186,18 @@ def iperf3(testbed: Testbed, direction: str, seconds: float, udp_mbit: float | N
 def calibrate(testbed: Testbed, cfg: CalibrationConfig, out_dir: Path) -> list[DirectionResult]:
     """Measure both directions of the live WAN link against its current parameters."""
     params = dict(testbed.link.current)
-    base = lan_path_delay_ms(testbed)
+    baseline = measure_baseline(testbed, out_dir, cfg.tcp_seconds)
     records = run_probes(testbed, cfg.probes, out_dir / "probes")
     results = []
     for direction, p in params.items():
-        expected = expected_stats(p, cfg.probes, base_delay_ms=base)
+        expected = expected_stats(p, cfg.probes, base_delay_ms=baseline.delay_ms[direction],
+                                  base_std_ms=baseline.std_ms[direction])
         measured = probe_stats(records[direction])
         results.append(DirectionResult(direction, p.to_dict(), expected, measured,
-                                       fidelity_checks(expected, measured)))
+                                       fidelity_checks(expected, measured),
+                                       base_delay_ms=baseline.delay_ms[direction],
+                                       base_std_ms=baseline.std_ms[direction],
+                                       capacity_mbit=baseline.capacity_mbit[direction]))
     if cfg.tcp_seconds:
         _measure_goodput(testbed, cfg, params, results)
     if cfg.udp:
@@ -179,8 +220,14 @@ def _measure_goodput(testbed: Testbed, cfg: CalibrationConfig, params: dict, res
             end = iperf3(testbed, r.direction, cfg.tcp_seconds)
             r.tcp_goodput_mbit = end["sum_received"]["bits_per_second"] / 1e6
             rate = params[r.direction].rate_mbit
-            if rate and cfg.lossless_goodput:
-                r.checks.append(goodput_check(rate, r.tcp_goodput_mbit))
+            if not (rate and cfg.lossless_goodput):
+                continue
+            if r.capacity_mbit < CAPACITY_HEADROOM * rate:
+                r.goodput_skipped = (f"path capacity {r.capacity_mbit:.0f} Mbit/s unshaped is below "
+                                     f"{CAPACITY_HEADROOM} x the {rate:g} Mbit/s rate")
+                log.warning("%s: goodput check skipped: %s", r.direction, r.goodput_skipped)
+                continue
+            r.checks.append(goodput_check(rate, r.tcp_goodput_mbit))
     finally:
         if cfg.lossless_goodput:
             for d, p in params.items():
@@ -199,6 +246,11 @@ def markdown_table(profile: Profile, backend: str, results: list[DirectionResult
         m = r.measured
         lines.append(f"| {r.direction} | probes sent/received/dup/reordered | {m.sent} | "
                      f"{m.received}/{m.duplicates}/{m.reordered} | | |")
+        lines.append(f"| {r.direction} | baseline (WAN unshaped): delay mean, std ms; capacity Mbit/s | | "
+                     f"{r.base_delay_ms:.3f}, {r.base_std_ms:.3f}; {r.capacity_mbit:.0f} | | |")
+        if r.goodput_skipped:
+            lines.append(f"| {r.direction} | tcp_goodput_mbit | | {r.tcp_goodput_mbit:.4g} | "
+                         f"not checked: {r.goodput_skipped} | |")
         if r.udp:
             lines.append(f"| {r.direction} | UDP at half rate: Mbit/s, loss % | | "
                          f"{r.udp.get('bits_per_second', 0) / 1e6:.4g}, {r.udp.get('lost_percent', 0):.3g} | | |")

@@ -126,8 +126,10 @@ def _binomial_interval(n: int, p: float, level: float) -> tuple[int, int]:
     return lo or 0, hi
 
 
-def expected_stats(params: LinkParams, plan: ProbePlan, base_delay_ms: float = 0.0, seed: int = 1) -> Expected:
-    """What `params` should show for `plan`; base_delay_ms adds the unshaped path (LAN hops)."""
+def expected_stats(params: LinkParams, plan: ProbePlan, base_delay_ms: float = 0.0,
+                   base_std_ms: float = 0.0, seed: int = 1) -> Expected:
+    """What `params` should show for `plan`, on a path that itself adds base_delay_ms (mean)
+    and base_std_ms (spread, independent of the link's) with the WAN unshaped."""
     # A long model run gives the expectation itself, not one more noisy sample of it.
     long_plan = ProbePlan(max(MODEL_PROBES, plan.count), plan.interval_ms, plan.payload_bytes)
     delays, _ = _simulate(params, long_plan, seed)
@@ -143,7 +145,7 @@ def expected_stats(params: LinkParams, plan: ProbePlan, base_delay_ms: float = 0
         loss = 100 * statistics.fmean(runs) / plan.count
     return Expected(
         delay_mean_ms=statistics.fmean(delays) + base_delay_ms,
-        delay_std_ms=statistics.pstdev(delays),
+        delay_std_ms=math.hypot(statistics.pstdev(delays), base_std_ms),
         loss_pct=loss, loss_lo_pct=100 * lo / plan.count, loss_hi_pct=100 * hi / plan.count,
         reordering_expected=bool(params.reorder_pct or (params.jitter_ms and not params.rate_mbit)))
 

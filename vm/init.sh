@@ -7,7 +7,8 @@
 # (virtiofs tag "hostroot", read-only) under a tmpfs overlay as /newroot, give
 # it fresh proc/sys/dev/devpts/cgroup2 and /run, mount the share directory
 # (tag "share", writable) at its host path, run cmd.sh chrooted with its
-# output on ttyS1, print "PDDLAB-RC=<status>" on the console (ttyS0), power off.
+# output on ttyS1 after switch_root into /newroot, print "PDDLAB-RC=<status>"
+# on the console (ttyS0), power off.
 # Does not: configure any network beyond lo (the VM has no NIC), or decide
 # what runs (cmd.sh is written by vm/run.py).
 
@@ -73,13 +74,20 @@ ip link set lo up || fail "lo up"
 cp /pddlab/cmd.sh $R/run/pddlab/cmd.sh
 stty -F /dev/ttyS1 raw -echo || fail "ttyS1 (is the second serial port missing?)"
 
+# switch_root, not chroot: tools that enter another process's mount namespace
+# (Mininet's mnexec -a) land at that namespace's root, which must be the host
+# root itself, not the initramfs beneath a chroot.
+cat > $R/run/pddlab/stage2.sh <<'STAGE2'
+log() { echo "pddlab-init: $*" > /dev/console; }
 log "PDDLAB-START uptime=$(cut -d' ' -f1 /proc/uptime)"
-env -i chroot $R /bin/sh /run/pddlab/cmd.sh < /dev/null > /dev/ttyS1 2>&1
+env -i /bin/sh /run/pddlab/cmd.sh < /dev/null > /dev/ttyS1 2>&1
 rc=$?
-
 kill -KILL -1 2>/dev/null  # whatever the command left running
 sync
-umount -l "$R$PDDLAB_SHARE"
+umount -l "$1" 2>/dev/null
 echo "PDDLAB-RC=$rc" > /dev/console
-poweroff -f
+echo 1 > /proc/sys/kernel/sysrq
+echo o > /proc/sysrq-trigger  # power off (the host root may have no poweroff binary)
 sleep 10
+STAGE2
+exec switch_root $R /bin/sh /run/pddlab/stage2.sh "$PDDLAB_SHARE"

@@ -11,7 +11,13 @@ tolerances are the named constants in `experiments.linkstats`:
 - delay standard deviation within 15% (its standard error is ~1/sqrt(2n) = 1.6%);
 - loss inside the 99% interval (binomial, or the model's own spread for bursty loss);
 - zero reordered probes when a rate is set and reorder is off;
-- TCP goodput on a lossless copy of the profile within 90-101% of the rate.
+- TCP goodput on a lossless copy of the profile within 90-101% of the rate,
+  wherever the unshaped path can carry 1.15 x the rate (under the VM's emulated
+  CPU it cannot at 100+ Mbit/s: such skips are printed with the capacity).
+
+The expectation adds the path's own contribution, measured first with the WAN
+unshaped (1000 probes): its mean delay (LAN hops, bridges, forwarding) and,
+as independent noise, its spread (tiny here, milliseconds under qemu TCG).
 
 Run with `--backend tc` inside the stock-kernel VM (`make vm-test`) and with
 the default backend here, on the same profiles and tolerances.
@@ -42,4 +48,8 @@ def test_profile_fidelity(name, backend, tmp_path):
     print(table)
     failed = [f"{r.direction}:{c.name}" for r in results for c in r.checks if not c.ok]
     assert not failed, f"{name} on {used}: {failed}\n{table}"
-    assert {c.name for r in results for c in r.checks} >= {"delay_mean_ms", "loss_pct", "tcp_goodput_mbit"}
+    for r in results:
+        names = {c.name for c in r.checks}
+        assert {"delay_mean_ms", "loss_pct"} <= names
+        # Goodput is judged wherever the unshaped path can carry the rate (see calibration.CAPACITY_HEADROOM).
+        assert "tcp_goodput_mbit" in names or r.goodput_skipped, r.direction
