@@ -27,6 +27,7 @@ bench: setup
 	$(PY) benchmarks/bench_engine.py
 	$(PY) benchmarks/bench_shaper.py
 	$(PY) benchmarks/bench_links.py
+	$(PY) -m vm.run --timeout 1500 --cpus 1 -- $(PY) benchmarks/bench_links.py --backend tc
 
 run-experiment: setup
 	$(PDDLAB) run $(EXP) --profile $(PROFILE) --backend $(BACKEND)
