@@ -6,15 +6,19 @@ PROFILE ?= wan-cross-country
 BACKEND ?= auto
 PYTEST  := $(PY) -m pytest -q -rs
 
-.PHONY: setup test test-unit test-emulation vm-test bench run-experiment clean profiles
+.PHONY: setup test test-unit test-roles test-emulation vm-test bench run-experiment clean profiles
 
 setup:
 	@bash scripts/setup.sh
 
-test: setup test-unit test-emulation vm-test
+test: setup test-unit test-roles test-emulation vm-test
 
 test-unit: setup
 	$(PYTEST) tests/unit
+
+# The PDD roles as real processes on loopback (no root needed).
+test-roles: setup
+	$(PYTEST) tests/roles tests/e2e
 
 test-emulation: setup
 	$(PYTEST) tests/emulation
@@ -25,6 +29,7 @@ vm-test: setup
 
 bench: setup
 	$(PY) benchmarks/bench_engine.py
+	$(PY) benchmarks/bench_roles.py
 	$(PY) benchmarks/bench_shaper.py
 	$(PY) benchmarks/bench_links.py
 	$(PY) -m vm.run --timeout 1500 --cpus 1 -- $(PY) benchmarks/bench_links.py --backend tc

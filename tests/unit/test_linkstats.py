@@ -52,3 +52,13 @@ def test_fidelity_checks_catch_each_deviation():
 def test_goodput_window():
     assert goodput_check(200, 191).ok and not goodput_check(200, 170).ok and not goodput_check(200, 205).ok
     assert math.isclose(goodput_check(100, 95).lo, 90)
+
+
+def test_rare_spikes_do_not_move_the_trimmed_mean_and_std():
+    arrivals = [(i, 30 + (1 if i % 2 else -1)) for i in range(1000)]
+    arrivals[100] = (100, 70.0)  # one descheduled probe: 0.1% of samples
+    s = probe_stats(_result(arrivals, sent=1000))
+    assert s.delay_mean_ms == pytest.approx(30, abs=0.01) and s.delay_std_ms == pytest.approx(1, abs=0.01)
+    assert s.delay_max_ms == pytest.approx(70)
+    many = [(i, 30 + (20 if i % 20 == 0 else 0)) for i in range(1000)]  # 5% of samples: not trimmed away
+    assert probe_stats(_result(many, sent=1000)).delay_mean_ms > 30.5

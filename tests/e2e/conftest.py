@@ -1,0 +1,39 @@
+"""Fixtures of the end-to-end tests: one real-process PDD deployment on loopback per module, a reference engine.
+
+Needs nothing but loopback and the venv (no root); every process is started
+and stopped by the fixture, by PID (tests/e2e/pdd_harness.py).
+"""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))  # the harness modules next to this file
+
+from pdd_harness import Deployment  # noqa: E402
+from workers.engine import Engine, GenerationRequest  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def dep(tmp_path_factory):
+    d = Deployment(tmp_path_factory.mktemp("pdd"))
+    try:
+        yield d.start()
+    finally:
+        codes = d.stop()
+        # a clean SIGTERM exit is 0; a role killed on purpose by a test is -9
+        assert all(c in (0, -9) for c in codes.values()), f"role exit codes {codes}; logs in {d.run_dir}"
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """Colocated greedy reference: the same model and weights, one plain engine in this process."""
+    engine = Engine("tiny", seed=0, capacity_tokens=4096, block_size=16, device="cpu", prefix_cache=False)
+
+    def ref(prompt: list[int], max_tokens: int, rid: str = "ref") -> list[int]:
+        return list(engine.generate(GenerationRequest(rid, tuple(prompt), max_tokens)).output_tokens)
+    ref.engine = engine
+    return ref

@@ -1,0 +1,1 @@
+"""Generated gRPC stubs of workers/proto/pdd.proto (regenerate: python -m workers.proto.compile)."""

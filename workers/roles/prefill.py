@@ -1,0 +1,192 @@
+"""The P role: prefill a prompt and stream its KV on one or two paths at once.
+
+Responsible for: the `Prefill` gRPC service; asking a decode worker's DRC
+(`Decode.PrefixLength`) where its WAN copy must start; computing the prompt
+(on top of P's own prefix cache) while every layer's KV leaves on each target
+path as soon as it is written (`layerhook`); the first token; cancelling a
+request's transfers still in flight (`Cancel`).
+Not responsible for: decoding, routing, or the wire format (kvwire).
+
+Prefill returns once the first token is sampled; the transfers finish in the
+background and are recorded in the event log (kv_send_start/progress/end).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import grpc
+
+from workers.engine import Engine, GenerationRequest
+from workers.errors import EngineError
+from workers.proto import pdd_pb2, pdd_pb2_grpc
+from workers.roles.config import DeploymentConfig, PathConfig, WorkerConfig
+from workers.roles.events import EventLog
+from workers.roles.kvwire import KVSender, SendResult, meta_for
+from workers.roles.layerhook import layer_tap, read_layer
+from workers.roles.server import (RoleServer, StatsSource, build_engine, engine_stats, event_log, grpc_options,
+                                  role_main, status_of)
+
+log = logging.getLogger(__name__)
+
+DRC_QUERY_TIMEOUT_S = 5.0
+
+
+class PrefillServicer(pdd_pb2_grpc.PrefillServicer):
+    """engine: P's engine (with its prefix cache); paths: PathConfig by path name; events: P's log"""
+
+    def __init__(self, cfg: DeploymentConfig, engine: Engine, events: EventLog):
+        self.cfg = cfg
+        self.engine = engine
+        self.events = events
+        self.lock = threading.Lock()       # the engine is single-threaded
+        self._senders: dict[str, list[KVSender]] = {}
+        self._senders_lock = threading.Lock()
+        self._channels: dict[str, grpc.Channel] = {}
+
+    # ------------------------------------------------------------ RPCs
+
+    def Prefill(self, request, context):
+        rid, prompt = request.request_id, tuple(request.prompt_tokens)
+        arrival = self.events.emit("prefill_arrival", rid, prompt_tokens=len(prompt), targets=len(request.targets))
+        if not rid:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request_id is empty")
+        gen = GenerationRequest(rid, prompt, 1, use_prefix_cache=request.use_prefix_cache)
+        try:
+            self.engine.validate(gen)
+        except EngineError as err:
+            context.abort(status_of(err), str(err))
+        targets, starts = [], []
+        for t in request.targets:
+            start = self._start_of(t, rid, len(prompt), context)
+            if start is not None:
+                targets.append(t)
+                starts.append(start)
+        if request.targets and not targets:
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"request {rid!r}: no KV target is reachable")
+        first, t_first, opened = self._prefill(gen, targets, starts, context)
+        self.events.emit("prefill_done", rid, duration_ns=t_first - arrival, cached_tokens=opened[0],
+                         computed_tokens=opened[1], first_token=first)
+        return pdd_pb2.PrefillReply(first_token=first, t_ns=t_first, cached_tokens=opened[0],
+                                    computed_tokens=opened[1], sent_from_tokens=starts)
+
+    def Cancel(self, request, context):
+        with self._senders_lock:
+            senders = list(self._senders.get(request.request_id, []))
+        live = [s for s in senders if not s.done]
+        for s in live:
+            s.cancel("request cancelled")
+        return pdd_pb2.CancelReply(cancelled=len(live))
+
+    # ------------------------------------------------------------ steps
+
+    def _start_of(self, target, rid: str, prompt_len: int, context) -> int | None:
+        """First position to send on this target: the decode worker's DRC hit, or the given start.
+        None when the DRC cannot be asked (that worker is gone): the target is dropped, the others go on."""
+        if target.path not in ("fast", "wan"):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"target path {target.path!r}; allowed: fast, wan")
+        if not target.drc_address:
+            start = target.start_tokens
+        else:
+            stub = pdd_pb2_grpc.DecodeStub(self._channel(target.drc_address))
+            try:
+                start = stub.PrefixLength(pdd_pb2.PrefixQuery(request_id=rid), timeout=DRC_QUERY_TIMEOUT_S).cached_tokens
+            except grpc.RpcError as err:
+                self.events.emit("drc_query_failed", rid, drc=target.drc_address, path=target.path,
+                                 reason=f"{err.code().name}: {err.details()}")
+                return None
+            self.events.emit("drc_query", rid, drc=target.drc_address, cached_tokens=start)
+        if not 0 <= start < prompt_len:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"target {target.path}: start {start} outside [0, {prompt_len})")
+        return start
+
+    def _prefill(self, gen: GenerationRequest, targets, starts: list[int], context) -> tuple[int, int, tuple[int, int]]:
+        rid, n = gen.request_id, len(gen.prompt_tokens)
+        with self.lock:
+            try:
+                opened = self.engine.open(gen)
+            except EngineError as err:
+                context.abort(status_of(err), str(err))
+            senders = [self._sender(rid, t, s, gen.prompt_tokens) for t, s in zip(targets, starts)]
+            try:
+                self.events.emit("prefill_start", rid, cached_tokens=opened.cached_tokens)
+                with layer_tap(self.engine.kv, lambda layer, slots: self._ship_layer(senders, starts, n, layer, slots)):
+                    result = self.engine.prefill(rid)
+                t_first = time.monotonic_ns()
+                for s in senders:
+                    s.finish(result.first_token)
+                self.engine.finish(rid)
+            except BaseException:
+                for s in senders:
+                    s.cancel("prefill failed")
+                self.engine.abort(rid)
+                raise
+        return result.first_token, t_first, (result.cached_tokens, result.computed_tokens)
+
+    def _ship_layer(self, senders: list[KVSender], starts: list[int], n: int, layer: int, slots) -> None:
+        for s, start in zip(senders, starts):
+            s.put_layer(layer, read_layer(self.engine.kv, layer, slots[start:n]))
+
+    def _sender(self, rid: str, target, start: int, prompt: tuple[int, ...]) -> KVSender:
+        path_cfg: PathConfig = getattr(self.cfg.kv, target.path)
+        meta = meta_for(self.engine, rid, "prompt", start, len(prompt), prompt[start:])
+        sender = KVSender(target.kv_address, meta, path_cfg, target.path, self.events,
+                          on_done=lambda result, rid=rid: self._forget(rid, result))
+        with self._senders_lock:
+            self._senders.setdefault(rid, []).append(sender)
+        return sender.start()
+
+    def _forget(self, rid: str, result: SendResult) -> None:
+        with self._senders_lock:
+            live = [s for s in self._senders.get(rid, []) if not s.done]
+            if live:
+                self._senders[rid] = live
+            else:
+                self._senders.pop(rid, None)
+
+    def _channel(self, address: str) -> grpc.Channel:
+        with self._senders_lock:
+            if address not in self._channels:
+                self._channels[address] = grpc.insecure_channel(address, options=grpc_options(self.cfg))
+            return self._channels[address]
+
+    @property
+    def active_transfers(self) -> int:
+        with self._senders_lock:
+            return sum(1 for ss in self._senders.values() for s in ss if not s.done)
+
+    def close(self) -> None:
+        with self._senders_lock:
+            senders = [s for ss in self._senders.values() for s in ss]
+            channels = list(self._channels.values())
+        for s in senders:
+            s.cancel("worker stopping")
+        for s in senders:
+            s.wait(5)
+        for c in channels:
+            c.close()
+
+
+def build(cfg: DeploymentConfig, worker: WorkerConfig) -> RoleServer:
+    """P's server, ready to start."""
+    engine = build_engine(cfg, worker, prefix_cache=True)
+    events = event_log(cfg, worker, "p")
+    servicer = PrefillServicer(cfg, engine, events)
+    open_requests, blocks = engine_stats(engine, servicer.lock)
+    stats = StatsSource(open_requests, blocks, lambda: servicer.active_transfers)
+
+    def on_stop() -> None:
+        servicer.close()
+        events.close()
+    return RoleServer(cfg, worker, "p", lambda s: pdd_pb2_grpc.add_PrefillServicer_to_server(servicer, s), stats,
+                      on_stop)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return role_main("p", build, "p", argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,360 @@
+"""The router: the client-facing `Generate` stream, the route decision, one ordered stream per request.
+
+Responsible for: validating requests at the edge; choosing the mode
+(colocated, pd-intra, pd-cross, pdd; per request or the config default) and,
+in pdd, the route: P->MD when the MD's DRC hit makes the WAN transfer short
+(estimated transfer time <= policy.direct_max_transfer_ms), P->RLD for
+singular requests (long uncached input, short output; the WAN transfer is
+blocked and the bytes saved recorded) or, behind the ablation flag, for any
+request, and P->RLD->MD otherwise; starting the decode sessions before P's
+prefill so the KV has somewhere to land; merging the workers' token streams
+into one stream where every index appears exactly once and in order (a
+repeated index is dropped and counted); cancelling what is left when done.
+Not responsible for: prefill, decode or KV (the other roles).
+
+Routes: colocated (RLD prefills and decodes), p-rld (pd-intra), p-md
+(pd-cross, or pdd with a high DRC hit), p-rld-md (pdd), p-rld-singular,
+p-rld-ablation.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import grpc
+
+from workers.model import get_config
+from workers.proto import pdd_pb2, pdd_pb2_grpc
+from workers.roles.config import HANDOFFS, MODES, DeploymentConfig, WorkerConfig
+from workers.roles.events import EventLog
+from workers.roles.server import RoleServer, StatsSource, event_log, grpc_options, role_main
+
+log = logging.getLogger(__name__)
+
+SETUP_TIMEOUT_S = 10.0       # a worker must accept a session this fast
+REQUEST_TIMEOUT_S = 300.0    # longest a request may take end to end
+HANDOFF_ENUM = {"oneshot": pdd_pb2.HANDOFF_ONESHOT, "chunked": pdd_pb2.HANDOFF_CHUNKED,
+                "auto": pdd_pb2.HANDOFF_AUTO, "kv": pdd_pb2.HANDOFF_KV}
+
+
+@dataclass(frozen=True)
+class RouteDecision:
+    """route: see the module docstring; md_cached_tokens: DRC hit (tokens); wan_estimate_ms: the estimate used"""
+    route: str
+    md_cached_tokens: int
+    wan_estimate_ms: float
+    singular: bool
+    use_drc: bool = True       # False in pd-cross: the naive baseline sends the whole prompt
+
+
+def decide_route(mode: str, prompt_tokens: int, max_tokens: int, md_cached_tokens: int, kv_bytes_per_token: int,
+                 policy) -> RouteDecision:
+    """Pure route decision for one request."""
+    if mode == "colocated":
+        return RouteDecision("colocated", 0, 0.0, False)
+    if mode == "pd-intra":
+        return RouteDecision("p-rld", 0, 0.0, False)
+    uncached = prompt_tokens - (md_cached_tokens if mode == "pdd" else 0)
+    est_ms = uncached * kv_bytes_per_token * 8 / (policy.wan_rate_mbit * 1e3)
+    if mode == "pd-cross":
+        return RouteDecision("p-md", 0, est_ms, False, use_drc=False)
+    singular = uncached >= policy.singular_min_uncached_tokens and max_tokens <= policy.singular_max_output_tokens
+    if est_ms <= policy.direct_max_transfer_ms and not singular:
+        return RouteDecision("p-md", md_cached_tokens, est_ms, False)
+    if singular:
+        return RouteDecision("p-rld-singular", md_cached_tokens, est_ms, True)
+    if policy.ablation_local_rld:
+        return RouteDecision("p-rld-ablation", md_cached_tokens, est_ms, False)
+    return RouteDecision("p-rld-md", md_cached_tokens, est_ms, False)
+
+
+@dataclass
+class _Merge:
+    """Tokens from every source, released in index order."""
+    max_tokens: int
+    next_index: int = 0
+    buffered: dict[int, pdd_pb2.Token] = field(default_factory=dict)
+    seen: dict[int, int] = field(default_factory=dict)
+    duplicates: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, tok: pdd_pb2.Token) -> list[pdd_pb2.Token]:
+        """Accept one token; return the tokens now releasable in order."""
+        if tok.index in self.seen or tok.index >= self.max_tokens or tok.index < 0:
+            self.duplicates += 1
+            if self.seen.get(tok.index, tok.token) != tok.token:
+                self.notes.append(f"divergence at index {tok.index}: kept {self.seen[tok.index]}, "
+                                  f"{tok.worker} said {tok.token}")
+            return []
+        self.seen[tok.index] = tok.token
+        self.buffered[tok.index] = tok
+        out = []
+        while self.next_index in self.buffered:
+            out.append(self.buffered.pop(self.next_index))
+            self.next_index += 1
+        return out
+
+    @property
+    def complete(self) -> bool:
+        return self.next_index >= self.max_tokens
+
+
+class RouterServicer(pdd_pb2_grpc.RouterServicer):
+    def __init__(self, cfg: DeploymentConfig, events: EventLog):
+        self.cfg = cfg
+        self.events = events
+        self.model = get_config(cfg.model)
+        self.kv_bytes_per_token = self.model.kv_bytes_per_token
+        self._channels: dict[str, grpc.Channel] = {}
+        self._lock = threading.Lock()
+        self._active = 0
+
+    def _stub(self, cls, worker: WorkerConfig):
+        with self._lock:
+            ch = self._channels.get(worker.grpc_address)
+            if ch is None:
+                ch = self._channels[worker.grpc_address] = grpc.insecure_channel(worker.grpc_address,
+                                                                                 options=grpc_options(self.cfg))
+        return cls(ch)
+
+    def close(self) -> None:
+        for ch in self._channels.values():
+            ch.close()
+
+    # ------------------------------------------------------------ Generate
+
+    def Generate(self, request, context):
+        rid = request.request_id or uuid.uuid4().hex[:16]
+        prompt, max_tokens = list(request.prompt_tokens), request.max_tokens
+        self.events.emit("arrival", rid, prompt_tokens=len(prompt), max_tokens=max_tokens, mode=request.mode,
+                         handoff=request.handoff)
+        mode, handoff = self._validate(request, context)
+        decision = self._decide(mode, prompt, max_tokens, context)
+        self.events.emit("route", rid, route=decision.route, mode=mode, handoff=handoff,
+                         md_cached_tokens=decision.md_cached_tokens, wan_estimate_ms=decision.wan_estimate_ms)
+        if decision.singular:
+            saved = (len(prompt) - decision.md_cached_tokens) * self.kv_bytes_per_token
+            self.events.emit("wan_blocked", rid, kv_bytes_saved=saved, reason="singular")
+        with self._lock:
+            self._active += 1
+        run = _RequestRun(self, rid, prompt, max_tokens, decision, handoff, context)
+        try:
+            yield from run.stream()
+        finally:
+            run.cleanup()
+            with self._lock:
+                self._active -= 1
+
+    def _validate(self, request, context) -> tuple[str, str]:
+        mode = request.mode or self.cfg.policy.mode
+        handoff = request.handoff or self.cfg.policy.handoff
+        ctx = self.model.max_seq_len
+        limit = self.cfg.policy.max_prompt_tokens or ctx - 1
+        n = len(request.prompt_tokens)
+        problems = []
+        if mode not in MODES:
+            problems.append(f"mode {mode!r} not in {list(MODES)}")
+        if handoff not in HANDOFFS:
+            problems.append(f"handoff {handoff!r} not in {list(HANDOFFS)}")
+        if n == 0:
+            problems.append("prompt is empty")
+        if n > limit:
+            problems.append(f"prompt has {n} tokens, at most {limit} allowed")
+        bad = next((t for t in request.prompt_tokens if not 0 <= t < self.model.vocab_size), None)
+        if bad is not None:
+            problems.append(f"token {bad} outside the vocabulary [0, {self.model.vocab_size})")
+        if not 1 <= request.max_tokens <= ctx - n:
+            problems.append(f"max_tokens={request.max_tokens} not in [1, {max(1, ctx - n)}] (context {ctx})")
+        if problems:
+            self.events.emit("rejected", request.request_id or None, reason="; ".join(problems))
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "; ".join(problems))
+        return mode, handoff
+
+    def _decide(self, mode: str, prompt: list[int], max_tokens: int, context) -> RouteDecision:
+        hit = 0
+        if mode == "pdd":
+            try:
+                hit = self._stub(pdd_pb2_grpc.DecodeStub, self.cfg.md).Lookup(
+                    pdd_pb2.LookupRequest(prompt_tokens=prompt), timeout=SETUP_TIMEOUT_S).cached_tokens
+            except grpc.RpcError as err:
+                self.events.emit("drc_lookup_failed", None, reason=f"{err.code().name}: {err.details()}")
+        return decide_route(mode, len(prompt), max_tokens, hit, self.kv_bytes_per_token, self.cfg.policy)
+
+
+# Past the MD's own KV deadline, how long a drained request may still take to end.
+DRAIN_MARGIN_S = 5.0
+
+
+class _RequestRun:
+    """One request in flight at the router: sessions, prefill, merged stream, cleanup."""
+
+    def __init__(self, servicer: RouterServicer, rid: str, prompt: list[int], max_tokens: int,
+                 decision: RouteDecision, handoff: str, context):
+        self.s, self.cfg, self.rid = servicer, servicer.cfg, rid
+        self.prompt, self.max_tokens, self.decision, self.handoff = prompt, max_tokens, decision, handoff
+        self.context = context
+        self.queue: queue.Queue = queue.Queue()
+        self.calls: list = []
+        self.threads: list[threading.Thread] = []
+        self.live = 0
+        self.p_used = False
+        self.merge = _Merge(max_tokens)
+
+    def stream(self):
+        self._start()
+        deadline = time.monotonic() + REQUEST_TIMEOUT_S
+        while not self.merge.complete:
+            if self.live == 0:
+                self._fail(grpc.StatusCode.UNAVAILABLE, f"request {self.rid}: every worker stream ended after "
+                           f"{self.merge.next_index} of {self.max_tokens} tokens ({'; '.join(self.merge.notes)})")
+            try:
+                item = self.queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                self._fail(grpc.StatusCode.DEADLINE_EXCEEDED, f"request {self.rid}: no completion in "
+                           f"{REQUEST_TIMEOUT_S} s")
+            for tok in self._take(item):
+                if tok.index == 0:
+                    self.s.events.emit("first_token", self.rid, worker=tok.worker)
+                yield pdd_pb2.GenerateEvent(token=tok)
+        self.s.events.emit("complete", self.rid, route=self.decision.route, duplicates=self.merge.duplicates,
+                           notes=self.merge.notes)
+        yield pdd_pb2.GenerateEvent(done=pdd_pb2.GenerateDone(
+            request_id=self.rid, route=self.decision.route, finish_reason="length", duplicates=self.merge.duplicates,
+            md_cached_tokens=self.decision.md_cached_tokens, notes=self.merge.notes))
+
+    def _take(self, item) -> list[pdd_pb2.Token]:
+        source, kind, payload = item
+        if kind == "token":
+            return self.merge.add(payload)
+        self.live -= 1
+        if kind == "error":
+            self.merge.notes.append(f"{source}: {payload}")
+            self.s.events.emit("source_failed", self.rid, source=source, reason=payload)
+        elif payload not in ("length", "handed_off"):
+            self.merge.notes.append(f"{source} ended: {payload}")
+        return []
+
+    def _fail(self, code: grpc.StatusCode, message: str) -> None:
+        self.s.events.emit("failed", self.rid, code=code.name, reason=message)
+        self.context.abort(code, message)
+
+    # ------------------------------------------------------------ setup per route
+
+    def _decode_request(self, **kw) -> pdd_pb2.DecodeRequest:
+        return pdd_pb2.DecodeRequest(request_id=self.rid, prompt_tokens=self.prompt, max_tokens=self.max_tokens, **kw)
+
+    def _start(self) -> None:
+        route, cfg = self.decision.route, self.cfg
+        if route == "colocated":
+            self._open_stream("rld", cfg.rld, self._decode_request(kv_source=pdd_pb2.KV_SOURCE_LOCAL))
+            return
+        targets = []
+        if route in ("p-md", "p-rld-md"):
+            relay = cfg.rld.grpc_address if route == "p-rld-md" else ""
+            drc = self.decision.use_drc
+            self._open_stream("md", cfg.md, self._decode_request(use_prefix_cache=drc, relay_grpc=relay))
+            targets.append(pdd_pb2.KVTarget(path="wan", kv_address=cfg.md.kv_address,
+                                            drc_address=cfg.md.grpc_address if drc else ""))
+        if route != "p-md":
+            hand = HANDOFF_ENUM[self.handoff] if route == "p-rld-md" else pdd_pb2.HANDOFF_NONE
+            self._open_stream("rld", cfg.rld, self._decode_request(
+                handoff=hand, handoff_grpc=cfg.md.grpc_address if route == "p-rld-md" else "",
+                handoff_kv=cfg.md.kv_address, chunk_tokens=cfg.policy.chunk_tokens))
+            targets.insert(0, pdd_pb2.KVTarget(path="fast", kv_address=cfg.rld.kv_address, start_tokens=0))
+        self._prefill(targets)
+
+    def _open_stream(self, source: str, worker: WorkerConfig, req: pdd_pb2.DecodeRequest) -> None:
+        """Start a Decode stream and wait for its Accepted, so KV sent next has a session to land in."""
+        call = self.s._stub(pdd_pb2_grpc.DecodeStub, worker).Decode(req, timeout=REQUEST_TIMEOUT_S)
+        self.calls.append(call)
+        try:
+            first = next(call)
+        except grpc.RpcError as err:
+            self._fail(err.code(), f"{worker.name}: {err.details()}")
+        if first.WhichOneof("kind") != "accepted":
+            self._fail(grpc.StatusCode.INTERNAL, f"{worker.name} did not accept the session: {first}")
+        self.s.events.emit("session_open", self.rid, worker=worker.name, cached_tokens=first.accepted.cached_tokens)
+        self.live += 1
+        t = threading.Thread(target=self._pump, args=(source, call), name=f"pump-{source}-{self.rid}", daemon=True)
+        self.threads.append(t)
+        t.start()
+
+    def _pump(self, source: str, call) -> None:
+        try:
+            for ev in call:
+                kind = ev.WhichOneof("kind")
+                if kind == "token":
+                    self.queue.put((source, "token", ev.token))
+                elif kind == "end":
+                    self.queue.put((source, "end", ev.end.reason))
+                    return
+            self.queue.put((source, "end", "closed"))
+        except grpc.RpcError as err:
+            reason = "cancelled" if err.code() == grpc.StatusCode.CANCELLED else f"{err.code().name}: {err.details()}"
+            self.queue.put((source, "error" if reason != "cancelled" else "end", reason))
+
+    def _prefill(self, targets: list) -> None:
+        self.p_used = True
+        stub = self.s._stub(pdd_pb2_grpc.PrefillStub, self.cfg.p)
+        try:
+            reply = stub.Prefill(pdd_pb2.PrefillRequest(request_id=self.rid, prompt_tokens=self.prompt,
+                                                        targets=targets, use_prefix_cache=True),
+                                 timeout=REQUEST_TIMEOUT_S)
+        except grpc.RpcError as err:
+            self._fail(err.code(), f"{self.cfg.p.name}: {err.details()}")
+        self.queue.put(("p", "token", pdd_pb2.Token(index=0, token=reply.first_token, worker=self.cfg.p.name,
+                                                    t_ns=reply.t_ns)))
+
+    def cleanup(self) -> None:
+        """Cancel every stream still open and P's transfers still in flight; join the pumps.
+
+        Exception: a P->RLD->MD request the RLD finished alone still ends at the MD
+        (PDD.md: every pipeline ends at the MD, so its DRC stays aligned with P's):
+        the WAN copy and the MD's session run to their own end, drained in the background.
+        """
+        if self.merge.complete and self.decision.route == "p-rld-md":
+            threading.Thread(target=self._drain_to_md, name=f"drain-{self.rid}", daemon=True).start()
+            return
+        self._cancel_all()
+
+    def _drain_to_md(self) -> None:
+        deadline = time.monotonic() + self.cfg.decode.kv_wait_ms / 1000 + DRAIN_MARGIN_S
+        for t in self.threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        self._cancel_all()  # whatever is still open past the MD's own deadline
+
+    def _cancel_all(self) -> None:
+        for call in self.calls:
+            call.cancel()
+        if self.p_used:
+            try:
+                self.s._stub(pdd_pb2_grpc.PrefillStub, self.cfg.p).Cancel(
+                    pdd_pb2.CancelRequest(request_id=self.rid), timeout=2.0)
+            except grpc.RpcError as err:
+                self.s.events.emit("cancel_failed", self.rid, worker=self.cfg.p.name, reason=err.code().name)
+        for t in self.threads:
+            t.join(5)
+
+
+def build(cfg: DeploymentConfig, worker: WorkerConfig) -> RoleServer:
+    """The router's server, ready to start."""
+    events = event_log(cfg, worker, "router")
+    servicer = RouterServicer(cfg, events)
+
+    def on_stop() -> None:
+        servicer.close()
+        events.close()
+    return RoleServer(cfg, worker, "router", lambda s: pdd_pb2_grpc.add_RouterServicer_to_server(servicer, s),
+                      StatsSource(sessions=lambda: servicer._active), on_stop)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return role_main("router", build, "router", argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

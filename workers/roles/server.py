@@ -1,0 +1,169 @@
+"""gRPC server plumbing shared by every role: lifecycle, health, stats, engine construction.
+
+Responsible for: building a worker's engine (one torch thread) and event log
+from the config; a gRPC server with the standard health service (SERVING only
+once the role is ready, NOT_SERVING while stopping) and the `Worker.Stats`
+service; serving until SIGTERM/SIGINT and then stopping gracefully; mapping
+engine errors to gRPC status codes.
+Not responsible for: what a role does (prefill, decode, router modules).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import grpc
+import torch
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from workers.engine import Engine
+from workers.errors import (BadRequest, BadRequestState, CapacityExceeded, DuplicateRequest, EngineError,
+                            KVImportError, QueueFull, UnknownRequest)
+from workers.proto import pdd_pb2, pdd_pb2_grpc
+from workers.roles.config import DeploymentConfig, WorkerConfig, load_config
+from workers.roles.events import EventLog
+from workers.roles.kvwire import count_socket_fds
+
+log = logging.getLogger(__name__)
+
+STOP_GRACE_S = 2.0
+
+
+def grpc_options(cfg: DeploymentConfig) -> list[tuple[str, int]]:
+    """Channel/server options: message limits from the config (larger requests get RESOURCE_EXHAUSTED)."""
+    return [("grpc.max_receive_message_length", cfg.max_message_bytes),
+            ("grpc.max_send_message_length", cfg.max_message_bytes)]
+
+
+def status_of(err: EngineError) -> grpc.StatusCode:
+    """The gRPC status that describes an engine error."""
+    if isinstance(err, DuplicateRequest):
+        return grpc.StatusCode.ALREADY_EXISTS
+    if isinstance(err, BadRequest):
+        return grpc.StatusCode.INVALID_ARGUMENT
+    if isinstance(err, UnknownRequest):
+        return grpc.StatusCode.NOT_FOUND
+    if isinstance(err, (CapacityExceeded, QueueFull)):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
+    if isinstance(err, (BadRequestState, KVImportError)):
+        return grpc.StatusCode.FAILED_PRECONDITION
+    return grpc.StatusCode.INTERNAL
+
+
+def build_engine(cfg: DeploymentConfig, worker: WorkerConfig, prefix_cache: bool) -> Engine:
+    """This worker's engine on the CPU with one torch thread (workers share cores)."""
+    torch.set_num_threads(1)
+    return Engine(cfg.model, seed=cfg.seed, capacity_tokens=worker.capacity_tokens, block_size=cfg.block_size,
+                  device="cpu", prefix_cache=prefix_cache,
+                  weights_dir=Path(cfg.weights_dir) if cfg.weights_dir else None)
+
+
+def event_log(cfg: DeploymentConfig, worker: WorkerConfig, role: str) -> EventLog:
+    return EventLog(Path(cfg.events_dir) / f"{worker.name}.jsonl", worker.name, role)
+
+
+@dataclass
+class StatsSource:
+    """Callables a role provides for Worker.Stats."""
+    open_requests: Callable[[], int] = lambda: 0
+    blocks: Callable[[], tuple[int, int]] = lambda: (0, 0)
+    active_transfers: Callable[[], int] = lambda: 0
+    sessions: Callable[[], int] = lambda: 0
+
+
+def role_threads() -> int:
+    """Live threads other than the gRPC server pool's (which grows on demand and is bounded by grpc_threads)."""
+    return sum(1 for t in threading.enumerate() if not t.name.startswith("grpc-"))
+
+
+class WorkerServicer(pdd_pb2_grpc.WorkerServicer):
+    def __init__(self, worker: str, role: str, source: StatsSource):
+        self.worker, self.role, self.source = worker, role, source
+
+    def Stats(self, request, context):
+        free, total = self.source.blocks()
+        return pdd_pb2.StatsReply(worker=self.worker, role=self.role, open_requests=self.source.open_requests(),
+                                  free_blocks=free, total_blocks=total,
+                                  active_transfers=self.source.active_transfers(),
+                                  threads=role_threads(), sockets=count_socket_fds(),
+                                  sessions=self.source.sessions())
+
+
+def engine_stats(engine: Engine, lock: threading.Lock) -> tuple[Callable[[], int], Callable[[], tuple[int, int]]]:
+    """Stats callables over an engine guarded by lock."""
+    def open_requests() -> int:
+        with lock:
+            return len(engine.open_requests)
+
+    def blocks() -> tuple[int, int]:
+        with lock:
+            return engine.available_blocks(), engine.kv.num_blocks
+    return open_requests, blocks
+
+
+class RoleServer:
+    """A started gRPC server for one worker; a context manager that stops it.
+
+    cfg: the deployment; worker: this worker; role: router | p | rld | md
+    register: adds the role's servicers to the server
+    stats: what Worker.Stats reports
+    on_stop: releases the role's own resources (KV listener, event log) after the server stopped
+    """
+
+    def __init__(self, cfg: DeploymentConfig, worker: WorkerConfig, role: str,
+                 register: Callable[[grpc.Server], None], stats: StatsSource,
+                 on_stop: Callable[[], None] = lambda: None):
+        self.worker, self.role, self.on_stop = worker, role, on_stop
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=cfg.grpc_threads,
+                                                             thread_name_prefix=f"grpc-{worker.name}"),
+                                  options=grpc_options(cfg))
+        self.health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        pdd_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(worker.name, role, stats), self.server)
+        register(self.server)
+        self.port = self.server.add_insecure_port(worker.grpc_address)
+        if self.port == 0:
+            raise OSError(f"{worker.name}: cannot listen on {worker.grpc_address}")
+
+    def start(self) -> RoleServer:
+        self.server.start()
+        self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        log.info("%s (%s) serving on %s", self.worker.name, self.role, self.worker.grpc_address)
+        return self
+
+    def stop(self) -> None:
+        self.health.enter_graceful_shutdown()
+        self.server.stop(STOP_GRACE_S).wait()
+        self.on_stop()
+        log.info("%s stopped", self.worker.name)
+
+    def __enter__(self) -> RoleServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def role_main(role: str, build: Callable[[DeploymentConfig, WorkerConfig], RoleServer], default_worker: str,
+              argv: list[str] | None = None) -> int:
+    """Command line of a role: --config FILE [--worker NAME]; serve until SIGTERM/SIGINT."""
+    parser = argparse.ArgumentParser(description=f"PDD {role} worker")
+    parser.add_argument("--config", required=True, help="deployment YAML (workers/roles/config.py)")
+    parser.add_argument("--worker", help=f"worker name in the config (default: the {default_worker} entry)")
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level, format=f"%(asctime)s %(levelname)s {role} %(name)s: %(message)s")
+    cfg = load_config(args.config)
+    worker = cfg.worker(args.worker) if args.worker else getattr(cfg, default_worker)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    with build(cfg, worker):
+        stop.wait()
+    return 0
