@@ -1,12 +1,14 @@
 # pddlab: the single entry point. CI runs `make test` (via .ci/run).
 PY      := .venv/bin/python
 PDDLAB  := .venv/bin/pddlab
-EXP     ?= link-calibration
+EXP     ?= pdd-vs-baselines
+SET     ?=
+RUN     ?=
 PROFILE ?= wan-cross-country
 BACKEND ?= auto
 PYTEST  := $(PY) -m pytest -q -rs
 
-.PHONY: setup test test-unit test-roles test-emulation vm-test bench run-experiment clean profiles
+.PHONY: setup test test-unit test-roles test-emulation vm-test bench run-experiment analyze clean profiles
 
 setup:
 	@bash scripts/setup.sh
@@ -14,7 +16,7 @@ setup:
 test: setup test-unit test-roles test-emulation vm-test
 
 test-unit: setup
-	$(PYTEST) tests/unit
+	$(PYTEST) tests/unit tests/experiments
 
 # The PDD roles as real processes on loopback (no root needed).
 test-roles: setup
@@ -35,7 +37,11 @@ bench: setup
 	$(PY) -m vm.run --timeout 1500 --cpus 1 -- $(PY) benchmarks/bench_links.py --backend tc
 
 run-experiment: setup
-	$(PDDLAB) run $(EXP) --profile $(PROFILE) --backend $(BACKEND)
+	$(PDDLAB) run $(EXP) --profile $(PROFILE) --backend $(BACKEND) $(foreach s,$(SET),--set $(s))
+
+# Recompute summary and plots from a run directory alone: make analyze RUN=results/<dir>
+analyze: setup
+	$(PDDLAB) analyze $(RUN)
 
 profiles: setup
 	@$(PDDLAB) profiles

@@ -6,8 +6,14 @@ experiments and maintenance commands. Not responsible for: the experiments.
 
     pddlab profiles                      list the shipped netem profiles
     pddlab check-profile FILE...         validate profile files
-    pddlab run [EXPERIMENT] [--profile NAME] [--backend auto|tc|userspace]
+    pddlab run [EXPERIMENT] [--profile NAME] [--backend auto|tc|userspace] [--set KEY=VALUE ...]
+    pddlab analyze RUN_DIR               recompute summary and plots of a serving experiment's run
+    pddlab experiments                   list the experiments
     pddlab clean                         remove leftovers of crashed runs
+
+Experiments: `link-calibration` (experiments/calibration.py) and every spec in
+experiments/specs/*.yaml (serving experiments, experiments/runner.py); the
+default is `pdd-vs-baselines`.
 """
 from __future__ import annotations
 
@@ -18,13 +24,20 @@ from pathlib import Path
 
 from experiments import calibration
 from experiments.linkstats import ProbePlan
+from experiments.spec import SpecError, available_specs
+from experiments.workload import TraceError
 from topology.profiles import ProfileError, available_profiles, load_profile
 from topology.shaping import BACKENDS
 
 log = logging.getLogger("pddlab")
-DEFAULT_EXPERIMENT = "link-calibration"
+DEFAULT_EXPERIMENT = "pdd-vs-baselines"
 DEFAULT_PROFILE = "wan-cross-country"
-EXPERIMENTS = ("link-calibration",)
+CALIBRATION = "link-calibration"
+
+
+def experiments() -> list[str]:
+    """Every experiment name: link-calibration, then the serving specs."""
+    return [CALIBRATION] + available_specs()
 
 
 def _profiles(_args) -> int:
@@ -45,9 +58,44 @@ def _check_profile(args) -> int:
 
 
 def _run(args) -> int:
-    if args.experiment not in EXPERIMENTS:
-        raise UsageError(f"unknown experiment {args.experiment!r}; available: {', '.join(EXPERIMENTS)}")
-    profile = load_profile(args.profile)
+    if args.experiment == CALIBRATION:
+        return _run_calibration(args)
+    known = experiments()
+    if args.experiment not in known and not args.experiment.endswith((".yaml", ".yml")):
+        raise UsageError(f"unknown experiment {args.experiment!r}; available: {', '.join(known)}")
+    from experiments import runner, spec
+    s = spec.load_spec(args.experiment, args.set, profile=args.profile,
+                       backend=None if args.backend == "auto" else args.backend)
+    runner.prepare(s)  # the workload and trace: fail before anything starts
+    out = runner.run(s, results=Path(args.results)) if args.results else runner.run(s)
+    md = out / "summary.md"
+    print(md.read_text() if md.exists() else "(no summary)")
+    print(f"run directory: {out}")
+    return 0
+
+
+def _analyze(args) -> int:
+    from experiments import analyze
+    run_dir = Path(args.run_dir)
+    if not run_dir.is_dir():
+        raise UsageError(f"{run_dir}: no such run directory")
+    try:
+        analyze.analyze(run_dir)
+    except analyze.AnalysisError as err:
+        raise UsageError(str(err)) from None
+    print((run_dir / "summary.md").read_text())
+    return 0
+
+
+def _experiments(_args) -> int:
+    print("\n".join(experiments()))
+    return 0
+
+
+def _run_calibration(args) -> int:
+    if args.set:
+        raise UsageError("link-calibration takes no --set overrides")
+    profile = load_profile(args.profile or DEFAULT_PROFILE)
     cfg = calibration.CalibrationConfig(
         probes=ProbePlan(count=args.probes, interval_ms=args.probe_interval_ms),
         tcp_seconds=args.tcp_seconds)
@@ -79,13 +127,21 @@ def parser() -> argparse.ArgumentParser:
     cp.set_defaults(func=_check_profile)
     run = sub.add_parser("run", help="run an experiment")
     run.add_argument("experiment", nargs="?", default=DEFAULT_EXPERIMENT)
-    run.add_argument("--profile", default=DEFAULT_PROFILE, help="profile name or YAML path")
+    run.add_argument("--profile", default=None, help=f"profile name or YAML path (default: the spec's, "
+                     f"or {DEFAULT_PROFILE})")
     run.add_argument("--backend", default="auto", choices=BACKENDS)
+    run.add_argument("--results", default=None, help="parent of the run directory (default: results/)")
+    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a spec field, e.g. workload.synthetic.sessions=3 (repeatable)")
     run.add_argument("--probes", type=int, default=2000, help="UDP probes per direction")
     run.add_argument("--probe-interval-ms", type=float, default=10.0)
     run.add_argument("--tcp-seconds", type=float, default=8.0)
     run.add_argument("--seed", type=int, default=1)
     run.set_defaults(func=_run)
+    an = sub.add_parser("analyze", help="recompute summary and plots of a run directory")
+    an.add_argument("run_dir")
+    an.set_defaults(func=_analyze)
+    sub.add_parser("experiments", help="list the experiments").set_defaults(func=_experiments)
     sub.add_parser("clean", help="remove leftovers of crashed runs").set_defaults(func=_clean)
     return ap
 
@@ -95,12 +151,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:  # Mininet's log module must create its logger (a MininetLogger) before anyone touches "mininet" ...
+        import mininet.log  # noqa: F401
+    except ImportError:
+        pass  # preflight says how to install it, where it is needed
+    logging.setLoggerClass(logging.Logger)  # ... and must not make every later logger a MininetLogger
     logging.getLogger("mininet").setLevel(logging.ERROR)
     from topology.net import TestbedError
     from topology.shaping import ShapingError
     try:
         return args.func(args)
-    except (ProfileError, UsageError, TestbedError, ShapingError) as exc:
+    except (ProfileError, UsageError, TestbedError, ShapingError, SpecError, TraceError) as exc:
         print(f"pddlab: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -1,0 +1,73 @@
+"""`pddlab analyze RUN_DIR`: recompute requests, events, summary and plots from a run directory alone.
+
+Responsible for: the analysis step that joins the runner's output to the
+numbers (records -> metrics -> summary.json / summary.md -> plots). It reads
+nothing but the run directory (metadata.json for the spec and the windows,
+workload.jsonl, variants/*, pcap/), so it can be rerun at any time.
+Not responsible for: running anything.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from experiments import metrics, pcap, plots, records, rundir
+from experiments.spec import SLO, build
+
+log = logging.getLogger(__name__)
+
+
+class AnalysisError(ValueError):
+    """The directory is not a run directory of this experiment."""
+
+
+def wan_frames(run_dir: Path) -> list[pcap.Frame]:
+    """Frames the WAN delivered, both directions (see pcap.delivered); [] without a capture."""
+    caps = [run_dir / "pcap" / f"wan-{side}.pcap" for side in "ab"]
+    if not all(c.exists() for c in caps):
+        return []
+    try:
+        return pcap.delivered(*(pcap.read_frames(c) for c in caps))
+    except pcap.PcapError as err:
+        log.warning("%s", err)
+        return []
+
+
+def _pcap_bytes(frames: list[pcap.Frame], meta: dict) -> dict:
+    """Per variant: WAN wire bytes per direction delivered in its window."""
+    if not frames:
+        return {}
+    return {v: pcap.bytes_between(frames, w["wall_start"], w.get("wall_end", float("inf")))
+            for v, w in meta.get("variants", {}).items() if "wall_start" in w}
+
+
+def analyze(run_dir: Path) -> dict:
+    """Write requests.jsonl, events.jsonl, summary.json, summary.md, plots/; return the summary."""
+    run_dir = Path(run_dir)
+    mpath = run_dir / "metadata.json"
+    if not mpath.exists():
+        raise AnalysisError(f"{run_dir}: no metadata.json (not a run directory)")
+    meta = json.loads(mpath.read_text())
+    spec = meta.get("spec", {})
+    if not (run_dir / "variants").exists() and not (run_dir / "requests.jsonl").exists():
+        raise AnalysisError(f"{run_dir}: no variants/ or requests.jsonl (experiment {meta.get('experiment')!r} "
+                            "is not a serving experiment)")
+    if (run_dir / "variants").exists():
+        recs, events = records.collect(run_dir)
+        records.write(run_dir, recs, events)
+    else:
+        recs = records.read(run_dir)
+    variants = [v for v in spec.get("variants", []) if any(r.variant == v for r in recs)]
+    from workers.model import get_config
+    kv_bpt = get_config(spec.get("model", "default")).kv_bytes_per_token
+    rate = meta.get("topology", {}).get("wan_profile", {}).get("a_to_b", {}).get("rate_mbit") or 0.0
+    slo = build(SLO, spec.get("slo", {}), "slo")
+    frames = wan_frames(run_dir)
+    summary = metrics.summarize(recs, variants, slo, kv_bpt, rate or float("nan"), _pcap_bytes(frames, meta))
+    summary["complete"] = meta.get("complete", False)
+    rundir.write_json(run_dir / "summary.json", summary)
+    (run_dir / "summary.md").write_text(metrics.markdown(summary, meta))
+    plots.draw_all(run_dir, recs, variants, meta, frames)
+    log.info("analysis written to %s", run_dir)
+    return summary

@@ -1,0 +1,190 @@
+"""The load generator: runs inside the `client` host and drives the router's `Generate` stream.
+
+Responsible for: readiness (`health ADDR...`: every role's gRPC health
+SERVING, never a sleep), and `run`: sending a workload's requests on time
+(Poisson starters at `arrival_s`; a later turn `think_s` after the previous
+turn's reply, its prompt = previous prompt + the actual reply + head_tokens),
+warm-up requests first and alone, recording per request every token's index,
+id, producing worker and client receipt time (time.monotonic_ns(), the clock
+the roles log with), and printing one progress line per finished request.
+Not responsible for: metrics (experiments.metrics reads what this writes).
+
+Output: one JSON object per line, appended as each request ends, so an
+interrupted run keeps every finished request.
+
+    python -m experiments.loadgen health --timeout-s 120 10.1.0.11:50050 ...
+    python -m experiments.loadgen run --workload W.jsonl --router ADDR --variant pdd --out client.jsonl
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import sys
+import threading
+import time
+from pathlib import Path
+
+import grpc
+
+from experiments.workload import WorkloadRequest, read
+from workers.proto import pdd_pb2, pdd_pb2_grpc
+from workers.roles.client import wait_healthy
+
+log = logging.getLogger("loadgen")
+
+
+class Recorder:
+    """Thread-safe JSON-lines writer with a progress counter."""
+
+    def __init__(self, path: Path, total: int):
+        self.file = open(path, "a", buffering=1)
+        self.lock = threading.Lock()
+        self.total, self.done, self.failed = total, 0, 0
+
+    def write(self, record: dict) -> None:
+        with self.lock:
+            self.file.write(json.dumps(record, separators=(",", ":")) + "\n")
+            self.done += 1
+            self.failed += record["error"] is not None
+            print(f"progress {self.done}/{self.total} failed={self.failed} last={record['request_id']}", flush=True)
+
+
+class Client:
+    """channel: to the router; variant: the mode sent with every request; handoff: '' = the config's."""
+
+    def __init__(self, channel: grpc.Channel, variant: str, handoff: str, timeout_s: float, recorder: Recorder):
+        self.stub = pdd_pb2_grpc.RouterStub(channel)
+        self.variant, self.handoff, self.timeout_s = variant, handoff, timeout_s
+        self.rec = recorder
+        self.outputs: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}  # request_id -> (prompt, reply)
+
+    def prompt_of(self, req: WorkloadRequest) -> tuple[int, ...] | None:
+        if req.after is None:
+            return req.head_tokens
+        prev = self.outputs.get(req.after)
+        return None if prev is None else prev[0] + prev[1] + req.head_tokens
+
+    def send(self, req: WorkloadRequest, t0_ns: int) -> bool:
+        """One request to the end; records it; True when it completed."""
+        prompt = self.prompt_of(req)
+        rec = {"request_id": req.request_id, "router_id": f"{self.variant}.{req.request_id}", "variant": self.variant,
+               "session": req.session, "turn": req.turn, "kind": req.kind, "max_tokens": req.max_tokens,
+               "prompt_tokens": len(prompt or ()), "prompt_sha1": _sha1(prompt or ()), "prompt": list(prompt or ()),
+               "t0_ns": t0_ns, "t_send_ns": time.monotonic_ns(), "tokens": [], "done": None, "error": None}
+        if prompt is None:
+            rec["error"] = f"previous turn {req.after} did not complete"
+            self.rec.write(rec)
+            return False
+        try:
+            for ev in self.stub.Generate(pdd_pb2.GenerateRequest(
+                    request_id=rec["router_id"], prompt_tokens=prompt, max_tokens=req.max_tokens,
+                    mode=self.variant, handoff=self.handoff), timeout=self.timeout_s):
+                if ev.WhichOneof("kind") == "token":
+                    t = ev.token
+                    rec["tokens"].append([t.index, t.token, t.worker, time.monotonic_ns(), t.t_ns])
+                else:
+                    d = ev.done
+                    rec["done"] = {"route": d.route, "finish_reason": d.finish_reason, "duplicates": d.duplicates,
+                                   "md_cached_tokens": d.md_cached_tokens, "notes": list(d.notes)}
+        except grpc.RpcError as err:
+            rec["error"] = f"{err.code().name}: {err.details()}"
+        rec["t_done_ns"] = time.monotonic_ns()
+        if rec["error"] is None:
+            self.outputs[req.request_id] = (prompt, tuple(t[1] for t in rec["tokens"]))
+        self.rec.write(rec)
+        return rec["error"] is None
+
+
+def chains(requests: list[WorkloadRequest]) -> list[list[WorkloadRequest]]:
+    """Group requests into sessions' turn chains (a request with `after` follows that request)."""
+    by_id, heads, out = {r.request_id: r for r in requests}, [], []
+    follower = {r.after: r for r in requests if r.after}
+    for r in requests:
+        if r.after is None or r.after not in by_id:
+            heads.append(r)
+    for head in heads:
+        chain = [head]
+        while chain[-1].request_id in follower:
+            chain.append(follower[chain[-1].request_id])
+        out.append(chain)
+    return out
+
+
+def _run_chain(client: Client, chain: list[WorkloadRequest], t0_ns: int, stop: threading.Event) -> None:
+    prev_done_ns = None
+    for req in chain:
+        due_ns = t0_ns + int(req.arrival_s * 1e9)
+        if prev_done_ns is not None:
+            due_ns = max(due_ns, prev_done_ns + int(req.think_s * 1e9))
+        if stop.wait(max(0.0, (due_ns - time.monotonic_ns()) / 1e9)):
+            return
+        client.send(req, t0_ns)
+        prev_done_ns = time.monotonic_ns()
+
+
+def run(args) -> int:
+    requests = read(Path(args.workload))
+    warm = [r for r in requests if r.kind == "warmup"]
+    measured = [r for r in requests if r.kind != "warmup"]
+    rec = Recorder(Path(args.out), len(requests))
+    stop = threading.Event()
+    with grpc.insecure_channel(args.router, options=[("grpc.max_receive_message_length", 64 << 20),
+                                                     ("grpc.max_send_message_length", 64 << 20)]) as ch:
+        client = Client(ch, args.variant, args.handoff, args.request_timeout_s, rec)
+        for r in warm:  # alone, before the clock starts: fills the caches with the shared system prompt
+            client.send(r, time.monotonic_ns())
+        t0 = time.monotonic_ns()
+        print(f"start t0_ns={t0} requests={len(measured)}", flush=True)
+        threads = [threading.Thread(target=_run_chain, args=(client, c, t0, stop), daemon=True,
+                                    name=f"chain-{c[0].session}") for c in chains(measured)]
+        for t in threads:
+            t.start()
+        try:
+            for t in threads:
+                t.join()
+        except KeyboardInterrupt:
+            stop.set()
+            print("interrupted", flush=True)
+            return 130
+    return 0 if rec.failed == 0 else 1
+
+
+def health(args) -> int:
+    for address in args.addresses:
+        wait_healthy(address, timeout_s=args.timeout_s)
+        print(f"{address} SERVING", flush=True)
+    return 0
+
+
+def _sha1(tokens) -> str:
+    return hashlib.sha1(json.dumps(list(tokens)).encode()).hexdigest()[:16]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="experiments.loadgen")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    h = sub.add_parser("health")
+    h.add_argument("--timeout-s", type=float, default=120.0)
+    h.add_argument("addresses", nargs="+")
+    h.set_defaults(func=health)
+    r = sub.add_parser("run")
+    r.add_argument("--workload", required=True)
+    r.add_argument("--router", required=True)
+    r.add_argument("--variant", required=True)
+    r.add_argument("--handoff", default="")
+    r.add_argument("--out", required=True)
+    r.add_argument("--request-timeout-s", type=float, default=240.0)
+    r.set_defaults(func=run)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s loadgen: %(message)s")
+    try:
+        return args.func(args)
+    except TimeoutError as err:
+        print(f"loadgen: {err}", file=sys.stderr, flush=True)
+        return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

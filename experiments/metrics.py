@@ -1,0 +1,249 @@
+"""Metrics of a PDD experiment, per variant, from the per-request records (pure functions).
+
+Responsible for: latency statistics named as in vLLM's and SGLang's serving
+benchmarks (TTFT, TPOT, ITL, E2E: mean, p50, p90, p95, p99, max), goodput
+under the spec's SLOs, WAN bytes (per request, total, and from the pcap),
+DRC hit rate overall and per hit-rate bucket, the RLD's share of output
+tokens, handoff latency and the largest inter-token gap around it, extend
+time, singular requests and the WAN bytes they saved, fallbacks, and token
+streams compared across variants; the summary as JSON and as a Markdown table.
+Not responsible for: reading raw logs (experiments.records) or plotting.
+
+TTFT is the first token at the client. The roles' router forwards P's first
+token as soon as P samples it, in every mode, so TTFT does not contain the KV
+transfer; `ttft_decode` (the first token a decode worker produced, index 1)
+does, and is what a PD system that streams only from its decode side reports
+as TTFT: the published pd-cross penalty shows up there.
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from statistics import mean
+
+from experiments.records import RequestRecord
+from experiments.workload import bucket_names, bucket_of
+
+PERCENTILES = (50, 90, 95, 99)
+
+
+def percentile(xs: list[float], p: float) -> float:
+    """Linear-interpolated percentile (numpy's default), p in 0..100."""
+    s = sorted(xs)
+    if not s:
+        return math.nan
+    k = (len(s) - 1) * p / 100
+    lo, hi = math.floor(k), math.ceil(k)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def stats(xs: list[float]) -> dict:
+    """mean, p50, p90, p95, p99, max (None-free input; empty -> n=0 only)."""
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return {"n": 0}
+    out = {"n": len(xs), "mean": mean(xs)}
+    out.update({f"p{p}": percentile(xs, p) for p in PERCENTILES})
+    out["max"] = max(xs)
+    return out
+
+
+def itls(rec: RequestRecord) -> list[float]:
+    return [b - a for a, b in zip(rec.token_ms, rec.token_ms[1:])]
+
+
+def meets_slo(rec: RequestRecord, slo) -> bool:
+    if not rec.ok or rec.ttft_ms is None:
+        return False
+    if rec.ttft_ms > slo.ttft_ms:
+        return False
+    if rec.tpot_ms is not None and rec.tpot_ms > slo.tpot_ms:
+        return False
+    return not (slo.e2e_ms and rec.e2e_ms is not None and rec.e2e_ms > slo.e2e_ms)
+
+
+def _duration_s(recs: list[RequestRecord]) -> float:
+    if not recs:
+        return 0.0
+    return (max(r.t_done_ns for r in recs) - min(r.t_send_ns for r in recs)) / 1e9
+
+
+def _hits(recs: list[RequestRecord]) -> dict:
+    drc = [r for r in recs if r.drc_hit is not None]
+    buckets = {}
+    for b in bucket_names():
+        inb = [r for r in recs if bucket_of(r.expected_hit) == b]
+        measured = [r for r in drc if bucket_of(r.drc_hit) == b]
+        buckets[b] = {"requests": len(inb), "requests_by_drc_hit": len(measured),
+                      "ttft_decode_p50_ms": percentile([r.ttft_decode_ms for r in inb if r.ttft_decode_ms], 50)
+                      if inb else None,
+                      "wan_bytes_mean": mean([r.wan_bytes for r in inb]) if inb else None}
+    out = {"expected_mean": mean([r.expected_hit for r in recs]) if recs else None, "buckets": buckets}
+    if drc:
+        out["drc_mean"] = mean([r.drc_hit for r in drc])
+        out["drc_token_weighted"] = sum(r.md_cached_tokens for r in drc) / max(1, sum(r.prompt_tokens for r in drc))
+        out["drc_share_above_95"] = sum(r.drc_hit > 0.95 for r in drc) / len(drc)
+    return out
+
+
+def _handoffs(recs: list[RequestRecord]) -> dict:
+    h = [r.handoff for r in recs if r.handoff]
+    return {"count": len(h), "latency_ms": stats([x["duration_ms"] for x in h]),
+            "extend_ms": stats([x["extend_ms"] for x in h if x.get("extend_ms") is not None]),
+            "gap_ms": stats([x["gap_ms"] for x in h if x.get("gap_ms") is not None]),
+            "payload_bytes": stats([x["payload_bytes"] for x in h if x.get("payload_bytes") is not None]),
+            "tokens": stats([x["tokens"] for x in h if x.get("tokens") is not None]),
+            "modes": dict(Counter(x["mode"] for x in h))}
+
+
+def variant_summary(recs: list[RequestRecord], slo) -> dict:
+    """Every metric of one variant."""
+    ok = [r for r in recs if r.ok]
+    dur = _duration_s(recs)
+    good = [r for r in ok if meets_slo(r, slo)]
+    out_tokens = sum(r.output_tokens for r in ok)
+    singular = [r for r in recs if r.route == "p-rld-singular"]
+    return {
+        "requests": len(recs), "completed": len(ok), "failed": len(recs) - len(ok),
+        "duration_s": dur, "throughput_rps": len(ok) / dur if dur else 0.0,
+        "output_tokens_per_s": out_tokens / dur if dur else 0.0,
+        "ttft_ms": stats([r.ttft_ms for r in ok]), "ttft_decode_ms": stats([r.ttft_decode_ms for r in ok]),
+        "tpot_ms": stats([r.tpot_ms for r in ok]), "itl_ms": stats([g for r in ok for g in itls(r)]),
+        "e2e_ms": stats([r.e2e_ms for r in ok]),
+        "goodput_rps": len(good) / dur if dur else 0.0, "slo_attainment": len(good) / len(recs) if recs else 0.0,
+        "wan_bytes_total": sum(r.wan_bytes for r in recs), "wan_bytes_per_request": stats([r.wan_bytes for r in recs]),
+        "wan_kv_bytes_total": sum(r.wan_kv_bytes for r in recs),
+        "wan_handoff_bytes_total": sum(r.wan_handoff_bytes for r in recs),
+        "fast_kv_bytes_total": sum(r.fast_kv_bytes for r in recs),
+        "hit_rate": _hits(recs),
+        "rld_token_share": sum(r.rld_tokens for r in ok) / out_tokens if out_tokens else 0.0,
+        "md_token_share": sum(r.md_tokens for r in ok) / out_tokens if out_tokens else 0.0,
+        "handoff": _handoffs(recs),
+        "singular": {"count": len(singular), "kv_bytes_saved": sum(r.kv_bytes_saved for r in recs)},
+        "routes": dict(Counter(r.route or "none" for r in recs)),
+        "fallbacks": dict(Counter(f for r in recs for f in r.fallbacks)),
+        "errors": [f"{r.request_id}: {r.error}" for r in recs if r.error][:20],
+    }
+
+
+def compare_streams(records: list[RequestRecord], variants: list[str]) -> dict:
+    """Token streams of every variant against the first (the reference); divergences listed with their index."""
+    by = {(r.variant, r.request_id): r for r in records if r.ok}
+    ref = variants[0] if variants else None
+    out = {"reference": ref, "variants": {}}
+    for v in variants[1:]:
+        equal, diverged = 0, []
+        for (vv, rid), r in by.items():
+            if vv != v or (ref, rid) not in by:
+                continue
+            a, b = by[(ref, rid)].token_ids, r.token_ids
+            if a == b:
+                equal += 1
+            else:
+                first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+                diverged.append({"request_id": rid, "index": first, "prompt_differs":
+                                 by[(ref, rid)].prompt_tokens != r.prompt_tokens or r.turn > 1})
+        out["variants"][v] = {"equal": equal, "diverged": len(diverged), "divergences": diverged[:20]}
+    return out
+
+
+def wan_estimate_ms(tokens: float, kv_bytes_per_token: int, rate_mbit: float) -> float:
+    """Serialisation time of tokens' KV on the WAN at the profile's rate (ms)."""
+    return tokens * kv_bytes_per_token * 8 / (rate_mbit * 1e3)
+
+
+def summarize(records: list[RequestRecord], variants: list[str], slo, kv_bytes_per_token: int,
+              rate_mbit: float, pcap_bytes: dict | None = None) -> dict:
+    """The whole summary.json."""
+    measured = [r for r in records if r.kind != "warmup"]
+    per = {v: variant_summary([r for r in measured if r.variant == v], slo) for v in variants}
+    for v, b in (pcap_bytes or {}).items():
+        if v in per:
+            per[v]["wan_bytes_pcap"] = b
+    uncached = [r.prompt_tokens - round(r.expected_hit * r.prompt_tokens) for r in measured
+                if r.variant == (variants[0] if variants else None)]
+    med = percentile(uncached, 50) if uncached else 0.0
+    return {"variants": per, "streams": compare_streams(measured, variants),
+            "reference": {"kv_bytes_per_token": kv_bytes_per_token, "wan_rate_mbit": rate_mbit,
+                          "median_uncached_tokens": med,
+                          "wan_estimate_ms_median_uncached": wan_estimate_ms(med, kv_bytes_per_token, rate_mbit)},
+            "slo": {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms, "e2e_ms": slo.e2e_ms}}
+
+
+def _f(x, digits: int = 0) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    return f"{x:,.{digits}f}"
+
+
+def _mb(x) -> str:
+    """Bytes, human-readable (kB / MB / GB, powers of 1000)."""
+    if x is None:
+        return "–"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:,.1f} {unit}"
+    return f"{x:,.0f} B"
+
+
+def markdown(summary: dict, meta: dict) -> str:
+    """summary.md: the tables a reader looks at first."""
+    per = summary["variants"]
+    lines = [f"# {meta.get('experiment', 'experiment')}: {meta.get('spec', {}).get('profile', '')}", "",
+             f"complete: {meta.get('complete')}; backend: {meta.get('topology', {}).get('backend')}; "
+             f"model: {meta.get('spec', {}).get('model')}; SLO: TTFT ≤ {summary['slo']['ttft_ms']:g} ms, "
+             f"TPOT ≤ {summary['slo']['tpot_ms']:g} ms", "",
+             "| variant | done | TTFT p50 / p90 / p99 ms | TTFT-decode p50 / p90 / p99 ms | TPOT p50 ms | "
+             "ITL p99 ms | E2E p50 ms | goodput rps | WAN bytes (total / per req) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for v, s in per.items():
+        t, d = s["ttft_ms"], s["ttft_decode_ms"]
+        lines.append(f"| {v} | {s['completed']}/{s['requests']} | {_f(t.get('p50'))} / {_f(t.get('p90'))} / "
+                     f"{_f(t.get('p99'))} | {_f(d.get('p50'))} / {_f(d.get('p90'))} / {_f(d.get('p99'))} | "
+                     f"{_f(s['tpot_ms'].get('p50'), 1)} | {_f(s['itl_ms'].get('p99'))} | {_f(s['e2e_ms'].get('p50'))} | "
+                     f"{_f(s['goodput_rps'], 3)} | {_mb(s['wan_bytes_total'])} / "
+                     f"{_mb(s['wan_bytes_per_request'].get('mean'))} |")
+    lines += _pdd_section(per.get("pdd"), summary)
+    lines += _bucket_section(per)
+    lines += _streams_section(summary["streams"])
+    return "\n".join(lines) + "\n"
+
+
+def _pdd_section(p: dict | None, summary: dict) -> list[str]:
+    if not p:
+        return []
+    h, hr = p["handoff"], p["hit_rate"]
+    return ["", "## PDD", "",
+            f"- routes: {p['routes']}",
+            f"- DRC hit: mean {_f(100 * hr.get('drc_mean', math.nan), 1)}%, token-weighted "
+            f"{_f(100 * hr.get('drc_token_weighted', math.nan), 1)}%, above 95%: "
+            f"{_f(100 * hr.get('drc_share_above_95', math.nan), 0)}% of requests",
+            f"- RLD token share: {_f(100 * p['rld_token_share'], 1)}% (MD {_f(100 * p['md_token_share'], 1)}%)",
+            f"- handoffs: {h['count']} ({h['modes']}); latency mean {_f(h['latency_ms'].get('mean'), 1)} ms, "
+            f"max {_f(h['latency_ms'].get('max'), 1)} ms; payload mean {_f(h['payload_bytes'].get('mean'))} B; "
+            f"extend mean {_f(h['extend_ms'].get('mean'), 1)} ms; largest gap around it p50 "
+            f"{_f(h['gap_ms'].get('p50'))} ms, max {_f(h['gap_ms'].get('max'))} ms",
+            f"- singular requests: {p['singular']['count']}, WAN bytes saved {_mb(p['singular']['kv_bytes_saved'])}",
+            f"- fallbacks: {p['fallbacks'] or 'none'}",
+            f"- median uncached suffix {_f(summary['reference']['median_uncached_tokens'])} tokens = "
+            f"{_f(summary['reference']['wan_estimate_ms_median_uncached'], 1)} ms on the WAN at "
+            f"{summary['reference']['wan_rate_mbit']:g} Mbit/s"]
+
+
+def _bucket_section(per: dict) -> list[str]:
+    names = bucket_names()
+    lines = ["", "## By expected hit-rate bucket (%): requests, TTFT-decode p50 ms", "",
+             "| variant | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for v, s in per.items():
+        b = s["hit_rate"]["buckets"]
+        lines.append(f"| {v} | " + " | ".join(f"{b[n]['requests']}: {_f(b[n]['ttft_decode_p50_ms'])}"
+                                              for n in names) + " |")
+    return lines
+
+
+def _streams_section(streams: dict) -> list[str]:
+    lines = ["", f"## Token streams vs {streams['reference']}", ""]
+    for v, s in streams["variants"].items():
+        lines.append(f"- {v}: {s['equal']} equal, {s['diverged']} diverged"
+                     + (f" (first: {s['divergences'][:3]})" if s["diverged"] else ""))
+    return lines

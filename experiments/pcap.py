@@ -1,0 +1,108 @@
+"""Read a classic pcap file (what tcpdump writes) into per-frame (time, bytes, direction) and throughput bins.
+
+Responsible for: the pcap container (global header, record headers; micro-
+and nanosecond magic, either byte order), Ethernet + IPv4 source address to
+tell the WAN direction (cluster A's subnet -> a_to_b), choosing each
+direction's receiving end (after the shaper), and binning bytes into Mbit/s
+over time. Frames are counted by their original length, so a
+headers-only capture (snaplen 128) still counts every byte on the wire.
+Not responsible for: capturing (topology.capture) or plotting.
+"""
+from __future__ import annotations
+
+import ipaddress
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+MAGIC = {b"\xd4\xc3\xb2\xa1": ("<", 1e-6), b"\xa1\xb2\xc3\xd4": (">", 1e-6),
+         b"\x4d\x3c\xb2\xa1": ("<", 1e-9), b"\xa1\xb2\x3c\x4d": (">", 1e-9)}
+LINKTYPE_ETHERNET = 1
+ETH_IPV4 = 0x0800
+
+
+class PcapError(ValueError):
+    """Not a pcap file we can read."""
+
+
+@dataclass(frozen=True)
+class Frame:
+    """t_s: capture time (Unix s); wire_bytes: original frame length; direction: a_to_b | b_to_a | other"""
+    t_s: float
+    wire_bytes: int
+    direction: str
+
+
+def read_frames(path: Path) -> list[Frame]:
+    """Every frame of a pcap file; a truncated last record (killed tcpdump) is ignored."""
+    data = Path(path).read_bytes()
+    if len(data) < 24 or data[:4] not in MAGIC:
+        raise PcapError(f"{path}: not a pcap file (pcapng is not supported)")
+    end, unit = MAGIC[data[:4]]
+    linktype = struct.unpack(end + "I", data[20:24])[0]
+    if linktype != LINKTYPE_ETHERNET:
+        raise PcapError(f"{path}: link type {linktype}, expected Ethernet (1)")
+    rec = struct.Struct(end + "IIII")
+    frames, off, size = [], 24, rec.size
+    while off + size <= len(data):
+        sec, frac, incl, orig = rec.unpack_from(data, off)
+        body_at = off + size
+        if body_at + incl > len(data):
+            break
+        frames.append(Frame(sec + frac * unit, orig, _direction_of(data[body_at:body_at + 30])))
+        off = body_at + incl
+    return frames
+
+
+_A_PREFIX = bytes([10, 1, 0])       # cluster A's /24 (topology.naming.SUBNET_A)
+_GWA_WAN = bytes([10, 0, 0, 1])     # gwa's WAN address (topology.naming.WAN_A_IP)
+
+
+def _direction_of(head: bytes) -> str:
+    """Direction from the Ethernet + IPv4 header: source in cluster A (or gwa) -> a_to_b."""
+    if len(head) < 30 or head[12:14] != b"\x08\x00":
+        return "other"
+    src = head[26:30]
+    return "a_to_b" if src[:3] == _A_PREFIX or src == _GWA_WAN else "b_to_a"
+
+
+def direction(src: str, subnet_a: str = "10.1.0.0/24") -> str:
+    """a_to_b when a dotted source address is in cluster A (or gwa's WAN address), else b_to_a."""
+    if not src:
+        return "other"
+    ip = ipaddress.IPv4Address(src)
+    return "a_to_b" if ip in ipaddress.IPv4Network(subnet_a) or src == "10.0.0.1" else "b_to_a"
+
+
+def delivered(frames_a: list[Frame], frames_b: list[Frame]) -> list[Frame]:
+    """What the WAN delivered: a_to_b as seen at gwb (wan-b.pcap), b_to_a as seen at gwa (wan-a.pcap).
+
+    The receiving end is after the shaper on either backend (the userspace
+    emulator sits between the gateways), so these are the link's real rates.
+    """
+    out = [f for f in frames_b if f.direction == "a_to_b"] + [f for f in frames_a if f.direction == "b_to_a"]
+    return sorted(out, key=lambda f: f.t_s)
+
+
+def throughput(frames: list[Frame], bin_s: float = 0.25, t0: float | None = None) -> dict[str, list[tuple[float, float]]]:
+    """direction -> [(bin start from t0 (s), Mbit/s)], bins without traffic included as 0."""
+    if not frames:
+        return {}
+    t0 = frames[0].t_s if t0 is None else t0
+    n = int((frames[-1].t_s - t0) / bin_s) + 1
+    bins: dict[str, list[int]] = {}
+    for f in frames:
+        d = f.direction
+        i = int((f.t_s - t0) / bin_s)
+        if 0 <= i < n:
+            bins.setdefault(d, [0] * n)[i] += f.wire_bytes
+    return {d: [(i * bin_s, b * 8 / bin_s / 1e6) for i, b in enumerate(v)] for d, v in bins.items()}
+
+
+def bytes_between(frames: list[Frame], start_s: float, end_s: float) -> dict[str, int]:
+    """Wire bytes per direction captured in [start_s, end_s) (Unix s)."""
+    out: dict[str, int] = {}
+    for f in frames:
+        if start_s <= f.t_s < end_s:
+            out[f.direction] = out.get(f.direction, 0) + f.wire_bytes
+    return out

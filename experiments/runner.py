@@ -1,0 +1,223 @@
+"""Run an experiment spec: one topology, every variant on the same workload, a run directory.
+
+Responsible for: building the workload and validating everything before the
+topology starts; bringing the topology up with the spec's WAN profile and a
+WAN capture; for each variant, starting fresh roles (so every variant's DRC
+and prefix caches start equal), waiting for their gRPC health, running the
+load generator in the `client` host with progress shown, and stopping the
+roles; writing metadata.json after every step (`complete: false` until the
+end, so Ctrl-C leaves an honest record); tearing everything down always; then
+the analysis (experiments.analyze) over whatever was recorded.
+Not responsible for: metrics or plots (experiments.analyze reads only the run
+directory), the topology (topology.net), the roles (workers.roles).
+
+Run directory (results/<time>-<experiment>/):
+
+    metadata.json        resolved spec, profile, backend, seeds, provenance, per-variant windows, complete
+    workload.jsonl       the requests, identical for every variant
+    variants/<v>/        deployment.yaml, client.jsonl (raw), events/<worker>.jsonl, logs/<worker>.log
+    requests.jsonl       one line per request and variant (experiments.records)
+    events.jsonl         every role's events of every variant, merged by t_ns
+    summary.json, summary.md, plots/*.png, pcap/wan-{a,b}.pcap
+"""
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from experiments import deploy, rundir, spec as specmod, workload as wl
+from experiments.spec import ExperimentSpec
+
+log = logging.getLogger(__name__)
+HEALTH_MARGIN_S = 30.0   # on top of the spec's ready_s: the health command's own start-up
+
+
+class VariantError(RuntimeError):
+    """A variant could not run (a role died or never became ready)."""
+
+
+def prepare(spec: ExperimentSpec) -> list[wl.WorkloadRequest]:
+    """Everything that can fail before the topology: the workload (trace lines), the runtime."""
+    deploy.topology_kwargs(spec.runtime)
+    return wl.build(spec)
+
+
+def run(spec: ExperimentSpec, results: Path = rundir.RESULTS) -> Path:
+    """Run every variant; return the run directory (analysed, even after Ctrl-C or a failure)."""
+    from topology.net import preflight
+    from topology.profiles import load_profile
+    requests = prepare(spec)
+    preflight()
+    out = rundir.new_run_dir(spec.name, results)
+    wl.write(requests, out / "workload.jsonl")
+    meta = {"experiment": spec.name, "spec": specmod.to_dict(spec), "complete": False,
+            "seeds": {"workload": spec.workload.seed, "weights": spec.weights_seed, "topology": spec.topology_seed},
+            "runtime": spec.runtime, "workload": wl.hit_profile(requests), "variants": {},
+            "provenance": rundir.provenance()}
+    rundir.write_json(out / "metadata.json", meta)
+    log.info("run directory: %s", out)
+    try:
+        _run_topology(spec, load_profile(spec.profile), out, meta)
+        meta["complete"] = all(v.get("status") == "ok" for v in meta["variants"].values()) and \
+            len(meta["variants"]) == len(spec.variants)
+    except KeyboardInterrupt:
+        meta["interrupted"] = True
+        raise
+    except Exception as exc:
+        meta["error"] = f"{type(exc).__name__}: {exc}"
+        raise
+    finally:
+        meta["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        rundir.write_json(out / "metadata.json", meta)
+        _analyze_safely(out)
+    return out
+
+
+def _analyze_safely(out: Path) -> None:
+    from experiments import analyze
+    try:
+        analyze.analyze(out)
+    except Exception:
+        log.exception("analysis of %s failed (rerun: pddlab analyze %s)", out, out)
+
+
+def _run_topology(spec: ExperimentSpec, profile, out: Path, meta: dict) -> None:
+    from topology.net import Testbed, TopologyConfig
+    cfg = TopologyConfig(wan_profile=profile, backend=spec.backend, capture_dir=out / "pcap",
+                         snaplen_bytes=spec.snaplen_bytes, seed=spec.topology_seed, log_dir=out / "logs",
+                         **deploy.topology_kwargs(spec.runtime))
+    held = _HeldSignals()
+    try:
+        with Testbed(cfg) as tb:
+            try:
+                _run_variants(tb, spec, out, meta)
+            finally:
+                held.hold()  # a Ctrl-C now must not cut the teardown short: it is re-raised after it
+    finally:
+        held.release()
+
+
+class _HeldSignals:
+    """SIGINT/SIGTERM recorded instead of raised while held; release() restores them and re-raises."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.caught: int | None = None
+        self.outer = {sig: signal.getsignal(sig) for sig in self.SIGNALS}  # before the Testbed set its own
+        self.held = False
+
+    def hold(self) -> None:
+        for sig in self.SIGNALS:
+            signal.signal(sig, self._record)
+        self.held = True
+
+    def _record(self, signum, frame) -> None:
+        self.caught = signum
+        log.warning("signal %d during teardown: finishing the teardown first", signum)
+
+    def release(self) -> None:
+        if self.held:
+            for sig, handler in self.outer.items():
+                signal.signal(sig, handler)
+            self.held = False
+        if self.caught is not None:
+            raise KeyboardInterrupt(f"signal {self.caught}")
+
+
+def _run_variants(tb, spec: ExperimentSpec, out: Path, meta: dict) -> None:
+    """Every variant in turn on the running testbed; metadata.json rewritten at each step."""
+    meta["topology"] = tb.metadata()
+    rundir.write_json(out / "metadata.json", meta)
+    for variant in spec.variants:
+        window = meta["variants"][variant] = {"status": "running"}
+        rundir.write_json(out / "metadata.json", meta)
+        try:
+            window.update(run_variant(tb, spec, variant, out))
+        except VariantError as err:
+            window.update(status="failed", error=str(err))
+            log.error("variant %s failed: %s", variant, err)
+        except KeyboardInterrupt:
+            window["status"] = "interrupted"
+            raise
+        finally:
+            rundir.write_json(out / "metadata.json", meta)
+    meta["topology"] = tb.metadata()  # with link changes
+
+
+def run_variant(tb, spec: ExperimentSpec, variant: str, out: Path) -> dict:
+    """Fresh roles, readiness, the workload, roles stopped; returns the variant's window and status."""
+    vdir = out / "variants" / variant
+    (vdir / "events").mkdir(parents=True, exist_ok=True)
+    config = deploy.write_deployment(spec, vdir / "deployment.yaml", vdir / "events", mode=variant)
+    runtime = deploy.Runtime(tb, config, vdir / "logs")
+    window = {"wall_start": time.time(), "t_start_ns": time.monotonic_ns()}
+    log.info("variant %s: starting roles", variant)
+    runtime.start()
+    try:
+        _wait_ready(tb, spec, runtime)
+        window["t_ready_ns"] = time.monotonic_ns()
+        status = _drive(tb, spec, variant, out, vdir, runtime)
+    finally:
+        window["exit_codes"] = runtime.stop()
+        window["wall_end"], window["t_end_ns"] = time.time(), time.monotonic_ns()
+    window["status"] = status
+    return window
+
+
+def _python_in_host(module: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", module, *args]
+
+
+def _wait_ready(tb, spec: ExperimentSpec, runtime: deploy.Runtime) -> None:
+    """Every role's gRPC health SERVING, checked from the client host (the only way into the namespaces)."""
+    addresses = [deploy.grpc_address(r) for r in deploy.START_ORDER]
+    argv = _python_in_host("experiments.loadgen", "health", "--timeout-s", str(spec.timeouts.ready_s), *addresses)
+    proc = tb.popen("client", argv, cwd=deploy.REPO, env=deploy._env(), stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT, text=True)
+    try:
+        text, _ = proc.communicate(timeout=spec.timeouts.ready_s + HEALTH_MARGIN_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        text, _ = proc.communicate()
+    if proc.returncode != 0:
+        raise VariantError(f"roles not ready: {text.strip()[-500:]}; dead roles: {runtime.dead()} "
+                           f"(logs in {runtime.log_dir})")
+
+
+def _drive(tb, spec: ExperimentSpec, variant: str, out: Path, vdir: Path, runtime: deploy.Runtime) -> str:
+    """The load generator in the client host; progress logged; 'ok', 'failed_requests' or 'timeout'."""
+    argv = _python_in_host("experiments.loadgen", "run", "--workload", str(out / "workload.jsonl"),
+                           "--router", deploy.grpc_address("router"), "--variant", variant,
+                           "--out", str(vdir / "client.jsonl"),
+                           "--request-timeout-s", str(spec.timeouts.request_s))
+    proc = tb.popen("client", argv, cwd=deploy.REPO, env=deploy._env(), stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT, text=True)
+    reader = threading.Thread(target=_show_progress, args=(proc, variant), daemon=True)
+    reader.start()
+    try:
+        code = proc.wait(timeout=spec.timeouts.variant_s)
+    except subprocess.TimeoutExpired:
+        log.error("variant %s: workload not done in %.0f s; stopping it", variant, spec.timeouts.variant_s)
+        proc.terminate()
+        proc.wait(10)
+        return "timeout"
+    finally:
+        reader.join(5)
+    if runtime.dead():
+        log.error("variant %s: roles exited during the run: %s", variant, runtime.dead())
+    return "ok" if code == 0 else "failed_requests"
+
+
+def _show_progress(proc: subprocess.Popen, variant: str) -> None:
+    for line in proc.stdout:
+        line = line.rstrip()
+        if line.startswith("progress"):
+            log.info("[%s] %s", variant, line)
+        elif line:
+            log.debug("[%s] loadgen: %s", variant, line)

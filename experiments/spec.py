@@ -1,0 +1,307 @@
+"""Experiment specs: YAML -> a validated, typed `ExperimentSpec`, with command-line overrides.
+
+Responsible for: the spec's schema (frozen dataclasses, one field per knob,
+units in names), reading a spec by registry name (`experiments/specs/<name>.yaml`)
+or path, applying `--set dotted.key=value` overrides, and refusing unknown
+keys, wrong types and out-of-range values with the field's dotted name and
+the allowed values — all before any topology starts. The `deployment`
+section is passed to the roles' own validator (`workers.roles.config`).
+Not responsible for: running anything (experiments.runner) or generating the
+workload (experiments.workload).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin, get_type_hints
+
+import yaml
+
+SPEC_DIR = Path(__file__).resolve().parent / "specs"
+VARIANTS = ("colocated", "pd-intra", "pd-cross", "pdd")
+RUNTIMES = ("process", "docker")
+
+
+class SpecError(ValueError):
+    """A spec or override is invalid; the message names the field and the allowed values."""
+
+
+@dataclass(frozen=True)
+class SessionWorkload:
+    """Synthetic multi-turn agent traffic (see experiments/workload.py for the shape it gives)."""
+    sessions: int = 5                            # multi-turn agent sessions
+    session_rate_per_s: float = 0.3              # Poisson rate of session starts (1/s)
+    turns: tuple[int, int] = (6, 10)             # turns per session [lo, hi]
+    system_prompt_tokens: int = 512              # shared by every session: the cacheable head (agent tools, rules)
+    first_turn_tokens: tuple[int, int] = (48, 160)   # the task text after the system prompt
+    turn_tokens: tuple[int, int] = (2, 16)       # user/tool text appended per later turn (most turns)
+    big_turn_fraction: float = 0.10              # share of later turns with a large tool result
+    big_turn_tokens: tuple[int, int] = (64, 240) # its size: these are the low-hit requests
+    output_tokens: tuple[int, int] = (16, 32)    # max_tokens per turn (every request runs to max_tokens)
+    think_s_mean: float = 1.0                    # exponential think time between a reply and the next turn (s)
+    fresh_requests: int = 2                      # one-turn requests: system prompt + a new document
+    fresh_tokens: tuple[int, int] = (128, 384)   # the new document's size
+    singular_fraction: float = 0.035             # share of singular requests (PDD.md: ~3-4%)
+    singular_tokens: tuple[int, int] = (384, 768)    # their uncached input: long ...
+    singular_output_tokens: tuple[int, int] = (2, 6) # ... and a short output
+    max_context_tokens: int = 0                  # prompt + output cap; 0 = the model's context limit
+
+
+@dataclass(frozen=True)
+class Workload:
+    source: Literal["synthetic", "trace"] = "synthetic"
+    trace: str = ""                              # JSON-lines trace (source: trace); relative to the repo
+    seed: int = 1                                # everything random in the workload
+    synthetic: SessionWorkload = SessionWorkload()
+    warmup: bool = True                          # one system-prompt request per variant before measuring (excluded)
+
+
+@dataclass(frozen=True)
+class SLO:
+    """Goodput counts requests meeting every SLO (DistServe-style)."""
+    ttft_ms: float = 1000.0                      # time to first token at the client
+    tpot_ms: float = 150.0                       # mean time per output token after the first
+    e2e_ms: float = 0.0                          # end to end; 0 = not checked
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    ready_s: float = 120.0                       # every role SERVING within this
+    request_s: float = 240.0                     # one request, end to end
+    variant_s: float = 300.0                     # one variant's whole workload
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """KV slots per worker (tokens): the MD's holds the DRC, so it is the largest."""
+    p: int = 16384
+    rld: int = 8192
+    md: int = 16384
+
+
+@dataclass(frozen=True)
+class ExperimentSpec:
+    name: str
+    description: str = ""
+    profile: str = "wan-cross-country"           # netem profile name or YAML path (the WAN link)
+    backend: Literal["auto", "tc", "userspace"] = "auto"
+    runtime: Literal["process", "docker"] = "process"   # how roles run in the hosts; docker: see runtime.py
+    variants: tuple[str, ...] = VARIANTS         # compared on the same topology and workload, in this order
+    model: str = "default"                       # workers.model config
+    weights_seed: int = 0                        # every worker loads the same seeded weights
+    block_size: int = 16                         # KV block / DRC granularity (tokens)
+    handoff: Literal["oneshot", "chunked", "auto", "kv"] = "oneshot"
+    capacity_tokens: Capacity = Capacity()
+    deployment: dict = field(default_factory=dict)   # overrides of the roles' config: policy, kv, decode
+    workload: Workload = Workload()
+    slo: SLO = SLO()
+    timeouts: Timeouts = Timeouts()
+    topology_seed: int = 1                       # the userspace emulator's random seed
+    snaplen_bytes: int = 128                     # pcap bytes kept per frame (headers only)
+
+
+def _type_name(tp: Any) -> str:
+    if get_origin(tp) is Literal:
+        return f"one of {list(get_args(tp))}"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(tp: Any, value: Any, path: str) -> Any:
+    """value as type tp, or SpecError naming path and what is allowed."""
+    origin = get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        return build(tp, value, path)
+    if origin is Literal:
+        if value not in get_args(tp):
+            raise SpecError(f"{path}={value!r}; allowed: {list(get_args(tp))}")
+        return value
+    if origin is tuple:
+        args = get_args(tp)
+        if not isinstance(value, (list, tuple)):
+            raise SpecError(f"{path}: expected a list, got {value!r}")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_coerce(args[0], v, f"{path}[{i}]") for i, v in enumerate(value))
+        if len(value) != len(args):
+            raise SpecError(f"{path}: expected {len(args)} values, got {list(value)!r}")
+        return tuple(_coerce(a, v, f"{path}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
+    if tp is dict or origin is dict:
+        if not isinstance(value, dict):
+            raise SpecError(f"{path}: expected a mapping, got {value!r}")
+        return value
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp in (int, float, str, bool) and (not isinstance(value, tp) or (tp is int and isinstance(value, bool))):
+        raise SpecError(f"{path}: expected {tp.__name__}, got {value!r}")
+    return value
+
+
+def build(cls: type, data: Any, where: str = "") -> Any:
+    """Build dataclass cls from a mapping, refusing unknown keys and wrong types."""
+    if not isinstance(data, dict):
+        raise SpecError(f"{where or 'spec'}: expected a mapping, got {data!r}")
+    hints = get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(data) - set(names))
+    if unknown:
+        raise SpecError(f"{where or 'spec'}: unknown key(s) {unknown}; allowed: {names}")
+    kwargs = {k: _coerce(hints[k], v, f"{where}.{k}" if where else k) for k, v in data.items()}
+    try:
+        return cls(**kwargs)
+    except TypeError as err:
+        raise SpecError(f"{where or 'spec'}: {err}") from None
+
+
+def _range(path: str, value: float, lo: float, hi: float) -> None:
+    if not lo <= value <= hi:
+        raise SpecError(f"{path}={value} out of range [{lo}, {hi}]")
+
+
+def _pair(path: str, pair: tuple[int, int], lo: int, hi: int) -> None:
+    _range(f"{path}[0]", pair[0], lo, hi)
+    _range(f"{path}[1]", pair[1], pair[0], hi)
+
+
+def _validate_workload(w: Workload, context_tokens: int) -> None:
+    s = w.synthetic
+    _range("workload.synthetic.sessions", s.sessions, 0, 1000)
+    _range("workload.synthetic.session_rate_per_s", s.session_rate_per_s, 1e-3, 1e3)
+    _pair("workload.synthetic.turns", s.turns, 1, 1000)
+    _range("workload.synthetic.system_prompt_tokens", s.system_prompt_tokens, 0, context_tokens - 2)
+    for name in ("first_turn_tokens", "turn_tokens", "big_turn_tokens", "fresh_tokens", "singular_tokens"):
+        _pair(f"workload.synthetic.{name}", getattr(s, name), 1, context_tokens)
+    _pair("workload.synthetic.output_tokens", s.output_tokens, 1, context_tokens)
+    _pair("workload.synthetic.singular_output_tokens", s.singular_output_tokens, 1, context_tokens)
+    _range("workload.synthetic.big_turn_fraction", s.big_turn_fraction, 0, 1)
+    _range("workload.synthetic.singular_fraction", s.singular_fraction, 0, 0.5)
+    _range("workload.synthetic.think_s_mean", s.think_s_mean, 0, 600)
+    _range("workload.synthetic.fresh_requests", s.fresh_requests, 0, 10000)
+    _range("workload.synthetic.max_context_tokens", s.max_context_tokens, 0, context_tokens)
+    if w.source == "trace" and not w.trace:
+        raise SpecError("workload.trace: required when workload.source is 'trace'")
+
+
+def validate(spec: ExperimentSpec) -> ExperimentSpec:
+    """Ranges, registries and cross-field rules; returns spec or raises SpecError."""
+    from topology.profiles import ProfileError, load_profile
+    from workers.model import CONFIGS
+    if spec.model not in CONFIGS:
+        raise SpecError(f"model={spec.model!r}; allowed: {sorted(CONFIGS)}")
+    bad = [v for v in spec.variants if v not in VARIANTS]
+    if bad or not spec.variants or len(set(spec.variants)) != len(spec.variants):
+        raise SpecError(f"variants={list(spec.variants)}: each once, from {list(VARIANTS)}")
+    try:
+        load_profile(spec.profile)
+    except ProfileError as err:
+        raise SpecError(f"profile: {err}") from None
+    _range("block_size", spec.block_size, 1, 4096)
+    _range("snaplen_bytes", spec.snaplen_bytes, 64, 65535)
+    for role in ("p", "rld", "md"):
+        _range(f"capacity_tokens.{role}", getattr(spec.capacity_tokens, role), spec.block_size, 1 << 22)
+    _range("slo.ttft_ms", spec.slo.ttft_ms, 0.001, 1e7)
+    _range("slo.tpot_ms", spec.slo.tpot_ms, 0.001, 1e7)
+    _range("slo.e2e_ms", spec.slo.e2e_ms, 0, 1e8)
+    for name in ("ready_s", "request_s", "variant_s"):
+        _range(f"timeouts.{name}", getattr(spec.timeouts, name), 1, 86400)
+    _validate_workload(spec.workload, CONFIGS[spec.model].max_seq_len)
+    _validate_deployment(spec)
+    return spec
+
+
+def _validate_deployment(spec: ExperimentSpec) -> None:
+    """The roles' validator judges the `deployment` overrides (field names as in workers/roles/config.py)."""
+    from experiments.deploy import deployment_dict
+    from workers.roles.config import ConfigError, parse_config
+    try:
+        parse_config(deployment_dict(spec, events_dir="/nonexistent"))
+    except ConfigError as err:
+        raise SpecError(f"deployment: {err}") from None
+
+
+def _set_dotted(data: dict, key: str, value: Any) -> None:
+    """data[a][b][c] = value for key 'a.b.c'; checks the path against the schema first."""
+    parts = key.split(".")
+    cls: Any = ExperimentSpec
+    node = data
+    for i, part in enumerate(parts):
+        where = ".".join(parts[:i + 1])
+        if cls is not None:
+            names = [f.name for f in dataclasses.fields(cls)]
+            if part not in names:
+                parent = ".".join(parts[:i]) or "spec"
+                raise SpecError(f"--set {key}: {parent} has no field {part!r}; allowed: {names}")
+            tp = get_type_hints(cls)[part]
+            cls = tp if dataclasses.is_dataclass(tp) else None
+        elif not isinstance(node, dict):
+            raise SpecError(f"--set {key}: {where} is not a mapping")
+        if i == len(parts) - 1:
+            node[part] = value
+        else:
+            child = node.get(part)
+            if not isinstance(child, dict):
+                child = node[part] = {}
+            node = child
+
+
+def parse_overrides(items: list[str]) -> list[tuple[str, Any]]:
+    """['a.b=1', ...] -> [('a.b', 1), ...]; values are YAML (numbers, lists, strings)."""
+    out = []
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise SpecError(f"--set {item!r}: expected dotted.key=value")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError as err:
+            raise SpecError(f"--set {item!r}: value is not valid YAML: {err}") from None
+        out.append((key.strip(), value))
+    return out
+
+
+def available_specs(directory: Path = SPEC_DIR) -> list[str]:
+    """Registry names: the YAML files in experiments/specs/."""
+    return sorted(p.stem for p in directory.glob("*.yaml"))
+
+
+def spec_path(name_or_path: str, directory: Path = SPEC_DIR) -> Path:
+    """A spec by registry name or path; a miss lists the names."""
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml"):
+        if not path.exists():
+            raise SpecError(f"{path}: no such spec file")
+        return path
+    path = directory / f"{name_or_path}.yaml"
+    if not path.exists():
+        raise SpecError(f"unknown experiment {name_or_path!r}; available: {', '.join(available_specs(directory))}")
+    return path
+
+
+def load_spec(name_or_path: str, overrides: list[str] = (), **top_level: Any) -> ExperimentSpec:
+    """Read, override (top_level first, then --set items) and validate a spec."""
+    path = spec_path(name_or_path)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise SpecError(f"{path}: not valid YAML: {err}") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: expected a mapping at the top")
+    for key, value in top_level.items():
+        if value is not None:
+            _set_dotted(data, key, value)
+    for key, value in parse_overrides(list(overrides)):
+        _set_dotted(data, key, value)
+    try:
+        return validate(build(ExperimentSpec, data))
+    except SpecError as err:
+        raise SpecError(f"{path.name}: {err}") from None
+
+
+def to_dict(spec: ExperimentSpec) -> dict:
+    """The resolved spec as plain data (metadata.json)."""
+    return dataclasses.asdict(spec)
+
+
+def from_dict(data: dict) -> ExperimentSpec:
+    """Inverse of to_dict (analysis reads the spec back from metadata.json)."""
+    return build(ExperimentSpec, data)
+

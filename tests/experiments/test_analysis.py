@@ -1,0 +1,99 @@
+"""The analysis reads only the run directory: records, metrics, summary, plots, pcap."""
+import json
+import math
+
+import pytest
+
+from experiments import analyze, metrics, pcap, plots
+from experiments.records import read as read_records
+from fake_run import make_run
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    run = make_run(tmp_path_factory.mktemp("analysis"))
+    analyze.analyze(run)
+    return run
+
+
+def test_summary_has_every_metric_per_variant(run):
+    s = json.loads((run / "summary.json").read_text())
+    assert set(s["variants"]) == {"colocated", "pd-intra", "pd-cross", "pdd"}
+    for v in s["variants"].values():
+        for key in ("ttft_ms", "ttft_decode_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+            assert set(v[key]) >= {"mean", "p50", "p90", "p95", "p99", "max"}
+        assert v["completed"] == v["requests"] == 9
+        assert set(v["hit_rate"]["buckets"]) == {"0-90", "90-93", "93-95", "95-97", "97-98", "98-99", "99-100"}
+    p, x = s["variants"]["pdd"], s["variants"]["pd-cross"]
+    assert p["wan_bytes_total"] < x["wan_bytes_total"]
+    assert p["handoff"]["count"] == 9 and p["handoff"]["latency_ms"]["mean"] == pytest.approx(70)
+    assert p["handoff"]["extend_ms"]["mean"] == pytest.approx(2)
+    assert 0 < p["rld_token_share"] < 0.5 and p["hit_rate"]["drc_mean"] > 0
+    assert x["ttft_ms"]["p50"] == pytest.approx(90) and p["ttft_ms"]["p50"] == pytest.approx(20)
+    assert s["streams"]["reference"] == "colocated"
+    assert p["wan_bytes_pcap"] == {} and s["variants"]["colocated"]["wan_bytes_pcap"] == {"a_to_b": 3000, "b_to_a": 66}
+
+
+def test_requests_and_events_files(run):
+    recs = read_records(run)
+    assert len(recs) == 4 * 10  # warm-up included, excluded from the metrics
+    r = next(r for r in recs if r.variant == "pdd" and r.kind == "turn" and r.turn > 1)
+    assert r.route == "p-rld-md" and r.drc_hit == pytest.approx(r.md_cached_tokens / r.prompt_tokens)
+    assert r.wan_bytes == r.wan_kv_bytes + 40 and r.spans["wan_kv"][0] <= r.spans["wan_kv"][1]
+    evs = [json.loads(l) for l in (run / "events.jsonl").read_text().splitlines()]
+    assert all(a["t_ns"] <= b["t_ns"] for a, b in zip(evs, evs[1:])) and {e["variant"] for e in evs} >= {"pdd"}
+
+
+def test_summary_md_and_plots(run):
+    md = (run / "summary.md").read_text()
+    assert "| pdd |" in md and "TTFT-decode" in md and "## PDD" in md
+    for name in plots.PLOTS:
+        data = (run / "plots" / name).read_bytes()
+        assert data.startswith(PNG_MAGIC) and len(data) > 2000, name
+
+
+def test_analysis_is_repeatable(run):
+    first = json.loads((run / "summary.json").read_text())
+    analyze.analyze(run)
+    assert json.loads((run / "summary.json").read_text())["variants"] == first["variants"]
+
+
+def test_not_a_run_directory(tmp_path):
+    with pytest.raises(analyze.AnalysisError, match="no metadata.json"):
+        analyze.analyze(tmp_path)
+
+
+def test_pcap_parser(run):
+    frames = pcap.read_frames(run / "pcap" / "wan-a.pcap")
+    assert [(f.wire_bytes, f.direction) for f in frames] == [(1500, "a_to_b"), (1500, "a_to_b"),
+                                                                        (66, "b_to_a")]
+    assert pcap.bytes_between(frames, 1000.0, 1000.25) == {"a_to_b": 3000}
+    assert pcap.direction("10.1.0.21") == "a_to_b" and pcap.direction("10.2.0.61") == "b_to_a"
+    assert len(pcap.delivered(frames, frames)) == 3
+    tp = pcap.throughput(frames, bin_s=0.5)
+    assert tp["a_to_b"][0] == (0.0, 3000 * 8 / 0.5 / 1e6)
+
+
+def test_pcap_rejects_other_files(tmp_path):
+    (tmp_path / "x.pcap").write_bytes(b"\x0a\x0d\x0d\x0a" + b"\x00" * 40)
+    with pytest.raises(pcap.PcapError, match="not a pcap file"):
+        pcap.read_frames(tmp_path / "x.pcap")
+
+
+def test_percentiles_match_numpy():
+    import numpy as np
+    xs = [5, 1, 9, 3, 7, 2]
+    for p in (50, 90, 95, 99):
+        assert metrics.percentile(xs, p) == pytest.approx(np.percentile(xs, p))
+    assert math.isnan(metrics.percentile([], 50)) and metrics.stats([]) == {"n": 0}
+
+
+def test_stream_divergence_is_reported(run):
+    recs = read_records(run)
+    for r in recs:
+        if r.variant == "pdd" and r.request_id == "r0002":
+            r.token_ids = r.token_ids[:3] + [999] + r.token_ids[4:]
+    out = metrics.compare_streams([r for r in recs if r.kind != "warmup"], ["colocated", "pdd"])
+    assert out["variants"]["pdd"]["diverged"] == 1 and out["variants"]["pdd"]["divergences"][0]["index"] == 3

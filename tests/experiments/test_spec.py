@@ -1,0 +1,84 @@
+"""Experiment specs: validated at the edge, overrides checked against the schema, errors name the field."""
+import pytest
+
+from experiments import spec
+from experiments.spec import SpecError, load_spec
+
+
+def test_shipped_specs_load():
+    for name in spec.available_specs():
+        s = load_spec(name)
+        assert s.name and s.variants
+
+
+def test_default_spec_compares_the_four_variants_on_cross_country():
+    s = load_spec("pdd-vs-baselines")
+    assert s.variants == ("colocated", "pd-intra", "pd-cross", "pdd")
+    assert s.profile == "wan-cross-country" and s.runtime == "process"
+
+
+def test_overrides_are_yaml_typed():
+    s = load_spec("pdd-vs-baselines", ["workload.synthetic.sessions=2", "workload.synthetic.turns=[2, 3]",
+                                       "slo.ttft_ms=500", "variants=[pd-cross, pdd]"])
+    assert s.workload.synthetic.sessions == 2 and s.workload.synthetic.turns == (2, 3)
+    assert s.slo.ttft_ms == 500.0 and s.variants == ("pd-cross", "pdd")
+
+
+def test_top_level_arguments_override_the_spec():
+    s = load_spec("pdd-vs-baselines", profile="wan-lossy", backend="userspace")
+    assert s.profile == "wan-lossy" and s.backend == "userspace"
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("workload.synthetic.sessionz=3", "workload.synthetic has no field 'sessionz'; allowed: ['sessions'"),
+    ("nope=1", "spec has no field 'nope'; allowed: ['name'"),
+    ("workload.synthetic.sessions=many", "workload.synthetic.sessions: expected int, got 'many'"),
+    ("workload.synthetic.turns=[3]", "workload.synthetic.turns: expected 2 values"),
+    ("variants=[pdd, warp]", "each once, from ['colocated', 'pd-intra', 'pd-cross', 'pdd']"),
+    ("handoff=teleport", "handoff='teleport'; allowed: ['oneshot', 'chunked', 'auto', 'kv']"),
+    ("runtime=vm", "runtime='vm'; allowed: ['process', 'docker']"),
+    ("model=huge", "model='huge'; allowed: ['default', 'tiny']"),
+    ("workload.synthetic.singular_fraction=0.9", "singular_fraction=0.9 out of range [0, 0.5]"),
+    ("deployment.policy.modez=pdd", "deployment: policy: unknown key(s) ['modez']"),
+    ("deployment.policy.chunk_tokens=0", "policy.chunk_tokens=0 out of range"),
+    ("profile=no-such", "unknown profile 'no-such'; available:"),
+    ("workload.source=trace", "workload.trace: required"),
+    ("sessions", "expected dotted.key=value"),
+])
+def test_bad_overrides_fail_with_the_field_and_allowed_values(override, needle):
+    with pytest.raises(SpecError) as err:
+        load_spec("pdd-vs-baselines", [override])
+    assert needle in str(err.value)
+
+
+def test_unknown_spec_lists_the_registry():
+    with pytest.raises(SpecError, match="unknown experiment 'nope'; available: .*pdd-vs-baselines"):
+        load_spec("nope")
+
+
+def test_unknown_key_in_a_file(tmp_path):
+    p = tmp_path / "x.yaml"
+    p.write_text("name: x\nworkload: {synthetc: {}}\n")
+    with pytest.raises(SpecError, match=r"workload: unknown key\(s\) \['synthetc'\]; allowed: \['source'"):
+        load_spec(str(p))
+
+
+def test_docker_runtime_is_refused_before_anything_starts():
+    from experiments import runner
+    s = load_spec("pdd-smoke", ["runtime=docker"])
+    with pytest.raises(SpecError, match="runtime='docker' is not wired"):
+        runner.prepare(s)
+
+
+def test_resolved_spec_round_trips():
+    s = load_spec("pdd-smoke")
+    assert spec.from_dict(spec.to_dict(s)) == s
+
+
+def test_deployment_follows_the_profile_rate():
+    from experiments.deploy import deployment_dict
+    from workers.roles.config import parse_config
+    s = load_spec("pdd-smoke", profile="wan-lossy")
+    cfg = parse_config(deployment_dict(s, "/tmp/ev", mode="pd-cross"))
+    assert cfg.policy.wan_rate_mbit == 100.0 and cfg.policy.mode == "pd-cross"
+    assert cfg.md.host == "10.2.0.61" and cfg.rld.host == "10.1.0.41" and cfg.router.host == "10.1.0.11"
