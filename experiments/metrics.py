@@ -9,11 +9,11 @@ time, singular requests and the WAN bytes they saved, fallbacks, and token
 streams compared across variants; the summary as JSON and as a Markdown table.
 Not responsible for: reading raw logs (experiments.records) or plotting.
 
-TTFT is the first token at the client. The roles' router forwards P's first
-token as soon as P samples it, in every mode, so TTFT does not contain the KV
-transfer; `ttft_decode` (the first token a decode worker produced, index 1)
-does, and is what a PD system that streams only from its decode side reports
-as TTFT: the published pd-cross penalty shows up there.
+TTFT is the first token at the client. P samples it, but it reaches the
+client from the decode side once that side holds the prompt's KV (as in PD
+serving), so a WAN transfer on the path (pd-cross, P->MD) is part of TTFT and
+PDD's fast path to the RLD is what keeps it low. `ttft_decode` is the first
+token a decode worker sampled itself (index 1).
 """
 from __future__ import annotations
 

@@ -162,6 +162,10 @@ class DecodeServicer(pdd_pb2_grpc.DecodeServicer):
                 self.events.emit("kv_timeout", session.request_id, wait_ms=self.cfg.decode.kv_wait_ms)
             yield end_msg(reason)
             return
+        else:
+            # P's first token reaches the client through the decode side, once that side holds
+            # the KV (as in PD serving): a WAN transfer is then part of the client's TTFT.
+            session.emit_from = 0
         if self.role == "md" and req.relay_grpc:
             if not self._await_handoff(session):
                 yield end_msg("cancelled" if session.cancelled else "relay_done")
@@ -303,7 +307,9 @@ class DecodeServicer(pdd_pb2_grpc.DecodeServicer):
             for i in range(emitted, len(toks)):
                 if i == 0 or (i == emitted and i == session.emit_from):
                     self.events.emit("first_token", rid, index=i)
-                yield token_msg(i, toks[i], worker)
+                # Token 0 was sampled by P at the end of prefill: tagged with the worker that produced it.
+                from_p = i == 0 and session.request.kv_source != H.KV_SOURCE_LOCAL
+                yield token_msg(i, toks[i], self.cfg.p.name if from_p else worker)
             emitted = max(emitted, len(toks))
             if session.cancelled:
                 yield end_msg("cancelled")

@@ -306,8 +306,8 @@ class _RequestRun:
                                  timeout=REQUEST_TIMEOUT_S)
         except grpc.RpcError as err:
             self._fail(err.code(), f"{self.cfg.p.name}: {err.details()}")
-        self.queue.put(("p", "token", pdd_pb2.Token(index=0, token=reply.first_token, worker=self.cfg.p.name,
-                                                    t_ns=reply.t_ns)))
+        # Token 0 (reply.first_token) reaches the client from the decode side once it holds the KV.
+        self.s.events.emit("prefill_reply", self.rid, first_token=reply.first_token, t_ns_p=reply.t_ns)
 
     def cleanup(self) -> None:
         """Cancel every stream still open and P's transfers still in flight; join the pumps.
