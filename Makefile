@@ -8,12 +8,12 @@ PROFILE ?= wan-cross-country
 BACKEND ?= auto
 PYTEST  := $(PY) -m pytest -q -rs
 
-.PHONY: setup test test-unit test-roles test-emulation vm-test bench run-experiment analyze clean profiles
+.PHONY: setup image test test-unit test-roles test-emulation test-docker vm-test bench run-experiment analyze clean profiles
 
 setup:
 	@bash scripts/setup.sh
 
-test: setup test-unit test-roles test-emulation vm-test
+test: setup test-unit test-roles test-emulation test-docker vm-test
 
 test-unit: setup
 	$(PYTEST) tests/unit tests/experiments
@@ -21,6 +21,13 @@ test-unit: setup
 # The PDD roles as real processes on loopback (no root needed).
 test-roles: setup
 	$(PYTEST) tests/roles tests/e2e
+
+# The worker image, built from a local debootstrap base (no registry); BASE_IMAGE=... overrides.
+image: setup
+	$(PY) -m docker_rt.image build
+
+test-docker: setup image
+	$(PYTEST) tests/docker
 
 test-emulation: setup
 	$(PYTEST) tests/emulation
@@ -33,6 +40,7 @@ bench: setup
 	$(PY) benchmarks/bench_engine.py
 	$(PY) benchmarks/bench_roles.py
 	$(PY) benchmarks/bench_shaper.py
+	$(PY) benchmarks/bench_docker.py
 	$(PY) benchmarks/bench_links.py
 	$(PY) -m vm.run --timeout 1500 --cpus 1 -- $(PY) benchmarks/bench_links.py --backend tc
 

@@ -106,8 +106,9 @@ def _run_calibration(args) -> int:
 
 
 def _clean(_args) -> int:
+    from docker_rt.host import clean_orphans
     from topology.cleanup import clean
-    removed = clean()
+    removed = clean_orphans() + clean()
     print("\n".join(removed) if removed else "nothing to clean")
     return 0
 

@@ -95,13 +95,25 @@ def write_deployment(spec, path: Path, events_dir: Path, mode: str) -> Path:
     return path
 
 
-def topology_kwargs(runtime: str) -> dict:
-    """Extra TopologyConfig arguments for a runtime ({} for process)."""
-    from experiments.spec import SpecError
-    if runtime == "process":
+def topology_kwargs(spec, run_dir: Path | None = None) -> dict:
+    """Extra TopologyConfig arguments for the spec's runtime ({} for process; without run_dir: only validated).
+
+    docker: the router, P, RLD and MD hosts become Docker hosts of the worker
+    image (built or reused here); the run directory is mounted at its own path
+    so configs and event logs are where the process runtime puts them, and the
+    weights (generated here first) are mounted read-only.
+    """
+    from experiments.spec import RUNTIMES, SpecError
+    if spec.runtime not in RUNTIMES:
+        raise SpecError(f"runtime={spec.runtime!r} is unknown; allowed: {list(RUNTIMES)}")
+    if spec.runtime == "process" or run_dir is None:
         return {}
-    raise SpecError(f"runtime={runtime!r} is not wired into the experiment yet (issue 5: docker_rt); "
-                    "available now: ['process']")
+    from docker_rt.host import DockerOptions
+    from docker_rt.image import ensure_image
+    from workers.model import get_config, get_or_create_weights
+    get_or_create_weights(get_config(spec.model), spec.weights_seed)
+    return {"runtime": "docker",
+            "docker": DockerOptions(image=ensure_image().ref, mounts=(run_dir,), log_dir=run_dir / "containers")}
 
 
 @dataclass

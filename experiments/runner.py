@@ -43,7 +43,7 @@ class VariantError(RuntimeError):
 
 def prepare(spec: ExperimentSpec) -> list[wl.WorkloadRequest]:
     """Everything that can fail before the topology: the workload (trace lines), the runtime."""
-    deploy.topology_kwargs(spec.runtime)
+    deploy.topology_kwargs(spec)
     return wl.build(spec)
 
 
@@ -90,7 +90,7 @@ def _run_topology(spec: ExperimentSpec, profile, out: Path, meta: dict) -> None:
     from topology.net import Testbed, TopologyConfig
     cfg = TopologyConfig(wan_profile=profile, backend=spec.backend, capture_dir=out / "pcap",
                          snaplen_bytes=spec.snaplen_bytes, seed=spec.topology_seed, log_dir=out / "logs",
-                         **deploy.topology_kwargs(spec.runtime))
+                         **deploy.topology_kwargs(spec, out))
     held = _HeldSignals()
     try:
         with Testbed(cfg) as tb:

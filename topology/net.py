@@ -50,6 +50,8 @@ class TopologyConfig:
     snaplen_bytes: bytes kept per captured frame (headers only by default)
     seed: random seed of the userspace emulator
     log_dir: where the emulator's log goes; None = a temporary directory
+    runtime: process | docker: where the end hosts' processes run
+    docker: docker_rt.host.DockerOptions, required when runtime is docker
     """
     wan_profile: Profile
     lan_profile: Profile = field(default_factory=lambda: load_profile("lan"))
@@ -61,6 +63,10 @@ class TopologyConfig:
     snaplen_bytes: int = 128
     seed: int = 1
     log_dir: Path | None = None
+    # --- runtime hook (issue 5): docker puts chosen hosts' processes in containers (docker_rt.host)
+    runtime: str = "process"
+    docker: Any = None
+    # --- end runtime hook
 
 
 def preflight() -> None:
@@ -115,6 +121,7 @@ class Testbed:
         self._sigterm = _SigtermAsInterrupt()
         self._state: StateFile | None = None
         self._owns_prefix = False  # set once preflight found the prefix free: only then is it ours to clean
+        self._docker: Any = None  # runtime hook (issue 5): docker_rt.host.DockerRuntime when runtime is docker
 
     # ---- lifecycle -------------------------------------------------------
     def __enter__(self) -> "Testbed":
@@ -140,6 +147,7 @@ class Testbed:
         self._owns_prefix = True
         self.backend_choice = choose_backend(self.config.backend)
         self._state = StateFile()
+        self._start_runtime()
         self._build()
         for host in self.net.hosts:
             self._state.add(host.pid, f"host shell {host.name}")
@@ -155,7 +163,7 @@ class Testbed:
     def stop(self) -> None:
         """Tear down everything this testbed made, in reverse order; never raises midway."""
         steps = [self._stop_schedule, self._stop_procs, self._stop_captures, self._stop_backend,
-                 self._stop_net, self._remove_iptables_rules, self._remove_leftover_links,
+                 self._stop_net, self._stop_runtime, self._remove_iptables_rules, self._remove_leftover_links,
                  lambda: shutil.rmtree(self._workdir, ignore_errors=True)]
         failed = False
         for step in steps:
@@ -181,7 +189,8 @@ class Testbed:
             self.net.addLink(self.net.addHost(gw, ip=None), switch[cluster])  # gw-eth0: LAN
         for spec in naming.hosts(self.config.n_p, self.config.n_rld, self.config.n_md):
             host = self.net.addHost(spec.name, ip=f"{spec.ip}/24",
-                                    defaultRoute=f"via {naming.gateway_lan_ip(spec.cluster)}")
+                                    defaultRoute=f"via {naming.gateway_lan_ip(spec.cluster)}",
+                                    **(self._docker.host_params(spec.role) if self._docker else {}))
             self.net.addLink(host, switch[spec.cluster])
         gwa, gwb = self.net.get(naming.GATEWAY_A), self.net.get(naming.GATEWAY_B)
         if self.backend_choice.name == "userspace":
@@ -291,12 +300,33 @@ class Testbed:
 
     def popen(self, host: str, argv: list[str], **kwargs) -> subprocess.Popen:
         """Start a tracked background process inside a host; stopped at teardown."""
-        full = self.ns_prefix(host) + argv
+        full = (self._docker and self._docker.exec_argv(self.host(host), argv)) or self.ns_prefix(host) + argv
         log.info("[%s] start: %s", host, " ".join(argv))
         proc = subprocess.Popen(full, **kwargs)
         self._procs.append(proc)
         self._state.add(proc.pid, f"{host}: {argv[0]}")
         return proc
+
+    # ---- runtime hook (issue 5) --------------------------------------------
+    def _start_runtime(self) -> None:
+        if self.config.runtime not in ("process", "docker"):
+            raise TestbedError(f"runtime must be process or docker, got {self.config.runtime!r}")
+        if self.config.runtime == "docker":
+            if self.config.docker is None:
+                raise TestbedError("runtime docker needs TopologyConfig.docker (docker_rt.host.DockerOptions)")
+            from docker_rt.host import DockerRuntime
+            self._docker = DockerRuntime(self.config.docker)
+            self._docker.start()
+
+    def _stop_runtime(self) -> None:
+        if self._docker:
+            self._docker.stop()
+
+    def check_workers(self) -> None:
+        """Raise if a worker container crashed (names the role, shows its last log lines); no-op for process."""
+        if self._docker:
+            self._docker.check()
+    # ---- end runtime hook ------------------------------------------------
 
     def swap_profile(self, profile: Profile) -> None:
         """Replace the WAN profile on the live link."""
@@ -314,6 +344,7 @@ class Testbed:
             "wan_profile": c.wan_profile.to_dict(), "lan_profile": c.lan_profile.to_dict(),
             "hosts": [h.__dict__ for h in naming.hosts(c.n_p, c.n_rld, c.n_md)],
             "seed": c.seed, "snaplen_bytes": c.snaplen_bytes,
+            "runtime": c.runtime, "docker": self._docker.metadata() if self._docker else None,  # issue 5 hook
             "link_changes": [ch.__dict__ for ch in self.link.changes] if self.link else [],
         }
 

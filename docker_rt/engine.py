@@ -1,0 +1,235 @@
+"""The Docker engine on this machine: installed, running, answering; and every docker CLI call.
+
+Responsible for: installing Debian packages the Docker runtime needs
+(`docker.io`, `debootstrap`) when they are absent; starting `dockerd` when
+`docker info` does not answer (its own pid file `/run/pddlab/dockerd.pid`, its
+own log `.cache/docker/dockerd.log`, Docker's default data root) and waiting
+until it answers; checking free disk space before a build; and `docker()`,
+through which every docker CLI call goes (logged, raising DockerError).
+Not responsible for: images (`docker_rt.base`, `docker_rt.image`) or
+containers (`docker_rt.host`).
+
+A dockerd this module did not start is used as it is and never stopped; one it
+started keeps running after the run (it is the machine's engine) and is stopped
+only by `python -m docker_rt.engine stop`, by the PID in its own pid file.
+
+dockerd sets the iptables FORWARD policy to DROP and loads br_netfilter;
+`topology.net` answers that with its own scoped ACCEPT rules for the pdd-
+bridges (comment `pddlab`), removed at teardown.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from docker_rt import DockerError
+
+log = logging.getLogger(__name__)
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CACHE_DIR = REPO_ROOT / ".cache" / "docker"
+STATE_DIR = Path("/run/pddlab")
+PID_FILE = STATE_DIR / "dockerd.pid"
+LOG_FILE = CACHE_DIR / "dockerd.log"
+START_TIMEOUT_S = 60.0
+LOG_TAIL_LINES = 20
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """server_version: dockerd's version; root_dir: its data root; started_here: this process started it."""
+    server_version: str
+    root_dir: Path
+    started_here: bool
+
+
+def docker_bin() -> str:
+    """The docker client: Debian's /usr/bin/docker (same release as its dockerd) if present, else PATH."""
+    if Path("/usr/bin/docker").exists():
+        return "/usr/bin/docker"
+    found = shutil.which("docker")
+    if not found:
+        raise DockerError("no docker client: run `make setup` (installs Debian's docker.io)")
+    return found
+
+
+def docker(args: list[str], timeout_s: float = 120, check: bool = True, quiet: bool = False,
+           **kwargs) -> subprocess.CompletedProcess:
+    """Run `docker <args>` (logged; at debug level when quiet); DockerError with its stderr on failure if check."""
+    argv = [docker_bin(), *args]
+    log.log(logging.DEBUG if quiet else logging.INFO, "run: %s", " ".join(argv))
+    kwargs.setdefault("capture_output", True)
+    kwargs.setdefault("text", True)
+    try:
+        proc = subprocess.run(argv, timeout=timeout_s, **kwargs)
+    except subprocess.TimeoutExpired:
+        raise DockerError(f"`docker {' '.join(args[:3])} ...` did not finish within {timeout_s:.0f} s") from None
+    if check and proc.returncode != 0:
+        err = proc.stderr if isinstance(proc.stderr, str) else (proc.stderr or b"").decode(errors="replace")
+        raise DockerError(f"`docker {' '.join(args)}` failed ({proc.returncode}): {err.strip()[-2000:]}")
+    return proc
+
+
+# ---------------------------------------------------------------- packages
+def missing_debs(packages: list[str]) -> list[str]:
+    """The Debian packages of the list that are not installed."""
+    missing = []
+    for pkg in packages:
+        out = subprocess.run(["dpkg-query", "-W", "-f=${Status}", pkg], capture_output=True, text=True)
+        if "install ok installed" not in out.stdout:
+            missing.append(pkg)
+    return missing
+
+
+def ensure_debs(packages: list[str]) -> None:
+    """Install the missing ones with apt-get; DockerError saying what to do when that is impossible."""
+    missing = missing_debs(packages)
+    if not missing:
+        return
+    if os.geteuid() != 0:
+        raise DockerError(f"Debian packages {missing} are missing and installing them needs root: "
+                          "run `make setup` as root")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for argv in (["apt-get", "update", "-qq"],
+                 ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing]):
+        log.info("run: %s", " ".join(argv))
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env)
+        if proc.returncode != 0:
+            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-LOG_TAIL_LINES:])
+            raise DockerError(f"could not install {missing} (`{' '.join(argv)}` failed):\n{tail}\n"
+                              "Fix apt (sources, network to the Debian mirror) or install Docker yourself "
+                              "(Debian's docker.io or Docker CE), then rerun `make setup`.")
+
+
+def ensure_installed() -> None:
+    """dockerd and a docker client are present (Debian's docker.io otherwise)."""
+    if shutil.which("dockerd") and (Path("/usr/bin/docker").exists() or shutil.which("docker")):
+        return
+    ensure_debs(["docker.io"])
+    if not shutil.which("dockerd"):
+        raise DockerError("docker.io is installed but `dockerd` is not on PATH: check the installation")
+
+
+# ---------------------------------------------------------------- daemon
+def engine_info() -> EngineInfo | None:
+    """What `docker info` says, or None when no daemon answers."""
+    try:
+        proc = docker(["info", "--format", "{{.ServerVersion}}|{{.DockerRootDir}}"], timeout_s=20, check=False,
+                      quiet=True)  # polled while dockerd starts
+    except DockerError:
+        return None
+    if proc.returncode != 0 or "|" not in proc.stdout:
+        return None
+    version, root = proc.stdout.strip().split("|", 1)
+    return EngineInfo(version, Path(root), started_here=_our_dockerd_pid() is not None)
+
+
+def _our_dockerd_pid() -> int | None:
+    """The dockerd we started, if its pid file names a live dockerd."""
+    try:
+        pid = int(PID_FILE.read_text().strip())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+    except (OSError, ValueError):
+        return None
+    return pid if cmdline.endswith(b"dockerd") else None
+
+
+def _log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def start_dockerd(timeout_s: float = START_TIMEOUT_S) -> int:
+    """Start dockerd in its own session, logging to LOG_FILE; return its PID once `docker info` answers."""
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    LOG_FILE.parent.mkdir(parents=True, exist_ok=True)
+    argv = [shutil.which("dockerd") or "dockerd", "--pidfile", str(PID_FILE)]
+    log.info("run: %s (log %s)", " ".join(argv), LOG_FILE)
+    with open(LOG_FILE, "ab") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)  # the engine outlives this run
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise DockerError(f"dockerd exited with code {proc.returncode} while starting; "
+                              f"last lines of {LOG_FILE}:\n{_log_tail(LOG_FILE)}")
+        if engine_info() is not None:
+            return proc.pid
+        time.sleep(0.5)  # polling a real check (`docker info`), not waiting blind
+    raise DockerError(f"dockerd (pid {proc.pid}) did not answer `docker info` within {timeout_s:.0f} s; "
+                      f"last lines of {LOG_FILE}:\n{_log_tail(LOG_FILE)}")
+
+
+def ensure_running() -> EngineInfo:
+    """Install if needed, start dockerd if nothing answers, and return what `docker info` says."""
+    ensure_installed()
+    info = engine_info()
+    if info is not None:
+        return info
+    if os.geteuid() != 0:
+        raise DockerError("no Docker daemon answers and starting one needs root: run as root, "
+                          "or start Docker yourself")
+    start_dockerd()
+    info = engine_info()
+    if info is None:
+        raise DockerError(f"dockerd started but `docker info` does not answer; see {LOG_FILE}")
+    log.info("docker engine %s ready (data root %s)", info.server_version, info.root_dir)
+    return info
+
+
+def stop_dockerd(grace_s: float = 20) -> bool:
+    """Stop the dockerd this module started (by the PID in its pid file); False if there is none."""
+    pid = _our_dockerd_pid()
+    if pid is None:
+        return False
+    log.info("stopping dockerd (pid %d)", pid)
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
+        time.sleep(0.2)
+    return True
+
+
+# ---------------------------------------------------------------- disk
+def check_free_space(path: Path, need_bytes: int, what: str) -> None:
+    """DockerError naming the shortfall when path's filesystem has less than need_bytes free."""
+    probe = path
+    while not probe.exists():
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if free < need_bytes:
+        raise DockerError(f"not enough disk for {what}: {free / 2**30:.1f} GiB free on the filesystem of "
+                          f"{path}, {need_bytes / 2**30:.1f} GiB needed. Free some space (e.g. "
+                          "`docker image prune`, or remove .cache/docker) and retry.")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m docker_rt.engine", description=__doc__.splitlines()[0])
+    parser.add_argument("action", choices=["ensure", "stop", "info"])
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        if args.action == "ensure":
+            info = ensure_running()
+            print(f"docker engine {info.server_version} ready (data root {info.root_dir})")
+        elif args.action == "stop":
+            print("stopped" if stop_dockerd() else "no dockerd started by pddlab is running")
+        else:
+            print(engine_info() or "no Docker daemon answers")
+    except DockerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

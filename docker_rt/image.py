@@ -1,0 +1,255 @@
+"""The worker image: one image for every role, rebuilt only when its inputs change.
+
+Responsible for: the build context in `.cache/docker/context` (the
+Dockerfile, `requirements.txt`, `wheels/` and `src/`), the wheelhouse (every
+Python package the image needs, downloaded on the host with the host's pip
+configuration and pinned to the versions in the project venv, so both
+runtimes run the same code), the inputs hash (Dockerfile, base image id,
+requirements, wheels, project files) carried as the label `pddlab.inputs` and
+in the tag `pddlab-worker:<hash 12>`, and `docker build` when no image of that
+hash exists. Command line: `python -m docker_rt.image build`.
+Not responsible for: the base image (`docker_rt.base`), the engine
+(`docker_rt.engine`), running containers (`docker_rt.host`).
+
+torch is the 2.13.0 CPU wheel of /opt/wheels (the venv's `torch==2.13.0+cpu`
+pin makes pip take it, never a multi-GB CUDA build).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.metadata as metadata
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import time
+import tomllib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from docker_rt import LABEL_INPUTS, WORKER_REPO, DockerError
+from docker_rt.base import BaseImage, ensure_base, image_id
+from docker_rt.engine import CACHE_DIR, REPO_ROOT, check_free_space, docker, ensure_running
+
+log = logging.getLogger(__name__)
+DOCKERFILE = Path(__file__).resolve().parent / "Dockerfile"
+CONTEXT_DIR = CACHE_DIR / "context"
+WHEELS_DIR = CONTEXT_DIR / "wheels"
+# The PDD roles' gRPC stack; added to pyproject's dependencies when pyproject does not list it yet.
+RUNTIME_EXTRAS = ("grpcio", "grpcio-health-checking", "protobuf")
+# Besides pyproject's packages: the profiles the topology modules load, and this package.
+EXTRA_SOURCES = ("docker_rt", "netem_profiles", "pyproject.toml")
+IMAGE_NEED_BYTES = 4 * 2**30   # the image is ~1.3 GB; layers are unpacked once more while building
+WHEELS_NEED_BYTES = 1 * 2**30  # ~300 MB of wheels, torch's CPU wheel being 183 MB
+BUILD_TIMEOUT_S = 1800
+WHEEL_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "linux_x86_64")
+
+
+@dataclass(frozen=True)
+class WorkerImage:
+    """ref: pddlab-worker:<hash 12>; inputs_hash: full hash; size_bytes: image size;
+    built: this call ran `docker build`; build_s: its wall time (s, 0 when cached)."""
+    ref: str
+    image_id: str
+    inputs_hash: str
+    base_ref: str
+    size_bytes: int
+    built: bool
+    build_s: float
+
+
+# ---------------------------------------------------------------- requirements
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _req_name(req: str) -> str:
+    return _norm(re.split(r"[\s<>=!~;\[]", req.strip(), maxsplit=1)[0])
+
+
+def requirements(pyproject: Path = REPO_ROOT / "pyproject.toml") -> list[str]:
+    """pyproject's dependencies plus the gRPC extras it does not list (pure)."""
+    deps = list(tomllib.loads(pyproject.read_text())["project"]["dependencies"])
+    listed = {_req_name(d) for d in deps}
+    return deps + [e for e in RUNTIME_EXTRAS if _norm(e) not in listed]
+
+
+def venv_constraints() -> list[str]:
+    """`name==version` of every package installed in the venv's own site-packages (not Debian's, not vendored)."""
+    site = {Path(sysconfig.get_paths()[k]).resolve() for k in ("purelib", "platlib")}
+    pins = []
+    for dist in metadata.distributions():
+        location = Path(str(getattr(dist, "_path", "/"))).resolve().parent
+        name = dist.metadata["Name"]
+        if name and location in site and _norm(name) != "pddlab":
+            pins.append(f"{_norm(name)}=={dist.version}")
+    return sorted(set(pins))
+
+
+def package_sources() -> list[str]:
+    """Top-level dirs/files of the project the image carries: pyproject's packages plus EXTRA_SOURCES."""
+    data = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+    patterns = data.get("tool", {}).get("setuptools", {}).get("packages", {}).get("find", {}).get("include", [])
+    names = {p.rstrip("*").rstrip(".") for p in patterns} | set(EXTRA_SOURCES)
+    return sorted(n for n in names if (REPO_ROOT / n).exists())
+
+
+# ---------------------------------------------------------------- context
+def pip_download_cmd(dest: Path, python_version: str, reqs: Path, constraints: Path) -> list[str]:
+    """`pip download` of binary wheels for the image's Python (pure: unit-testable)."""
+    abi = "cp" + python_version.replace(".", "")
+    cmd = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--dest", str(dest),
+           "--only-binary=:all:", "--python-version", python_version, "--implementation", "cp", "--abi", abi,
+           "--find-links", "/opt/wheels", "--find-links", str(WHEELS_DIR), "-r", str(reqs), "-c", str(constraints)]
+    for platform in WHEEL_PLATFORMS:
+        cmd += ["--platform", platform]
+    return cmd
+
+
+def base_python_version(base: BaseImage) -> str:
+    """`3.11`: the Python of the base image, asked by running it (no network)."""
+    proc = docker(["run", "--rm", "--network", "none", base.ref, "python3", "-c",
+                   "import sys; print('%d.%d' % sys.version_info[:2])"], check=False)
+    if proc.returncode != 0:
+        raise DockerError(f"base image {base.ref} has no working python3 ({proc.stderr.strip()[-200:]}); "
+                          "use a base with Python 3.11+ (e.g. python:3.11-slim)")
+    return proc.stdout.strip()
+
+
+def fill_wheelhouse(python_version: str) -> None:
+    """Download the wheels unless the wheelhouse was made from the same requirements and pins."""
+    CONTEXT_DIR.mkdir(parents=True, exist_ok=True)
+    reqs, constraints = CONTEXT_DIR / "requirements.txt", CACHE_DIR / "constraints.txt"
+    reqs.write_text("\n".join(requirements()) + "\n")
+    constraints.write_text("\n".join(venv_constraints()) + "\n")
+    stamp_text = f"{python_version}\n{reqs.read_text()}{constraints.read_text()}"
+    stamp = WHEELS_DIR / ".stamp"
+    if stamp.exists() and stamp.read_text() == stamp_text:
+        return
+    check_free_space(CACHE_DIR, WHEELS_NEED_BYTES, "the image's wheels")
+    fresh = CONTEXT_DIR / "wheels.new"
+    shutil.rmtree(fresh, ignore_errors=True)
+    WHEELS_DIR.mkdir(exist_ok=True)  # old wheels are found with --find-links: nothing is fetched twice
+    cmd = pip_download_cmd(fresh, python_version, reqs, constraints)
+    log.info("run: %s", " ".join(cmd))
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise DockerError(f"downloading the image's Python packages failed:\n{proc.stderr.strip()[-1500:]}\n"
+                          "The host's pip configuration must reach PyPI or hold these wheels (/opt/wheels).")
+    shutil.rmtree(WHEELS_DIR)
+    fresh.rename(WHEELS_DIR)
+    stamp.write_text(stamp_text)
+
+
+def copy_sources() -> None:
+    """Refresh context/src from the working tree (no caches, no bytecode)."""
+    src = CONTEXT_DIR / "src"
+    shutil.rmtree(src, ignore_errors=True)
+    src.mkdir(parents=True)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
+    for name in package_sources():
+        path = REPO_ROOT / name
+        if path.is_dir():
+            shutil.copytree(path, src / name, ignore=ignore)
+        else:
+            shutil.copy2(path, src / name)
+    shutil.copy2(DOCKERFILE, CONTEXT_DIR / "Dockerfile")
+
+
+def inputs_hash(base: BaseImage) -> str:
+    """Hash of everything the image is made of: base id, and every file of the context."""
+    h = hashlib.sha256(base.image_id.encode())
+    for path in sorted(p for p in CONTEXT_DIR.rglob("*") if p.is_file()):
+        rel = path.relative_to(CONTEXT_DIR).as_posix()
+        if rel == "wheels/.stamp":
+            continue
+        # Wheels are immutable files named by version: name and size identify them without reading 300 MB.
+        body = str(path.stat().st_size).encode() if rel.startswith("wheels/") else path.read_bytes()
+        h.update(rel.encode() + b"\0" + hashlib.sha256(body).digest())
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------- build
+def build_cmd(base: BaseImage, digest: str, ref: str, no_cache: bool = False) -> list[str]:
+    """The `docker build` arguments (pure: unit-testable). The local base needs no network at all."""
+    network = "none" if base.local else "default"
+    return ["build", *(["--no-cache"] if no_cache else []), "--network", network,
+            "--build-arg", f"BASE_IMAGE={base.ref}",
+            "--label", f"{LABEL_INPUTS}={digest}", "--label", f"pddlab.base={base.ref}",
+            "-t", ref, "-t", f"{WORKER_REPO}:latest", "-f", str(CONTEXT_DIR / "Dockerfile"), str(CONTEXT_DIR)]
+
+
+def image_size_bytes(ref: str) -> int:
+    return int(docker(["image", "inspect", "--format", "{{.Size}}", ref], quiet=True).stdout.strip())
+
+
+def _run_build(args: list[str], log_path: Path) -> None:
+    env = {**os.environ, "DOCKER_BUILDKIT": "1"}  # RUN --mount: the wheels never land in a layer
+    log.info("building the worker image (log %s)", log_path)
+    with open(log_path, "wb") as out:
+        docker(args, timeout_s=BUILD_TIMEOUT_S, check=False, stdout=out, stderr=subprocess.STDOUT,
+               capture_output=False, text=False, env=env)
+    if image_id(args[args.index("-t") + 1]) is None:
+        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-25:])
+        raise DockerError(f"docker build failed; last lines of {log_path}:\n{tail}")
+
+
+def _remove_older(current: str) -> None:
+    """Untag worker images of earlier inputs (only our repository; ones a container still uses stay)."""
+    tags = docker(["images", WORKER_REPO, "--format", "{{.Repository}}:{{.Tag}}"], quiet=True).stdout.split()
+    old = [t for t in tags if t not in (current, f"{WORKER_REPO}:latest")]
+    if old:
+        docker(["rmi", *old], check=False)
+
+
+def ensure_image(base_image: str | None = None, no_cache: bool = False) -> WorkerImage:
+    """The worker image for the current inputs: built if absent (always, without layer cache, with
+    no_cache), else the existing one."""
+    info = ensure_running()
+    base = ensure_base(base_image)
+    fill_wheelhouse(base_python_version(base))
+    copy_sources()
+    digest = inputs_hash(base)
+    ref = f"{WORKER_REPO}:{digest[:12]}"
+    found = image_id(ref)
+    built, build_s = False, 0.0
+    if found is None or no_cache:
+        check_free_space(info.root_dir, IMAGE_NEED_BYTES, "building the worker image")
+        start = time.monotonic()
+        _run_build(build_cmd(base, digest, ref, no_cache), CACHE_DIR / "build.log")
+        built, build_s, found = True, time.monotonic() - start, image_id(ref)
+        _remove_older(ref)
+    else:
+        log.info("worker image %s is up to date", ref)
+        docker(["tag", ref, f"{WORKER_REPO}:latest"], quiet=True)
+    return WorkerImage(ref, found, digest, base.ref, image_size_bytes(ref), built, build_s)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m docker_rt.image", description=__doc__.splitlines()[0])
+    parser.add_argument("action", choices=["build"])
+    parser.add_argument("--base-image", default=None, help="build FROM this image (default: $BASE_IMAGE, "
+                        "else the local debootstrapped Debian base)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        image = ensure_image(args.base_image)
+    except DockerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(asdict(image)))
+    else:
+        state = f"built in {image.build_s:.1f} s" if image.built else "up to date"
+        print(f"{image.ref} ({image.size_bytes / 1e6:.0f} MB, FROM {image.base_ref}): {state}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

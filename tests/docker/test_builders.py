@@ -1,0 +1,110 @@
+"""Docker runtime command builders and error messages: no root, no Docker needed."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from docker_rt import DockerError, engine, holder_name, image
+from docker_rt.base import BaseImage, debootstrap_cmd
+from docker_rt.host import DockerOptions, RoleLimits, container_argv, holder_run_args, proc_run_args
+
+OPTS = DockerOptions(image="pddlab-worker:abc", limits={"md": RoleLimits(1.5, 3000)}, mounts=(Path("/runs/r1"),),
+                     weights_dir=Path("/w"), env={"K": "V"})
+
+
+def _pairs(args: list[str], flag: str) -> list[str]:
+    return [args[i + 1] for i, a in enumerate(args) if a == flag]
+
+
+def test_holder_has_only_a_namespace_to_wire_and_our_labels():
+    args = holder_run_args(OPTS, "9-1", "md1")
+    assert args[:4] == ["run", "-d", "--name", holder_name("9-1", "md1")]
+    assert _pairs(args, "--network") == ["none"]
+    assert {"pddlab.run=9-1", "pddlab.host=md1", "pddlab.kind=holder"} <= set(_pairs(args, "--label"))
+    assert args[-3:] == ["pddlab-worker:abc", "sleep", "infinity"]
+
+
+def test_process_container_shares_the_holder_namespace_with_role_limits():
+    args = proc_run_args(OPTS, "9-1", "md1", "md", 2, [sys.executable, "-m", "workers.roles.decode"])
+    assert "-d" not in args  # attached: the docker client stands for the process
+    assert _pairs(args, "--name") == ["pddlab-9-1-md1-2"]
+    assert _pairs(args, "--network") == ["container:pddlab-9-1-md1"]
+    assert _pairs(args, "--cpus") == ["1.5"] and _pairs(args, "--memory") == ["3000m"]
+    assert _pairs(args, "-v") == ["/w:/cache/weights:ro", "/runs/r1:/runs/r1"]
+    assert _pairs(args, "-e") == ["K=V"]
+    assert args[-3:] == ["python", "-m", "workers.roles.decode"]
+
+
+def test_default_limits_and_argv_translation():
+    assert OPTS.limits_for("p") == RoleLimits(1.0, 2048)
+    assert container_argv(["/usr/bin/python3", "-c", "x"]) == ["python", "-c", "x"]
+    assert container_argv(["ip", "-o", "addr"]) == ["ip", "-o", "addr"]
+
+
+def test_debootstrap_is_minbase_with_the_needed_packages():
+    cmd = debootstrap_cmd(Path("/r"))
+    assert "--variant=minbase" in cmd and cmd[-3:] == ["bookworm", "/r", "http://deb.debian.org/debian"]
+    assert {"python3", "python3-venv", "iproute2", "iputils-ping", "procps"} <= set(cmd[2].split("=")[1].split(","))
+
+
+def test_build_needs_no_network_for_the_local_base():
+    local = image.build_cmd(BaseImage("pddlab-base:1", "sha256:x", True), "d" * 64, "pddlab-worker:d")
+    other = image.build_cmd(BaseImage("python:3.11-slim", "sha256:y", False), "d" * 64, "pddlab-worker:d", True)
+    assert _pairs(local, "--network") == ["none"] and "--no-cache" not in local
+    assert _pairs(other, "--network") == ["default"] and "--no-cache" in other
+    assert "BASE_IMAGE=python:3.11-slim" in _pairs(other, "--build-arg")
+    assert f"pddlab.inputs={'d' * 64}" in _pairs(local, "--label")
+
+
+def test_wheels_are_binary_for_the_image_python():
+    cmd = image.pip_download_cmd(Path("/d"), "3.11", Path("/r.txt"), Path("/c.txt"))
+    assert "--only-binary=:all:" in cmd and _pairs(cmd, "--abi") == ["cp311"]
+    assert "/opt/wheels" in _pairs(cmd, "--find-links")
+
+
+def test_requirements_add_grpc_only_when_pyproject_lacks_it(tmp_path):
+    py = tmp_path / "pyproject.toml"
+    py.write_text('[project]\nname = "x"\ndependencies = ["torch==2.13.0", "grpcio==1.0"]\n')
+    reqs = image.requirements(py)
+    assert reqs[:2] == ["torch==2.13.0", "grpcio==1.0"]
+    assert "grpcio" not in reqs[2:] and "protobuf" in reqs
+
+
+def test_inputs_hash_follows_the_context(tmp_path, monkeypatch):
+    monkeypatch.setattr(image, "CONTEXT_DIR", tmp_path)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.py").write_text("x = 1\n")
+    base = BaseImage("b", "sha256:1", True)
+    first = image.inputs_hash(base)
+    assert image.inputs_hash(base) == first
+    (tmp_path / "src" / "a.py").write_text("x = 2\n")
+    assert image.inputs_hash(base) != first
+    assert image.inputs_hash(BaseImage("b", "sha256:2", True)) != image.inputs_hash(base)
+
+
+def test_not_enough_disk_says_how_much(tmp_path):
+    with pytest.raises(DockerError, match=r"not enough disk for the test: .* GiB free .* GiB needed"):
+        engine.check_free_space(tmp_path, 1 << 60, "the test")
+
+
+def test_dockerd_that_fails_to_start_shows_its_log(tmp_path, monkeypatch):
+    fake = tmp_path / "dockerd"
+    fake.write_text("#!/bin/sh\necho 'failed to start daemon: simulated: no space left' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(engine.shutil, "which", lambda name: str(fake))
+    monkeypatch.setattr(engine, "engine_info", lambda: None)
+    monkeypatch.setattr(engine, "STATE_DIR", tmp_path)
+    monkeypatch.setattr(engine, "PID_FILE", tmp_path / "dockerd.pid")
+    monkeypatch.setattr(engine, "LOG_FILE", tmp_path / "dockerd.log")
+    with pytest.raises(DockerError, match=r"(?s)dockerd exited with code 1.*simulated: no space left"):
+        engine.start_dockerd(timeout_s=10)
+
+
+def test_docker_not_installable_says_what_to_do(monkeypatch):
+    monkeypatch.setattr(engine, "missing_debs", lambda pkgs: list(pkgs))
+    monkeypatch.setattr(engine.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(engine.subprocess, "run", lambda argv, **kw: subprocess.CompletedProcess(
+        argv, 100, "", "E: Unable to locate package docker.io"))
+    with pytest.raises(DockerError, match=r"(?s)could not install \['docker.io'\].*Unable to locate.*make setup"):
+        engine.ensure_debs(["docker.io"])
