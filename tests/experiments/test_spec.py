@@ -14,7 +14,7 @@ def test_shipped_specs_load():
 def test_default_spec_compares_the_four_variants_on_cross_country():
     s = load_spec("pdd-vs-baselines")
     assert s.variants == ("colocated", "pd-intra", "pd-cross", "pdd")
-    assert s.profile == "wan-cross-country" and s.runtime == "process"
+    assert s.profile == "wan-cross-country" and s.runtime == "docker"
 
 
 def test_overrides_are_yaml_typed():
@@ -63,11 +63,9 @@ def test_unknown_key_in_a_file(tmp_path):
         load_spec(str(p))
 
 
-def test_docker_runtime_is_refused_before_anything_starts():
-    from experiments import runner
-    s = load_spec("pdd-smoke", ["runtime=docker"])
-    with pytest.raises(SpecError, match="runtime='docker' is not wired"):
-        runner.prepare(s)
+def test_unknown_runtime_is_refused_before_anything_starts():
+    with pytest.raises(SpecError, match="runtime"):
+        load_spec("pdd-smoke", ["runtime=podman"])
 
 
 def test_resolved_spec_round_trips():
