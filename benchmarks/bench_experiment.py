@@ -1,0 +1,77 @@
+"""The reproduction table: the default PDD experiment beside the published figures (PDD.md).
+
+    python benchmarks/bench_experiment.py            # runs `pdd-vs-baselines`, then prints the table
+    python benchmarks/bench_experiment.py RUN_DIR    # prints the table of an existing run
+
+The testbed reproduces the figures' shape at small scale (ratios, orderings),
+not their absolute values; each row says which published number it stands for.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+# Published figures (../shared/PDD.md), as the table prints them.
+PUBLISHED = {
+    "ttft_cross_vs_intra": "median TTFT 4.2 s -> 6.7 s (x1.6) when decode moves to another city",
+    "ttft_pdd_vs_intra": "PDD keeps TTFT at intra-cluster levels (~x1.0)",
+    "wan_bytes": "~90% prefix hit cuts WAN bandwidth by up to 10x",
+    "rld_share": "RLD generates 6.2% of output tokens, MD 93.8%",
+    "handoff_ids": "100-token handoff as token IDs: 1.5 KB, mean 305 ms, std 4.8 ms",
+}
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"x{a / b:.2f}" if b else "-"
+
+
+def table(summary: dict) -> str:
+    """Markdown rows: measured vs published."""
+    v = summary["variants"]
+    ttft = {name: v[name]["ttft_ms"] for name in v}
+    rows = ["| quantity | measured | published |", "|---|---|---|"]
+    for name in ("colocated", "pd-intra", "pd-cross", "pdd"):
+        if name in ttft:
+            t = ttft[name]
+            rows.append(f"| TTFT p50 / p90 / p99 ms, {name} | {t['p50']:.0f} / {t['p90']:.0f} / {t['p99']:.0f} | |")
+    intra = ttft.get("pd-intra", {}).get("p50", 0)
+    if "pd-cross" in ttft:
+        rows.append(f"| TTFT p50 pd-cross / pd-intra | {_ratio(ttft['pd-cross']['p50'], intra)} "
+                    f"| {PUBLISHED['ttft_cross_vs_intra']} |")
+    if "pdd" in ttft:
+        rows.append(f"| TTFT p50 pdd / pd-intra | {_ratio(ttft['pdd']['p50'], intra)} | {PUBLISHED['ttft_pdd_vs_intra']} |")
+    if "pdd" in v and "pd-cross" in v:
+        pdd_b, cross_b = v["pdd"]["wan_bytes_total"], v["pd-cross"]["wan_bytes_total"]
+        rows.append(f"| WAN bytes pdd / pd-cross | {pdd_b / 1e6:.1f} MB / {cross_b / 1e6:.1f} MB "
+                    f"({_ratio(cross_b, pdd_b)} less) | {PUBLISHED['wan_bytes']} |")
+    if "pdd" in v:
+        p = v["pdd"]
+        rows.append(f"| RLD share of output tokens, pdd | {100 * p['rld_token_share']:.1f}% | {PUBLISHED['rld_share']} |")
+        h = p.get("handoff") or {}
+        if h.get("count"):
+            lat = h["latency_ms"]
+            rows.append(f"| handoff (token IDs): payload mean B, latency mean / max ms | {h['payload_bytes']['mean']:.0f} B, "
+                        f"{lat['mean']:.0f} / {lat['max']:.0f} ms | {PUBLISHED['handoff_ids']} |")
+    return "\n".join(rows)
+
+
+def main() -> int:
+    """Run (or read) the default experiment and print the reproduction table."""
+    if len(sys.argv) > 1:
+        run_dir = Path(sys.argv[1])
+    else:
+        from experiments import runner
+        from experiments.spec import load_spec
+        spec = load_spec("pdd-vs-baselines")
+        runner.prepare(spec)
+        run_dir = runner.run(spec)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    print(f"reproduction table ({run_dir}):\n")
+    print(table(summary))
+    print("\nKV-vs-IDs handoff microbenchmark (100 tokens, std and payload): benchmarks/bench_roles.py")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
