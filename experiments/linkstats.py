@@ -124,19 +124,62 @@ def _simulate(params: LinkParams, plan: ProbePlan, seed: int) -> tuple[list[floa
     return delays, missing
 
 
-def _binomial_interval(n: int, p: float, level: float) -> tuple[int, int]:
-    """Smallest [lo, hi] loss counts with P(X < lo) and P(X > hi) each at most (1-level)/2."""
+def gilbert_elliott_loss_distribution(params: LinkParams, n: int) -> list[float]:
+    """Exact distribution of probes lost out of n under netem's Gilbert-Elliott chain.
+
+    Per probe, as sch_netem does it: in the good state, move to bad with p, then
+    lose with 1-k; in the bad state, move to good with r, then lose with 1-h.
+    Corruption (independent) also loses a probe (its checksum fails). A duplicate
+    rescues a lost probe only at duplicate x loss rates, ignored here. The chain
+    starts in the good state, as netem's does.
+    """
+    import numpy as np
+    ge = params.loss_ge
+    p, r = ge.p_pct / 100, ge.r_pct / 100
+    lose = {"good": ge.good_loss_pct / 100, "bad": ge.bad_loss_pct / 100}
+    c = params.corrupt_pct / 100
+    drop_good = 1 - (1 - lose["good"]) * (1 - c)
+    drop_bad = 1 - (1 - lose["bad"]) * (1 - c)
+    good, bad = np.zeros(n + 1), np.zeros(n + 1)  # P(state, losses so far)
+    good[0] = 1.0
+    for _ in range(n):
+        # The loss draw follows the transition but uses the probability of the state
+        # the probe found (netem draws it inside that state's branch).
+        new_good = _lose(good * (1 - p), drop_good) + _lose(bad * r, drop_bad)
+        new_bad = _lose(good * p, drop_good) + _lose(bad * (1 - r), drop_bad)
+        good, bad = new_good, new_bad
+    return list(good + bad)
+
+
+def _lose(mass, q: float):
+    """Shift probability mass by one loss with probability q."""
+    out = mass * (1 - q)
+    out[1:] += mass[:-1] * q
+    return out
+
+
+def _interval_of(dist: list[float], level: float) -> tuple[int, int]:
+    """Smallest [lo, hi] with P(X < lo) and P(X > hi) each at most (1-level)/2."""
     tail = (1 - level) / 2
-    cdf, lo, hi = 0.0, None, n
-    for k in range(n + 1):
-        pk = math.comb(n, k) * p ** k * (1 - p) ** (n - k)
-        if lo is None and cdf + pk > tail:
+    cdf, lo, hi = 0.0, None, len(dist) - 1
+    for k, q in enumerate(dist):
+        if lo is None and cdf + q > tail:
             lo = k
-        cdf += pk
+        cdf += q
         if cdf >= 1 - tail:
             hi = k
             break
     return lo or 0, hi
+
+
+def _binomial_interval(n: int, p: float, level: float) -> tuple[int, int]:
+    """Smallest [lo, hi] loss counts with P(X < lo) and P(X > hi) each at most (1-level)/2."""
+    if p <= 0 or p >= 1:
+        return (0, 0) if p <= 0 else (n, n)
+    log_p, log_q = math.log(p), math.log1p(-p)
+    pmf = [math.exp(math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1) + k * log_p + (n - k) * log_q)
+           for k in range(n + 1)]  # in logs: the binomial coefficient alone overflows a float
+    return _interval_of(pmf, level)
 
 
 def expected_stats(params: LinkParams, plan: ProbePlan, base_delay_ms: float = 0.0,
@@ -152,6 +195,10 @@ def expected_stats(params: LinkParams, plan: ProbePlan, base_delay_ms: float = 0
     if iid:
         lo, hi = _binomial_interval(plan.count, p_drop, LOSS_INTERVAL)
         loss = 100 * p_drop
+    elif params.loss_ge and not params.loss_correlation_pct:
+        dist = gilbert_elliott_loss_distribution(params, plan.count)
+        lo, hi = _interval_of(dist, LOSS_INTERVAL)
+        loss = 100 * float(sum(k * q for k, q in enumerate(dist))) / plan.count
     else:
         runs = sorted(_simulate(params, plan, seed + k)[1] for k in range(MONTE_CARLO_RUNS))
         tail = (1 - LOSS_INTERVAL) / 2

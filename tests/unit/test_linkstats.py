@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from experiments.linkstats import (Expected, _binomial_interval, fidelity_checks, goodput_check,
+from experiments.linkstats import (Expected, _binomial_interval, _interval_of, fidelity_checks, goodput_check,
                                    probe_stats)
 from topology.udp_probe import ProbeResult
 
@@ -62,3 +62,19 @@ def test_rare_spikes_do_not_move_the_trimmed_mean_and_std():
     assert s.delay_max_ms == pytest.approx(70)
     many = [(i, 30 + (20 if i % 20 == 0 else 0)) for i in range(1000)]  # 5% of samples: not trimmed away
     assert probe_stats(_result(many, sent=1000)).delay_mean_ms > 30.5
+
+
+def test_gilbert_elliott_distribution_is_exact_against_the_model():
+    from experiments.linkstats import ProbePlan, _simulate, gilbert_elliott_loss_distribution
+    from topology.profiles import GilbertElliott, LinkParams
+    params = LinkParams(loss_ge=GilbertElliott(p_pct=2, r_pct=20, bad_loss_pct=60, good_loss_pct=1))
+    dist = gilbert_elliott_loss_distribution(params, 500)
+    assert sum(dist) == pytest.approx(1)
+    exact_mean = sum(k * q for k, q in enumerate(dist))
+    runs = [_simulate(params, ProbePlan(500, 10.0), seed)[1] for seed in range(300)]
+    # 300 runs: the sample mean's standard error is ~0.3 losses here.
+    assert sum(runs) / len(runs) == pytest.approx(exact_mean, abs=1.5)
+    # bursty loss spreads far wider than a binomial of the same mean
+    lo, hi = _interval_of(dist, 0.99)
+    blo, bhi = _binomial_interval(500, exact_mean / 500, 0.99)
+    assert hi - lo > 1.5 * (bhi - blo)
