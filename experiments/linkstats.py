@@ -103,6 +103,7 @@ class Expected:
     loss_lo_pct: float     # 99% interval of the measured loss
     loss_hi_pct: float
     reordering_expected: bool
+    machinery_std_ms: float = 0.0  # the baseline's spread (see fidelity_checks)
 
 
 def _simulate(params: LinkParams, plan: ProbePlan, seed: int) -> tuple[list[float], int]:
@@ -208,7 +209,8 @@ def expected_stats(params: LinkParams, plan: ProbePlan, base_delay_ms: float = 0
         delay_mean_ms=model_mean_ms + base_delay_ms,
         delay_std_ms=math.hypot(model_std_ms, base_std_ms),
         loss_pct=loss, loss_lo_pct=100 * lo / plan.count, loss_hi_pct=100 * hi / plan.count,
-        reordering_expected=bool(params.reorder_pct or (params.jitter_ms and not params.rate_mbit)))
+        reordering_expected=bool(params.reorder_pct or (params.jitter_ms and not params.rate_mbit)),
+        machinery_std_ms=base_std_ms)
 
 
 @dataclass(frozen=True)
@@ -228,7 +230,9 @@ class Check:
 
 def fidelity_checks(expected: Expected, measured: DirectionStats, check_jitter: bool = True) -> list[Check]:
     """Delay mean, jitter, loss and reordering checks for one direction."""
-    tol = max(DELAY_MEAN_TOL_FRAC * expected.delay_mean_ms, DELAY_MEAN_TOL_MS)
+    # The machinery's mean delay is measured before the run and drifts with host load;
+    # its own spread (about 0.05 ms here, 0.4 ms under qemu TCG) is allowed on top.
+    tol = max(DELAY_MEAN_TOL_FRAC * expected.delay_mean_ms, DELAY_MEAN_TOL_MS) + expected.machinery_std_ms
     checks = [Check("delay_mean_ms", expected.delay_mean_ms, measured.delay_mean_ms,
                     expected.delay_mean_ms - tol, expected.delay_mean_ms + tol),
               Check("loss_pct", expected.loss_pct, measured.loss_pct, expected.loss_lo_pct, expected.loss_hi_pct)]

@@ -78,3 +78,12 @@ def test_gilbert_elliott_distribution_is_exact_against_the_model():
     lo, hi = _interval_of(dist, 0.99)
     blo, bhi = _binomial_interval(500, exact_mean / 500, 0.99)
     assert hi - lo > 1.5 * (bhi - blo)
+
+
+def test_machinery_spread_widens_only_the_mean_check():
+    exp = Expected(delay_mean_ms=30, delay_std_ms=5, loss_pct=0.1, loss_lo_pct=0, loss_hi_pct=0.5,
+                   reordering_expected=False, machinery_std_ms=0.4)
+    late = probe_stats(_result([(i, 30.8 + (5 if i % 2 else -5)) for i in range(1000)], 1000))
+    assert all(c.ok for c in fidelity_checks(exp, late))  # 0.8 ms off: inside 0.6 + 0.4
+    later = probe_stats(_result([(i, 31.1 + (5 if i % 2 else -5)) for i in range(1000)], 1000))
+    assert [c.name for c in fidelity_checks(exp, later) if not c.ok] == ["delay_mean_ms"]
