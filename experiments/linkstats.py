@@ -28,6 +28,7 @@ MODEL_PROBES = 20_000           # probes in the model run giving the expected de
 # measured and the model side: a host that deschedules a probe process now and
 # then (tens of ms under qemu TCG) adds rare spikes that are not the link's.
 TRIM_FRAC = 0.005               # dropped at each end
+JITTER_MIN_SIGNAL_RATIO = 2.0   # the link's delay spread must be this many times the machinery's to be judged
 
 
 @dataclass(frozen=True)
@@ -236,7 +237,11 @@ def fidelity_checks(expected: Expected, measured: DirectionStats, check_jitter: 
     checks = [Check("delay_mean_ms", expected.delay_mean_ms, measured.delay_mean_ms,
                     expected.delay_mean_ms - tol, expected.delay_mean_ms + tol),
               Check("loss_pct", expected.loss_pct, measured.loss_pct, expected.loss_lo_pct, expected.loss_hi_pct)]
-    if check_jitter and expected.delay_std_ms >= 0.1:  # below ~0.1 ms host noise dominates the spread
+    link_std = math.sqrt(max(0.0, expected.delay_std_ms ** 2 - expected.machinery_std_ms ** 2))
+    # A spread is judged only where the link's own is clearly above the machinery's
+    # (wan-regional's 0.5 ms jitter is not, under qemu TCG) and above ~0.1 ms of host noise.
+    measurable = link_std >= max(0.1, JITTER_MIN_SIGNAL_RATIO * expected.machinery_std_ms)
+    if check_jitter and measurable:
         std_tol = JITTER_STD_TOL_FRAC * expected.delay_std_ms
         checks.append(Check("delay_std_ms", expected.delay_std_ms, measured.delay_std_ms,
                             expected.delay_std_ms - std_tol, expected.delay_std_ms + std_tol))

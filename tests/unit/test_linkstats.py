@@ -87,3 +87,13 @@ def test_machinery_spread_widens_only_the_mean_check():
     assert all(c.ok for c in fidelity_checks(exp, late))  # 0.8 ms off: inside 0.6 + 0.4
     later = probe_stats(_result([(i, 31.1 + (5 if i % 2 else -5)) for i in range(1000)], 1000))
     assert [c.name for c in fidelity_checks(exp, later) if not c.ok] == ["delay_mean_ms"]
+
+
+def test_jitter_below_the_machinery_noise_is_not_judged():
+    # link spread 0.5 ms, machinery 0.4 ms: hypot = 0.64 ms expected, not separable
+    exp = Expected(delay_mean_ms=6, delay_std_ms=0.64, loss_pct=0, loss_lo_pct=0, loss_hi_pct=0,
+                   reordering_expected=False, machinery_std_ms=0.4)
+    assert "delay_std_ms" not in {c.name for c in fidelity_checks(exp, probe_stats(_result([(0, 6)], 1)))}
+    clear = Expected(delay_mean_ms=6, delay_std_ms=math.hypot(2.0, 0.4), loss_pct=0, loss_lo_pct=0,
+                     loss_hi_pct=0, reordering_expected=False, machinery_std_ms=0.4)
+    assert "delay_std_ms" in {c.name for c in fidelity_checks(clear, probe_stats(_result([(0, 6)], 1)))}
