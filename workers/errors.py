@@ -128,7 +128,7 @@ class KVChecksumError(KVImportError):
     def __init__(self, got: int, expected: int):
         self.got = got
         self.expected = expected
-        super().__init__(f"KV blob checksum mismatch: payload crc32 {got:#010x}, header says {expected:#010x}")
+        super().__init__(f"KV blob checksum mismatch: payload crc32c {got:#010x}, header says {expected:#010x}")
 
 
 class KVRangeError(KVImportError):

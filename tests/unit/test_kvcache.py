@@ -58,7 +58,7 @@ def test_blob_layout_and_size():
     blob = cache.export_blob(slots[2:9], list(range(50, 57)), start=2)
     assert len(blob) == BLOB_HEADER.size + 7 * 4 + 7 * TINY.kv_bytes_per_token
     magic, version, *_ = BLOB_HEADER.unpack_from(blob)
-    assert magic == b"PDKV" and version == 1
+    assert magic == b"PDKV" and version == 2
 
 
 def test_roundtrip_into_other_blocks_of_another_cache():
@@ -89,7 +89,7 @@ def _patch_header(blob: bytes, index: int, value) -> bytes:
 
 @pytest.mark.parametrize("index, value, field", [
     (0, b"XXXX", "magic"),
-    (1, 2, "version"),
+    (1, 1, "version"),         # version 1 (zlib crc32) blobs are refused
     (2, 1, "dtype"),
     (3, bytes(16), "fingerprint"),
     (4, 3, "n_layer"),

@@ -189,11 +189,14 @@ class DecodeServicer(pdd_pb2_grpc.DecodeServicer):
         got = self.inbox.wait(rid, "prompt", self.cfg.decode.kv_wait_ms / 1000, stop=lambda: session.cancelled)
         if got is None:
             return False
-        with self.lock:
-            self.engine.import_kv(rid, got.blob)
-            self.engine.append_tokens(rid, [got.next_token])
+        try:
+            with self.lock:
+                self.engine.import_kv(rid, got.blob)
+                self.engine.append_tokens(rid, [got.next_token])
+        finally:
+            got.release()
         session.kv_ready = True
-        self.events.emit("kv_imported", rid, start=got.meta.start, end=got.meta.end, kv_bytes=len(got.blob),
+        self.events.emit("kv_imported", rid, start=got.meta.start, end=got.meta.end, kv_bytes=got.meta.kv_bytes,
                          wait_ns=time.monotonic_ns() - t0)
         return True
 
@@ -285,6 +288,8 @@ class DecodeServicer(pdd_pb2_grpc.DecodeServicer):
                     self.engine.import_kv(rid, got.blob)
                 except EngineError as err:
                     context.abort(status_of(err), str(err))
+                finally:
+                    got.release()
         with self.lock:
             have = len(self.engine.tokens(rid)) - session.prompt_len
             if have != start:

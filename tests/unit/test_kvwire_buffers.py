@@ -1,0 +1,63 @@
+"""The KV data plane's receive buffers: the pool's reuse rules and blobs assembled in place.
+
+A blob built by blob_buffer + seal_blob must be the very blob the engine exports for the same range
+(the receiver writes frames straight into it); the pool must hand out a buffer to one owner at a time.
+"""
+import numpy as np
+import pytest
+
+from workers.engine import Engine, GenerationRequest
+from workers.errors import KVChecksumError
+from workers.roles.kvwire import BufferPool, blob_buffer, meta_for, seal_blob
+
+MB = 1 << 20
+
+
+def test_pool_reuses_a_given_back_buffer_of_fitting_size():
+    pool = BufferPool(max_bytes=64 * MB, min_bytes=4 * MB)
+    a = pool.take(10 * MB)
+    base = a.base
+    pool.give(a)
+    assert pool.free_bytes == base.nbytes
+    b = pool.take(9 * MB)              # fits and wastes less than half: the same memory
+    assert b.base is base and b.nbytes == 9 * MB and pool.free_bytes == 0
+    c = pool.take(9 * MB)              # in use by b: a new buffer
+    assert c.base is not base
+
+
+def test_pool_refuses_waste_duplicates_and_overflow():
+    pool = BufferPool(max_bytes=24 * MB, min_bytes=4 * MB)
+    big = pool.take(20 * MB)
+    pool.give(big)
+    pool.give(big)                     # given back twice: kept once
+    assert pool.free_bytes == 20 * MB
+    small = pool.take(5 * MB)          # would waste 3/4 of the free 20 MB one
+    assert small.base is not big.base and pool.free_bytes == 20 * MB
+    pool.give(small)                   # 20 + 8 > 24: not kept
+    assert pool.free_bytes == 20 * MB
+    tiny = pool.take(1000)             # below min_bytes: plain memory, never pooled
+    pool.give(tiny)
+    assert pool.free_bytes == 20 * MB
+
+
+def test_sealed_blob_equals_the_engines_export_and_imports():
+    eng = Engine("tiny", seed=0, capacity_tokens=256, block_size=8, prefix_cache=False)
+    prompt = list(range(3, 40))
+    eng.open(GenerationRequest("a", tuple(prompt), 4))
+    eng.prefill("a")
+    want = eng.export_kv("a", 5, 30)
+    meta = meta_for(eng, "a", "prompt", 5, 30, prompt[5:30])
+    pool = BufferPool(min_bytes=1)
+    blob, kv = blob_buffer(meta, pool)
+    kv[...] = np.frombuffer(want, np.uint8, offset=len(want) - meta.kv_bytes).reshape(kv.shape)
+    got = seal_blob(meta, blob)
+    assert bytes(got) == bytes(want)
+    eng.open(GenerationRequest("b", tuple(prompt), 4))
+    eng.import_kv("b", eng.export_kv("a", 0, 5))
+    assert eng.import_kv("b", got).written_tokens == 25
+    kv[0, 0, 0, 0] ^= 0xFF             # a byte flipped after sealing: the engine refuses the blob
+    eng.abort("b")
+    eng.open(GenerationRequest("b", tuple(prompt), 4))
+    eng.import_kv("b", eng.export_kv("a", 0, 5))
+    with pytest.raises(KVChecksumError):
+        eng.import_kv("b", got)
