@@ -42,6 +42,63 @@ def _pcap_bytes(frames: list[pcap.Frame], meta: dict) -> dict:
             for v, w in meta.get("variants", {}).items() if "wall_start" in w}
 
 
+MAX_JUDGED = 12   # divergences whose near-tie margin is recomputed (a reference forward pass each)
+
+
+def _client_lines(run_dir: Path) -> dict:
+    """(variant, request_id) -> the client's raw record (prompt IDs, tokens) from variants/*/client.jsonl."""
+    raw = {}
+    for path in (run_dir / "variants").glob("*/client.jsonl"):
+        for line in path.read_text().splitlines():
+            try:
+                d = json.loads(line)
+                raw[(d["variant"], d["request_id"])] = d
+            except (json.JSONDecodeError, KeyError):
+                continue
+    return raw
+
+
+def judge_divergences(run_dir: Path, streams: dict, spec: dict) -> None:
+    """Give every listed divergence its verdict, in place: `margin` = top-2 logit margin of the reference
+    model (the spec's model and weights seed, full forward pass without KV cache) at the first differing
+    token, and `near_tie` = margin < workers.sampling.TIE_MARGIN, the only place where two numerically
+    different but correct runs may pick different greedy tokens. A divergence whose prompt already differs
+    (an earlier turn of its session diverged) is not judged. Adds per-variant counts near_ties / unexplained
+    / prompt_differs / unjudged."""
+    ref = streams.get("reference")
+    raw = _client_lines(run_dir) if (run_dir / "variants").exists() else {}
+    engine, margins, judged = None, {}, 0
+    for v, s in streams.get("variants", {}).items():
+        counts = {"near_ties": 0, "unexplained": 0, "prompt_differs": 0, "unjudged": 0}
+        for d in s["divergences"]:
+            a, b = raw.get((ref, d["request_id"])), raw.get((v, d["request_id"]))
+            if a is None or b is None:
+                counts["unjudged"] += 1
+                continue
+            if a["prompt"] != b["prompt"]:
+                d["prompt_differs"] = True
+                counts["prompt_differs"] += 1
+                continue
+            key = (d["request_id"], d["index"])
+            if key not in margins:
+                if judged >= MAX_JUDGED:
+                    counts["unjudged"] += 1
+                    continue
+                if engine is None:
+                    from workers.engine import Engine
+                    engine = Engine(spec.get("model", "default"), seed=spec.get("weights_seed", 0),
+                                    capacity_tokens=64, block_size=16, prefix_cache=False)
+                from workers.sampling import top2_margin
+                tokens = [t[1] for t in sorted(a["tokens"])]
+                margins[key] = top2_margin(engine.reference_logits(list(a["prompt"]) + tokens[:d["index"]])[-1])
+                judged += 1
+            from workers.sampling import TIE_MARGIN
+            d["margin"], d["near_tie"] = margins[key], margins[key] < TIE_MARGIN
+            counts["near_ties" if d["near_tie"] else "unexplained"] += 1
+        counts["unjudged"] += s["diverged"] - len(s["divergences"])
+        s.update(counts)
+
+
 def analyze(run_dir: Path) -> dict:
     """Write requests.jsonl, events.jsonl, summary.json, summary.md, plots/; return the summary."""
     run_dir = Path(run_dir)
@@ -65,6 +122,7 @@ def analyze(run_dir: Path) -> dict:
     slo = build(SLO, spec.get("slo", {}), "slo")
     frames = wan_frames(run_dir)
     summary = metrics.summarize(recs, variants, slo, kv_bpt, rate or float("nan"), _pcap_bytes(frames, meta))
+    judge_divergences(run_dir, summary["streams"], spec)
     summary["complete"] = meta.get("complete", False)
     rundir.write_json(run_dir / "summary.json", summary)
     (run_dir / "summary.md").write_text(metrics.markdown(summary, meta))

@@ -75,6 +75,8 @@ def _hits(recs: list[RequestRecord]) -> dict:
         inb = [r for r in recs if bucket_of(r.expected_hit) == b]
         measured = [r for r in drc if bucket_of(r.drc_hit) == b]
         buckets[b] = {"requests": len(inb), "requests_by_drc_hit": len(measured),
+                      "ttft_p50_ms": percentile([r.ttft_ms for r in inb if r.ttft_ms is not None], 50)
+                      if inb else None,
                       "ttft_decode_p50_ms": percentile([r.ttft_decode_ms for r in inb if r.ttft_decode_ms], 50)
                       if inb else None,
                       "wan_bytes_mean": mean([r.wan_bytes for r in inb]) if inb else None}
@@ -232,18 +234,31 @@ def _pdd_section(p: dict | None, summary: dict) -> list[str]:
 
 def _bucket_section(per: dict) -> list[str]:
     names = bucket_names()
-    lines = ["", "## By expected hit-rate bucket (%): requests, TTFT-decode p50 ms", "",
+    lines = ["", "## By expected hit-rate bucket (%): requests, TTFT p50 ms, mean WAN KB per request", "",
              "| variant | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for v, s in per.items():
         b = s["hit_rate"]["buckets"]
-        lines.append(f"| {v} | " + " | ".join(f"{b[n]['requests']}: {_f(b[n]['ttft_decode_p50_ms'])}"
-                                              for n in names) + " |")
+        lines.append(f"| {v} | " + " | ".join(
+            f"{b[n]['requests']}: {_f(b[n]['ttft_p50_ms'])} ms, {_f((b[n]['wan_bytes_mean'] or 0) / 1e3)} KB"
+            if b[n]["requests"] else "0" for n in names) + " |")
     return lines
 
 
 def _streams_section(streams: dict) -> list[str]:
     lines = ["", f"## Token streams vs {streams['reference']}", ""]
     for v, s in streams["variants"].items():
-        lines.append(f"- {v}: {s['equal']} equal, {s['diverged']} diverged"
-                     + (f" (first: {s['divergences'][:3]})" if s["diverged"] else ""))
+        line = f"- {v}: {s['equal']} equal, {s['diverged']} diverged"
+        if s["diverged"]:
+            verdicts = [f"{s[k]} {k.replace('_', ' ')}" for k in ("near_ties", "unexplained", "prompt_differs",
+                                                                 "unjudged") if s.get(k)]
+            first = ", ".join(f"{d['request_id']}@{d['index']}"
+                              + (f" margin {d['margin']:.1e}" if d.get("margin") is not None else "")
+                              for d in s["divergences"][:3])
+            line += f" ({', '.join(verdicts) or 'not judged'}; first: {first})"
+        lines.append(line)
+    lines.append("")
+    from workers.sampling import TIE_MARGIN
+    lines.append("A divergence is a near tie when the reference model's top-2 logit margin at the first differing "
+                 f"token is below {TIE_MARGIN:g}: there float rounding alone may flip a greedy choice. 'prompt differs': "
+                 "an earlier turn of the session diverged, so the requests were not the same.")
     return lines

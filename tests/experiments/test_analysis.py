@@ -97,3 +97,27 @@ def test_stream_divergence_is_reported(run):
             r.token_ids = r.token_ids[:3] + [999] + r.token_ids[4:]
     out = metrics.compare_streams([r for r in recs if r.kind != "warmup"], ["colocated", "pdd"])
     assert out["variants"]["pdd"]["diverged"] == 1 and out["variants"]["pdd"]["divergences"][0]["index"] == 3
+
+
+def test_divergences_get_a_near_tie_verdict(tmp_path):
+    from workers.engine import Engine
+    from workers.sampling import TIE_MARGIN, top2_margin
+    prompt, toks = [5, 9, 17, 33, 2], [40, 41, 42, 43]
+
+    def line(variant, rid, prompt, toks):
+        return json.dumps({"variant": variant, "request_id": rid, "prompt": prompt,
+                           "tokens": [[i, t, "w", 0, 0] for i, t in enumerate(toks)]})
+    for v, lines in {"colocated": [line("colocated", "a", prompt, toks), line("colocated", "b", prompt, toks)],
+                     "pdd": [line("pdd", "a", prompt, toks[:2] + [7, 8]), line("pdd", "b", prompt[:4], toks)]}.items():
+        (tmp_path / "variants" / v).mkdir(parents=True)
+        (tmp_path / "variants" / v / "client.jsonl").write_text("\n".join(lines) + "\n")
+    streams = {"reference": "colocated", "variants": {"pdd": {"equal": 0, "diverged": 3, "divergences": [
+        {"request_id": "a", "index": 2, "prompt_differs": False},
+        {"request_id": "b", "index": 0, "prompt_differs": False}]}}}
+    analyze.judge_divergences(tmp_path, streams, {"model": "tiny", "weights_seed": 0})
+    s = streams["variants"]["pdd"]
+    want = top2_margin(Engine("tiny", seed=0, prefix_cache=False).reference_logits(prompt + toks[:2])[-1])
+    a, b = s["divergences"]
+    assert a["margin"] == pytest.approx(want) and a["near_tie"] == (want < TIE_MARGIN)
+    assert b["prompt_differs"] and "margin" not in b
+    assert (s["near_ties"] + s["unexplained"], s["prompt_differs"], s["unjudged"]) == (1, 1, 1)  # 3rd not listed
