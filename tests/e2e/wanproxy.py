@@ -4,7 +4,7 @@ Responsible for: forwarding each accepted connection to the target, with
 faults the tests switch on: a rate limit (Mbit/s, so the RLD gets time to
 decode eagerly), cutting the next connection after some bytes, stalling the
 next connection (holding its bytes), corrupting one byte of the next
-connection's stream. Counts the bytes that went through towards the MD.
+connection's stream, holding every connection past the first N. Counts the bytes that went through towards the MD.
 Not responsible for: emulating delay/loss (topology/ does that for real).
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass
@@ -22,6 +22,8 @@ class Faults:
     stall_after_bytes: int = -1       # next connection: stop forwarding after this many bytes (once)
     corrupt_at_byte: int = -1         # next connection: flip a byte at this offset (once)
     blackhole: bool = False           # every connection: forward nothing until switched off (persistent)
+    blackhole_after: int = -1         # connections past this many (since reset_counters) forward nothing
+                                      # (persistent): lets a transfer through and holds the next one
 
 
 class WanProxy:
@@ -72,7 +74,10 @@ class WanProxy:
                 continue
             with self._lock:
                 self.connections += 1
-                f, self.faults = self.faults, Faults(rate_mbit=self.faults.rate_mbit, blackhole=self.faults.blackhole)
+                f, self.faults = self.faults, Faults(rate_mbit=self.faults.rate_mbit, blackhole=self.faults.blackhole,
+                                                     blackhole_after=self.faults.blackhole_after)
+                if 0 <= f.blackhole_after < self.connections:
+                    f = replace(f, blackhole=True)
             self._socks += [client, upstream]
             for src, dst, faults, count in ((client, upstream, f, True), (upstream, client, Faults(), False)):
                 t = threading.Thread(target=self._pump, args=(src, dst, faults, count), daemon=True)

@@ -12,7 +12,8 @@ generated tokens' KV on the data plane instead of IDs). The MD recomputes
 handed-over IDs in one extend step and continues. Fallbacks: a handoff that
 fails leaves the RLD decoding to the end; an MD whose prompt KV misses the
 hard deadline ends its session (`kv_timeout`); an MD whose relay vanished
-decodes alone.
+(unreachable at KVReady, or its process gone while the MD waits for the
+handoff: probed every RELAY_PROBE_S) decodes alone.
 Not responsible for: prefill for remote workers (prefill.py), routing and the
 client's ordered stream (router.py), the wire (kvwire.py).
 
@@ -44,6 +45,7 @@ from workers.roles.server import (RoleServer, StatsSource, build_engine, engine_
 log = logging.getLogger(__name__)
 
 RELAY_TIMEOUT_S = 5.0
+RELAY_PROBE_S = 1.0    # MD waiting for a handoff: ask the RLD this often whether it still holds the request
 H = pdd_pb2  # enum values: H.HANDOFF_ONESHOT, ...
 HANDOFF_NAMES = {H.HANDOFF_NONE: "none", H.HANDOFF_ONESHOT: "oneshot", H.HANDOFF_CHUNKED: "chunked",
                  H.HANDOFF_AUTO: "auto", H.HANDOFF_KV: "kv"}
@@ -216,9 +218,35 @@ class DecodeServicer(pdd_pb2_grpc.DecodeServicer):
             self.events.emit("relay_lost", rid, reason=f"{err.code().name}: {err.details()}")
             session.relay_lost, session.emit_from = True, 1   # decode alone; the router drops repeats
             return True
-        with session.cond:
-            session.cond.wait_for(lambda: session.handed_final or session.cancelled)
-        return not session.cancelled
+        while True:
+            with session.cond:
+                if session.cond.wait_for(lambda: session.handed_final or session.cancelled, RELAY_PROBE_S):
+                    return not session.cancelled
+            verdict = self._probe_relay(stub, session)
+            if verdict == "alive":
+                continue
+            with session.handoff_lock:   # a handoff being applied right now wins
+                if session.handed_final or session.cancelled:
+                    return not session.cancelled
+                if verdict == "done":
+                    self.events.emit("relay_done", rid, reason="the relay closed its session without a handoff")
+                    return False
+                self.events.emit("relay_lost", rid, reason=verdict, after_kv_ready=True)
+                session.relay_lost, session.emit_from = True, 1   # decode alone; the router drops repeats
+                return True
+
+    def _probe_relay(self, stub, session: Session) -> str:
+        """While waiting for a handoff: is the RLD still there? alive | done (no session for the request:
+        it finished alone) | a reason it is gone (connection refused or reset: its process died)."""
+        try:
+            stub.PrefixLength(pdd_pb2.PrefixQuery(request_id=session.request_id), timeout=RELAY_TIMEOUT_S)
+            return "alive"
+        except grpc.RpcError as err:
+            if err.code() == grpc.StatusCode.NOT_FOUND:
+                return "done"
+            if err.code() == grpc.StatusCode.UNAVAILABLE:
+                return f"UNAVAILABLE: {err.details()}"
+            return "alive"  # slow (DEADLINE_EXCEEDED) is not gone: the router's deadline bounds the wait
 
     def Handoff(self, request, context):
         session = self._session(request.request_id, context)
@@ -231,6 +259,9 @@ class DecodeServicer(pdd_pb2_grpc.DecodeServicer):
                               "has not arrived here yet")
             if session.handed_final:
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"request {request.request_id!r}: already handed off")
+            if session.relay_lost:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"request {request.request_id!r}: this worker "
+                              "declared its relay lost and decodes alone")
             if not request.token_ids:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, "token_ids is empty")
             if request.kv:
