@@ -46,8 +46,9 @@ def deployment_yaml(run_dir: Path, wan_proxy_port: int, **overrides) -> dict:
         "md": {"name": "md1", "grpc_port": free_port(), "kv_port": free_port(), "capacity_tokens": 8192,
                "kv_connect": f"127.0.0.1:{wan_proxy_port}"},
         "kv": {"fast": {"connections": 1, "congestion": "cubic"},
+               # a new connection per transfer: the proxy's faults (cut, stall, rate ...) act per connection
                "wan": {"connections": 2, "congestion": "bbr", "stall_timeout_ms": 500, "max_retries": 3,
-                       "frame_bytes": 4096}},
+                       "frame_bytes": 4096, "persistent": False}},
         "policy": {"mode": "pdd", "handoff": "oneshot", "chunk_tokens": 8, "wan_rate_mbit": 200,
                    "direct_max_transfer_ms": 0.2, "singular_min_uncached_tokens": 48,
                    "singular_max_output_tokens": 4},

@@ -60,6 +60,8 @@ class PathConfig:
     max_retries: int = 2           # new attempts after a broken or stalled connection
     deadline_ms: int = 20000       # give up on the transfer after this long (ms)
     progress_interval_ms: int = 50 # at most one progress event per transfer per interval
+    persistent: bool = True        # keep connections open for the next transfer to the same peer (no new
+                                   # handshake per transfer); false: a new connection per transfer
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from workers.kvcache import BLOB_HEADER, TOKEN_ID_BYTES
 from workers.proto import pdd_pb2, pdd_pb2_grpc
 from workers.roles.config import DeploymentConfig, WorkerConfig
 from workers.roles.events import EventLog
-from workers.roles.kvwire import Inbox, KVReceiver, KVSender, meta_for
+from workers.roles.kvwire import CONNECTIONS, Inbox, KVReceiver, KVSender, meta_for
 from workers.roles.server import (RoleServer, StatsSource, build_engine, engine_stats, event_log, grpc_options,
                                   role_main, status_of)
 
@@ -556,6 +556,7 @@ def build(cfg: DeploymentConfig, worker: WorkerConfig) -> RoleServer:
 
     def on_stop() -> None:
         servicer.close()
+        CONNECTIONS.close()
         receiver.stop()
         events.close()
     return RoleServer(cfg, worker, role, lambda s: pdd_pb2_grpc.add_DecodeServicer_to_server(servicer, s), stats,

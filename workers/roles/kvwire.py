@@ -4,7 +4,8 @@ Responsible for: the frame format; sending one transfer (a token range of one
 request's KV) over N parallel connections while its layers are still being
 produced, with a per-socket congestion-control choice, progress events,
 end-to-end acknowledgement, retry on a broken or stalled connection, and
-cancellation (`KVSender`); receiving and verifying transfers and handing
+cancellation (`KVSender`), connections kept open between transfers
+(`ConnectionPool`); receiving and verifying transfers and handing
 complete ones, as engine KV blobs, to whoever expects them (`KVReceiver`,
 `Inbox`).
 Not responsible for: what to send or when (the roles), importing KV into an
@@ -34,6 +35,7 @@ import json
 import logging
 import os
 import secrets
+import select
 import socket
 import struct
 import threading
@@ -257,6 +259,69 @@ def count_socket_fds() -> int:
     return n
 
 
+class ConnectionPool:
+    """Idle data-plane connections kept open between transfers, per (peer address, congestion control).
+
+    A new connection per transfer pays the TCP handshake (one WAN round trip: 60 ms on the cross-country
+    profile) before the first KV byte; a kept one does not. (Its congestion window still restarts after
+    an idle RTO, the kernel's tcp_slow_start_after_idle.) A connection is given back only after a
+    transfer that completed cleanly; one that the peer closed while idle is noticed and dropped on take.
+    At most max_idle connections per key are kept."""
+
+    def __init__(self, max_idle: int = 8):
+        self.max_idle = max_idle
+        self._lock = threading.Lock()
+        self._idle: dict[tuple[str, str], list[socket.socket]] = {}
+
+    def take(self, key: tuple[str, str]) -> socket.socket | None:
+        """An open idle connection for key, or None."""
+        while True:
+            with self._lock:
+                idle = self._idle.get(key)
+                if not idle:
+                    return None
+                sock = idle.pop()
+            if _still_open(sock):
+                return sock
+            sock.close()
+
+    def give(self, key: tuple[str, str], socks: list[socket.socket]) -> None:
+        with self._lock:
+            idle = self._idle.setdefault(key, [])
+            keep = max(0, min(len(socks), self.max_idle - len(idle)))
+            idle.extend(socks[:keep])
+        for sock in socks[keep:]:
+            sock.close()
+
+    def close(self) -> None:
+        """Close every idle connection (a role shutting down)."""
+        with self._lock:
+            socks = [s for idle in self._idle.values() for s in idle]
+            self._idle.clear()
+        for sock in socks:
+            sock.close()
+
+    @property
+    def idle(self) -> int:
+        with self._lock:
+            return sum(len(v) for v in self._idle.values())
+
+
+def _still_open(sock: socket.socket) -> bool:
+    """An idle data-plane connection is usable when nothing is readable on it: the receiver only ever
+    sends an ACK for a transfer in flight, so EOF, a reset or stray bytes all mean: do not reuse."""
+    poller = select.poll()
+    try:
+        poller.register(sock, select.POLLIN | select.POLLERR | select.POLLHUP)
+        return not poller.poll(0)   # anything to report: EOF, a reset or a stray byte
+    except (OSError, ValueError):
+        return False
+
+
+# Every sender of this process shares it (P's fast and WAN paths, the RLD's KV handoff).
+CONNECTIONS = ConnectionPool()
+
+
 # ---------------------------------------------------------------- sender
 
 
@@ -288,11 +353,14 @@ class KVSender:
     path: path name for events (fast | wan | handoff)
     events: event log
     on_done: called with the SendResult from the sender's thread
+    pool: where kept connections come from and go back to (settings.persistent)
     """
 
     def __init__(self, address: str, meta: TransferMeta, settings: PathConfig, path: str, events: EventLog,
-                 on_done: Callable[[SendResult], None] | None = None):
+                 on_done: Callable[[SendResult], None] | None = None, pool: ConnectionPool = CONNECTIONS):
         self.address = address
+        self.pool = pool
+        self._reused = 0
         self.meta = meta
         self.settings = settings
         self.path = path
@@ -388,19 +456,21 @@ class KVSender:
                                                  else "kv_send_failed")
         self.events.emit(event, self.meta.request_id, path=self.path, kind=self.meta.kind, kv_bytes=result.kv_bytes,
                          wire_bytes=result.wire_bytes, attempts=result.attempts, duration_ns=result.duration_ns,
-                         reason=result.reason)
+                         reason=result.reason, reused_connections=self._reused)
         if self.on_done is not None:
             self.on_done(result)
 
     def _attempt(self, deadline_ns: int) -> None:
-        """One try: connect N sockets, send everything, wait for the ACK; raise TransferFailed."""
+        """One try: N connections (kept ones first when the path is persistent), send everything, wait for
+        the ACK; raise TransferFailed. Connections go back to the pool only after a clean transfer."""
         transfer_id = secrets.randbits(63)
         socks: list[socket.socket] = []
         failure: list[str] = []
         self._attempt_kv_bytes = 0
+        key = (self.address, self.settings.congestion)
         try:
             for _ in range(self.settings.connections):
-                socks.append(self._connect())
+                socks.append(self._connect(key))
             threads = [threading.Thread(target=self._conn_main, args=(i, socks, transfer_id, failure, deadline_ns),
                                         name=f"kvconn{i}-{self.meta.request_id}", daemon=True)
                        for i in range(len(socks))]
@@ -411,12 +481,20 @@ class KVSender:
         except OSError as err:
             failure.append(f"connect to {self.address}: {err}")
         finally:
-            for s in socks:
-                s.close()
+            if failure or not self.settings.persistent:
+                for s in socks:
+                    s.close()
+            else:
+                self.pool.give(key, socks)
         if failure:
             raise TransferFailed(failure[0])
 
-    def _connect(self) -> socket.socket:
+    def _connect(self, key: tuple[str, str]) -> socket.socket:
+        sock = self.pool.take(key) if self.settings.persistent else None
+        if sock is not None:
+            sock.settimeout(self.settings.stall_timeout_ms / 1000)
+            self._reused += 1
+            return sock
         host, port = parse_address(self.address)
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
@@ -763,6 +841,9 @@ class KVReceiver:
             else:
                 self._on_cancel(tid, mine)
         self._maybe_complete(tid)
+        with self._lock:
+            if tid not in self._assemblies:   # done or dropped: a kept connection carries many transfers
+                mine.discard(tid)
         return True
 
     def _read_payload(self, conn: socket.socket, plen: int, crc: int) -> bytes:

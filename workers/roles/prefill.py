@@ -23,7 +23,7 @@ from workers.errors import EngineError
 from workers.proto import pdd_pb2, pdd_pb2_grpc
 from workers.roles.config import DeploymentConfig, PathConfig, WorkerConfig
 from workers.roles.events import EventLog
-from workers.roles.kvwire import KVSender, SendResult, meta_for
+from workers.roles.kvwire import CONNECTIONS, KVSender, SendResult, meta_for
 from workers.roles.layerhook import layer_tap, read_layer
 from workers.roles.server import (RoleServer, StatsSource, build_engine, engine_stats, event_log, grpc_options,
                                   role_main, status_of)
@@ -179,6 +179,7 @@ def build(cfg: DeploymentConfig, worker: WorkerConfig) -> RoleServer:
 
     def on_stop() -> None:
         servicer.close()
+        CONNECTIONS.close()
         events.close()
     return RoleServer(cfg, worker, "p", lambda s: pdd_pb2_grpc.add_PrefillServicer_to_server(servicer, s), stats,
                       on_stop)
