@@ -29,14 +29,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # docker_rt is 
 from docker_rt.engine import docker  # noqa: E402
 from docker_rt.host import DockerOptions  # noqa: E402
 from docker_rt.image import ensure_image  # noqa: E402
-from topology import naming  # noqa: E402
+from experiments import deploy  # noqa: E402
 from topology.net import Testbed, TopologyConfig  # noqa: E402
 from topology.profiles import load_profile  # noqa: E402
 from workers.model import get_config, get_or_create_weights  # noqa: E402
 
-GRPC_PORT, KV_PORT = 50051, 50052
-ROLES = {"router": ("router", "workers.roles.router"), "p": ("p1", "workers.roles.prefill"),
-         "rld": ("rld1", "workers.roles.decode"), "md": ("md1", "workers.roles.decode")}
 # Polls every role's health service concurrently; prints CLOCK_MONOTONIC (shared by every namespace) of SERVING.
 POLL_CODE = """
 import json, sys, threading, time
@@ -70,35 +67,26 @@ def bench_build() -> list[str]:
             f"| `docker run --rm image true` | {run_s:.2f} s |"]
 
 
-def deployment(run_dir: Path) -> dict:
-    def worker(role: str, **extra) -> dict:
-        host = ROLES[role][0]
-        return {"name": host, "host": naming.host_ip(role, 1 if host[-1].isdigit() else 0),
-                "grpc_port": GRPC_PORT, **extra}
-    return {"model": "tiny", "seed": 0, "events_dir": str(run_dir / "events"), "router": worker("router"),
-            "p": worker("p"), "rld": worker("rld", kv_port=KV_PORT), "md": worker("md", kv_port=KV_PORT)}
-
-
 def bench_ready(runtime: str, image: str) -> list[str]:
     """Start every role at once; seconds from its start to SERVING, per role."""
     run_dir = Path(tempfile.mkdtemp(prefix="pddlab-bench-docker-"))
-    cfg = deployment(run_dir)
+    cfg = deploy.roles_config(str(run_dir / "events"))
     cfg_path = run_dir / "deployment.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
     topo = TopologyConfig(wan_profile=load_profile("wan-regional"), runtime=runtime,
                           docker=DockerOptions(image=image, mounts=(run_dir,)))
     with Testbed(topo) as tb:
         started = {}
-        for role, (host, module) in ROLES.items():
+        for role, host in deploy.worker_names().items():
             started[role] = time.monotonic()
-            tb.popen(host, [sys.executable, "-m", module, "--config", str(cfg_path), "--worker", host],
-                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        addrs = {role: f"{cfg[role]['host']}:{GRPC_PORT}" for role in ROLES}
+            tb.popen(host, [sys.executable, "-m", deploy.ROLE_MODULES[role], "--config", str(cfg_path),
+                            "--worker", host], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        addrs = {role: deploy.grpc_address(role) for role in started}
         out = subprocess.run(tb.ns_prefix("client") + [sys.executable, "-c", POLL_CODE, ",".join(addrs.values())],
                              capture_output=True, text=True, timeout=400, check=True).stdout
         ready = json.loads(out)
     return [f"| start to gRPC SERVING, {role} ({runtime}) | {ready[addrs[role]] - started[role]:.2f} s |"
-            for role in ROLES]
+            for role in addrs]
 
 
 def main() -> int:

@@ -28,6 +28,7 @@ from experiments.linkstats import (Check, DirectionStats, Expected, ProbePlan, e
                                    fidelity_checks, goodput_check, probe_stats)
 from topology import naming
 from topology.net import Testbed, TopologyConfig, preflight
+from topology.proc import wait_listening
 from topology.profiles import LinkParams, Profile
 from topology.udp_probe import ProbeResult
 
@@ -168,21 +169,13 @@ def _ip(host: str) -> str:
     return spec.ip
 
 
-def _wait_listening(testbed: Testbed, host: str, port: int, timeout_s: float = 15) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if testbed.run(host, ["ss", "-Hltn", f"sport = :{port}"]).strip():
-            return
-        time.sleep(0.05)
-    raise RuntimeError(f"nothing listens on {host}:{port} after {timeout_s}s")
-
-
 def iperf3(testbed: Testbed, direction: str, seconds: float, udp_mbit: float | None = None) -> dict:
     """One iperf3 test in a direction; returns iperf3's JSON `end` section."""
     src, dst = ENDPOINTS[direction]
     server = testbed.popen(dst, ["iperf3", "-s", "-1", "-p", str(IPERF_PORT)],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _wait_listening(testbed, dst, IPERF_PORT)
+    wait_listening(lambda argv: testbed.run(dst, argv), IPERF_PORT, f"iperf3 server on {dst}",
+                   alive=lambda: server.poll() is None)
     argv = ["iperf3", "-c", _ip(dst), "-p", str(IPERF_PORT), "-t", str(seconds), "-J"]
     argv += ["-O", "2"] if seconds > 3 else []  # skip slow start on the long runs
     if udp_mbit:

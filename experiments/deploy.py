@@ -51,26 +51,33 @@ def grpc_address(role: str) -> str:
     return f"{worker_ip(role)}:{PORTS[role]}"
 
 
-def deployment_dict(spec, events_dir: str, mode: str = "pdd") -> dict:
-    """The roles' deployment config (workers/roles/config.py) for this spec, as data; spec.deployment merged in."""
-    names = worker_names()
-    data = {
-        "model": spec.model, "seed": spec.weights_seed, "block_size": spec.block_size, "events_dir": events_dir,
-        "router": {"name": names["router"], "host": worker_ip("router"), "grpc_port": PORTS["router"]},
-        "p": {"name": names["p"], "host": worker_ip("p"), "grpc_port": PORTS["p"],
-              "capacity_tokens": spec.capacity_tokens.p},
-        "rld": {"name": names["rld"], "host": worker_ip("rld"), "grpc_port": PORTS["rld"],
-                "kv_port": KV_PORTS["rld"], "capacity_tokens": spec.capacity_tokens.rld},
-        "md": {"name": names["md"], "host": worker_ip("md"), "grpc_port": PORTS["md"],
-               "kv_port": KV_PORTS["md"], "capacity_tokens": spec.capacity_tokens.md},
-        "policy": {"mode": mode, "handoff": spec.handoff, "wan_rate_mbit": _wan_rate_mbit(spec.profile)},
-    }
-    for section, value in spec.deployment.items():
+def roles_config(events_dir: str, model: str = "tiny", seed: int = 0, block_size: int = 16,
+                 capacity_tokens: dict[str, int] | None = None, **sections) -> dict:
+    """The roles' deployment config (workers/roles/config.py) as data: every worker on its host of the
+    topology at PORTS / KV_PORTS; capacity_tokens per role (p, rld, md; else the config default); further
+    sections (policy, kv, decode, ...) merged in."""
+    names, cap = worker_names(), capacity_tokens or {}
+    data = {"model": model, "seed": seed, "block_size": block_size, "events_dir": events_dir}
+    for role in ("router", "p", "rld", "md"):
+        data[role] = {"name": names[role], "host": worker_ip(role), "grpc_port": PORTS[role]}
+        if role in KV_PORTS:
+            data[role]["kv_port"] = KV_PORTS[role]
+        if role in cap:
+            data[role]["capacity_tokens"] = cap[role]
+    for section, value in sections.items():
         if isinstance(value, dict) and isinstance(data.get(section), dict):
             data[section] = _merge(data[section], value)
         else:
             data[section] = value
     return data
+
+
+def deployment_dict(spec, events_dir: str, mode: str = "pdd") -> dict:
+    """The roles' deployment config for this spec and variant mode, as data; spec.deployment merged in."""
+    data = roles_config(events_dir, spec.model, spec.weights_seed, spec.block_size,
+                        {"p": spec.capacity_tokens.p, "rld": spec.capacity_tokens.rld, "md": spec.capacity_tokens.md},
+                        policy={"mode": mode, "handoff": spec.handoff, "wan_rate_mbit": _wan_rate_mbit(spec.profile)})
+    return _merge(data, spec.deployment)
 
 
 def _wan_rate_mbit(profile: str) -> float:

@@ -24,6 +24,7 @@ from typing import Any
 
 from topology import capture, naming, tc
 from topology.cleanup import StateFile, prefixed_links
+from topology.proc import check_output, terminate
 from topology.profiles import DIRECTIONS, Profile, load_profile
 from topology.shaping import (BackendChoice, LinkState, ScheduleRunner, TcBackend,
                               UserspaceBackend, choose_backend)
@@ -355,7 +356,7 @@ class Testbed:
 
     def _stop_procs(self) -> None:
         for proc in reversed(self._procs):
-            _terminate(proc)
+            terminate(proc)
         self._procs.clear()
 
     def _stop_captures(self) -> None:
@@ -405,20 +406,4 @@ def _is_switch(node) -> bool:
 
 
 def _check_call(argv: list[str], timeout_s: float = 60) -> str:
-    log.debug("run: %s", " ".join(argv))
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
-    if proc.returncode != 0:
-        raise TestbedError(f"command failed ({proc.returncode}): {' '.join(argv)}: {proc.stderr.strip()}")
-    return proc.stdout
-
-
-def _terminate(proc: subprocess.Popen, grace_s: float = 3) -> None:
-    """End a process we started, by its PID: SIGTERM, then SIGKILL after a grace period."""
-    if proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(grace_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(grace_s)
+    return check_output(argv, timeout_s, TestbedError)

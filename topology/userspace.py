@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from topology.netem_model import NetemConfigError, NetemCounters, NetemQueue
+from topology.proc import terminate
 from topology.tc import offload_off_cmd
 from topology.profiles import DIRECTIONS, LinkParams, ProfileError, link_params_from_dict
 
@@ -480,7 +481,7 @@ class UserspaceEmulator:
             except (OSError, EmulatorError, json.JSONDecodeError):
                 pass  # not listening yet
             if time.monotonic() > deadline:
-                self._kill()
+                terminate(self.proc, 2.0)
                 raise EmulatorError(f"emulator did not answer a ping within {self.ready_timeout_s} s")
             time.sleep(READY_POLL_S)
 
@@ -516,20 +517,12 @@ class UserspaceEmulator:
             try:
                 self.proc.wait(grace_s)
             except subprocess.TimeoutExpired:
-                self._kill()
+                terminate(self.proc, 2.0)
         self.control_path.unlink(missing_ok=True)
         if self._log_file:
             self._log_file.close()
             self._log_file = None
         self.proc = None
-
-    def _kill(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(2.0)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
 
     def __enter__(self) -> "UserspaceEmulator":
         return self.start()

@@ -17,10 +17,10 @@ import json
 import logging
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from topology.proc import check_output, reap, wait_listening
 from topology.udp_probe import ProbeResult
 from topology.userspace import REPO_ROOT, offload_off_cmds
 
@@ -99,12 +99,8 @@ def teardown_cmds(n: WireNames) -> list[list[str]]:
 
 
 def run(cmd: Sequence[str]) -> str:
-    """Log and run a command; raise with its stderr on failure."""
-    log.debug("run: %s", " ".join(cmd))
-    proc = subprocess.run(list(cmd), capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip()}")
-    return proc.stdout
+    """Run a command; raise with its stderr on failure."""
+    return check_output(cmd, timeout_s=None)
 
 
 def existing_namespaces() -> set[str]:
@@ -164,7 +160,7 @@ class NetnsWire:
             subprocess.run(send_cmd, check=True, cwd=REPO_ROOT)
             data = json.loads(receiver.stdout.readline())
         finally:
-            _reap(receiver)
+            reap(receiver)
         return ProbeResult(**data)
 
     def iperf3(self, args: Sequence[str], duration_s: float) -> dict[str, Any]:
@@ -174,25 +170,10 @@ class NetnsWire:
         log.debug("run: %s", " ".join(server_cmd))
         server = subprocess.Popen(server_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            self._wait_listening(n.ns_b, IPERF_PORT, server)
+            wait_listening(lambda argv: run(in_ns(n.ns_b, argv)), IPERF_PORT, f"iperf3 server in {n.ns_b}",
+                           SERVER_READY_TIMEOUT_S, lambda: server.poll() is None)
             client = in_ns(n.ns_a, ["iperf3", "-c", n.addr_b, "-p", str(IPERF_PORT), "-J",
                                     "-t", str(duration_s), *args])
             return json.loads(run(client))
         finally:
-            _reap(server)
-
-    def _wait_listening(self, ns: str, port: int, proc: subprocess.Popen) -> None:
-        deadline = time.monotonic() + SERVER_READY_TIMEOUT_S
-        while f":{port} " not in run(in_ns(ns, ["ss", "-Hltn", f"sport = :{port}"])) + " ":
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"server on port {port} in {ns} did not start listening")
-            time.sleep(0.02)
-
-
-def _reap(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
-    """Wait for a process we started; terminate it by PID if it lingers."""
-    try:
-        proc.wait(grace_s)
-    except subprocess.TimeoutExpired:
-        proc.terminate()
-        proc.wait()
+            reap(server)

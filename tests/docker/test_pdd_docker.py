@@ -15,7 +15,7 @@ import torch
 import yaml
 
 from docker_rt.host import DockerOptions
-from topology import naming
+from experiments import deploy
 from topology.net import Testbed, TopologyConfig
 from topology.profiles import load_profile
 from workers.engine import Engine, GenerationRequest
@@ -24,10 +24,7 @@ from workers.sampling import greedy_divergence
 # 5 ms each way: the RLD streams eager tokens while the MD's KV is in flight, and the MD takes over
 # well before the tiny model's context (128 tokens) runs out.
 PROFILE = "wan-regional"
-GRPC_PORT, KV_PORT = 50051, 50052   # every worker has its own address, so the same ports everywhere
-ROLE_HOSTS = {"router": "router", "p": "p1", "rld": "rld1", "md": "md1"}
-ROLE_MODULES = {"router": "workers.roles.router", "p": "workers.roles.prefill", "rld": "workers.roles.decode",
-                "md": "workers.roles.decode"}
+ROLE_HOSTS = deploy.worker_names()       # role -> host (= worker name)
 PROMPT_TOKENS, MAX_TOKENS = 32, 90
 HEALTH_TIMEOUT_S = 180  # four roles import torch and build their engines on two cores
 CLIENT_CODE = """
@@ -44,15 +41,9 @@ print(json.dumps({"ids": g.ids, "workers": g.workers}))
 
 def deployment(run_dir) -> dict:
     """Every worker at its topology address; events in the run dir (mounted into the containers)."""
-    def worker(role: str, **extra) -> dict:
-        host = ROLE_HOSTS[role]
-        index = int(host[len(role):]) if host != role else 0
-        return {"name": host, "host": naming.host_ip(role, index), "grpc_port": GRPC_PORT, **extra}
-    return {"model": "tiny", "seed": 0, "block_size": 16, "events_dir": str(run_dir / "events"),
-            "router": worker("router"), "p": worker("p"), "rld": worker("rld", kv_port=KV_PORT),
-            "md": worker("md", kv_port=KV_PORT, capacity_tokens=8192),
-            # Route P->RLD->MD (the default would send this small transfer P->MD directly).
-            "policy": {"mode": "pdd", "direct_max_transfer_ms": 0.2}}
+    # Route P->RLD->MD (the default would send this small transfer P->MD directly).
+    return deploy.roles_config(str(run_dir / "events"), capacity_tokens={"md": 8192},
+                               policy={"mode": "pdd", "direct_max_transfer_ms": 0.2})
 
 
 def serve_one(runtime: str, image: str, run_dir, prompt: list[int]) -> dict:
@@ -66,10 +57,11 @@ def serve_one(runtime: str, image: str, run_dir, prompt: list[int]) -> dict:
     with Testbed(topo) as tb:
         for role, host in ROLE_HOSTS.items():
             log = open(run_dir / f"{host}.log", "wb")
-            tb.popen(host, [sys.executable, "-m", ROLE_MODULES[role], "--config", str(cfg_path), "--worker", host],
+            tb.popen(host, [sys.executable, "-m", deploy.ROLE_MODULES[role], "--config", str(cfg_path),
+                            "--worker", host],
                      stdout=log, stderr=subprocess.STDOUT)
             log.close()
-        addrs = ",".join(f"{cfg_data[r]['host']}:{GRPC_PORT}" for r in ("router", "p", "rld", "md"))
+        addrs = ",".join(deploy.grpc_address(r) for r in ("router", "p", "rld", "md"))
         client = tb.popen("client", [sys.executable, "-c", CLIENT_CODE, addrs, json.dumps(prompt), str(MAX_TOKENS),
                                      str(HEALTH_TIMEOUT_S)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         out, err = client.communicate(timeout=HEALTH_TIMEOUT_S + 120)
