@@ -356,8 +356,14 @@ def test_md_disappearing_mid_request_completes_on_the_rld(dep, reference, slow_w
     check_stream(gen, n)
     check_reference(reference, prompt, gen.ids, n, "MD killed")
     assert "md1" not in gen.workers
-    # a new pdd request now gets a clear status (the MD is gone); other modes carry on
-    err = rpc_error(lambda: generate(dep.channel, fresh_prompt(50), 20, mode="pdd"))
+    # a new pdd request completes on the RLD (the MD's session and DRC query fail, recorded);
+    # pd-cross, which needs the MD, gets a clear status; other modes carry on
+    gen = generate(dep.channel, fresh_prompt(50), 20, mode="pdd", request_id="after-md")
+    check_stream(gen, 20)
+    assert "md1" not in gen.workers
+    assert [e for e in dep.events("router") if e.event == "source_failed" and e.fields["source"] == "md"
+            and e.request_id == "after-md"]
+    err = rpc_error(lambda: generate(dep.channel, fresh_prompt(50), 20, mode="pd-cross"))
     assert err.code() == grpc.StatusCode.UNAVAILABLE, err
     gen = generate(dep.channel, prompt, 10, mode="pd-intra")
     check_stream(gen, 10)

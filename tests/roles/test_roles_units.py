@@ -47,3 +47,17 @@ def test_route_decision(mode, prompt, max_tokens, hit, route):
 
 def test_generated_stubs_are_up_to_date():
     assert not stubs_stale(), "run: python -m workers.proto.compile"
+
+
+def test_drc_mirror_matches_whole_blocks_and_forgets_the_least_recent():
+    from workers.roles.router import DRCMirror
+    m = DRCMirror(block_size=4, capacity_blocks=3)
+    seq = list(range(100, 110))                      # 2 whole blocks + 2 tokens
+    assert m.match(seq) == 0
+    m.insert(seq)
+    assert m.match(seq + [7, 8, 9]) == 8             # the two whole blocks
+    assert m.match(seq[:8]) == 4                     # at most len - 1 tokens, whole blocks: as the MD matches
+    assert m.match([1] + seq[1:]) == 0               # a prefix chain: a different first block matches nothing
+    m.insert([1, 2, 3, 4, 5, 6, 7, 8])               # 2 more blocks: 4 > 3, the least recent goes
+    assert m.match([1, 2, 3, 4, 5, 6, 7, 8, 9]) == 8
+    assert m.match(seq + [0]) == 4                   # its second block was the least recently used

@@ -83,6 +83,8 @@ class RouterPolicy:
     singular_max_output_tokens: int = 8    # ... and at most this many output tokens (PDD.md: ~500 at scale)
     ablation_local_rld: bool = False       # ablation only: let non-singular requests finish on the RLD
     max_prompt_tokens: int = 0             # 0 = the model's context limit
+    drc_estimate: str = "mirror"           # route on the MD's hit as the router's mirror of its DRC expects
+                                           # (no WAN round trip), or "lookup": ask the MD (one WAN RTT)
 
 
 @dataclass(frozen=True)
@@ -188,6 +190,7 @@ def validate(cfg: DeploymentConfig) -> DeploymentConfig:
         _check_range(f"kv.{path}.deadline_ms", p.deadline_ms, 10, 3_600_000)
     _check_choice("policy.mode", cfg.policy.mode, MODES)
     _check_choice("policy.handoff", cfg.policy.handoff, HANDOFFS)
+    _check_choice("policy.drc_estimate", cfg.policy.drc_estimate, ("mirror", "lookup"))
     _check_range("policy.chunk_tokens", cfg.policy.chunk_tokens, 1, 1 << 20)
     _check_range("policy.wan_rate_mbit", cfg.policy.wan_rate_mbit, 0.001, 1e7)
     _check_range("decode.kv_wait_ms", cfg.decode.kv_wait_ms, 10, 3_600_000)

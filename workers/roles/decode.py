@@ -45,6 +45,7 @@ from workers.roles.server import (RoleServer, StatsSource, build_engine, engine_
 log = logging.getLogger(__name__)
 
 RELAY_TIMEOUT_S = 5.0
+SESSION_WAIT_S = 2.0   # PrefixLength for a request whose session is not open yet waits this long
 RELAY_PROBE_S = 1.0    # MD waiting for a handoff: ask the RLD this often whether it still holds the request
 H = pdd_pb2  # enum values: H.HANDOFF_ONESHOT, ...
 HANDOFF_NAMES = {H.HANDOFF_NONE: "none", H.HANDOFF_ONESHOT: "oneshot", H.HANDOFF_CHUNKED: "chunked",
@@ -365,6 +366,15 @@ class DecodeServicer(pdd_pb2_grpc.DecodeServicer):
     # ------------------------------------------------------------ small RPCs
 
     def PrefixLength(self, request, context):
+        # P asks as soon as it starts its prefill, while the router's Decode call that opens the session
+        # may still be crossing the WAN (jitter can reorder the two): wait a moment for the session.
+        deadline = time.monotonic() + SESSION_WAIT_S
+        while True:
+            with self._sessions_lock:
+                session = self._sessions.get(request.request_id)
+            if session is not None or time.monotonic() > deadline:
+                break
+            time.sleep(0.002)
         return pdd_pb2.PrefixReply(cached_tokens=self._session(request.request_id, context).cached_tokens)
 
     def Lookup(self, request, context):

@@ -58,6 +58,7 @@ FRAME_MAGIC = b"PKVF"
 FRAME_VERSION = 2
 BEGIN, LAYER, END, CANCEL, ACK = 1, 2, 3, 4, 5
 FRAME_TYPES = {BEGIN: "BEGIN", LAYER: "LAYER", END: "END", CANCEL: "CANCEL", ACK: "ACK"}
+EXPECT_WAIT_S = 2.0           # a BEGIN no session expects yet waits this long for one to open
 MAX_META_BYTES = 16 << 20     # BEGIN/END payloads are JSON; a token list of 1M ids stays far below
 CONGESTION_PROC = Path("/proc/sys/net/ipv4/tcp_available_congestion_control")
 DTYPE_CODES = {"float32": 0, "bfloat16": 1, "float16": 2}
@@ -641,10 +642,13 @@ class Inbox:
     def expect(self, request_id: str, kind: str) -> None:
         with self._cond:
             self._expected.add((request_id, kind))
+            self._cond.notify_all()
 
-    def is_expected(self, request_id: str, kind: str) -> bool:
+    def is_expected(self, request_id: str, kind: str, wait_s: float = 0.0) -> bool:
+        """Whether a session expects this transfer; waits up to wait_s for one to (KV may overtake the
+        call that opens the session)."""
         with self._cond:
-            return (request_id, kind) in self._expected
+            return self._cond.wait_for(lambda: (request_id, kind) in self._expected, wait_s)
 
     def forget(self, request_id: str) -> None:
         """Stop expecting anything for request_id and drop what arrived."""
@@ -871,7 +875,7 @@ class KVReceiver:
                              f"mine {self.fingerprint[:12]})")
         if meta.kv_bytes > self.max_transfer_bytes:
             raise FrameError(f"transfer of {meta.kv_bytes} bytes exceeds the limit of {self.max_transfer_bytes}")
-        if not self.inbox.is_expected(meta.request_id, meta.kind):
+        if not self.inbox.is_expected(meta.request_id, meta.kind, EXPECT_WAIT_S):
             raise FrameError(f"no open request {meta.request_id!r} expects {meta.kind} KV")
         with self._lock:
             a = self._assembly(tid)

@@ -1,7 +1,8 @@
 """The P role: prefill a prompt and stream its KV on one or two paths at once.
 
 Responsible for: the `Prefill` gRPC service; asking a decode worker's DRC
-(`Decode.PrefixLength`) where its WAN copy must start; computing the prompt
+(`Decode.PrefixLength`) where its WAN copy must start, while the prefill
+already runs (layers wait until the answer comes); computing the prompt
 (on top of P's own prefix cache) while every layer's KV leaves on each target
 path as soon as it is written (`layerhook`); the first token; cancelling a
 request's transfers still in flight (`Cancel`).
@@ -33,6 +34,20 @@ log = logging.getLogger(__name__)
 DRC_QUERY_TIMEOUT_S = 5.0
 
 
+class _Target:
+    """One KV target of a prefill. start: first position to send, given (start_tokens) or None until the
+    target's DRC answers; layers computed before that wait in `stash` (the whole prompt's rows)."""
+
+    def __init__(self, target, start: int | None):
+        self.target, self.start = target, start
+        self.failed = ""
+        self.answered = threading.Event()
+        if start is not None:
+            self.answered.set()
+        self.sender: KVSender | None = None
+        self.stash: list[tuple[int, object]] = []
+
+
 class PrefillServicer(pdd_pb2_grpc.PrefillServicer):
     """engine: P's engine (with its prefix cache); paths: PathConfig by path name; events: P's log"""
 
@@ -57,19 +72,26 @@ class PrefillServicer(pdd_pb2_grpc.PrefillServicer):
             self.engine.validate(gen)
         except EngineError as err:
             context.abort(status_of(err), str(err))
-        targets, starts = [], []
         for t in request.targets:
-            start = self._start_of(t, rid, len(prompt), context)
-            if start is not None:
-                targets.append(t)
-                starts.append(start)
-        if request.targets and not targets:
-            context.abort(grpc.StatusCode.UNAVAILABLE, f"request {rid!r}: no KV target is reachable")
-        first, t_first, opened = self._prefill(gen, targets, starts, context)
+            if t.path not in ("fast", "wan"):
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"target path {t.path!r}; allowed: fast, wan")
+            if not t.drc_address and not 0 <= t.start_tokens < len(prompt):
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"target {t.path}: start {t.start_tokens} outside [0, {len(prompt)})")
+        plans = [_Target(t, None if t.drc_address else t.start_tokens) for t in request.targets]
+        for plan in plans:
+            if plan.start is None:
+                threading.Thread(target=self._ask_drc, args=(rid, plan, len(prompt)), name=f"drc-{rid}",
+                                 daemon=True).start()
+        first, t_first, opened = self._prefill(gen, plans, context)
+        sent = [p for p in plans if p.sender is not None]
+        if plans and not sent:
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"request {rid!r}: no KV target is reachable "
+                          f"({'; '.join(p.failed for p in plans if p.failed)})")
         self.events.emit("prefill_done", rid, duration_ns=t_first - arrival, cached_tokens=opened[0],
                          computed_tokens=opened[1], first_token=first)
         return pdd_pb2.PrefillReply(first_token=first, t_ns=t_first, cached_tokens=opened[0],
-                                    computed_tokens=opened[1], sent_from_tokens=starts)
+                                    computed_tokens=opened[1], sent_from_tokens=[p.start for p in sent])
 
     def Cancel(self, request, context):
         with self._senders_lock:
@@ -81,53 +103,70 @@ class PrefillServicer(pdd_pb2_grpc.PrefillServicer):
 
     # ------------------------------------------------------------ steps
 
-    def _start_of(self, target, rid: str, prompt_len: int, context) -> int | None:
-        """First position to send on this target: the decode worker's DRC hit, or the given start.
-        None when the DRC cannot be asked (that worker is gone): the target is dropped, the others go on."""
-        if target.path not in ("fast", "wan"):
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"target path {target.path!r}; allowed: fast, wan")
-        if not target.drc_address:
-            start = target.start_tokens
+    def _ask_drc(self, rid: str, plan: _Target, prompt_len: int) -> None:
+        """Where the target's copy must start: its decode worker's DRC hit. Asked while the prefill runs
+        (the WAN round trip overlaps the compute); a worker that cannot answer drops the target."""
+        target = plan.target
+        stub = pdd_pb2_grpc.DecodeStub(self._channel(target.drc_address))
+        try:
+            start = stub.PrefixLength(pdd_pb2.PrefixQuery(request_id=rid), timeout=DRC_QUERY_TIMEOUT_S).cached_tokens
+            if not 0 <= start < prompt_len:
+                raise ValueError(f"start {start} outside [0, {prompt_len})")
+        except (grpc.RpcError, ValueError) as err:
+            reason = f"{err.code().name}: {err.details()}" if isinstance(err, grpc.RpcError) else str(err)
+            plan.failed = f"{target.path}: {reason}"
+            self.events.emit("drc_query_failed", rid, drc=target.drc_address, path=target.path, reason=reason)
         else:
-            stub = pdd_pb2_grpc.DecodeStub(self._channel(target.drc_address))
-            try:
-                start = stub.PrefixLength(pdd_pb2.PrefixQuery(request_id=rid), timeout=DRC_QUERY_TIMEOUT_S).cached_tokens
-            except grpc.RpcError as err:
-                self.events.emit("drc_query_failed", rid, drc=target.drc_address, path=target.path,
-                                 reason=f"{err.code().name}: {err.details()}")
-                return None
+            plan.start = start
             self.events.emit("drc_query", rid, drc=target.drc_address, cached_tokens=start)
-        if not 0 <= start < prompt_len:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"target {target.path}: start {start} outside [0, {prompt_len})")
-        return start
+        finally:
+            plan.answered.set()
 
-    def _prefill(self, gen: GenerationRequest, targets, starts: list[int], context) -> tuple[int, int, tuple[int, int]]:
+    def _prefill(self, gen: GenerationRequest, plans: list[_Target], context) -> tuple[int, int, tuple[int, int]]:
         rid, n = gen.request_id, len(gen.prompt_tokens)
         with self.lock:
             try:
                 opened = self.engine.open(gen)
             except EngineError as err:
                 context.abort(status_of(err), str(err))
-            senders = [self._sender(rid, t, s, gen.prompt_tokens) for t, s in zip(targets, starts)]
             try:
                 self.events.emit("prefill_start", rid, cached_tokens=opened.cached_tokens)
-                with layer_tap(self.engine.kv, lambda layer, slots: self._ship_layer(senders, starts, n, layer, slots)):
+                with layer_tap(self.engine.kv, lambda layer, slots: self._ship_layer(gen, plans, layer, slots)):
                     result = self.engine.prefill(rid)
                 t_first = time.monotonic_ns()
-                for s in senders:
-                    s.finish(result.first_token)
                 self.engine.finish(rid)
             except BaseException:
-                for s in senders:
-                    s.cancel("prefill failed")
+                for plan in plans:
+                    if plan.sender is not None:
+                        plan.sender.cancel("prefill failed")
                 self.engine.abort(rid)
                 raise
+        for plan in plans:  # a DRC still to answer: its layers wait in the stash
+            if plan.sender is None and not plan.failed:
+                if not plan.answered.wait(DRC_QUERY_TIMEOUT_S + 1):
+                    plan.failed = f"{plan.target.path}: no DRC answer"
+                elif not plan.failed:
+                    self._open_sender(gen, plan)
+            if plan.sender is not None:
+                plan.sender.finish(result.first_token)
         return result.first_token, t_first, (result.cached_tokens, result.computed_tokens)
 
-    def _ship_layer(self, senders: list[KVSender], starts: list[int], n: int, layer: int, slots) -> None:
-        for s, start in zip(senders, starts):
-            s.put_layer(layer, read_layer(self.engine.kv, layer, slots[start:n]))
+    def _ship_layer(self, gen: GenerationRequest, plans: list[_Target], layer: int, slots) -> None:
+        n = len(gen.prompt_tokens)
+        for plan in plans:
+            if plan.sender is None and plan.answered.is_set() and not plan.failed:
+                self._open_sender(gen, plan)
+            if plan.sender is not None:
+                plan.sender.put_layer(layer, read_layer(self.engine.kv, layer, slots[plan.start:n]))
+            elif not plan.failed:
+                plan.stash.append((layer, read_layer(self.engine.kv, layer, slots[:n])))
+
+    def _open_sender(self, gen: GenerationRequest, plan: _Target) -> None:
+        """The target's start is known: its sender starts with the layers computed so far."""
+        plan.sender = self._sender(gen.request_id, plan.target, plan.start, gen.prompt_tokens)
+        for layer, kv in plan.stash:
+            plan.sender.put_layer(layer, kv[:, plan.start:])
+        plan.stash = []
 
     def _sender(self, rid: str, target, start: int, prompt: tuple[int, ...]) -> KVSender:
         path_cfg: PathConfig = getattr(self.cfg.kv, target.path)

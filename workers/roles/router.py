@@ -2,7 +2,8 @@
 
 Responsible for: validating requests at the edge; choosing the mode
 (colocated, pd-intra, pd-cross, pdd; per request or the config default) and,
-in pdd, the route: P->MD when the MD's DRC hit makes the WAN transfer short
+in pdd, the route: P->MD when the MD's DRC hit (as the router's mirror of
+the DRC expects it, or asked of the MD: policy.drc_estimate) makes the WAN transfer short
 (estimated transfer time <= policy.direct_max_transfer_ms), P->RLD for
 singular requests (long uncached input, short output; the WAN transfer is
 blocked and the bytes saved recorded) or, behind the ablation flag, for any
@@ -23,6 +24,7 @@ import queue
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import grpc
@@ -72,6 +74,44 @@ def decide_route(mode: str, prompt_tokens: int, max_tokens: int, md_cached_token
     return RouteDecision("p-rld-md", md_cached_tokens, est_ms, False)
 
 
+class DRCMirror:
+    """The router's estimate of what the MD's DRC holds, without a WAN round trip per request: the
+    block-aligned prefixes of every sequence that ended at the MD (PDD ends every pipeline there so that
+    the MD's cache follows P's), as a chain of block hashes, least recently used evicted beyond the MD's
+    capacity. Used for the route decision only; P sends the WAN copy from the MD's own answer."""
+
+    def __init__(self, block_size: int, capacity_blocks: int):
+        self.block_size, self.capacity_blocks = block_size, max(1, capacity_blocks)
+        self._blocks: OrderedDict[int, None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def _chain(self, tokens: list[int]) -> list[int]:
+        bs, h, out = self.block_size, 0, []
+        for i in range(0, len(tokens) - len(tokens) % bs, bs):
+            h = hash((h, tuple(tokens[i:i + bs])))
+            out.append(h)
+        return out
+
+    def match(self, prompt: list[int]) -> int:
+        """Tokens of prompt the MD is expected to hold (whole blocks, at most len - 1, as the MD matches)."""
+        n = 0
+        with self._lock:
+            for h in self._chain(prompt[:len(prompt) - 1]):
+                if h not in self._blocks:
+                    break
+                self._blocks.move_to_end(h)
+                n += self.block_size
+        return n
+
+    def insert(self, tokens: list[int]) -> None:
+        with self._lock:
+            for h in self._chain(tokens):
+                self._blocks[h] = None
+                self._blocks.move_to_end(h)
+            while len(self._blocks) > self.capacity_blocks:
+                self._blocks.popitem(last=False)
+
+
 @dataclass
 class _Merge:
     """Tokens from every source, released in index order."""
@@ -112,6 +152,7 @@ class RouterServicer(pdd_pb2_grpc.RouterServicer):
         self._channels: dict[str, grpc.Channel] = {}
         self._lock = threading.Lock()
         self._active = 0
+        self.drc = DRCMirror(cfg.block_size, cfg.md.capacity_tokens // cfg.block_size)
 
     def _stub(self, cls, worker: WorkerConfig):
         with self._lock:
@@ -135,7 +176,8 @@ class RouterServicer(pdd_pb2_grpc.RouterServicer):
         mode, handoff = self._validate(request, context)
         decision = self._decide(mode, prompt, max_tokens, context)
         self.events.emit("route", rid, route=decision.route, mode=mode, handoff=handoff,
-                         md_cached_tokens=decision.md_cached_tokens, wan_estimate_ms=decision.wan_estimate_ms)
+                         md_cached_tokens=decision.md_cached_tokens, wan_estimate_ms=decision.wan_estimate_ms,
+                         drc_estimate=self.cfg.policy.drc_estimate if mode == "pdd" else None)
         if decision.singular:
             saved = (len(prompt) - decision.md_cached_tokens) * self.kv_bytes_per_token
             self.events.emit("wan_blocked", rid, kv_bytes_saved=saved, reason="singular")
@@ -176,7 +218,9 @@ class RouterServicer(pdd_pb2_grpc.RouterServicer):
 
     def _decide(self, mode: str, prompt: list[int], max_tokens: int, context) -> RouteDecision:
         hit = 0
-        if mode == "pdd":
+        if mode == "pdd" and self.cfg.policy.drc_estimate == "mirror":
+            hit = self.drc.match(prompt)
+        elif mode == "pdd":
             try:
                 hit = self._stub(pdd_pb2_grpc.DecodeStub, self.cfg.md).Lookup(
                     pdd_pb2.LookupRequest(prompt_tokens=prompt), timeout=SETUP_TIMEOUT_S).cached_tokens
@@ -203,13 +247,16 @@ class _RequestRun:
         self.live = 0
         self.p_used = False
         self.merge = _Merge(max_tokens)
+        self.first_error: grpc.StatusCode | None = None
+        self.md_cached_tokens: int | None = None   # the MD's DRC hit as its session pinned it (Accepted)
 
     def stream(self):
         self._start()
         deadline = time.monotonic() + REQUEST_TIMEOUT_S
         while not self.merge.complete:
             if self.live == 0:
-                self._fail(grpc.StatusCode.UNAVAILABLE, f"request {self.rid}: every worker stream ended after "
+                self._fail(self.first_error or grpc.StatusCode.UNAVAILABLE, f"request {self.rid}: every worker "
+                           "stream ended after "
                            f"{self.merge.next_index} of {self.max_tokens} tokens ({'; '.join(self.merge.notes)})")
             try:
                 item = self.queue.get(timeout=max(0.0, deadline - time.monotonic()))
@@ -222,9 +269,13 @@ class _RequestRun:
                 yield pdd_pb2.GenerateEvent(token=tok)
         self.s.events.emit("complete", self.rid, route=self.decision.route, duplicates=self.merge.duplicates,
                            notes=self.merge.notes)
+        if self.decision.use_drc and self.decision.route in ("p-md", "p-rld-md"):
+            out = [self.merge.seen[i] for i in range(self.max_tokens)]
+            self.s.drc.insert(self.prompt + out[:-1])   # what the MD's cache keeps: every token with KV
         yield pdd_pb2.GenerateEvent(done=pdd_pb2.GenerateDone(
             request_id=self.rid, route=self.decision.route, finish_reason="length", duplicates=self.merge.duplicates,
-            md_cached_tokens=self.decision.md_cached_tokens, notes=self.merge.notes))
+            md_cached_tokens=self.decision.md_cached_tokens if self.md_cached_tokens is None
+            else self.md_cached_tokens, notes=self.merge.notes))
 
     def _take(self, item) -> list[pdd_pb2.Token]:
         source, kind, payload = item
@@ -232,8 +283,10 @@ class _RequestRun:
             return self.merge.add(payload)
         self.live -= 1
         if kind == "error":
-            self.merge.notes.append(f"{source}: {payload}")
-            self.s.events.emit("source_failed", self.rid, source=source, reason=payload)
+            code, reason = payload
+            self.first_error = self.first_error or code
+            self.merge.notes.append(f"{source}: {reason}")
+            self.s.events.emit("source_failed", self.rid, source=source, reason=reason)
         elif payload not in ("length", "handed_off"):
             self.merge.notes.append(f"{source} ended: {payload}")
         return []
@@ -268,34 +321,37 @@ class _RequestRun:
         self._prefill(targets)
 
     def _open_stream(self, source: str, worker: WorkerConfig, req: pdd_pb2.DecodeRequest) -> None:
-        """Start a Decode stream and wait for its Accepted, so KV sent next has a session to land in."""
+        """Start a Decode stream without waiting for its Accepted: waiting would put a round trip to the
+        MD (a WAN one) before the prefill. KV or a DRC query that overtakes the call waits for the session
+        at the worker (kvwire.EXPECT_WAIT_S, decode.SESSION_WAIT_S)."""
         call = self.s._stub(pdd_pb2_grpc.DecodeStub, worker).Decode(req, timeout=REQUEST_TIMEOUT_S)
         self.calls.append(call)
-        try:
-            first = next(call)
-        except grpc.RpcError as err:
-            self._fail(err.code(), f"{worker.name}: {err.details()}")
-        if first.WhichOneof("kind") != "accepted":
-            self._fail(grpc.StatusCode.INTERNAL, f"{worker.name} did not accept the session: {first}")
-        self.s.events.emit("session_open", self.rid, worker=worker.name, cached_tokens=first.accepted.cached_tokens)
         self.live += 1
-        t = threading.Thread(target=self._pump, args=(source, call), name=f"pump-{source}-{self.rid}", daemon=True)
+        t = threading.Thread(target=self._pump, args=(source, worker, call), name=f"pump-{source}-{self.rid}",
+                             daemon=True)
         self.threads.append(t)
         t.start()
 
-    def _pump(self, source: str, call) -> None:
+    def _pump(self, source: str, worker: WorkerConfig, call) -> None:
         try:
             for ev in call:
                 kind = ev.WhichOneof("kind")
                 if kind == "token":
                     self.queue.put((source, "token", ev.token))
+                elif kind == "accepted":
+                    if source == "md":
+                        self.md_cached_tokens = ev.accepted.cached_tokens
+                    self.s.events.emit("session_open", self.rid, worker=worker.name,
+                                       cached_tokens=ev.accepted.cached_tokens)
                 elif kind == "end":
                     self.queue.put((source, "end", ev.end.reason))
                     return
             self.queue.put((source, "end", "closed"))
         except grpc.RpcError as err:
-            reason = "cancelled" if err.code() == grpc.StatusCode.CANCELLED else f"{err.code().name}: {err.details()}"
-            self.queue.put((source, "error" if reason != "cancelled" else "end", reason))
+            if err.code() == grpc.StatusCode.CANCELLED:
+                self.queue.put((source, "end", "cancelled"))
+            else:
+                self.queue.put((source, "error", (err.code(), f"{worker.name}: {err.code().name}: {err.details()}")))
 
     def _prefill(self, targets: list) -> None:
         self.p_used = True
