@@ -14,7 +14,7 @@ import pytest
 import torch
 import yaml
 
-from docker_rt.host import DockerOptions
+from docker_rt.host import DockerOptions, RoleLimits
 from experiments import deploy
 from topology.net import Testbed, TopologyConfig
 from topology.profiles import load_profile
@@ -52,7 +52,11 @@ def serve_one(runtime: str, image: str, run_dir, prompt: list[int]) -> dict:
     cfg_data = deployment(run_dir)
     cfg_path = run_dir / "deployment.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg_data))
-    opts = DockerOptions(image=image, mounts=(run_dir,), log_dir=run_dir / "containers")
+    # Half a core for the RLD (PDD's RLD is the small pool): the tiny model decodes a token in about a
+    # millisecond, and at full speed the RLD may finish all tokens before the MD holds the KV (legitimate
+    # PDD, finished_first, but then this test would not see the handoff between containers).
+    opts = DockerOptions(image=image, mounts=(run_dir,), log_dir=run_dir / "containers",
+                         limits={"rld": RoleLimits(0.5, 2048)})
     topo = TopologyConfig(wan_profile=load_profile(PROFILE), runtime=runtime, docker=opts)
     with Testbed(topo) as tb:
         for role, host in ROLE_HOSTS.items():

@@ -21,7 +21,7 @@ from workers.roles.kvwire import BEGIN, FRAME_HEADER, pack_frame
 from workers.sampling import greedy_divergence
 
 KV_BYTES_PER_TOKEN = 512        # tiny: 2 layers x 2 x 2 kv heads x 16 dims x 4 B
-SLOW_WAN_MBIT = 4.0             # 50 tokens x 512 B = 25.6 KB -> ~50 ms: the RLD decodes tens of tokens meanwhile
+SLOW_WAN_MBIT = 8.0             # 50 tokens x 512 B = 25.6 KB -> ~26 ms: the RLD decodes tens of tokens meanwhile
 _seed = iter(range(1000, 100000))
 
 
@@ -87,7 +87,12 @@ def baseline(dep):
 @pytest.mark.parametrize("mode,handoff", [("colocated", ""), ("pd-intra", ""), ("pd-cross", ""),
                                           ("pdd", "oneshot"), ("pdd", "chunked"), ("pdd", "auto"), ("pdd", "kv")])
 def test_mode_matches_colocated_reference(dep, reference, slow_wan, baseline, mode, handoff):
-    prompt, n = fresh_prompt(50), 70
+    # 40 prompt tokens cross the slow WAN in ~20 ms (8 Mbit/s) while the RLD decodes ~1 token/ms: the MD
+    # takes over well before the 80th token. chunked needs more tokens to hand over than one chunk (8):
+    # half the rate.
+    prompt, n = fresh_prompt(40), 80
+    if handoff == "chunked":
+        slow_wan.faults.rate_mbit = SLOW_WAN_MBIT / 2
     gen = generate(dep.channel, prompt, n, mode=mode, handoff=handoff, request_id=f"m-{mode}-{handoff}")
     check_stream(gen, n)
     check_reference(reference, prompt, gen.ids, n, f"{mode}/{handoff}")
@@ -117,7 +122,9 @@ def test_p_sends_on_both_paths_concurrently(dep, reference, slow_wan):
     span = {}
     for path in ("fast", "wan"):
         start = [e for e in events_of(dep, "p1", rid, "kv_send_start") if e.fields["path"] == path]
-        end = [e for e in events_of(dep, "p1", rid, "kv_send_end") if e.fields["path"] == path]
+        # the request may end (the RLD decodes fast) before the slow WAN copy does: it finishes anyway
+        end = wait_for(lambda: [e for e in events_of(dep, "p1", rid, "kv_send_end") if e.fields["path"] == path],
+                       what=f"the {path} transfer to complete")
         assert start and end, f"no complete {path} transfer"
         span[path] = (start[0].t_ns, end[0].t_ns)
     (fs, fe), (ws, we) = span["fast"], span["wan"]
@@ -327,9 +334,20 @@ def test_rld_disappearing_after_kv_ready_completes_on_the_md(dep, reference, slo
     lost = events_of(dep, "md1", "kill-rld", "relay_lost")
     assert lost and lost[0].fields["after_kv_ready"], "the MD did not record its relay as lost"
     assert time.monotonic() - t0 < 30, "the request waited for a deadline instead of noticing the RLD was gone"
-    # the restarted RLD serves the next pdd request
+    # the restarted RLD serves the next pdd request, once the router's channel has reconnected (its
+    # backoff is at most 1 s: until then a request gets UNAVAILABLE)
+    wait_for(lambda: _serves(dep, "pd-intra"), timeout_s=10, what="the router to reach the restarted RLD")
     gen = generate(dep.channel, fresh_prompt(50), 20, mode="pdd")
     check_stream(gen, 20)
+
+
+def _serves(dep, mode: str) -> bool:
+    try:
+        generate(dep.channel, fresh_prompt(20), 2, mode=mode)
+        return True
+    except grpc.RpcError as err:
+        assert err.code() == grpc.StatusCode.UNAVAILABLE, err
+        return False
 
 
 def test_md_disappearing_mid_request_completes_on_the_rld(dep, reference, slow_wan):

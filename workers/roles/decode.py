@@ -39,13 +39,14 @@ from workers.proto import pdd_pb2, pdd_pb2_grpc
 from workers.roles.config import DeploymentConfig, WorkerConfig
 from workers.roles.events import EventLog
 from workers.roles.kvwire import CONNECTIONS, Inbox, KVReceiver, KVSender, meta_for
-from workers.roles.server import (RoleServer, StatsSource, build_engine, engine_stats, event_log, grpc_options,
+from workers.roles.server import (Channels, RoleServer, StatsSource, build_engine, engine_stats, event_log,
                                   role_main, status_of)
 
 log = logging.getLogger(__name__)
 
 RELAY_TIMEOUT_S = 5.0
 SESSION_WAIT_S = 2.0   # PrefixLength for a request whose session is not open yet waits this long
+RELAY_RECONNECT_S = 2.0  # see _call_relay
 RELAY_PROBE_S = 1.0    # MD waiting for a handoff: ask the RLD this often whether it still holds the request
 H = pdd_pb2  # enum values: H.HANDOFF_ONESHOT, ...
 HANDOFF_NAMES = {H.HANDOFF_NONE: "none", H.HANDOFF_ONESHOT: "oneshot", H.HANDOFF_CHUNKED: "chunked",
@@ -81,6 +82,18 @@ class Session:
             self.cond.notify_all()
 
 
+def _call_relay(method, request):
+    """An RPC to the relay. UNAVAILABLE may only mean the channel is between reconnect attempts (the RLD
+    restarted): then once more, waiting up to RELAY_RECONNECT_S for the channel (longer than its
+    reconnect backoff, server.grpc_options). UNAVAILABLE or DEADLINE_EXCEEDED after that: it is gone."""
+    try:
+        return method(request, timeout=RELAY_TIMEOUT_S)
+    except grpc.RpcError as err:
+        if err.code() != grpc.StatusCode.UNAVAILABLE:
+            raise
+    return method(request, timeout=RELAY_RECONNECT_S, wait_for_ready=True)
+
+
 def token_msg(index: int, token: int, worker: str) -> pdd_pb2.DecodeEvent:
     return pdd_pb2.DecodeEvent(token=pdd_pb2.Token(index=index, token=token, worker=worker, t_ns=time.monotonic_ns()))
 
@@ -99,7 +112,7 @@ class DecodeServicer(pdd_pb2_grpc.DecodeServicer):
         self.lock = threading.Lock()    # the engine is single-threaded
         self._sessions: dict[str, Session] = {}
         self._sessions_lock = threading.Lock()
-        self._channels: dict[str, grpc.Channel] = {}
+        self.channels = Channels(cfg)
         self._senders: set[KVSender] = set()
 
     # ------------------------------------------------------------ Decode
@@ -136,6 +149,7 @@ class DecodeServicer(pdd_pb2_grpc.DecodeServicer):
                 except EngineError as err:
                     context.abort(status_of(err), str(err))
             session = self._sessions[rid] = Session(request, opened.cached_tokens)
+        self.channels.warm(request.relay_grpc, request.handoff_grpc)   # KVReady / handoff: ready when needed
         for kind in ("prompt", "handoff"):
             self.inbox.expect(rid, kind)
         self.events.emit("decode_open", rid, cached_tokens=opened.cached_tokens,
@@ -208,9 +222,9 @@ class DecodeServicer(pdd_pb2_grpc.DecodeServicer):
     def _await_handoff(self, session: Session) -> bool:
         """MD with a relay: tell the RLD, then wait for its final handoff. False: the relay finished alone."""
         rid = session.request_id
-        stub = pdd_pb2_grpc.DecodeStub(self._channel(session.request.relay_grpc))
+        stub = pdd_pb2_grpc.DecodeStub(self.channels.get(session.request.relay_grpc))
         try:
-            stub.KVReady(pdd_pb2.KVReadyRequest(request_id=rid, worker=self.me.name), timeout=RELAY_TIMEOUT_S)
+            _call_relay(stub.KVReady, pdd_pb2.KVReadyRequest(request_id=rid, worker=self.me.name))
             self.events.emit("kv_ready_sent", rid, relay=session.request.relay_grpc)
         except grpc.RpcError as err:
             if err.code() == grpc.StatusCode.NOT_FOUND:
@@ -240,14 +254,14 @@ class DecodeServicer(pdd_pb2_grpc.DecodeServicer):
         """While waiting for a handoff: is the RLD still there? alive | done (no session for the request:
         it finished alone) | a reason it is gone (connection refused or reset: its process died)."""
         try:
-            stub.PrefixLength(pdd_pb2.PrefixQuery(request_id=session.request_id), timeout=RELAY_TIMEOUT_S)
+            _call_relay(stub.PrefixLength, pdd_pb2.PrefixQuery(request_id=session.request_id))
             return "alive"
         except grpc.RpcError as err:
             if err.code() == grpc.StatusCode.NOT_FOUND:
                 return "done"
-            if err.code() == grpc.StatusCode.UNAVAILABLE:
-                return f"UNAVAILABLE: {err.details()}"
-            return "alive"  # slow (DEADLINE_EXCEEDED) is not gone: the router's deadline bounds the wait
+            if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                return f"{err.code().name}: {err.details()}"
+            return "alive"
 
     def Handoff(self, request, context):
         session = self._session(request.request_id, context)
@@ -413,19 +427,12 @@ class DecodeServicer(pdd_pb2_grpc.DecodeServicer):
         with self._sessions_lock:
             return len(self._sessions)
 
-    def _channel(self, address: str) -> grpc.Channel:
-        with self._sessions_lock:
-            if address not in self._channels:
-                self._channels[address] = grpc.insecure_channel(address, options=grpc_options(self.cfg))
-            return self._channels[address]
-
     def close(self) -> None:
         with self._sessions_lock:
-            sessions, channels = list(self._sessions.values()), list(self._channels.values())
+            sessions = list(self._sessions.values())
         for s in sessions:
             s.cancel()
-        for c in channels:
-            c.close()
+        self.channels.close()
 
 
 class _RelayHandoff:
@@ -438,7 +445,7 @@ class _RelayHandoff:
         self.inflight: grpc.Future | None = None
         self.inflight_t0 = 0
         self.failed_reason = ""
-        self.stub = pdd_pb2_grpc.DecodeStub(servicer._channel(session.request.handoff_grpc))
+        self.stub = pdd_pb2_grpc.DecodeStub(servicer.channels.get(session.request.handoff_grpc))
 
     def step(self, toks: tuple[int, ...]) -> bool:
         """Called between decode steps; True when the final handoff is done (stop decoding)."""

@@ -26,7 +26,7 @@ from workers.roles.config import DeploymentConfig, PathConfig, WorkerConfig
 from workers.roles.events import EventLog
 from workers.roles.kvwire import CONNECTIONS, KVSender, SendResult, meta_for
 from workers.roles.layerhook import layer_tap, read_layer
-from workers.roles.server import (RoleServer, StatsSource, build_engine, engine_stats, event_log, grpc_options,
+from workers.roles.server import (Channels, RoleServer, StatsSource, build_engine, engine_stats, event_log,
                                   role_main, status_of)
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ class PrefillServicer(pdd_pb2_grpc.PrefillServicer):
         self.lock = threading.Lock()       # the engine is single-threaded
         self._senders: dict[str, list[KVSender]] = {}
         self._senders_lock = threading.Lock()
-        self._channels: dict[str, grpc.Channel] = {}
+        self.channels = Channels(cfg)
 
     # ------------------------------------------------------------ RPCs
 
@@ -107,7 +107,7 @@ class PrefillServicer(pdd_pb2_grpc.PrefillServicer):
         """Where the target's copy must start: its decode worker's DRC hit. Asked while the prefill runs
         (the WAN round trip overlaps the compute); a worker that cannot answer drops the target."""
         target = plan.target
-        stub = pdd_pb2_grpc.DecodeStub(self._channel(target.drc_address))
+        stub = pdd_pb2_grpc.DecodeStub(self.channels.get(target.drc_address))
         try:
             start = stub.PrefixLength(pdd_pb2.PrefixQuery(request_id=rid), timeout=DRC_QUERY_TIMEOUT_S).cached_tokens
             if not 0 <= start < prompt_len:
@@ -185,12 +185,6 @@ class PrefillServicer(pdd_pb2_grpc.PrefillServicer):
             else:
                 self._senders.pop(rid, None)
 
-    def _channel(self, address: str) -> grpc.Channel:
-        with self._senders_lock:
-            if address not in self._channels:
-                self._channels[address] = grpc.insecure_channel(address, options=grpc_options(self.cfg))
-            return self._channels[address]
-
     @property
     def active_transfers(self) -> int:
         with self._senders_lock:
@@ -199,13 +193,11 @@ class PrefillServicer(pdd_pb2_grpc.PrefillServicer):
     def close(self) -> None:
         with self._senders_lock:
             senders = [s for ss in self._senders.values() for s in ss]
-            channels = list(self._channels.values())
         for s in senders:
             s.cancel("worker stopping")
         for s in senders:
             s.wait(5)
-        for c in channels:
-            c.close()
+        self.channels.close()
 
 
 def build(cfg: DeploymentConfig, worker: WorkerConfig) -> RoleServer:

@@ -33,7 +33,7 @@ from workers.model import get_config
 from workers.proto import pdd_pb2, pdd_pb2_grpc
 from workers.roles.config import HANDOFFS, MODES, DeploymentConfig, WorkerConfig
 from workers.roles.events import EventLog
-from workers.roles.server import RoleServer, StatsSource, event_log, grpc_options, role_main
+from workers.roles.server import Channels, RoleServer, StatsSource, event_log, role_main
 
 log = logging.getLogger(__name__)
 
@@ -149,22 +149,16 @@ class RouterServicer(pdd_pb2_grpc.RouterServicer):
         self.events = events
         self.model = get_config(cfg.model)
         self.kv_bytes_per_token = self.model.kv_bytes_per_token
-        self._channels: dict[str, grpc.Channel] = {}
+        self.channels = Channels(cfg)   # not warmed at start: peers may still be starting (refused, backoff)
         self._lock = threading.Lock()
         self._active = 0
         self.drc = DRCMirror(cfg.block_size, cfg.md.capacity_tokens // cfg.block_size)
 
     def _stub(self, cls, worker: WorkerConfig):
-        with self._lock:
-            ch = self._channels.get(worker.grpc_address)
-            if ch is None:
-                ch = self._channels[worker.grpc_address] = grpc.insecure_channel(worker.grpc_address,
-                                                                                 options=grpc_options(self.cfg))
-        return cls(ch)
+        return cls(self.channels.get(worker.grpc_address))
 
     def close(self) -> None:
-        for ch in self._channels.values():
-            ch.close()
+        self.channels.close()
 
     # ------------------------------------------------------------ Generate
 

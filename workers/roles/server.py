@@ -38,7 +38,44 @@ STOP_GRACE_S = 2.0
 def grpc_options(cfg: DeploymentConfig) -> list[tuple[str, int]]:
     """Channel/server options: message limits from the config (larger requests get RESOURCE_EXHAUSTED)."""
     return [("grpc.max_receive_message_length", cfg.max_message_bytes),
-            ("grpc.max_send_message_length", cfg.max_message_bytes)]
+            ("grpc.max_send_message_length", cfg.max_message_bytes),
+            # a peer that restarts is reachable again within a second (gRPC's default backoff grows to 120 s,
+            # failing every call on the channel meanwhile). Not grpc.min_reconnect_backoff_ms: gRPC takes it
+            # as the connect timeout too, and a connection across the WAN needs its round trips.
+            ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.max_reconnect_backoff_ms", 1000)]
+
+
+class Channels:
+    """A role's gRPC channels to its peers, one per address, connecting from the moment they are named.
+
+    `get` creates a channel and starts its connection at once (grpc.channel_ready_future), so the first
+    RPC on it does not pay TCP and HTTP/2 setup (several round trips: across the WAN, tens of ms);
+    `warm` names peers ahead of their first use (a decode session names its relay or MD when it opens;
+    not at start-up, when a peer may still be starting and would leave the channel in backoff)."""
+
+    def __init__(self, cfg: DeploymentConfig):
+        self.cfg = cfg
+        self._lock = threading.Lock()
+        self._channels: dict[str, grpc.Channel] = {}
+
+    def get(self, address: str) -> grpc.Channel:
+        with self._lock:
+            ch = self._channels.get(address)
+            if ch is None:
+                ch = self._channels[address] = grpc.insecure_channel(address, options=grpc_options(self.cfg))
+                grpc.channel_ready_future(ch)   # starts connecting; nobody waits on it
+            return ch
+
+    def warm(self, *addresses: str) -> None:
+        for address in addresses:
+            if address:
+                self.get(address)
+
+    def close(self) -> None:
+        with self._lock:
+            channels, self._channels = list(self._channels.values()), {}
+        for ch in channels:
+            ch.close()
 
 
 def status_of(err: EngineError) -> grpc.StatusCode:
