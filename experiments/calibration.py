@@ -75,6 +75,7 @@ class DirectionResult:
     capacity_mbit: float = 0.0
     tcp_goodput_mbit: float | None = None
     goodput_skipped: str | None = None
+    spread_skipped: str | None = None
     udp: dict | None = None
 
     @property
@@ -195,11 +196,15 @@ def calibrate(testbed: Testbed, cfg: CalibrationConfig, out_dir: Path) -> list[D
         expected = expected_stats(p, cfg.probes, base_delay_ms=baseline.delay_ms[direction],
                                   base_std_ms=baseline.std_ms[direction])
         measured = probe_stats(records[direction])
+        starved = _starved(baseline.capacity_mbit[direction], p.rate_mbit)
         results.append(DirectionResult(direction, p.to_dict(), expected, measured,
-                                       fidelity_checks(expected, measured),
+                                       fidelity_checks(expected, measured, check_jitter=not starved),
                                        base_delay_ms=baseline.delay_ms[direction],
                                        base_std_ms=baseline.std_ms[direction],
-                                       capacity_mbit=baseline.capacity_mbit[direction]))
+                                       capacity_mbit=baseline.capacity_mbit[direction],
+                                       spread_skipped=starved or None))
+        if starved:
+            log.warning("%s: delay spread not judged: %s", direction, starved)
     if cfg.tcp_seconds:
         _measure_goodput(testbed, cfg, params, results)
     if cfg.udp:
@@ -207,6 +212,17 @@ def calibrate(testbed: Testbed, cfg: CalibrationConfig, out_dir: Path) -> list[D
             rate = params[r.direction].rate_mbit or 1000
             r.udp = iperf3(testbed, r.direction, min(cfg.tcp_seconds or 5, 5), udp_mbit=rate / 2).get("sum")
     return results
+
+
+def _starved(capacity_mbit: float, rate_mbit: float | None) -> str:
+    """Why a rated path cannot be judged on timing (empty: it can): the machinery carries less than
+    CAPACITY_HEADROOM x the rate unshaped (an emulated CPU, at times). There netem's pacing runs on a
+    machine at its limit: one qemu TCG run measured 4.4 ms of spread for wan-congested's 2 ms at
+    19 Mbit/s of capacity, where runs with 50-110 Mbit/s matched."""
+    if capacity_mbit and rate_mbit and capacity_mbit < CAPACITY_HEADROOM * rate_mbit:
+        return (f"path capacity {capacity_mbit:.0f} Mbit/s unshaped is below {CAPACITY_HEADROOM} x the "
+                f"{rate_mbit:g} Mbit/s rate")
+    return ""
 
 
 def _lossless(p: LinkParams) -> LinkParams:
@@ -225,8 +241,7 @@ def _measure_goodput(testbed: Testbed, cfg: CalibrationConfig, params: dict, res
             if not (rate and cfg.lossless_goodput):
                 continue
             if r.capacity_mbit < CAPACITY_HEADROOM * rate:
-                r.goodput_skipped = (f"path capacity {r.capacity_mbit:.0f} Mbit/s unshaped is below "
-                                     f"{CAPACITY_HEADROOM} x the {rate:g} Mbit/s rate")
+                r.goodput_skipped = _starved(r.capacity_mbit, rate) or "path capacity not measured"
                 log.warning("%s: goodput check skipped: %s", r.direction, r.goodput_skipped)
                 continue
             r.checks.append(goodput_check(rate, r.tcp_goodput_mbit))
@@ -250,6 +265,9 @@ def markdown_table(profile: Profile, backend: str, results: list[DirectionResult
                      f"{m.received}/{m.duplicates}/{m.reordered} | | |")
         lines.append(f"| {r.direction} | baseline (machinery): delay mean, std ms; unshaped capacity Mbit/s | | "
                      f"{r.base_delay_ms:.3f}, {r.base_std_ms:.3f}; {r.capacity_mbit:.0f} | | |")
+        if r.spread_skipped:
+            lines.append(f"| {r.direction} | delay_std_ms | {r.expected.delay_std_ms:.4g} | "
+                         f"{r.measured.delay_std_ms:.4g} | not checked: {r.spread_skipped} | |")
         if r.goodput_skipped:
             lines.append(f"| {r.direction} | tcp_goodput_mbit | | {r.tcp_goodput_mbit:.4g} | "
                          f"not checked: {r.goodput_skipped} | |")
