@@ -240,8 +240,9 @@ def _measure_goodput(testbed: Testbed, cfg: CalibrationConfig, params: dict, res
             rate = params[r.direction].rate_mbit
             if not (rate and cfg.lossless_goodput):
                 continue
-            if r.capacity_mbit < CAPACITY_HEADROOM * rate:
-                r.goodput_skipped = _starved(r.capacity_mbit, rate) or "path capacity not measured"
+            skip = _starved(r.capacity_mbit, rate) if r.capacity_mbit else "path capacity not measured"
+            if skip:
+                r.goodput_skipped = skip
                 log.warning("%s: goodput check skipped: %s", r.direction, r.goodput_skipped)
                 continue
             r.checks.append(goodput_check(rate, r.tcp_goodput_mbit))

@@ -381,14 +381,9 @@ class DecodeServicer(pdd_pb2_grpc.DecodeServicer):
 
     def PrefixLength(self, request, context):
         # P asks as soon as it starts its prefill, while the router's Decode call that opens the session
-        # may still be crossing the WAN (jitter can reorder the two): wait a moment for the session.
-        deadline = time.monotonic() + SESSION_WAIT_S
-        while True:
-            with self._sessions_lock:
-                session = self._sessions.get(request.request_id)
-            if session is not None or time.monotonic() > deadline:
-                break
-            time.sleep(0.002)
+        # may still be crossing the WAN (jitter can reorder the two): wait a moment for the session
+        # (an open session expects its prompt KV).
+        self.inbox.is_expected(request.request_id, "prompt", SESSION_WAIT_S)
         return pdd_pb2.PrefixReply(cached_tokens=self._session(request.request_id, context).cached_tokens)
 
     def Lookup(self, request, context):

@@ -187,14 +187,14 @@ def blob_buffer(meta: TransferMeta, pool: BufferPool | None = None) -> tuple[np.
     return blob, blob[tok_end:].reshape(meta.n_layer, 2, meta.n_tokens, meta.row_bytes)
 
 
-def seal_blob(meta: TransferMeta, blob: np.ndarray) -> memoryview:
-    """Fill in a blob_buffer's token IDs and header (crc32c over tokens then KV); returns the blob's bytes."""
+def seal_blob(meta: TransferMeta, blob: np.ndarray) -> np.ndarray:
+    """Fill in a blob_buffer's token IDs and header (crc32c over tokens then KV); returns the blob."""
     tok = np.asarray(meta.token_ids, dtype="<i4").view(np.uint8)
     blob[BLOB_HEADER.size:BLOB_HEADER.size + tok.nbytes] = tok
     crc = crc32c(blob[BLOB_HEADER.size:])
     BLOB_HEADER.pack_into(blob, 0, BLOB_MAGIC, BLOB_VERSION, DTYPE_CODES[meta.dtype], bytes.fromhex(meta.fingerprint),
                           meta.n_layer, meta.n_kv_head, meta.head_dim, meta.start, meta.end, crc, meta.kv_bytes)
-    return memoryview(blob)
+    return blob
 
 
 # ---------------------------------------------------------------- sockets
@@ -611,22 +611,21 @@ class KVSender:
 
 @dataclass(frozen=True)
 class ReceivedTransfer:
-    """A complete, verified transfer. blob: an engine KV blob's bytes; next_token: -1 if none.
+    """A complete, verified transfer. blob: an engine KV blob (1-D uint8); next_token: -1 if none.
 
-    Call release() once the blob has been imported: its buffer goes back to the receiver's pool (the
+    Call release() once the blob has been imported: its memory goes back to the receiver's pool (the
     blob must not be read after that)."""
     meta: TransferMeta
-    blob: memoryview
+    blob: np.ndarray
     next_token: int
     wire_bytes: int
     first_byte_ns: int
     done_ns: int
-    buffer: np.ndarray | None = field(default=None, repr=False)
     pool: BufferPool | None = field(default=None, repr=False)
 
     def release(self) -> None:
-        if self.pool is not None and self.buffer is not None:
-            self.pool.give(self.buffer)
+        if self.pool is not None:
+            self.pool.give(self.blob)
 
 
 class Inbox:
@@ -971,9 +970,8 @@ class KVReceiver:
         done_ns = time.monotonic_ns()
         with a.ack_lock:  # every frame's crc checked: the data plane's part is done; delivery is local
             a.ack_sock.sendall(pack_frame(ACK, tid))
-        blob = seal_blob(a.meta, a.blob)
-        transfer = ReceivedTransfer(a.meta, blob, a.next_token, a.wire_bytes, a.first_byte_ns, done_ns,
-                                    a.blob, self.pool)
+        transfer = ReceivedTransfer(a.meta, seal_blob(a.meta, a.blob), a.next_token, a.wire_bytes,
+                                    a.first_byte_ns, done_ns, self.pool)
         accepted = self.inbox.put(transfer)
         if not accepted:
             transfer.release()
