@@ -1,14 +1,18 @@
 """The KV data plane's receive buffers: the pool's reuse rules and blobs assembled in place.
 
 A blob built by blob_buffer + seal_blob must be the very blob the engine exports for the same range
-(the receiver writes frames straight into it); the pool must hand out a buffer to one owner at a time.
+(the receiver writes frames straight into it), whether its checksum is read from the bytes or folded
+from the chunks' checksums; chunks that do not tile every layer are refused; the pool must hand out a
+buffer to one owner at a time.
 """
 import numpy as np
 import pytest
 
 from workers.engine import Engine, GenerationRequest
 from workers.errors import KVChecksumError
-from workers.roles.kvwire import BufferPool, blob_buffer, meta_for, seal_blob
+from crc32c import crc32c
+
+from workers.roles.kvwire import BufferPool, FrameError, blob_buffer, meta_for, seal_blob
 
 MB = 1 << 20
 
@@ -61,3 +65,33 @@ def test_sealed_blob_equals_the_engines_export_and_imports():
     eng.import_kv("b", eng.export_kv("a", 0, 5))
     with pytest.raises(KVChecksumError):
         eng.import_kv("b", got)
+
+
+def _chunk_crcs(kv, cuts):
+    """What the receiver records for chunks [cuts[i], cuts[i+1]) of every layer of kv (n_layer, 2, n, row)."""
+    out = {}
+    for layer in range(kv.shape[0]):
+        for off, end in zip(cuts, cuts[1:]):
+            out[layer, off] = (end - off, crc32c(kv[layer, 0, off:end]), crc32c(kv[layer, 1, off:end]))
+    return out
+
+
+def test_checksum_folded_from_chunks_equals_the_export_and_gaps_are_refused():
+    eng = Engine("tiny", seed=0, capacity_tokens=256, block_size=8, prefix_cache=False)
+    prompt = list(range(3, 40))
+    eng.open(GenerationRequest("a", tuple(prompt), 4))
+    eng.prefill("a")
+    want = eng.export_kv("a", 2, 33)
+    meta = meta_for(eng, "a", "prompt", 2, 33, prompt[2:33])
+    blob, kv = blob_buffer(meta)
+    kv[...] = np.frombuffer(want, np.uint8, offset=len(want) - meta.kv_bytes).reshape(kv.shape)
+    chunks = _chunk_crcs(kv, [0, 7, 8, 20, 31])
+    assert bytes(seal_blob(meta, blob, dict(reversed(list(chunks.items()))))) == bytes(want)
+    overlapping = _chunk_crcs(kv, [0, 7, 8, 20, 31])
+    overlapping[1, 8] = (13, *overlapping[1, 8][1:])        # layer 1: [8, 21) overlaps [20, 31)
+    with pytest.raises(FrameError, match="layer 1"):
+        seal_blob(meta, blob, overlapping)
+    short = _chunk_crcs(kv, [0, 7, 8, 20, 31])
+    del short[0, 20]                                        # layer 0 ends at token 20
+    with pytest.raises(FrameError, match="layer 0: chunks cover 20 of 31"):
+        seal_blob(meta, blob, short)

@@ -47,6 +47,7 @@ from typing import Callable
 import numpy as np
 from crc32c import crc32c
 
+from workers.crc import crc32c_combine
 from workers.kvcache import BLOB_HEADER, BLOB_MAGIC, BLOB_VERSION, TOKEN_ID_BYTES
 from workers.roles.config import PathConfig, parse_address
 from workers.roles.events import EventLog
@@ -187,14 +188,47 @@ def blob_buffer(meta: TransferMeta, pool: BufferPool | None = None) -> tuple[np.
     return blob, blob[tok_end:].reshape(meta.n_layer, 2, meta.n_tokens, meta.row_bytes)
 
 
-def seal_blob(meta: TransferMeta, blob: np.ndarray) -> np.ndarray:
-    """Fill in a blob_buffer's token IDs and header (crc32c over tokens then KV); returns the blob."""
+# what a receiver knows of one verified chunk: (layer, token_offset) -> (token_count, crc32c(K), crc32c(V))
+ChunkCrcs = dict[tuple[int, int], tuple[int, int, int]]
+
+
+def seal_blob(meta: TransferMeta, blob: np.ndarray, chunks: ChunkCrcs | None = None) -> np.ndarray:
+    """Fill in a blob_buffer's token IDs and header (crc32c over tokens then KV); returns the blob.
+    With `chunks` (every chunk of the KV region and its checksums) the blob's checksum is folded from
+    theirs instead of read from the bytes again; chunks that do not tile each layer raise FrameError."""
     tok = np.asarray(meta.token_ids, dtype="<i4").view(np.uint8)
     blob[BLOB_HEADER.size:BLOB_HEADER.size + tok.nbytes] = tok
-    crc = crc32c(blob[BLOB_HEADER.size:])
+    if chunks is None:
+        crc = crc32c(blob[BLOB_HEADER.size:])
+    else:
+        crc = fold_chunk_crcs(meta, crc32c(tok), chunks)
     BLOB_HEADER.pack_into(blob, 0, BLOB_MAGIC, BLOB_VERSION, DTYPE_CODES[meta.dtype], bytes.fromhex(meta.fingerprint),
                           meta.n_layer, meta.n_kv_head, meta.head_dim, meta.start, meta.end, crc, meta.kv_bytes)
     return blob
+
+
+def fold_chunk_crcs(meta: TransferMeta, crc: int, chunks: ChunkCrcs) -> int:
+    """crc32c of (what crc covers) + the KV region in blob order (layer, then K rows, then V rows),
+    from the chunks' own checksums."""
+    by_layer: list[list[tuple[int, int, int, int]]] = [[] for _ in range(meta.n_layer)]
+    for (layer, off), (cnt, crc_k, crc_v) in chunks.items():
+        if not 0 <= layer < meta.n_layer:
+            raise FrameError(f"chunk of layer {layer} in a transfer of {meta.n_layer} layers")
+        by_layer[layer].append((off, cnt, crc_k, crc_v))
+    for layer, parts in enumerate(by_layer):
+        parts.sort()
+        end = 0
+        for off, cnt, _, _ in parts:
+            if off != end:
+                raise FrameError(f"layer {layer}: chunks leave tokens [{min(off, end)}, {max(off, end)}) "
+                                 f"missing or twice")
+            end = off + cnt
+        if end != meta.n_tokens:
+            raise FrameError(f"layer {layer}: chunks cover {end} of {meta.n_tokens} tokens")
+        for half in (2, 3):   # K rows then V rows
+            for part in parts:
+                crc = crc32c_combine(crc, part[half], part[1] * meta.row_bytes)
+    return crc
 
 
 # ---------------------------------------------------------------- sockets
@@ -543,7 +577,7 @@ class KVSender:
             if time.monotonic_ns() > deadline_ns:
                 raise TransferFailed(f"deadline {self.settings.deadline_ms} ms passed")
             k, v = chunk.parts
-            crc = crc32c(v, crc32c(k))
+            crc = crc32c(v, crc32c(k))   # here, not ahead on another thread: the send then copies from cache
             hdr = pack_frame(LAYER, transfer_id, chunk.layer, chunk.offset, chunk.count, k.nbytes + v.nbytes, crc)
             self._send(sock, [hdr, k, v])
             self._progress(k.nbytes + v.nbytes)
@@ -690,14 +724,24 @@ class Inbox:
             return len(self._ready)
 
 
+def _verify_chunk(k, v, crc: int, layer: int, off: int) -> tuple[int, int]:
+    """(crc32c(k), crc32c(v)) of a LAYER payload k + v whose frame says crc32c(k + v) == crc."""
+    crc_k, crc_v = crc32c(k), crc32c(v)
+    got = crc32c_combine(crc_k, crc_v, len(v))
+    if got != crc:
+        raise FrameError(f"LAYER payload checksum mismatch (layer {layer}, offset {off}: "
+                         f"{got:#010x} != {crc:#010x})")
+    return crc_k, crc_v
+
+
 @dataclass
 class _Assembly:
     transfer_id: int
     meta: TransferMeta | None = None
     blob: np.ndarray | None = None                # blob_buffer: the engine blob being filled
     buf: np.ndarray | None = None                 # its KV region, (n_layer, 2, n, row_bytes) uint8
-    early: list[tuple[int, int, int, bytes]] = field(default_factory=list)  # chunks before BEGIN
-    seen: set[tuple[int, int]] = field(default_factory=set)
+    early: list[tuple[int, int, int, bytes, tuple[int, int]]] = field(default_factory=list)  # before BEGIN
+    seen: ChunkCrcs = field(default_factory=dict)   # verified chunks
     received_bytes: int = 0
     chunks_expected: int = -1
     next_token: int = -1
@@ -885,8 +929,8 @@ class KVReceiver:
             a.wire_bytes += FRAME_HEADER.size + len(payload)
             early, a.early = a.early, []
             mine.add(tid)
-        for layer, off, cnt, data in early:
-            self._place(a, layer, off, cnt, data)
+        for layer, off, cnt, data, crcs in early:
+            self._place(a, layer, off, cnt, data, crcs)
         self.events.emit("kv_recv_begin", meta.request_id, kind=meta.kind, transfer_id=tid, start=meta.start,
                          end=meta.end, kv_bytes=meta.kv_bytes)
 
@@ -905,36 +949,36 @@ class KVReceiver:
             if began:
                 self._check_chunk(a, layer, off, cnt, plen)
         if not began:  # BEGIN is still on its way on connection 0: keep the bytes
-            data = self._read_payload(conn, plen, crc)
+            data = bytearray(plen)
+            if recv_exact(conn, memoryview(data)) < plen:
+                raise FrameError(f"truncated LAYER payload (layer {layer}, tokens [{off}, {off + cnt}))")
+            half = plen // 2
+            crcs = _verify_chunk(data[:half], data[half:], crc, layer, off)
             with self._lock:
                 if a.meta is None:
                     if sum(len(e[3]) for e in a.early) + plen > self.max_transfer_bytes:
                         raise FrameError("too much KV before BEGIN")
-                    a.early.append((layer, off, cnt, data))
+                    a.early.append((layer, off, cnt, bytes(data), crcs))
                     return
-            self._place(a, layer, off, cnt, data)
+            self._place(a, layer, off, cnt, bytes(data), crcs)
             return
         k_dst, v_dst = memoryview(a.buf[layer, 0, off:off + cnt]).cast("B"), \
             memoryview(a.buf[layer, 1, off:off + cnt]).cast("B")
         if recv_exact(conn, k_dst) < len(k_dst) or recv_exact(conn, v_dst) < len(v_dst):
             raise FrameError(f"truncated LAYER payload (layer {layer}, tokens [{off}, {off + cnt}))")
-        got = crc32c(v_dst, crc32c(k_dst))
-        if got != crc:
-            raise FrameError(f"LAYER payload checksum mismatch (layer {layer}, offset {off}: "
-                             f"{got:#010x} != {crc:#010x})")
-        self._count(a, layer, off, plen)
+        self._count(a, layer, off, cnt, _verify_chunk(k_dst, v_dst, crc, layer, off), plen)
 
-    def _place(self, a: _Assembly, layer: int, off: int, cnt: int, data: bytes) -> None:
+    def _place(self, a: _Assembly, layer: int, off: int, cnt: int, data: bytes, crcs: tuple[int, int]) -> None:
         with self._lock:
             self._check_chunk(a, layer, off, cnt, len(data))
         half = len(data) // 2
         a.buf[layer, 0, off:off + cnt] = np.frombuffer(data, np.uint8, half).reshape(cnt, -1)
         a.buf[layer, 1, off:off + cnt] = np.frombuffer(data, np.uint8, half, half).reshape(cnt, -1)
-        self._count(a, layer, off, len(data))
+        self._count(a, layer, off, cnt, crcs, len(data))
 
-    def _count(self, a: _Assembly, layer: int, off: int, plen: int) -> None:
+    def _count(self, a: _Assembly, layer: int, off: int, cnt: int, crcs: tuple[int, int], plen: int) -> None:
         with self._lock:
-            a.seen.add((layer, off))
+            a.seen[layer, off] = (cnt, *crcs)
             a.received_bytes += plen
             a.wire_bytes += FRAME_HEADER.size + plen
 
@@ -967,11 +1011,15 @@ class KVReceiver:
                 raise FrameError(f"transfer {tid}: {a.received_bytes} KV bytes in {len(a.seen)} chunks, "
                                  f"expected {a.meta.kv_bytes}")
             del self._assemblies[tid]
+        try:
+            blob = seal_blob(a.meta, a.blob, a.seen)
+        except FrameError:
+            self.pool.give(a.blob)
+            raise
         done_ns = time.monotonic_ns()
         with a.ack_lock:  # every frame's crc checked: the data plane's part is done; delivery is local
             a.ack_sock.sendall(pack_frame(ACK, tid))
-        transfer = ReceivedTransfer(a.meta, seal_blob(a.meta, a.blob), a.next_token, a.wire_bytes,
-                                    a.first_byte_ns, done_ns, self.pool)
+        transfer = ReceivedTransfer(a.meta, blob, a.next_token, a.wire_bytes, a.first_byte_ns, done_ns, self.pool)
         accepted = self.inbox.put(transfer)
         if not accepted:
             transfer.release()
