@@ -93,6 +93,7 @@ class DecodeConfig:
     handoff_timeout_ms: int = 10000  # a handoff RPC slower than this failed; the RLD keeps decoding
     auto_oneshot_load: int = 2       # auto handoff: oneshot when the RLD has at least this many sessions
     max_sessions: int = 64           # concurrent decode sessions per worker; more get RESOURCE_EXHAUSTED
+    max_batch: int = 32              # sessions decoded in one batched engine step at most (1: each alone)
 
 
 @dataclass(frozen=True)
@@ -195,6 +196,7 @@ def validate(cfg: DeploymentConfig) -> DeploymentConfig:
     _check_range("policy.wan_rate_mbit", cfg.policy.wan_rate_mbit, 0.001, 1e7)
     _check_range("decode.kv_wait_ms", cfg.decode.kv_wait_ms, 10, 3_600_000)
     _check_range("decode.max_sessions", cfg.decode.max_sessions, 1, 100_000)
+    _check_range("decode.max_batch", cfg.decode.max_batch, 1, 4096)
     return cfg
 
 

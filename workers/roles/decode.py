@@ -36,6 +36,7 @@ from workers.engine import Engine, GenerationRequest
 from workers.errors import EngineError
 from workers.kvcache import BLOB_HEADER, TOKEN_ID_BYTES
 from workers.proto import pdd_pb2, pdd_pb2_grpc
+from workers.roles.batching import StepBatcher
 from workers.roles.config import DeploymentConfig, WorkerConfig
 from workers.roles.events import EventLog
 from workers.roles.kvwire import CONNECTIONS, Inbox, KVReceiver, KVSender, meta_for
@@ -110,6 +111,7 @@ class DecodeServicer(pdd_pb2_grpc.DecodeServicer):
         self.cfg, self.me, self.role = cfg, me, role
         self.engine, self.inbox, self.events = engine, inbox, events
         self.lock = threading.Lock()    # the engine is single-threaded
+        self.batcher = StepBatcher(engine.decode_step, self.lock, cfg.decode.max_batch)
         self._sessions: dict[str, Session] = {}
         self._sessions_lock = threading.Lock()
         self.channels = Channels(cfg)
@@ -347,10 +349,15 @@ class DecodeServicer(pdd_pb2_grpc.DecodeServicer):
     # ------------------------------------------------------------ decode loop (both roles)
 
     def _decode_loop(self, session: Session):
-        rid, worker = session.request_id, self.me.name
+        rid = session.request_id
         handoff = _RelayHandoff(self, session) if self.role == "rld" and session.request.handoff != H.HANDOFF_NONE \
             else None
-        emitted = session.emit_from
+        with self.batcher.decoding(rid):
+            yield from self._decode_steps(session, handoff)
+
+    def _decode_steps(self, session: Session, handoff: _RelayHandoff | None):
+        rid, worker = session.request_id, self.me.name
+        emitted, steps, batched = session.emit_from, 0, 0
         while True:
             with self.lock:
                 toks = self.engine.tokens(rid)[session.prompt_len:]
@@ -368,14 +375,15 @@ class DecodeServicer(pdd_pb2_grpc.DecodeServicer):
             if done:
                 if handoff is not None:
                     handoff.record_local_completion()
-                self.events.emit("decode_done", rid, generated_tokens=len(toks))
+                self.events.emit("decode_done", rid, generated_tokens=len(toks), steps=steps,
+                                 mean_batch=round(batched / steps, 2) if steps else 0)
                 yield end_msg("length")
                 return
             if handoff is not None and handoff.step(toks):
                 yield end_msg("handed_off")
                 return
-            with self.lock:
-                self.engine.decode_step([rid])
+            _, batch = self.batcher.step(rid)   # one step batched with this worker's other sessions
+            steps, batched = steps + 1, batched + batch
 
     # ------------------------------------------------------------ small RPCs
 
