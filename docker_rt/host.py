@@ -59,10 +59,14 @@ class RoleLimits:
     memory_mb: int
 
 
-# Small model, CPU only: these leave headroom on a 2-core machine and catch a runaway role.
+# Small model, CPU only: these leave headroom on a 2-core machine and catch a runaway role. A worker of
+# the default model holds ~1.3 GiB before its first request (weights, a preallocated 800 MB KV cache,
+# torch); prefilling a 2000-token prompt adds ~0.4 GiB of activations (attention scores grow with the
+# square of the prompt), and P's layer copies in flight come on top: 2 GiB killed P in the default
+# experiment once decoding was batched and requests came closer together.
 DEFAULT_LIMITS: Mapping[str, RoleLimits] = {
     "client": RoleLimits(1.0, 1024), "router": RoleLimits(0.5, 1024),
-    "p": RoleLimits(1.0, 2048), "rld": RoleLimits(1.0, 2048), "md": RoleLimits(1.0, 2048),
+    "p": RoleLimits(1.0, 3072), "rld": RoleLimits(1.0, 3072), "md": RoleLimits(1.0, 3072),
 }
 
 

@@ -37,7 +37,7 @@ def test_process_container_shares_the_holder_namespace_with_role_limits():
 
 
 def test_default_limits_and_argv_translation():
-    assert OPTS.limits_for("p") == RoleLimits(1.0, 2048)
+    assert OPTS.limits_for("p") == RoleLimits(1.0, 3072)
     assert container_argv(["/usr/bin/python3", "-c", "x"]) == ["python", "-c", "x"]
     assert container_argv(["ip", "-o", "addr"]) == ["ip", "-o", "addr"]
 
