@@ -740,7 +740,7 @@ class _Assembly:
     meta: TransferMeta | None = None
     blob: np.ndarray | None = None                # blob_buffer: the engine blob being filled
     buf: np.ndarray | None = None                 # its KV region, (n_layer, 2, n, row_bytes) uint8
-    early: list[tuple[int, int, int, bytes, tuple[int, int]]] = field(default_factory=list)  # before BEGIN
+    early: list[tuple[int, int, int, bytearray, tuple[int, int]]] = field(default_factory=list)  # before BEGIN
     seen: ChunkCrcs = field(default_factory=dict)   # verified chunks
     received_bytes: int = 0
     chunks_expected: int = -1
@@ -950,17 +950,17 @@ class KVReceiver:
                 self._check_chunk(a, layer, off, cnt, plen)
         if not began:  # BEGIN is still on its way on connection 0: keep the bytes
             data = bytearray(plen)
-            if recv_exact(conn, memoryview(data)) < plen:
+            view = memoryview(data)
+            if recv_exact(conn, view) < plen:
                 raise FrameError(f"truncated LAYER payload (layer {layer}, tokens [{off}, {off + cnt}))")
-            half = plen // 2
-            crcs = _verify_chunk(data[:half], data[half:], crc, layer, off)
+            crcs = _verify_chunk(view[:plen // 2], view[plen // 2:], crc, layer, off)
             with self._lock:
                 if a.meta is None:
                     if sum(len(e[3]) for e in a.early) + plen > self.max_transfer_bytes:
                         raise FrameError("too much KV before BEGIN")
-                    a.early.append((layer, off, cnt, bytes(data), crcs))
+                    a.early.append((layer, off, cnt, data, crcs))
                     return
-            self._place(a, layer, off, cnt, bytes(data), crcs)
+            self._place(a, layer, off, cnt, data, crcs)
             return
         k_dst, v_dst = memoryview(a.buf[layer, 0, off:off + cnt]).cast("B"), \
             memoryview(a.buf[layer, 1, off:off + cnt]).cast("B")
@@ -968,7 +968,7 @@ class KVReceiver:
             raise FrameError(f"truncated LAYER payload (layer {layer}, tokens [{off}, {off + cnt}))")
         self._count(a, layer, off, cnt, _verify_chunk(k_dst, v_dst, crc, layer, off), plen)
 
-    def _place(self, a: _Assembly, layer: int, off: int, cnt: int, data: bytes, crcs: tuple[int, int]) -> None:
+    def _place(self, a: _Assembly, layer: int, off: int, cnt: int, data: bytearray, crcs: tuple[int, int]) -> None:
         with self._lock:
             self._check_chunk(a, layer, off, cnt, len(data))
         half = len(data) // 2
