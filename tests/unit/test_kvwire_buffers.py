@@ -44,16 +44,22 @@ def test_pool_refuses_waste_duplicates_and_overflow():
     assert pool.free_bytes == 20 * MB
 
 
-def test_sealed_blob_equals_the_engines_export_and_imports():
+def _received(start, end, pool=None):
+    """A prefilled tiny-model request "a", the engine's export of [start, end), and a blob_buffer whose KV
+    region holds the same bytes (as the receiver leaves it): eng, prompt, want, meta, blob, kv."""
     eng = Engine("tiny", seed=0, capacity_tokens=256, block_size=8, prefix_cache=False)
     prompt = list(range(3, 40))
     eng.open(GenerationRequest("a", tuple(prompt), 4))
     eng.prefill("a")
-    want = eng.export_kv("a", 5, 30)
-    meta = meta_for(eng, "a", "prompt", 5, 30, prompt[5:30])
-    pool = BufferPool(min_bytes=1)
+    want = eng.export_kv("a", start, end)
+    meta = meta_for(eng, "a", "prompt", start, end, prompt[start:end])
     blob, kv = blob_buffer(meta, pool)
     kv[...] = np.frombuffer(want, np.uint8, offset=len(want) - meta.kv_bytes).reshape(kv.shape)
+    return eng, prompt, want, meta, blob, kv
+
+
+def test_sealed_blob_equals_the_engines_export_and_imports():
+    eng, prompt, want, meta, blob, kv = _received(5, 30, BufferPool(min_bytes=1))
     got = seal_blob(meta, blob)
     assert bytes(got) == bytes(want)
     eng.open(GenerationRequest("b", tuple(prompt), 4))
@@ -77,14 +83,7 @@ def _chunk_crcs(kv, cuts):
 
 
 def test_checksum_folded_from_chunks_equals_the_export_and_gaps_are_refused():
-    eng = Engine("tiny", seed=0, capacity_tokens=256, block_size=8, prefix_cache=False)
-    prompt = list(range(3, 40))
-    eng.open(GenerationRequest("a", tuple(prompt), 4))
-    eng.prefill("a")
-    want = eng.export_kv("a", 2, 33)
-    meta = meta_for(eng, "a", "prompt", 2, 33, prompt[2:33])
-    blob, kv = blob_buffer(meta)
-    kv[...] = np.frombuffer(want, np.uint8, offset=len(want) - meta.kv_bytes).reshape(kv.shape)
+    _, _, want, meta, blob, kv = _received(2, 33)
     chunks = _chunk_crcs(kv, [0, 7, 8, 20, 31])
     assert bytes(seal_blob(meta, blob, dict(reversed(list(chunks.items()))))) == bytes(want)
     overlapping = _chunk_crcs(kv, [0, 7, 8, 20, 31])
