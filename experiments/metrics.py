@@ -111,6 +111,7 @@ def variant_summary(recs: list[RequestRecord], slo) -> dict:
         "output_tokens_per_s": out_tokens / dur if dur else 0.0,
         "ttft_ms": stats([r.ttft_ms for r in ok]), "ttft_decode_ms": stats([r.ttft_decode_ms for r in ok]),
         "tpot_ms": stats([r.tpot_ms for r in ok]), "itl_ms": stats([g for r in ok for g in itls(r)]),
+        "decode_batch": stats([r.decode_batch for r in ok]),
         "e2e_ms": stats([r.e2e_ms for r in ok]),
         "goodput_rps": len(good) / dur if dur else 0.0, "slo_attainment": len(good) / len(recs) if recs else 0.0,
         "wan_bytes_total": sum(r.wan_bytes for r in recs), "wan_bytes_per_request": stats([r.wan_bytes for r in recs]),
@@ -196,15 +197,18 @@ def markdown(summary: dict, meta: dict) -> str:
              f"model: {meta.get('spec', {}).get('model')}; SLO: TTFT ≤ {summary['slo']['ttft_ms']:g} ms, "
              f"TPOT ≤ {summary['slo']['tpot_ms']:g} ms", "",
              "| variant | done | TTFT p50 / p90 / p99 ms | TTFT-decode p50 / p90 / p99 ms | TPOT p50 ms | "
-             "ITL p99 ms | E2E p50 ms | goodput rps | WAN bytes (total / per req) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "decode batch | ITL p99 ms | E2E p50 ms | goodput rps | WAN bytes (total / per req) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for v, s in per.items():
         t, d = s["ttft_ms"], s["ttft_decode_ms"]
         lines.append(f"| {v} | {s['completed']}/{s['requests']} | {_f(t.get('p50'))} / {_f(t.get('p90'))} / "
                      f"{_f(t.get('p99'))} | {_f(d.get('p50'))} / {_f(d.get('p90'))} / {_f(d.get('p99'))} | "
-                     f"{_f(s['tpot_ms'].get('p50'), 1)} | {_f(s['itl_ms'].get('p99'))} | {_f(s['e2e_ms'].get('p50'))} | "
+                     f"{_f(s['tpot_ms'].get('p50'), 1)} | {_f(s['decode_batch'].get('mean'), 1)} | "
+                     f"{_f(s['itl_ms'].get('p99'))} | {_f(s['e2e_ms'].get('p50'))} | "
                      f"{_f(s['goodput_rps'], 3)} | {_mb(s['wan_bytes_total'])} / "
                      f"{_mb(s['wan_bytes_per_request'].get('mean'))} |")
+    lines += ["", "decode batch: mean size of the batched engine steps that decoded a request's tokens, over "
+              "requests (1 = decoded alone; a worker batches the steps of its concurrent sessions)."]
     lines += _pdd_section(per.get("pdd"), summary)
     lines += _bucket_section(per)
     lines += _streams_section(summary["streams"])

@@ -58,6 +58,7 @@ class RequestRecord:
     rld_tokens: int = 0
     md_tokens: int = 0
     p_tokens: int = 0
+    decode_batch: float | None = None  # mean batch of the decode steps that made its tokens (step-weighted)
     handoff: dict | None = None      # mode, tokens, payload_bytes, duration_ms, extend_ms, switch_index, gap_ms
     fallbacks: list[str] = field(default_factory=list)
     spans: dict = field(default_factory=dict)   # timeline phases: name -> [start_ms, end_ms] from send
@@ -144,6 +145,14 @@ def _spans(evs: list[dict], rec: RequestRecord, t0: int) -> None:
     rec.spans = {k: v for k, v in s.items() if v is not None}
 
 
+def _decode_batch(evs: list[dict]) -> float | None:
+    """Mean size of the batched engine steps this request's decode sessions ran in (their decode_done
+    events, weighted by steps); None where no session reported steps (older runs, no decode steps)."""
+    done = [e for e in evs if e["event"] == "decode_done" and e.get("steps")]
+    steps = sum(e["steps"] for e in done)
+    return sum(e["steps"] * e["mean_batch"] for e in done) / steps if steps else None
+
+
 def build_record(raw: dict, wreq: WorkloadRequest | None, evs: list[dict]) -> RequestRecord:
     """One request: the client's record, its workload entry and its events."""
     t0 = raw["t_send_ns"]
@@ -169,6 +178,7 @@ def build_record(raw: dict, wreq: WorkloadRequest | None, evs: list[dict]) -> Re
     rec.rld_tokens = sum(w.startswith("rld") for w in rec.token_workers)
     rec.md_tokens = sum(w.startswith("md") for w in rec.token_workers)
     rec.p_tokens = sum(w.startswith("p") for w in rec.token_workers)
+    rec.decode_batch = _decode_batch(evs)
     _bytes(evs, rec)
     _handoff(evs, rec, t0)
     _spans(evs, rec, t0)

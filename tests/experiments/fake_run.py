@@ -37,6 +37,9 @@ def _events(variant: str, rec: dict, req, kv_bpt: int) -> list[tuple[str, dict]]
         n = req.prompt_len - (req.cached_tokens if variant == "pdd" else 0)
         ev += [("p1", {"event": "kv_send_start", "path": "wan"}),
                ("p1", {"event": "kv_send_end", "path": "wan", "wire_bytes": n * kv_bpt})]
+    decoder = "md1" if variant in ("pd-cross", "pdd") else "rld1"
+    ev += [(decoder, {"event": "decode_done", "steps": 4, "mean_batch": 2.0}),      # a step-weighted mean of 1.5
+           (decoder, {"event": "decode_done", "steps": 12, "mean_batch": 1.333333})]
     if variant == "pdd":
         ev += [("rld1", {"event": "handoff_start", "final": True}),
                ("md1", {"event": "handoff_recv_end", "extend_ns": 2 * MS}),

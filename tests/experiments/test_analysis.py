@@ -30,6 +30,7 @@ def test_summary_has_every_metric_per_variant(run):
     assert p["wan_bytes_total"] < x["wan_bytes_total"]
     assert p["handoff"]["count"] == 9 and p["handoff"]["latency_ms"]["mean"] == pytest.approx(70)
     assert p["handoff"]["extend_ms"]["mean"] == pytest.approx(2)
+    assert p["decode_batch"]["mean"] == pytest.approx(1.5, abs=1e-5)   # (4 x 2 + 12 x 4/3) / 16 steps
     assert 0 < p["rld_token_share"] < 0.5 and p["hit_rate"]["drc_mean"] > 0
     assert x["ttft_ms"]["p50"] == pytest.approx(90) and p["ttft_ms"]["p50"] == pytest.approx(20)
     assert s["streams"]["reference"] == "colocated"
@@ -49,6 +50,8 @@ def test_requests_and_events_files(run):
 def test_summary_md_and_plots(run):
     md = (run / "summary.md").read_text()
     assert "| pdd |" in md and "TTFT-decode" in md and "## PDD" in md
+    row = next(line for line in md.splitlines() if line.startswith("| pdd |"))
+    assert row.split(" | ")[5] == "1.5"                                 # the decode batch column
     for name in plots.PLOTS:
         data = (run / "plots" / name).read_bytes()
         assert data.startswith(PNG_MAGIC) and len(data) > 2000, name
