@@ -33,6 +33,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 from crc32c import crc32c
@@ -102,6 +103,15 @@ def _receiver_main(port: int, stop, ready, report) -> None:
     report.put(cpu)
 
 
+def back_to_back(transfer: Callable[[], object], seconds: float) -> tuple[int, float]:
+    """Call transfer() until `seconds` have passed (at least twice); (calls, elapsed seconds)."""
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds or n < 2:
+        transfer()
+        n += 1
+    return n, time.perf_counter() - t0
+
+
 WARMUP_TRANSFERS = 2   # until the receiver's buffer pool holds a buffer of this size (the first two land in
                        # fresh memory: a decode worker in steady state reuses its buffers)
 
@@ -123,8 +133,8 @@ class KVWireBench:
         self.child.start()
         if not ready.wait(30):
             raise RuntimeError("receiver did not start")
-        self.windows: list[tuple[int, int, float, float]] = []   # first, end transfer, seconds, sender CPU s
-        self.kv_bytes = 0
+        self.windows: list[tuple[int, int, float]] = []   # first, end transfer, sender CPU seconds
+        self.kv_bytes = sum(layer.nbytes for layer in self.layers)
 
     def _transfer(self) -> float:
         c = DEFAULT
@@ -144,7 +154,6 @@ class KVWireBench:
         if not result.ok:
             raise RuntimeError(f"transfer failed: {result.reason}")
         self.sent += 1
-        self.kv_bytes = meta.kv_bytes
         return meta.kv_bytes * 8 / dt / 1e9
 
     def warm_up(self) -> list[float]:
@@ -153,21 +162,19 @@ class KVWireBench:
 
     def measure(self, seconds: float) -> float:
         """Send transfers back to back for about `seconds`; Gbit/s over the window."""
-        first, c0, t0 = self.sent, cpu_seconds(), time.perf_counter()
-        while time.perf_counter() - t0 < seconds or self.sent - first < 2:
-            self._transfer()
-        dt = time.perf_counter() - t0
-        self.windows.append((first, self.sent, dt, cpu_seconds() - c0))
-        return (self.sent - first) * self.kv_bytes * 8 / dt / 1e9
+        first, c0 = self.sent, cpu_seconds()
+        n, dt = back_to_back(self._transfer, seconds)
+        self.windows.append((first, self.sent, cpu_seconds() - c0))
+        return n * self.kv_bytes * 8 / dt / 1e9
 
     def close(self) -> dict:
         """Stop the receiver; CPU seconds per GB on each side over the measured windows."""
         self.stop.set()
         cpu = self.report.get(timeout=60)
         self.child.join(30)
-        gb = sum(end - first for first, end, _, _ in self.windows) * self.kv_bytes / 1e9
-        send = sum(w[3] for w in self.windows)
-        recv = sum(cpu[end - 1] - cpu[first - 1] for first, end, _, _ in self.windows)
+        gb = sum(end - first for first, end, _ in self.windows) * self.kv_bytes / 1e9
+        send = sum(cpu_s for _, _, cpu_s in self.windows)
+        recv = sum(cpu[end - 1] - cpu[first - 1] for first, end, _ in self.windows)
         return {"send_cpu_s_per_gb": send / gb, "recv_cpu_s_per_gb": recv / gb}
 
 
@@ -243,11 +250,8 @@ class RawTCPBench:
 
     def measure(self, seconds: float) -> float:
         """Transfers back to back for about `seconds`; Gbit/s."""
-        n, t0 = 0, time.perf_counter()
-        while time.perf_counter() - t0 < seconds or n < 2:
-            self._transfer()
-            n += 1
-        return n * len(self.data) * 8 / (time.perf_counter() - t0) / 1e9
+        n, dt = back_to_back(self._transfer, seconds)
+        return n * len(self.data) * 8 / dt / 1e9
 
     def close(self) -> None:
         for sock in self.socks:
