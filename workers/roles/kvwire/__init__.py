@@ -21,13 +21,19 @@ Frame (little-endian), FRAME_HEADER then payload_len bytes of payload:
 Types, sender -> receiver: BEGIN (payload: JSON TransferMeta), LAYER (the K
 then V of tokens [token_offset, +token_count) of one layer: payload is
 2 x token_count x row_bytes), END (payload: JSON {next_token, chunks}),
-CANCEL; receiver -> sender: ACK (the transfer is complete and verified).
+CANCEL, RESUME (a retry of the same transfer_id asks what the receiver holds); receiver -> sender:
+ACK (the transfer is complete and verified), HAVE (answer to RESUME: JSON {state: new | partial |
+done, chunks: [[layer, token_offset], ...]}).
 Connection 0 of a transfer carries BEGIN, its share of LAYER chunks, END and
 the ACK; connection c carries chunks c, c+N, ... Chunks may arrive before
 BEGIN (other connections) and are buffered until it does. A transfer is
 complete when BEGIN, END and every chunk have arrived. Any malformed,
-truncated or corrupted frame closes its connection and drops the transfer
-(error event); the sender then retries with a new transfer_id.
+truncated or corrupted frame closes its connection (error event). A transfer
+whose connection died is kept by the receiver (RESUME_KEEP_S); the sender's
+retry keeps the transfer_id, asks with RESUME and sends only the chunks the
+receiver lacks (BEGIN too when it never arrived), so a retry under loss does
+not start over. A chunk that arrives twice (its first copy raced the
+connection's death) is checked and not counted again.
 """
 from workers.roles.kvwire.blob import BufferPool, ChunkCrcs, blob_buffer, fold_chunk_crcs, seal_blob
 from workers.roles.kvwire.frame import (ACK, BEGIN, CANCEL, END, FRAME_HEADER, FRAME_MAGIC, FRAME_TYPES,

@@ -12,6 +12,7 @@ import logging
 import socket
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -22,11 +23,14 @@ from workers.crc import crc32c_combine
 from workers.roles.events import EventLog
 from workers.roles.kvwire.blob import BufferPool, ChunkCrcs, blob_buffer, seal_blob
 from workers.roles.kvwire.frame import (ACK, BEGIN, CANCEL, END, EXPECT_WAIT_S, FRAME_HEADER, FRAME_MAGIC,
-                                        FRAME_TYPES, FRAME_VERSION, LAYER, MAX_META_BYTES, FrameError,
-                                        TransferMeta, pack_frame)
+                                        FRAME_TYPES, FRAME_VERSION, HAVE, LAYER, MAX_META_BYTES, RESUME,
+                                        FrameError, TransferMeta, pack_frame)
 from workers.roles.kvwire.sockets import recv_exact
 
 log = logging.getLogger(__name__)
+
+RESUME_KEEP_S = 60.0     # a transfer whose connection died waits this long for its sender's RESUME
+COMPLETED_KEPT = 4096    # ids of recently completed transfers remembered for a RESUME that lost its ACK
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,11 @@ class Inbox:
         self._cond = threading.Condition()
         self._expected: set[tuple[str, str]] = set()
         self._ready: dict[tuple[str, str], ReceivedTransfer] = {}
+        self._forget_hooks: list[Callable[[str], None]] = []
+
+    def on_forget(self, hook: Callable[[str], None]) -> None:
+        """hook(request_id) runs whenever a request is forgotten (a receiver drops what it kept for it)."""
+        self._forget_hooks.append(hook)
 
     def expect(self, request_id: str, kind: str) -> None:
         with self._cond:
@@ -75,6 +84,8 @@ class Inbox:
             self._expected = {k for k in self._expected if k[0] != request_id}
             for k in [k for k in self._ready if k[0] == request_id]:
                 self._ready.pop(k).release()
+        for hook in self._forget_hooks:
+            hook(request_id)
 
     def put(self, transfer: ReceivedTransfer) -> bool:
         key = (transfer.meta.request_id, transfer.meta.kind)
@@ -135,6 +146,7 @@ class _Assembly:
     first_byte_ns: int = 0
     ack_sock: socket.socket | None = None
     ack_lock: threading.Lock | None = None
+    orphaned_ns: int = 0                          # its connection died; kept for a RESUME until RESUME_KEEP_S
 
 
 class KVReceiver:
@@ -156,6 +168,7 @@ class KVReceiver:
         self.max_frame_bytes = max_frame_bytes
         self._lock = threading.Lock()
         self._assemblies: dict[int, _Assembly] = {}
+        self._completed: OrderedDict[int, None] = OrderedDict()   # recent transfer ids, for a late RESUME
         self._conns: set[socket.socket] = set()
         self._threads: set[threading.Thread] = set()
         self._stopping = False
@@ -163,6 +176,7 @@ class KVReceiver:
         self._listener = socket.create_server((host, port), backlog=128, reuse_port=False)
         self.port = self._listener.getsockname()[1]
         self._accept_thread = threading.Thread(target=self._accept_loop, name="kvrecv-accept", daemon=True)
+        inbox.on_forget(self._drop_request)
 
     def start(self) -> KVReceiver:
         self._accept_thread.start()
@@ -225,7 +239,7 @@ class KVReceiver:
             if not self._stopping:
                 self.events.emit("kv_conn_error", self._request_of(mine), peer=peer, reason=str(err))
         finally:
-            self._drop_incomplete(mine, f"connection from {peer} closed before the transfer completed")
+            self._orphan(mine, conn, f"connection from {peer} closed before the transfer completed")
             with self._lock:
                 self._conns.discard(conn)
                 self._threads.discard(threading.current_thread())
@@ -239,12 +253,47 @@ class KVReceiver:
                     return a.meta.request_id
         return None
 
-    def _drop_incomplete(self, tids: set[int], reason: str) -> None:
+    def _orphan(self, tids: set[int], conn: socket.socket, reason: str) -> None:
+        """A connection died: keep its begun transfers for the sender's RESUME (unless a RESUME already moved
+        them to another connection); drop the rest."""
+        now, dropped, kept = time.monotonic_ns(), [], []
         with self._lock:
-            dropped = [self._assemblies.pop(t) for t in tids if t in self._assemblies]
-        for a in dropped:
+            for t in tids:
+                a = self._assemblies.get(t)
+                if a is None or a.ack_sock not in (conn, None):
+                    continue
+                if a.meta is None:
+                    dropped.append(self._assemblies.pop(t))
+                else:
+                    a.orphaned_ns, a.ack_sock = now, None
+                    kept.append(a)
+        for a in kept:
+            self.events.emit("kv_recv_orphaned", a.meta.request_id, transfer_id=a.transfer_id, reason=reason,
+                             kv_bytes_received=a.received_bytes)
+        self._dropped(dropped, reason)
+
+    def _dropped(self, assemblies: list[_Assembly], reason: str) -> None:
+        for a in assemblies:
+            if a.blob is not None:
+                self.pool.give(a.blob)
             self.events.emit("kv_recv_dropped", a.meta.request_id if a.meta else None, transfer_id=a.transfer_id,
                              reason=reason, kv_bytes_received=a.received_bytes)
+
+    def _sweep_orphans(self) -> None:
+        """Drop kept transfers whose sender did not come back within RESUME_KEEP_S."""
+        limit = time.monotonic_ns() - int(RESUME_KEEP_S * 1e9)
+        with self._lock:
+            old = [t for t, a in self._assemblies.items() if a.orphaned_ns and a.orphaned_ns < limit]
+            dropped = [self._assemblies.pop(t) for t in old]
+        self._dropped(dropped, f"no RESUME within {RESUME_KEEP_S:.0f} s")
+
+    def _drop_request(self, request_id: str) -> None:
+        """The request's session closed: what is kept for it is of no use."""
+        with self._lock:
+            mine = [t for t, a in self._assemblies.items()
+                    if a.orphaned_ns and a.meta is not None and a.meta.request_id == request_id]
+            dropped = [self._assemblies.pop(t) for t in mine]
+        self._dropped(dropped, "the request's session closed")
 
     def _read_frame(self, conn: socket.socket, peer: str, mine: set[int], ack_lock: threading.Lock) -> bool:
         """Read and apply one frame; False at a clean EOF between frames."""
@@ -257,7 +306,7 @@ class KVReceiver:
         magic, version, ftype, layer, tid, off, cnt, plen, crc = FRAME_HEADER.unpack(hdr)
         if magic != FRAME_MAGIC or version != FRAME_VERSION:
             raise FrameError(f"bad magic/version {magic!r}/{version} (expected {FRAME_MAGIC!r}/{FRAME_VERSION})")
-        if ftype not in (BEGIN, LAYER, END, CANCEL):
+        if ftype not in (BEGIN, LAYER, END, CANCEL, RESUME):
             raise FrameError(f"unexpected frame type {ftype}")
         limit = self.max_frame_bytes if ftype == LAYER else MAX_META_BYTES
         if plen > limit:
@@ -269,6 +318,8 @@ class KVReceiver:
             payload = self._read_payload(conn, plen, crc)
             if ftype == BEGIN:
                 self._on_begin(tid, payload, conn, ack_lock, mine)
+            elif ftype == RESUME:
+                self._on_resume(tid, conn, ack_lock, mine)
             elif ftype == END:
                 self._on_end(tid, payload)
             else:
@@ -306,6 +357,7 @@ class KVReceiver:
             raise FrameError(f"transfer of {meta.kv_bytes} bytes exceeds the limit of {self.max_transfer_bytes}")
         if not self.inbox.is_expected(meta.request_id, meta.kind, EXPECT_WAIT_S):
             raise FrameError(f"no open request {meta.request_id!r} expects {meta.kind} KV")
+        self._sweep_orphans()
         with self._lock:
             a = self._assembly(tid)
             if a.meta is not None:
@@ -320,26 +372,54 @@ class KVReceiver:
         self.events.emit("kv_recv_begin", meta.request_id, kind=meta.kind, transfer_id=tid, start=meta.start,
                          end=meta.end, kv_bytes=meta.kv_bytes)
 
-    def _check_chunk(self, a: _Assembly, layer: int, off: int, cnt: int, plen: int) -> None:
+    def _on_resume(self, tid: int, conn: socket.socket, ack_lock: threading.Lock, mine: set[int]) -> None:
+        """A sender retrying transfer tid asks what arrived: HAVE {state: new | partial | done, chunks}. A
+        partial transfer continues on this connection (its ACK goes here)."""
+        self._sweep_orphans()
+        with self._lock:
+            a = self._assemblies.get(tid)
+            if tid in self._completed:
+                state, chunks = "done", []
+            elif a is not None and a.meta is not None:
+                state, chunks = "partial", [list(k) for k in a.seen]
+                a.ack_sock, a.ack_lock, a.orphaned_ns = conn, ack_lock, 0
+                mine.add(tid)
+            else:
+                if a is not None:   # chunks without their BEGIN: the sender sends everything again
+                    self._assemblies.pop(tid)
+                state, chunks = "new", []
+        body = json.dumps({"state": state, "chunks": chunks}).encode()
+        with ack_lock:
+            conn.sendall(pack_frame(HAVE, tid, payload_len=len(body), crc=crc32c(body)) + body)
+        self.events.emit("kv_recv_resume", a.meta.request_id if a is not None and a.meta else None,
+                         transfer_id=tid, state=state, chunks_held=len(chunks),
+                         kv_bytes_held=a.received_bytes if state == "partial" else 0)
+
+    def _check_chunk(self, a: _Assembly, layer: int, off: int, cnt: int, plen: int) -> bool:
+        """Whether the chunk fits the transfer (else FrameError); True when it is already held (a copy
+        that raced its connection's death: read, checked and not counted again)."""
         m = a.meta
         if layer >= m.n_layer or cnt == 0 or off + cnt > m.n_tokens or plen != 2 * cnt * m.row_bytes:
             raise FrameError(f"chunk layer {layer} tokens [{off}, {off + cnt}) of {plen} bytes does not fit "
                              f"a transfer of {m.n_layer} layers x {m.n_tokens} tokens")
-        if (layer, off) in a.seen:
-            raise FrameError(f"chunk layer {layer} offset {off} arrived twice")
+        held = a.seen.get((layer, off))
+        if held is not None and held[0] != cnt:
+            raise FrameError(f"chunk layer {layer} offset {off} arrived twice with {held[0]} and {cnt} tokens")
+        return held is not None
 
     def _on_layer(self, conn: socket.socket, tid: int, layer: int, off: int, cnt: int, plen: int, crc: int) -> None:
         with self._lock:
             a = self._assembly(tid)
             began = a.meta is not None
-            if began:
-                self._check_chunk(a, layer, off, cnt, plen)
-        if not began:  # BEGIN is still on its way on connection 0: keep the bytes
+            dup = began and self._check_chunk(a, layer, off, cnt, plen)
+        if not began or dup:  # BEGIN is still on its way on connection 0: keep the bytes
             data = bytearray(plen)
             view = memoryview(data)
             if recv_exact(conn, view) < plen:
                 raise FrameError(f"truncated LAYER payload (layer {layer}, tokens [{off}, {off + cnt}))")
             crcs = _verify_chunk(view[:plen // 2], view[plen // 2:], crc, layer, off)
+            if dup:
+                return
             with self._lock:
                 if a.meta is None:
                     if sum(len(e[3]) for e in a.early) + plen > self.max_transfer_bytes:
@@ -356,7 +436,8 @@ class KVReceiver:
 
     def _place(self, a: _Assembly, layer: int, off: int, cnt: int, data: bytearray, crcs: tuple[int, int]) -> None:
         with self._lock:
-            self._check_chunk(a, layer, off, cnt, len(data))
+            if self._check_chunk(a, layer, off, cnt, len(data)):
+                return
         half = len(data) // 2
         a.buf[layer, 0, off:off + cnt] = np.frombuffer(data, np.uint8, half).reshape(cnt, -1)
         a.buf[layer, 1, off:off + cnt] = np.frombuffer(data, np.uint8, half, half).reshape(cnt, -1)
@@ -364,9 +445,11 @@ class KVReceiver:
 
     def _count(self, a: _Assembly, layer: int, off: int, cnt: int, crcs: tuple[int, int], plen: int) -> None:
         with self._lock:
+            a.wire_bytes += FRAME_HEADER.size + plen
+            if (layer, off) in a.seen:
+                return   # two copies raced (see _check_chunk): count one
             a.seen[layer, off] = (cnt, *crcs)
             a.received_bytes += plen
-            a.wire_bytes += FRAME_HEADER.size + plen
 
     def _on_end(self, tid: int, payload: bytes) -> None:
         try:
@@ -397,14 +480,16 @@ class KVReceiver:
                 raise FrameError(f"transfer {tid}: {a.received_bytes} KV bytes in {len(a.seen)} chunks, "
                                  f"expected {a.meta.kv_bytes}")
             del self._assemblies[tid]
+            self._completed[tid] = None
+            while len(self._completed) > COMPLETED_KEPT:
+                self._completed.popitem(last=False)
         try:
             blob = seal_blob(a.meta, a.blob, a.seen)
         except FrameError:
             self.pool.give(a.blob)
             raise
         done_ns = time.monotonic_ns()
-        with a.ack_lock:  # every frame's crc checked: the data plane's part is done; delivery is local
-            a.ack_sock.sendall(pack_frame(ACK, tid))
+        self._ack(a, tid)
         transfer = ReceivedTransfer(a.meta, blob, a.next_token, a.wire_bytes, a.first_byte_ns, done_ns, self.pool)
         accepted = self.inbox.put(transfer)
         if not accepted:
@@ -413,3 +498,13 @@ class KVReceiver:
                          kv_bytes=a.meta.kv_bytes, wire_bytes=a.wire_bytes, duration_ns=done_ns - a.first_byte_ns,
                          delivered=accepted)
 
+    def _ack(self, a: _Assembly, tid: int) -> None:
+        """Every frame's crc checked: the data plane's part is done; delivery is local. Best effort: a
+        connection that died meanwhile takes the ACK with it, and the sender's RESUME learns 'done'."""
+        if a.ack_sock is None or a.ack_lock is None:
+            return
+        try:
+            with a.ack_lock:
+                a.ack_sock.sendall(pack_frame(ACK, tid))
+        except OSError as err:
+            log.info("ACK of transfer %d not sent (%s); a RESUME will learn it is done", tid, err)

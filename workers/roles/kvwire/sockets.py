@@ -12,6 +12,7 @@ import select
 import socket
 import threading
 from pathlib import Path
+from typing import Callable
 
 log = logging.getLogger(__name__)
 
@@ -54,12 +55,19 @@ def recv_exact(sock: socket.socket, view: memoryview) -> int:
     return got
 
 
-def send_all(sock: socket.socket, parts: list) -> None:
+def send_all(sock: socket.socket, parts: list, on_wait: Callable[[], None] | None = None) -> None:
     """Send every byte of parts (bytes-like) with scatter-gather sendmsg: one system call per frame
-    instead of one per part. Raises socket.timeout when the socket's timeout passes without progress."""
+    instead of one per part. When the socket's timeout passes without room in its send buffer, on_wait()
+    decides (it raises to give up) and the send resumes where it was; without on_wait, socket.timeout."""
     views = [memoryview(p).cast("B") for p in parts]
     while views:
-        sent = sock.sendmsg(views)
+        try:
+            sent = sock.sendmsg(views)
+        except socket.timeout:
+            if on_wait is None:
+                raise
+            on_wait()
+            continue
         while views and sent >= len(views[0]):
             sent -= len(views.pop(0))
         if views and sent:
