@@ -178,7 +178,10 @@ def test_wan_connection_cut_mid_transfer_is_retried(dep, reference):
     assert "cut" in dep.proxy.events
     retries = [e for e in events_of(dep, "p1", rid, "kv_send_retry") if e.fields["path"] == "wan"]
     assert retries, "the cut WAN transfer was not retried"
-    assert events_of(dep, "md1", rid, "kv_frame_error") or events_of(dep, "md1", rid, "kv_recv_dropped") or True
+    # the MD kept what arrived before the cut and the retry resumed that transfer instead of starting over
+    assert events_of(dep, "md1", rid, "kv_recv_orphaned"), "the cut transfer was not kept for a resume"
+    resumed = events_of(dep, "md1", rid, "kv_recv_resume")
+    assert resumed and resumed[0].fields["state"] == "partial", resumed
 
 
 def test_stalled_wan_transfer_is_retried(dep, reference):
@@ -353,6 +356,8 @@ def _serves(dep, mode: str) -> bool:
 def test_md_disappearing_mid_request_completes_on_the_rld(dep, reference, slow_wan):
     prompt, n = fresh_prompt(50), 60
     result = {}
+    warm = fresh_prompt(64)                 # ends at the MD: the router's DRC mirror then routes P->MD
+    check_stream(generate(dep.channel, warm + fresh_prompt(8), 8, mode="pdd"), 8)
     # Hold the WAN copy back, so the MD dies before any handoff (deterministically, however
     # busy the machine); an MD dying after it took over ends the request with UNAVAILABLE.
     dep.proxy.faults.blackhole = True
@@ -383,5 +388,13 @@ def test_md_disappearing_mid_request_completes_on_the_rld(dep, reference, slow_w
             and e.request_id == "after-md"]
     err = rpc_error(lambda: generate(dep.channel, fresh_prompt(50), 20, mode="pd-cross"))
     assert err.code() == grpc.StatusCode.UNAVAILABLE, err
+    # a pdd request routed P->MD (its prefix is in the mirror) falls back to the RLD, recorded
+    direct = warm + fresh_prompt(4)
+    gen = generate(dep.channel, direct, 10, mode="pdd", request_id="direct-after-md")
+    check_stream(gen, 10)
+    check_reference(reference, direct, gen.ids, 10, "P->MD with the MD gone")
+    assert gen.done.route == "p-rld-fallback" and "md1" not in gen.workers
+    fb = [e for e in dep.events("router") if e.event == "route_fallback" and e.request_id == "direct-after-md"]
+    assert fb and fb[0].fields["from_route"] == "p-md", fb
     gen = generate(dep.channel, prompt, 10, mode="pd-intra")
     check_stream(gen, 10)

@@ -46,7 +46,7 @@ from workers.roles.server import (Channels, RoleServer, StatsSource, build_engin
 log = logging.getLogger(__name__)
 
 RELAY_TIMEOUT_S = 5.0
-SESSION_WAIT_S = 2.0   # PrefixLength for a request whose session is not open yet waits this long
+SESSION_WAIT_S = 4.0   # PrefixLength for a request whose session is not open yet waits this long
 RELAY_RECONNECT_S = 2.0  # see _call_relay
 RELAY_PROBE_S = 1.0    # MD waiting for a handoff: ask the RLD this often whether it still holds the request
 H = pdd_pb2  # enum values: H.HANDOFF_ONESHOT, ...

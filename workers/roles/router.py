@@ -15,7 +15,10 @@ Not responsible for: prefill, decode or KV (the other roles).
 
 Routes: colocated (RLD prefills and decodes), p-rld (pd-intra), p-md
 (pd-cross, or pdd with a high DRC hit), p-rld-md (pdd), p-rld-singular,
-p-rld-ablation.
+p-rld-ablation, p-rld-fallback (a pdd P->MD request whose WAN target failed
+before its first token — P could not reach the MD's DRC, the MD's stream
+ended without a token — re-routed to the RLD: PDD keeps serving while the
+WAN struggles; pd-cross, the naive baseline, has no such fallback).
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import grpc
 
@@ -243,11 +246,14 @@ class _RequestRun:
         self.merge = _Merge(max_tokens)
         self.first_error: grpc.StatusCode | None = None
         self.md_cached_tokens: int | None = None   # the MD's DRC hit as its session pinned it (Accepted)
+        self.fell_back = False
 
     def stream(self):
         self._start()
         deadline = time.monotonic() + REQUEST_TIMEOUT_S
         while not self.merge.complete:
+            if self.live == 0 and self._can_fall_back():
+                self._fall_back("; ".join(self.merge.notes) or "every worker stream ended")
             if self.live == 0:
                 self._fail(self.first_error or grpc.StatusCode.UNAVAILABLE, f"request {self.rid}: every worker "
                            "stream ended after "
@@ -355,9 +361,29 @@ class _RequestRun:
                                                         targets=targets, use_prefix_cache=True),
                                  timeout=REQUEST_TIMEOUT_S)
         except grpc.RpcError as err:
+            if self._can_fall_back():
+                self._fall_back(f"{self.cfg.p.name}: {err.code().name}: {err.details()}")
+                return
             self._fail(err.code(), f"{self.cfg.p.name}: {err.details()}")
         # Token 0 (reply.first_token) reaches the client from the decode side once it holds the KV.
         self.s.events.emit("prefill_reply", self.rid, first_token=reply.first_token, t_ns_p=reply.t_ns)
+
+    def _can_fall_back(self) -> bool:
+        """A pdd P->MD request with no token yet may still be served from cluster A."""
+        return (self.decision.route == "p-md" and self.decision.use_drc and not self.fell_back
+                and self.merge.next_index == 0)
+
+    def _fall_back(self, reason: str) -> None:
+        """The WAN target failed: drop the MD's session, prefill again (P's prefix cache holds the prompt)
+        and let the RLD decode the request to the end."""
+        self.fell_back = True
+        self.s.events.emit("route_fallback", self.rid, from_route=self.decision.route, to_route="p-rld-fallback",
+                           reason=reason)
+        self.decision = replace(self.decision, route="p-rld-fallback")
+        for call in self.calls:
+            call.cancel()
+        self._open_stream("rld", self.cfg.rld, self._decode_request(handoff=pdd_pb2.HANDOFF_NONE))
+        self._prefill([pdd_pb2.KVTarget(path="fast", kv_address=self.cfg.rld.kv_address, start_tokens=0)])
 
     def cleanup(self) -> None:
         """Cancel every stream still open and P's transfers still in flight; join the pumps.

@@ -18,7 +18,7 @@ FRAME_VERSION = 2
 BEGIN, LAYER, END, CANCEL, ACK, RESUME, HAVE = 1, 2, 3, 4, 5, 6, 7
 FRAME_TYPES = {BEGIN: "BEGIN", LAYER: "LAYER", END: "END", CANCEL: "CANCEL", ACK: "ACK", RESUME: "RESUME",
                HAVE: "HAVE"}
-EXPECT_WAIT_S = 2.0           # a BEGIN no session expects yet waits this long for one to open
+EXPECT_WAIT_S = 4.0           # a BEGIN no session expects yet waits this long for one to open
 MAX_META_BYTES = 16 << 20     # BEGIN/END payloads are JSON; a token list of 1M ids stays far below
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
