@@ -7,6 +7,13 @@ turn's reply, its prompt = previous prompt + the actual reply + head_tokens),
 warm-up requests first and alone, recording per request every token's index,
 id, producing worker and client receipt time (time.monotonic_ns(), the clock
 the roles log with), and printing one progress line per finished request.
+A later turn whose previous turn failed is still sent, with the reference
+reply (`--reference`: the colocated variant's client log, the greedy reference
+every variant must reproduce) in the prompt, so one failure does not drop the
+rest of a session; its record says `prompt_source: reference`. Past
+`--issue-until-s` into the run no request is sent: the rest are recorded as
+not issued (`issued: false`), so a baseline too slow for the window ends with
+every request it was given measured, and the count of those it was not.
 Not responsible for: metrics (experiments.metrics reads what this writes).
 
 Output: one JSON object per line, appended as each request ends, so an
@@ -41,40 +48,59 @@ class Recorder:
     def __init__(self, path: Path, total: int):
         self.file = open(path, "a", buffering=1)
         self.lock = threading.Lock()
-        self.total, self.done, self.failed = total, 0, 0
+        self.total, self.done, self.failed, self.not_issued = total, 0, 0, 0
 
     def write(self, record: dict) -> None:
         with self.lock:
             self.file.write(json.dumps(record, separators=(",", ":")) + "\n")
             self.done += 1
-            self.failed += record["error"] is not None
-            print(f"progress {self.done}/{self.total} failed={self.failed} last={record['request_id']}", flush=True)
+            issued = record.get("issued", True)
+            self.failed += issued and record["error"] is not None
+            self.not_issued += not issued
+            print(f"progress {self.done}/{self.total} failed={self.failed} not_issued={self.not_issued} "
+                  f"last={record['request_id']}", flush=True)
 
 
 class Client:
     """channel: to the router; variant: the mode sent with every request; handoff: '' = the config's."""
 
-    def __init__(self, channel: grpc.Channel, variant: str, handoff: str, timeout_s: float, recorder: Recorder):
+    def __init__(self, channel: grpc.Channel, variant: str, handoff: str, timeout_s: float, recorder: Recorder,
+                 reference: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] | None = None):
         self.stub = pdd_pb2_grpc.RouterStub(channel)
         self.variant, self.handoff, self.timeout_s = variant, handoff, timeout_s
         self.rec = recorder
         self.outputs: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}  # request_id -> (prompt, reply)
+        self.reference = reference or {}
 
-    def prompt_of(self, req: WorkloadRequest) -> tuple[int, ...] | None:
+    def prompt_of(self, req: WorkloadRequest) -> tuple[tuple[int, ...] | None, str]:
+        """The request's prompt and where its history came from: workload | previous | reference | none."""
         if req.after is None:
-            return req.head_tokens
-        prev = self.outputs.get(req.after)
-        return None if prev is None else prev[0] + prev[1] + req.head_tokens
+            return req.head_tokens, "workload"
+        for source, known in (("previous", self.outputs), ("reference", self.reference)):
+            prev = known.get(req.after)
+            if prev is not None:
+                return prev[0] + prev[1] + req.head_tokens, source
+        return None, "none"
+
+    def _record(self, req: WorkloadRequest, prompt: tuple[int, ...] | None, t0_ns: int) -> dict:
+        return {"request_id": req.request_id, "router_id": f"{self.variant}.{req.request_id}",
+                "variant": self.variant, "session": req.session, "turn": req.turn, "kind": req.kind,
+                "max_tokens": req.max_tokens, "prompt_tokens": len(prompt or ()), "prompt_sha1": _sha1(prompt or ()),
+                "prompt": list(prompt or ()), "t0_ns": t0_ns, "t_send_ns": time.monotonic_ns(), "tokens": [],
+                "done": None, "error": None, "issued": True}
+
+    def not_issued(self, req: WorkloadRequest, t0_ns: int, reason: str) -> None:
+        rec = self._record(req, None, t0_ns)
+        rec.update(issued=False, error=f"not issued: {reason}", t_done_ns=rec["t_send_ns"])
+        self.rec.write(rec)
 
     def send(self, req: WorkloadRequest, t0_ns: int) -> bool:
         """One request to the end; records it; True when it completed."""
-        prompt = self.prompt_of(req)
-        rec = {"request_id": req.request_id, "router_id": f"{self.variant}.{req.request_id}", "variant": self.variant,
-               "session": req.session, "turn": req.turn, "kind": req.kind, "max_tokens": req.max_tokens,
-               "prompt_tokens": len(prompt or ()), "prompt_sha1": _sha1(prompt or ()), "prompt": list(prompt or ()),
-               "t0_ns": t0_ns, "t_send_ns": time.monotonic_ns(), "tokens": [], "done": None, "error": None}
+        prompt, source = self.prompt_of(req)
+        rec = self._record(req, prompt, t0_ns)
+        rec["prompt_source"] = source
         if prompt is None:
-            rec["error"] = f"previous turn {req.after} did not complete"
+            rec["error"] = f"previous turn {req.after} did not complete (and no reference reply)"
             self.rec.write(rec)
             return False
         try:
@@ -112,16 +138,36 @@ def chains(requests: list[WorkloadRequest]) -> list[list[WorkloadRequest]]:
     return out
 
 
-def _run_chain(client: Client, chain: list[WorkloadRequest], t0_ns: int, stop: threading.Event) -> None:
+def _run_chain(client: Client, chain: list[WorkloadRequest], t0_ns: int, stop: threading.Event,
+               issue_until_s: float = 0.0) -> None:
     prev_done_ns = None
-    for req in chain:
+    for i, req in enumerate(chain):
         due_ns = t0_ns + int(req.arrival_s * 1e9)
         if prev_done_ns is not None:
             due_ns = max(due_ns, prev_done_ns + int(req.think_s * 1e9))
+        if issue_until_s and max(due_ns, time.monotonic_ns()) - t0_ns > issue_until_s * 1e9:
+            for late in chain[i:]:
+                client.not_issued(late, t0_ns, f"due past the variant's issue deadline ({issue_until_s:g} s)")
+            return
         if stop.wait(max(0.0, (due_ns - time.monotonic_ns()) / 1e9)):
             return
         client.send(req, t0_ns)
         prev_done_ns = time.monotonic_ns()
+
+
+def read_reference(path: Path) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
+    """request_id -> (prompt, reply) of every completed request of a reference client log."""
+    out = {}
+    if not path.exists():
+        return out
+    for line in path.read_text().splitlines():
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError:
+            continue   # a torn last line
+        if r.get("error") is None and r.get("tokens"):
+            out[r["request_id"]] = (tuple(r["prompt"]), tuple(t[1] for t in sorted(r["tokens"])))
+    return out
 
 
 def run(args) -> int:
@@ -132,12 +178,13 @@ def run(args) -> int:
     stop = threading.Event()
     with grpc.insecure_channel(args.router, options=[("grpc.max_receive_message_length", 64 << 20),
                                                      ("grpc.max_send_message_length", 64 << 20)]) as ch:
-        client = Client(ch, args.variant, args.handoff, args.request_timeout_s, rec)
+        reference = read_reference(Path(args.reference)) if args.reference else {}
+        client = Client(ch, args.variant, args.handoff, args.request_timeout_s, rec, reference)
         for r in warm:  # alone, before the clock starts: fills the caches with the shared system prompt
             client.send(r, time.monotonic_ns())
         t0 = time.monotonic_ns()
         print(f"start t0_ns={t0} requests={len(measured)}", flush=True)
-        threads = [threading.Thread(target=_run_chain, args=(client, c, t0, stop), daemon=True,
+        threads = [threading.Thread(target=_run_chain, args=(client, c, t0, stop, args.issue_until_s), daemon=True,
                                     name=f"chain-{c[0].session}") for c in chains(measured)]
         for t in threads:
             t.start()
@@ -176,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--handoff", default="")
     r.add_argument("--out", required=True)
     r.add_argument("--request-timeout-s", type=float, default=240.0)
+    r.add_argument("--reference", default="", help="client log whose replies stand in for failed turns")
+    r.add_argument("--issue-until-s", type=float, default=0.0, help="send no request later than this (0: no limit)")
     r.set_defaults(func=run)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s loadgen: %(message)s")
