@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17workers/proto/pdd.proto\x12\x03pdd\"o\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x03(\x05\x12\x12\n\nmax_tokens\x18\x03 \x01(\x05\x12\x0c\n\x04mode\x18\x04 \x01(\t\x12\x0f\n\x07handoff\x18\x05 \x01(\t\"C\n\x05Token\x12\r\n\x05index\x18\x01 \x01(\x05\x12\r\n\x05token\x18\x02 \x01(\x05\x12\x0e\n\x06worker\x18\x03 \x01(\t\x12\x0c\n\x04t_ns\x18\x04 \x01(\x03\"\x85\x01\n\x0cGenerateDone\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05route\x18\x02 \x01(\t\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12\x12\n\nduplicates\x18\x04 \x01(\x05\x12\x18\n\x10md_cached_tokens\x18\x05 \x01(\x05\x12\r\n\x05notes\x18\x06 \x03(\t\"W\n\rGenerateEvent\x12\x1b\n\x05token\x18\x01 \x01(\x0b\x32\n.pdd.TokenH\x00\x12!\n\x04\x64one\x18\x02 \x01(\x0b\x32\x11.pdd.GenerateDoneH\x00\x42\x06\n\x04kind\"W\n\x08KVTarget\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x12\n\nkv_address\x18\x02 \x01(\t\x12\x13\n\x0b\x64rc_address\x18\x03 \x01(\t\x12\x14\n\x0cstart_tokens\x18\x04 \x01(\x05\"u\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x03(\x05\x12\x1e\n\x07targets\x18\x03 \x03(\x0b\x32\r.pdd.KVTarget\x12\x18\n\x10use_prefix_cache\x18\x04 \x01(\x08\"{\n\x0cPrefillReply\x12\x13\n\x0b\x66irst_token\x18\x01 \x01(\x05\x12\x0c\n\x04t_ns\x18\x02 \x01(\x03\x12\x15\n\rcached_tokens\x18\x03 \x01(\x05\x12\x17\n\x0f\x63omputed_tokens\x18\x04 \x01(\x05\x12\x18\n\x10sent_from_tokens\x18\x05 \x03(\x05\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\" \n\x0b\x43\x61ncelReply\x12\x11\n\tcancelled\x18\x01 \x01(\x05\"\x96\x02\n\rDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x03(\x05\x12\x12\n\nmax_tokens\x18\x03 \x01(\x05\x12 \n\tkv_source\x18\x04 \x01(\x0e\x32\r.pdd.KVSource\x12\x18\n\x10use_prefix_cache\x18\x05 \x01(\x08\x12!\n\x07handoff\x18\x06 \x01(\x0e\x32\x10.pdd.HandoffMode\x12\x14\n\x0chandoff_grpc\x18\x07 \x01(\t\x12\x12\n\nhandoff_kv\x18\x08 \x01(\t\x12\x14\n\x0c\x63hunk_tokens\x18\t \x01(\x05\x12\x12\n\nrelay_grpc\x18\n \x01(\t\x12\x13\n\x0b\x66irst_index\x18\x0b \x01(\x05\"1\n\x08\x41\x63\x63\x65pted\x12\x0e\n\x06worker\x18\x01 \x01(\t\x12\x15\n\rcached_tokens\x18\x02 \x01(\x05\"\x1b\n\tDecodeEnd\x12\x0e\n\x06reason\x18\x01 \x01(\t\"t\n\x0b\x44\x65\x63odeEvent\x12!\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x0b\x32\r.pdd.AcceptedH\x00\x12\x1b\n\x05token\x18\x02 \x01(\x0b\x32\n.pdd.TokenH\x00\x12\x1d\n\x03\x65nd\x18\x03 \x01(\x0b\x32\x0e.pdd.DecodeEndH\x00\x42\x06\n\x04kind\"!\n\x0bPrefixQuery\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"$\n\x0bPrefixReply\x12\x15\n\rcached_tokens\x18\x01 \x01(\x05\"&\n\rLookupRequest\x12\x15\n\rprompt_tokens\x18\x01 \x03(\x05\"=\n\x0bLookupReply\x12\x15\n\rcached_tokens\x18\x01 \x01(\x05\x12\x17\n\x0f\x61\x63tive_requests\x18\x02 \x01(\x05\"4\n\x0eKVReadyRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06worker\x18\x02 \x01(\t\"\x0e\n\x0cKVReadyReply\"w\n\x0eHandoffRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0bstart_index\x18\x02 \x01(\x05\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\r\n\x05\x66inal\x18\x04 \x01(\x08\x12\n\n\x02kv\x18\x05 \x01(\x08\x12\x0e\n\x06worker\x18\x06 \x01(\t\"^\n\x0cHandoffReply\x12\x15\n\rpending_index\x18\x01 \x01(\x05\x12\x12\n\nnext_token\x18\x02 \x01(\x05\x12\x11\n\textend_ns\x18\x03 \x01(\x03\x12\x10\n\x08\x64iverged\x18\x04 \x01(\x08\"\x0e\n\x0cStatsRequest\"\xba\x01\n\nStatsReply\x12\x0e\n\x06worker\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x15\n\ropen_requests\x18\x03 \x01(\x05\x12\x13\n\x0b\x66ree_blocks\x18\x04 \x01(\x05\x12\x14\n\x0ctotal_blocks\x18\x05 \x01(\x05\x12\x18\n\x10\x61\x63tive_transfers\x18\x06 \x01(\x05\x12\x0f\n\x07threads\x18\x07 \x01(\x05\x12\x0f\n\x07sockets\x18\x08 \x01(\x05\x12\x10\n\x08sessions\x18\t \x01(\x05*3\n\x08KVSource\x12\x12\n\x0eKV_SOURCE_PEER\x10\x00\x12\x13\n\x0fKV_SOURCE_LOCAL\x10\x01*k\n\x0bHandoffMode\x12\x10\n\x0cHANDOFF_NONE\x10\x00\x12\x13\n\x0fHANDOFF_ONESHOT\x10\x01\x12\x13\n\x0fHANDOFF_CHUNKED\x10\x02\x12\x10\n\x0cHANDOFF_AUTO\x10\x03\x12\x0e\n\nHANDOFF_KV\x10\x04\x32@\n\x06Router\x12\x36\n\x08Generate\x12\x14.pdd.GenerateRequest\x1a\x12.pdd.GenerateEvent0\x01\x32l\n\x07Prefill\x12\x31\n\x07Prefill\x12\x13.pdd.PrefillRequest\x1a\x11.pdd.PrefillReply\x12.\n\x06\x43\x61ncel\x12\x12.pdd.CancelRequest\x1a\x10.pdd.CancelReply2\xb4\x02\n\x06\x44\x65\x63ode\x12\x30\n\x06\x44\x65\x63ode\x12\x12.pdd.DecodeRequest\x1a\x10.pdd.DecodeEvent0\x01\x12\x32\n\x0cPrefixLength\x12\x10.pdd.PrefixQuery\x1a\x10.pdd.PrefixReply\x12.\n\x06Lookup\x12\x12.pdd.LookupRequest\x1a\x10.pdd.LookupReply\x12\x31\n\x07KVReady\x12\x13.pdd.KVReadyRequest\x1a\x11.pdd.KVReadyReply\x12\x31\n\x07Handoff\x12\x13.pdd.HandoffRequest\x1a\x11.pdd.HandoffReply\x12.\n\x06\x43\x61ncel\x12\x12.pdd.CancelRequest\x1a\x10.pdd.CancelReply25\n\x06Worker\x12+\n\x05Stats\x12\x11.pdd.StatsRequest\x1a\x0f.pdd.StatsReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17workers/proto/pdd.proto\x12\x03pdd\"o\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x03(\x05\x12\x12\n\nmax_tokens\x18\x03 \x01(\x05\x12\x0c\n\x04mode\x18\x04 \x01(\t\x12\x0f\n\x07handoff\x18\x05 \x01(\t\"C\n\x05Token\x12\r\n\x05index\x18\x01 \x01(\x05\x12\r\n\x05token\x18\x02 \x01(\x05\x12\x0e\n\x06worker\x18\x03 \x01(\t\x12\x0c\n\x04t_ns\x18\x04 \x01(\x03\"\x85\x01\n\x0cGenerateDone\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05route\x18\x02 \x01(\t\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12\x12\n\nduplicates\x18\x04 \x01(\x05\x12\x18\n\x10md_cached_tokens\x18\x05 \x01(\x05\x12\r\n\x05notes\x18\x06 \x03(\t\"W\n\rGenerateEvent\x12\x1b\n\x05token\x18\x01 \x01(\x0b\x32\n.pdd.TokenH\x00\x12!\n\x04\x64one\x18\x02 \x01(\x0b\x32\x11.pdd.GenerateDoneH\x00\x42\x06\n\x04kind\"W\n\x08KVTarget\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x12\n\nkv_address\x18\x02 \x01(\t\x12\x13\n\x0b\x64rc_address\x18\x03 \x01(\t\x12\x14\n\x0cstart_tokens\x18\x04 \x01(\x05\"u\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x03(\x05\x12\x1e\n\x07targets\x18\x03 \x03(\x0b\x32\r.pdd.KVTarget\x12\x18\n\x10use_prefix_cache\x18\x04 \x01(\x08\"\x9a\x01\n\x0cPrefillReply\x12\x13\n\x0b\x66irst_token\x18\x01 \x01(\x05\x12\x0c\n\x04t_ns\x18\x02 \x01(\x03\x12\x15\n\rcached_tokens\x18\x03 \x01(\x05\x12\x17\n\x0f\x63omputed_tokens\x18\x04 \x01(\x05\x12\x18\n\x10sent_from_tokens\x18\x05 \x03(\x05\x12\x1d\n\x03wan\x18\x06 \x01(\x0b\x32\x10.pdd.WanEstimate\"j\n\x0bWanEstimate\x12\x11\n\trate_mbit\x18\x01 \x01(\x01\x12\x0e\n\x06rtt_ms\x18\x02 \x01(\x01\x12\x12\n\nmin_rtt_ms\x18\x03 \x01(\x01\x12\x13\n\x0bretrans_pct\x18\x04 \x01(\x01\x12\x0f\n\x07samples\x18\x05 \x01(\x05\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\" \n\x0b\x43\x61ncelReply\x12\x11\n\tcancelled\x18\x01 \x01(\x05\"\x96\x02\n\rDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x03(\x05\x12\x12\n\nmax_tokens\x18\x03 \x01(\x05\x12 \n\tkv_source\x18\x04 \x01(\x0e\x32\r.pdd.KVSource\x12\x18\n\x10use_prefix_cache\x18\x05 \x01(\x08\x12!\n\x07handoff\x18\x06 \x01(\x0e\x32\x10.pdd.HandoffMode\x12\x14\n\x0chandoff_grpc\x18\x07 \x01(\t\x12\x12\n\nhandoff_kv\x18\x08 \x01(\t\x12\x14\n\x0c\x63hunk_tokens\x18\t \x01(\x05\x12\x12\n\nrelay_grpc\x18\n \x01(\t\x12\x13\n\x0b\x66irst_index\x18\x0b \x01(\x05\"1\n\x08\x41\x63\x63\x65pted\x12\x0e\n\x06worker\x18\x01 \x01(\t\x12\x15\n\rcached_tokens\x18\x02 \x01(\x05\"\x1b\n\tDecodeEnd\x12\x0e\n\x06reason\x18\x01 \x01(\t\"t\n\x0b\x44\x65\x63odeEvent\x12!\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x0b\x32\r.pdd.AcceptedH\x00\x12\x1b\n\x05token\x18\x02 \x01(\x0b\x32\n.pdd.TokenH\x00\x12\x1d\n\x03\x65nd\x18\x03 \x01(\x0b\x32\x0e.pdd.DecodeEndH\x00\x42\x06\n\x04kind\"!\n\x0bPrefixQuery\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"$\n\x0bPrefixReply\x12\x15\n\rcached_tokens\x18\x01 \x01(\x05\"&\n\rLookupRequest\x12\x15\n\rprompt_tokens\x18\x01 \x03(\x05\"=\n\x0bLookupReply\x12\x15\n\rcached_tokens\x18\x01 \x01(\x05\x12\x17\n\x0f\x61\x63tive_requests\x18\x02 \x01(\x05\"4\n\x0eKVReadyRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06worker\x18\x02 \x01(\t\"\x0e\n\x0cKVReadyReply\"w\n\x0eHandoffRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0bstart_index\x18\x02 \x01(\x05\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\r\n\x05\x66inal\x18\x04 \x01(\x08\x12\n\n\x02kv\x18\x05 \x01(\x08\x12\x0e\n\x06worker\x18\x06 \x01(\t\"^\n\x0cHandoffReply\x12\x15\n\rpending_index\x18\x01 \x01(\x05\x12\x12\n\nnext_token\x18\x02 \x01(\x05\x12\x11\n\textend_ns\x18\x03 \x01(\x03\x12\x10\n\x08\x64iverged\x18\x04 \x01(\x08\"\x0e\n\x0cStatsRequest\"\xba\x01\n\nStatsReply\x12\x0e\n\x06worker\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x15\n\ropen_requests\x18\x03 \x01(\x05\x12\x13\n\x0b\x66ree_blocks\x18\x04 \x01(\x05\x12\x14\n\x0ctotal_blocks\x18\x05 \x01(\x05\x12\x18\n\x10\x61\x63tive_transfers\x18\x06 \x01(\x05\x12\x0f\n\x07threads\x18\x07 \x01(\x05\x12\x0f\n\x07sockets\x18\x08 \x01(\x05\x12\x10\n\x08sessions\x18\t \x01(\x05*3\n\x08KVSource\x12\x12\n\x0eKV_SOURCE_PEER\x10\x00\x12\x13\n\x0fKV_SOURCE_LOCAL\x10\x01*k\n\x0bHandoffMode\x12\x10\n\x0cHANDOFF_NONE\x10\x00\x12\x13\n\x0fHANDOFF_ONESHOT\x10\x01\x12\x13\n\x0fHANDOFF_CHUNKED\x10\x02\x12\x10\n\x0cHANDOFF_AUTO\x10\x03\x12\x0e\n\nHANDOFF_KV\x10\x04\x32@\n\x06Router\x12\x36\n\x08Generate\x12\x14.pdd.GenerateRequest\x1a\x12.pdd.GenerateEvent0\x01\x32l\n\x07Prefill\x12\x31\n\x07Prefill\x12\x13.pdd.PrefillRequest\x1a\x11.pdd.PrefillReply\x12.\n\x06\x43\x61ncel\x12\x12.pdd.CancelRequest\x1a\x10.pdd.CancelReply2\xb4\x02\n\x06\x44\x65\x63ode\x12\x30\n\x06\x44\x65\x63ode\x12\x12.pdd.DecodeRequest\x1a\x10.pdd.DecodeEvent0\x01\x12\x32\n\x0cPrefixLength\x12\x10.pdd.PrefixQuery\x1a\x10.pdd.PrefixReply\x12.\n\x06Lookup\x12\x12.pdd.LookupRequest\x1a\x10.pdd.LookupReply\x12\x31\n\x07KVReady\x12\x13.pdd.KVReadyRequest\x1a\x11.pdd.KVReadyReply\x12\x31\n\x07Handoff\x12\x13.pdd.HandoffRequest\x1a\x11.pdd.HandoffReply\x12.\n\x06\x43\x61ncel\x12\x12.pdd.CancelRequest\x1a\x10.pdd.CancelReply25\n\x06Worker\x12+\n\x05Stats\x12\x11.pdd.StatsRequest\x1a\x0f.pdd.StatsReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'workers.proto.pdd_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_KVSOURCE']._serialized_start=1990
-  _globals['_KVSOURCE']._serialized_end=2041
-  _globals['_HANDOFFMODE']._serialized_start=2043
-  _globals['_HANDOFFMODE']._serialized_end=2150
+  _globals['_KVSOURCE']._serialized_start=2130
+  _globals['_KVSOURCE']._serialized_end=2181
+  _globals['_HANDOFFMODE']._serialized_start=2183
+  _globals['_HANDOFFMODE']._serialized_end=2290
   _globals['_GENERATEREQUEST']._serialized_start=32
   _globals['_GENERATEREQUEST']._serialized_end=143
   _globals['_TOKEN']._serialized_start=145
@@ -47,46 +47,48 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_KVTARGET']._serialized_end=526
   _globals['_PREFILLREQUEST']._serialized_start=528
   _globals['_PREFILLREQUEST']._serialized_end=645
-  _globals['_PREFILLREPLY']._serialized_start=647
-  _globals['_PREFILLREPLY']._serialized_end=770
-  _globals['_CANCELREQUEST']._serialized_start=772
-  _globals['_CANCELREQUEST']._serialized_end=807
-  _globals['_CANCELREPLY']._serialized_start=809
-  _globals['_CANCELREPLY']._serialized_end=841
-  _globals['_DECODEREQUEST']._serialized_start=844
-  _globals['_DECODEREQUEST']._serialized_end=1122
-  _globals['_ACCEPTED']._serialized_start=1124
-  _globals['_ACCEPTED']._serialized_end=1173
-  _globals['_DECODEEND']._serialized_start=1175
-  _globals['_DECODEEND']._serialized_end=1202
-  _globals['_DECODEEVENT']._serialized_start=1204
-  _globals['_DECODEEVENT']._serialized_end=1320
-  _globals['_PREFIXQUERY']._serialized_start=1322
-  _globals['_PREFIXQUERY']._serialized_end=1355
-  _globals['_PREFIXREPLY']._serialized_start=1357
-  _globals['_PREFIXREPLY']._serialized_end=1393
-  _globals['_LOOKUPREQUEST']._serialized_start=1395
-  _globals['_LOOKUPREQUEST']._serialized_end=1433
-  _globals['_LOOKUPREPLY']._serialized_start=1435
-  _globals['_LOOKUPREPLY']._serialized_end=1496
-  _globals['_KVREADYREQUEST']._serialized_start=1498
-  _globals['_KVREADYREQUEST']._serialized_end=1550
-  _globals['_KVREADYREPLY']._serialized_start=1552
-  _globals['_KVREADYREPLY']._serialized_end=1566
-  _globals['_HANDOFFREQUEST']._serialized_start=1568
-  _globals['_HANDOFFREQUEST']._serialized_end=1687
-  _globals['_HANDOFFREPLY']._serialized_start=1689
-  _globals['_HANDOFFREPLY']._serialized_end=1783
-  _globals['_STATSREQUEST']._serialized_start=1785
-  _globals['_STATSREQUEST']._serialized_end=1799
-  _globals['_STATSREPLY']._serialized_start=1802
-  _globals['_STATSREPLY']._serialized_end=1988
-  _globals['_ROUTER']._serialized_start=2152
-  _globals['_ROUTER']._serialized_end=2216
-  _globals['_PREFILL']._serialized_start=2218
-  _globals['_PREFILL']._serialized_end=2326
-  _globals['_DECODE']._serialized_start=2329
-  _globals['_DECODE']._serialized_end=2637
-  _globals['_WORKER']._serialized_start=2639
-  _globals['_WORKER']._serialized_end=2692
+  _globals['_PREFILLREPLY']._serialized_start=648
+  _globals['_PREFILLREPLY']._serialized_end=802
+  _globals['_WANESTIMATE']._serialized_start=804
+  _globals['_WANESTIMATE']._serialized_end=910
+  _globals['_CANCELREQUEST']._serialized_start=912
+  _globals['_CANCELREQUEST']._serialized_end=947
+  _globals['_CANCELREPLY']._serialized_start=949
+  _globals['_CANCELREPLY']._serialized_end=981
+  _globals['_DECODEREQUEST']._serialized_start=984
+  _globals['_DECODEREQUEST']._serialized_end=1262
+  _globals['_ACCEPTED']._serialized_start=1264
+  _globals['_ACCEPTED']._serialized_end=1313
+  _globals['_DECODEEND']._serialized_start=1315
+  _globals['_DECODEEND']._serialized_end=1342
+  _globals['_DECODEEVENT']._serialized_start=1344
+  _globals['_DECODEEVENT']._serialized_end=1460
+  _globals['_PREFIXQUERY']._serialized_start=1462
+  _globals['_PREFIXQUERY']._serialized_end=1495
+  _globals['_PREFIXREPLY']._serialized_start=1497
+  _globals['_PREFIXREPLY']._serialized_end=1533
+  _globals['_LOOKUPREQUEST']._serialized_start=1535
+  _globals['_LOOKUPREQUEST']._serialized_end=1573
+  _globals['_LOOKUPREPLY']._serialized_start=1575
+  _globals['_LOOKUPREPLY']._serialized_end=1636
+  _globals['_KVREADYREQUEST']._serialized_start=1638
+  _globals['_KVREADYREQUEST']._serialized_end=1690
+  _globals['_KVREADYREPLY']._serialized_start=1692
+  _globals['_KVREADYREPLY']._serialized_end=1706
+  _globals['_HANDOFFREQUEST']._serialized_start=1708
+  _globals['_HANDOFFREQUEST']._serialized_end=1827
+  _globals['_HANDOFFREPLY']._serialized_start=1829
+  _globals['_HANDOFFREPLY']._serialized_end=1923
+  _globals['_STATSREQUEST']._serialized_start=1925
+  _globals['_STATSREQUEST']._serialized_end=1939
+  _globals['_STATSREPLY']._serialized_start=1942
+  _globals['_STATSREPLY']._serialized_end=2128
+  _globals['_ROUTER']._serialized_start=2292
+  _globals['_ROUTER']._serialized_end=2356
+  _globals['_PREFILL']._serialized_start=2358
+  _globals['_PREFILL']._serialized_end=2466
+  _globals['_DECODE']._serialized_start=2469
+  _globals['_DECODE']._serialized_end=2777
+  _globals['_WORKER']._serialized_start=2779
+  _globals['_WORKER']._serialized_end=2832
 # @@protoc_insertion_point(module_scope)

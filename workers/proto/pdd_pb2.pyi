@@ -102,18 +102,34 @@ class PrefillRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., prompt_tokens: _Optional[_Iterable[int]] = ..., targets: _Optional[_Iterable[_Union[KVTarget, _Mapping]]] = ..., use_prefix_cache: _Optional[bool] = ...) -> None: ...
 
 class PrefillReply(_message.Message):
-    __slots__ = ("first_token", "t_ns", "cached_tokens", "computed_tokens", "sent_from_tokens")
+    __slots__ = ("first_token", "t_ns", "cached_tokens", "computed_tokens", "sent_from_tokens", "wan")
     FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
     T_NS_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SENT_FROM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    WAN_FIELD_NUMBER: _ClassVar[int]
     first_token: int
     t_ns: int
     cached_tokens: int
     computed_tokens: int
     sent_from_tokens: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, first_token: _Optional[int] = ..., t_ns: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., computed_tokens: _Optional[int] = ..., sent_from_tokens: _Optional[_Iterable[int]] = ...) -> None: ...
+    wan: WanEstimate
+    def __init__(self, first_token: _Optional[int] = ..., t_ns: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., computed_tokens: _Optional[int] = ..., sent_from_tokens: _Optional[_Iterable[int]] = ..., wan: _Optional[_Union[WanEstimate, _Mapping]] = ...) -> None: ...
+
+class WanEstimate(_message.Message):
+    __slots__ = ("rate_mbit", "rtt_ms", "min_rtt_ms", "retrans_pct", "samples")
+    RATE_MBIT_FIELD_NUMBER: _ClassVar[int]
+    RTT_MS_FIELD_NUMBER: _ClassVar[int]
+    MIN_RTT_MS_FIELD_NUMBER: _ClassVar[int]
+    RETRANS_PCT_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    rate_mbit: float
+    rtt_ms: float
+    min_rtt_ms: float
+    retrans_pct: float
+    samples: int
+    def __init__(self, rate_mbit: _Optional[float] = ..., rtt_ms: _Optional[float] = ..., min_rtt_ms: _Optional[float] = ..., retrans_pct: _Optional[float] = ..., samples: _Optional[int] = ...) -> None: ...
 
 class CancelRequest(_message.Message):
     __slots__ = ("request_id",)

@@ -17,7 +17,7 @@ plane); `kv_connect` (host:port), when set, is where peers connect instead of
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +85,9 @@ class RouterPolicy:
     max_prompt_tokens: int = 0             # 0 = the model's context limit
     drc_estimate: str = "mirror"           # route on the MD's hit as the router's mirror of its DRC expects
                                            # (no WAN round trip), or "lookup": ask the MD (one WAN RTT)
+    wan_estimate: str = "static"           # the WAN transfer estimate: "static" (wan_rate_mbit) or "measured"
+                                           # (P's WAN KV connections' TCP_INFO: delivery rate + RTT, and
+                                           # P->RLD->MD while the line looks congested)
 
 
 @dataclass(frozen=True)
@@ -192,6 +195,7 @@ def validate(cfg: DeploymentConfig) -> DeploymentConfig:
     _check_choice("policy.mode", cfg.policy.mode, MODES)
     _check_choice("policy.handoff", cfg.policy.handoff, HANDOFFS)
     _check_choice("policy.drc_estimate", cfg.policy.drc_estimate, ("mirror", "lookup"))
+    _check_choice("policy.wan_estimate", cfg.policy.wan_estimate, ("static", "measured"))
     _check_range("policy.chunk_tokens", cfg.policy.chunk_tokens, 1, 1 << 20)
     _check_range("policy.wan_rate_mbit", cfg.policy.wan_rate_mbit, 0.001, 1e7)
     _check_range("decode.kv_wait_ms", cfg.decode.kv_wait_ms, 10, 3_600_000)

@@ -10,6 +10,9 @@ Not responsible for: decoding, routing, or the wire format (kvwire).
 
 Prefill returns once the first token is sampled; the transfers finish in the
 background and are recorded in the event log (kv_send_start/progress/end).
+Every reply carries what P's WAN KV connections have measured of the line
+so far (TCP_INFO: delivery rate, RTT, retransmissions; wanestimate.py), for
+the router's `policy.wan_estimate: measured`.
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ from workers.roles.kvwire import CONNECTIONS, KVSender, SendResult, meta_for
 from workers.roles.layerhook import layer_tap, read_layer
 from workers.roles.server import (Channels, RoleServer, StatsSource, build_engine, engine_stats, event_log,
                                   role_main, status_of)
+from workers.roles.wanestimate import WanEstimator
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +63,7 @@ class PrefillServicer(pdd_pb2_grpc.PrefillServicer):
         self._senders: dict[str, list[KVSender]] = {}
         self._senders_lock = threading.Lock()
         self.channels = Channels(cfg)
+        self.wan = WanEstimator()
 
     # ------------------------------------------------------------ RPCs
 
@@ -90,8 +95,12 @@ class PrefillServicer(pdd_pb2_grpc.PrefillServicer):
                           f"({'; '.join(p.failed for p in plans if p.failed)})")
         self.events.emit("prefill_done", rid, duration_ns=t_first - arrival, cached_tokens=opened[0],
                          computed_tokens=opened[1], first_token=first)
+        w = self.wan.estimate()
         return pdd_pb2.PrefillReply(first_token=first, t_ns=t_first, cached_tokens=opened[0],
-                                    computed_tokens=opened[1], sent_from_tokens=[p.start for p in sent])
+                                    computed_tokens=opened[1], sent_from_tokens=[p.start for p in sent],
+                                    wan=pdd_pb2.WanEstimate(rate_mbit=w.rate_mbit, rtt_ms=w.rtt_ms,
+                                                            min_rtt_ms=w.min_rtt_ms, retrans_pct=w.retrans_pct,
+                                                            samples=w.samples))
 
     def Cancel(self, request, context):
         with self._senders_lock:
@@ -123,7 +132,7 @@ class PrefillServicer(pdd_pb2_grpc.PrefillServicer):
             plan.answered.set()
 
     def _prefill(self, gen: GenerationRequest, plans: list[_Target], context) -> tuple[int, int, tuple[int, int]]:
-        rid, n = gen.request_id, len(gen.prompt_tokens)
+        rid = gen.request_id
         with self.lock:
             try:
                 opened = self.engine.open(gen)
@@ -171,13 +180,17 @@ class PrefillServicer(pdd_pb2_grpc.PrefillServicer):
     def _sender(self, rid: str, target, start: int, prompt: tuple[int, ...]) -> KVSender:
         path_cfg: PathConfig = getattr(self.cfg.kv, target.path)
         meta = meta_for(self.engine, rid, "prompt", start, len(prompt), prompt[start:])
+        wan = target.path == "wan"
         sender = KVSender(target.kv_address, meta, path_cfg, target.path, self.events,
-                          on_done=lambda result, rid=rid: self._forget(rid, result))
+                          on_done=lambda result, rid=rid: self._forget(rid, result, wan),
+                          observe=self.wan.observe if wan else None)
         with self._senders_lock:
             self._senders.setdefault(rid, []).append(sender)
         return sender.start()
 
-    def _forget(self, rid: str, result: SendResult) -> None:
+    def _forget(self, rid: str, result: SendResult, wan: bool) -> None:
+        if wan and result.ok:
+            self.wan.observe_transfer(result.segs_out, result.retrans_segs)
         with self._senders_lock:
             live = [s for s in self._senders.get(rid, []) if not s.done]
             if live:

@@ -23,6 +23,7 @@ WAN struggles; pd-cross, the naive baseline, has no such fallback).
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
 import time
@@ -37,6 +38,7 @@ from workers.proto import pdd_pb2, pdd_pb2_grpc
 from workers.roles.config import HANDOFFS, MODES, DeploymentConfig, WorkerConfig
 from workers.roles.events import EventLog
 from workers.roles.server import Channels, RoleServer, StatsSource, event_log, role_main
+from workers.roles.wanestimate import WanEstimate
 
 log = logging.getLogger(__name__)
 
@@ -48,33 +50,43 @@ HANDOFF_ENUM = {"oneshot": pdd_pb2.HANDOFF_ONESHOT, "chunked": pdd_pb2.HANDOFF_C
 
 @dataclass(frozen=True)
 class RouteDecision:
-    """route: see the module docstring; md_cached_tokens: DRC hit (tokens); wan_estimate_ms: the estimate used"""
+    """route: see the module docstring; md_cached_tokens: DRC hit (tokens); wan_estimate_ms: the estimate used
+    (inf: the measured line is congested); wan_source: static | measured"""
     route: str
     md_cached_tokens: int
     wan_estimate_ms: float
     singular: bool
     use_drc: bool = True       # False in pd-cross: the naive baseline sends the whole prompt
+    wan_source: str = "static"
+
+
+def wan_transfer_ms(kv_bytes: int, policy, wan: WanEstimate | None) -> tuple[float, str]:
+    """The estimated WAN transfer time of kv_bytes and what it rests on (pure). measured: P's TCP_INFO
+    figures once it has any (a congested line: inf, so the request goes P->RLD->MD); static otherwise."""
+    if policy.wan_estimate == "measured" and wan is not None and wan.measured:
+        return (math.inf if wan.congested else wan.transfer_ms(kv_bytes)), "measured"
+    return kv_bytes * 8 / (policy.wan_rate_mbit * 1e3), "static"
 
 
 def decide_route(mode: str, prompt_tokens: int, max_tokens: int, md_cached_tokens: int, kv_bytes_per_token: int,
-                 policy) -> RouteDecision:
+                 policy, wan: WanEstimate | None = None) -> RouteDecision:
     """Pure route decision for one request."""
     if mode == "colocated":
         return RouteDecision("colocated", 0, 0.0, False)
     if mode == "pd-intra":
         return RouteDecision("p-rld", 0, 0.0, False)
     uncached = prompt_tokens - (md_cached_tokens if mode == "pdd" else 0)
-    est_ms = uncached * kv_bytes_per_token * 8 / (policy.wan_rate_mbit * 1e3)
+    est_ms, source = wan_transfer_ms(uncached * kv_bytes_per_token, policy, wan)
     if mode == "pd-cross":
         return RouteDecision("p-md", 0, est_ms, False, use_drc=False)
     singular = uncached >= policy.singular_min_uncached_tokens and max_tokens <= policy.singular_max_output_tokens
     if est_ms <= policy.direct_max_transfer_ms and not singular:
-        return RouteDecision("p-md", md_cached_tokens, est_ms, False)
+        return RouteDecision("p-md", md_cached_tokens, est_ms, False, wan_source=source)
     if singular:
-        return RouteDecision("p-rld-singular", md_cached_tokens, est_ms, True)
+        return RouteDecision("p-rld-singular", md_cached_tokens, est_ms, True, wan_source=source)
     if policy.ablation_local_rld:
-        return RouteDecision("p-rld-ablation", md_cached_tokens, est_ms, False)
-    return RouteDecision("p-rld-md", md_cached_tokens, est_ms, False)
+        return RouteDecision("p-rld-ablation", md_cached_tokens, est_ms, False, wan_source=source)
+    return RouteDecision("p-rld-md", md_cached_tokens, est_ms, False, wan_source=source)
 
 
 class DRCMirror:
@@ -156,6 +168,7 @@ class RouterServicer(pdd_pb2_grpc.RouterServicer):
         self._lock = threading.Lock()
         self._active = 0
         self.drc = DRCMirror(cfg.block_size, cfg.md.capacity_tokens // cfg.block_size)
+        self.wan: WanEstimate | None = None   # the latest of P's WAN measurements (PrefillReply.wan)
 
     def _stub(self, cls, worker: WorkerConfig):
         return cls(self.channels.get(worker.grpc_address))
@@ -172,8 +185,12 @@ class RouterServicer(pdd_pb2_grpc.RouterServicer):
                          handoff=request.handoff)
         mode, handoff = self._validate(request, context)
         decision = self._decide(mode, prompt, max_tokens, context)
+        wan = self.wan
         self.events.emit("route", rid, route=decision.route, mode=mode, handoff=handoff,
-                         md_cached_tokens=decision.md_cached_tokens, wan_estimate_ms=decision.wan_estimate_ms,
+                         md_cached_tokens=decision.md_cached_tokens,
+                         wan_estimate_ms=None if math.isinf(decision.wan_estimate_ms) else decision.wan_estimate_ms,
+                         wan_source=decision.wan_source, wan_congested=bool(wan and wan.congested),
+                         wan_rate_mbit=wan.rate_mbit if wan else None, wan_rtt_ms=wan.rtt_ms if wan else None,
                          drc_estimate=self.cfg.policy.drc_estimate if mode == "pdd" else None)
         if decision.singular:
             saved = (len(prompt) - decision.md_cached_tokens) * self.kv_bytes_per_token
@@ -223,7 +240,7 @@ class RouterServicer(pdd_pb2_grpc.RouterServicer):
                     pdd_pb2.LookupRequest(prompt_tokens=prompt), timeout=SETUP_TIMEOUT_S).cached_tokens
             except grpc.RpcError as err:
                 self.events.emit("drc_lookup_failed", None, reason=f"{err.code().name}: {err.details()}")
-        return decide_route(mode, len(prompt), max_tokens, hit, self.kv_bytes_per_token, self.cfg.policy)
+        return decide_route(mode, len(prompt), max_tokens, hit, self.kv_bytes_per_token, self.cfg.policy, self.wan)
 
 
 # Past the MD's own KV deadline, how long a drained request may still take to end.
@@ -367,6 +384,9 @@ class _RequestRun:
             self._fail(err.code(), f"{self.cfg.p.name}: {err.details()}")
         # Token 0 (reply.first_token) reaches the client from the decode side once it holds the KV.
         self.s.events.emit("prefill_reply", self.rid, first_token=reply.first_token, t_ns_p=reply.t_ns)
+        w = reply.wan
+        if w.samples:
+            self.s.wan = WanEstimate(w.rate_mbit, w.rtt_ms, w.min_rtt_ms, w.retrans_pct, w.samples)
 
     def _can_fall_back(self) -> bool:
         """A pdd P->MD request with no token yet may still be served from cluster A."""

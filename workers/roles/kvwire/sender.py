@@ -22,6 +22,7 @@ from workers.roles.events import EventLog
 from workers.roles.kvwire.frame import (ACK, BEGIN, CANCEL, END, FRAME_HEADER, FRAME_MAGIC, HAVE, LAYER, RESUME,
                                         TransferFailed, TransferMeta, pack_frame)
 from workers.roles.kvwire.sockets import CONNECTIONS, ConnectionPool, send_all, set_congestion
+from workers.roles.kvwire.tcpinfo import TcpInfo
 from workers.roles.kvwire.watch import ConnectionWatch
 
 POLL_S = 0.1   # a blocked send or reply wait looks at its connections' TCP_INFO this often
@@ -38,6 +39,7 @@ class SendResult:
     duration_ns: int
     resumed_kv_bytes: int = 0       # KV bytes a retry did not send again: the receiver already held them
     retrans_segs: int = 0           # TCP segments retransmitted on this transfer's connections (TCP_INFO)
+    segs_out: int = 0               # TCP segments sent on them, retransmissions included
     bytes_retrans: int = 0
     congestion_used: tuple[str, ...] = ()   # per connection, as read back from the socket
 
@@ -60,11 +62,14 @@ class KVSender:
     events: event log
     on_done: called with the SendResult from the sender's thread
     pool: where kept connections come from and go back to (settings.persistent)
+    observe: called with (TcpInfo, connections) for every TCP_INFO sample (P's WAN estimate)
     """
 
     def __init__(self, address: str, meta: TransferMeta, settings: PathConfig, path: str, events: EventLog,
-                 on_done: Callable[[SendResult], None] | None = None, pool: ConnectionPool = CONNECTIONS):
+                 on_done: Callable[[SendResult], None] | None = None, pool: ConnectionPool = CONNECTIONS,
+                 observe: Callable[[TcpInfo, int], None] | None = None):
         self.address = address
+        self.observe = observe
         self.pool = pool
         self._reused = 0
         self.meta = meta
@@ -84,7 +89,7 @@ class KVSender:
         self._transfer_id = secrets.randbits(63)   # kept across retries: a retry resumes the same transfer
         self._skip: set[tuple[int, int]] = set()    # chunks the receiver holds (learnt by RESUME)
         self._resumed_kv_bytes = 0
-        self._retrans = [0, 0]                      # segments, bytes
+        self._tcp = [0, 0, 0]                       # segments sent, segments and bytes retransmitted
         self._congestion_used: list[str] = []
         self._refusal_noted = False
         self._skip_begin = False     # the receiver already has BEGIN (a resumed transfer)
@@ -162,8 +167,8 @@ class KVSender:
             reason = "cancelled"
         ok = reason == "done"
         self._complete(SendResult(ok, reason, m.kv_bytes if ok else 0, self._wire_bytes, attempts,
-                                  time.monotonic_ns() - t0, self._resumed_kv_bytes, self._retrans[0],
-                                  self._retrans[1], tuple(self._congestion_used)))
+                                  time.monotonic_ns() - t0, self._resumed_kv_bytes, self._tcp[1], self._tcp[0],
+                                  self._tcp[2], tuple(self._congestion_used)))
 
     def _complete(self, result: SendResult) -> None:
         with self._cond:
@@ -174,6 +179,7 @@ class KVSender:
                          wire_bytes=result.wire_bytes, attempts=result.attempts, duration_ns=result.duration_ns,
                          reason=result.reason, reused_connections=self._reused,
                          resumed_kv_bytes=result.resumed_kv_bytes, retrans_segs=result.retrans_segs,
+                         segs_out=result.segs_out,
                          bytes_retrans=result.bytes_retrans, congestion_requested=self.settings.congestion,
                          congestion_used=list(result.congestion_used))
         if self.on_done is not None:
@@ -219,8 +225,10 @@ class KVSender:
             raise TransferFailed(failure[0])
 
     def _watch(self, sock: socket.socket, index: int, attempt: int) -> ConnectionWatch:
+        n, observe = self.settings.connections, self.observe
         w = ConnectionWatch(sock, index, attempt, self.settings.stall_timeout_ms,
-                            lambda **f: self.events.emit("kv_tcp_info", self.meta.request_id, path=self.path, **f))
+                            lambda **f: self.events.emit("kv_tcp_info", self.meta.request_id, path=self.path, **f),
+                            None if observe is None else lambda info: observe(info, n))
         asked = self.settings.congestion
         if asked != "default" and w.cc and w.cc != asked and not self._refusal_noted:
             self._refusal_noted = True
@@ -230,9 +238,8 @@ class KVSender:
 
     def _end_watches(self, watches: list[ConnectionWatch]) -> None:
         for w in watches:
-            segs, nbytes = w.end()
-            self._retrans[0] += segs
-            self._retrans[1] += nbytes
+            for i, n in enumerate(w.end()):
+                self._tcp[i] += n
             if len(self._congestion_used) < self.settings.connections:
                 self._congestion_used.append(w.cc)
 

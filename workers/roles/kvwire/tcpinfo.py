@@ -52,7 +52,9 @@ class TcpInfo:
     notsent_bytes: int      # written by the application, not yet sent
     min_rtt_us: int
     delivery_rate: int      # bytes/s, the most recent sample
+    app_limited: bool       # that sample was limited by the application, not the path (a lower bound)
     bytes_sent: int         # cumulative, retransmissions included
+    segs_out: int           # segments sent, cumulative, retransmissions included
     bytes_retrans: int      # cumulative
 
     def event_fields(self) -> dict:
@@ -66,14 +68,15 @@ def parse_tcp_info(raw: bytes) -> TcpInfo:
     """struct tcp_info bytes (possibly shorter, from an older kernel) -> TcpInfo (pure)."""
     v = TCP_INFO_STRUCT.unpack(bytes(raw[:TCP_INFO_STRUCT.size]).ljust(TCP_INFO_STRUCT.size, b"\0"))
     u8, u32 = v[:8], dict(zip(_U32_NAMES, v[8:32]))
-    (pacing, _max_pacing, acked, received, _segs_out, _segs_in, notsent, min_rtt, _dsi, _dso, delivery,
+    (pacing, _max_pacing, acked, received, segs_out, _segs_in, notsent, min_rtt, _dsi, _dso, delivery,
      _busy, _rwnd_lim, _sndbuf_lim, _delivered, _delivered_ce, sent, retrans_bytes) = v[32:50]
     return TcpInfo(state=u8[0], ca_state=u8[1], retransmits=u8[2], backoff=u8[4], rto_us=u32["rto_us"],
                    snd_mss=u32["snd_mss"], unacked=u32["unacked"], lost=u32["lost"], retrans=u32["retrans"],
                    rtt_us=u32["rtt_us"], rttvar_us=u32["rttvar_us"], snd_cwnd=u32["snd_cwnd"],
                    total_retrans=u32["total_retrans"], pacing_rate=pacing, bytes_acked=acked,
                    bytes_received=received, notsent_bytes=notsent, min_rtt_us=min_rtt, delivery_rate=delivery,
-                   bytes_sent=sent, bytes_retrans=retrans_bytes)
+                   app_limited=bool(u8[7] & 1), bytes_sent=sent, segs_out=segs_out,
+                   bytes_retrans=retrans_bytes)
 
 
 def read_tcp_info(sock: socket.socket) -> TcpInfo | None:

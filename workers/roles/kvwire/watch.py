@@ -20,6 +20,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from typing import Callable
 
 from workers.roles.kvwire.tcpinfo import TcpInfo, congestion_of, read_tcp_info
 
@@ -43,10 +44,11 @@ def owes_bytes(info: TcpInfo | None) -> bool:
 class ConnectionWatch:
     """sock: one connection of a transfer attempt; emit(**fields): records a kv_tcp_info event."""
 
-    def __init__(self, sock: socket.socket, index: int, attempt: int, stall_timeout_ms: int, emit):
+    def __init__(self, sock: socket.socket, index: int, attempt: int, stall_timeout_ms: int, emit,
+                 observe: Callable[[TcpInfo], None] | None = None):
         self.sock, self.index, self.attempt = sock, index, attempt
         self.stall_timeout_ms = stall_timeout_ms
-        self._emit = emit
+        self._emit, self._observe = emit, observe
         self._lock = threading.Lock()
         self.cc = congestion_of(sock)
         now = time.monotonic_ns()
@@ -89,14 +91,18 @@ class ConnectionWatch:
     def all_acked(self) -> bool:
         return not owes_bytes(self.tick())
 
-    def end(self) -> tuple[int, int]:
-        """Record the last sample; (segments, bytes) retransmitted during this attempt."""
+    def end(self) -> tuple[int, int, int]:
+        """Record the last sample; (segments sent, segments retransmitted, bytes retransmitted) during
+        this attempt."""
         info = read_tcp_info(self.sock) or self.last
         self._record("end", info)
         if info is None or self.first is None:
-            return 0, 0
-        return info.total_retrans - self.first.total_retrans, info.bytes_retrans - self.first.bytes_retrans
+            return 0, 0, 0
+        f = self.first
+        return info.segs_out - f.segs_out, info.total_retrans - f.total_retrans, info.bytes_retrans - f.bytes_retrans
 
     def _record(self, phase: str, info: TcpInfo | None) -> None:
         if info is not None:
             self._emit(attempt=self.attempt, conn=self.index, phase=phase, cc=self.cc, **info.event_fields())
+            if self._observe is not None:
+                self._observe(info)
