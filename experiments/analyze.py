@@ -61,7 +61,7 @@ def add_wan_analysis(summary: dict, events: list[dict], rm: runmeta.RunMeta, wan
     summary["warnings"] = []
     for v, s in summary["variants"].items():
         evs = by_variant.get(v, [])
-        kv_pcap = flows.by_class(wan.rows, v) if wan else None
+        kv_pcap = flows.by_class(wan.rows, v) if wan and "wall_start" in rm.windows.get(v, {}) else None
         on_wire = s["wan_bytes_pcap"].get("a_to_b", 0) if "wan_bytes_pcap" in s else None
         kv, warnings = transfers.variant_kv(v, evs, on_wire, kv_pcap["kv"]["bytes_delivered"] if kv_pcap else None)
         s.update(kv, wan_flows=kv_pcap, rld_occupancy=occupancy.rld_occupancy(evs, rm.windows.get(v)))
