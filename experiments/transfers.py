@@ -25,6 +25,9 @@ in the `kv` handoff mode):
     resumed      (beside them) KV bytes a retry did not resend because the
                  receiver already held them.
 
+Every transfer of the variant's events counts, warm-up requests included, as
+in the pcap's window.
+
 Fields missing from older runs read as None (unknown) in figures and 0 in
 sums; an old run without the new events analyses without error.
 """

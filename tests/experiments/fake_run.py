@@ -41,7 +41,7 @@ def _wan_time_ms(i: int) -> int:
     return 50 + 10 * i      # request i's WAN transfer (tcp=True): 50, 60, ... 140 ms
 
 
-def _tcp_events(variant: str, rec: dict, req, i: int, n_bytes: int) -> list[tuple[str, dict]]:
+def _tcp_events(variant: str, req, i: int, n_bytes: int) -> tuple[list[tuple[float, str, dict]], dict]:
     """What the newer data plane adds around request i's WAN transfer (times are offsets in ms from send)."""
     t_start = 5 if variant == "pdd" else 3           # the kv_send_start's offset in _events
     t_end = t_start + _wan_time_ms(i)
@@ -74,7 +74,7 @@ def _tcp_events(variant: str, rec: dict, req, i: int, n_bytes: int) -> list[tupl
     if variant == "pdd":
         close = 797 if req.request_id == "r0005" else RLD_SESSION_MS
         ev += [(3, "rld1", {"event": "decode_open"}), (3 + close, "rld1", {"event": "decode_close"})]
-    return [(at, w, e) for at, w, e in ev], end
+    return ev, end
 
 
 def _events(variant: str, rec: dict, req, kv_bpt: int, i: int = 0, tcp: bool = False) -> list[tuple[str, dict]]:
@@ -89,7 +89,7 @@ def _events(variant: str, rec: dict, req, kv_bpt: int, i: int = 0, tcp: bool = F
         n = req.prompt_len - (req.cached_tokens if variant == "pdd" else 0)
         end = {"wire_bytes": n * kv_bpt}
         if tcp:
-            extra, end = _tcp_events(variant, rec, req, i, n * kv_bpt)
+            extra, end = _tcp_events(variant, req, i, n * kv_bpt)
         ev += [("p1", {"event": "kv_send_start", "path": "wan", **({"congestion": "bbr"} if tcp else {})}),
                ("p1", {"event": "kv_send_end", "path": "wan", **end})]
     decoder = "md1" if variant in ("pd-cross", "pdd") else "rld1"
