@@ -42,6 +42,7 @@ bench: setup
 	$(PY) benchmarks/bench_shaper.py
 	$(PY) benchmarks/bench_docker.py
 	$(PY) benchmarks/bench_experiment.py
+	$(PY) benchmarks/bench_analysis.py
 	$(PY) benchmarks/bench_links.py
 	$(PY) -m vm.run --timeout 1500 --cpus 1 -- $(PY) benchmarks/bench_links.py --backend tc
 

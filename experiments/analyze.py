@@ -3,7 +3,8 @@
 Responsible for: the analysis step that joins the runner's output to the
 numbers (records -> metrics -> summary.json / summary.md -> plots). It reads
 nothing but the run directory (metadata.json for the spec and the windows,
-workload.jsonl, variants/*, pcap/), so it can be rerun at any time.
+workload.jsonl, variants/*, pcap/), so it can be rerun at any time; it also
+writes flows.json (the WAN's flows, experiments.flows).
 Not responsible for: running anything.
 """
 from __future__ import annotations
@@ -12,7 +13,7 @@ import json
 import logging
 from pathlib import Path
 
-from experiments import metrics, pcap, plots, records, rundir
+from experiments import flows, metrics, occupancy, pcap, plots, records, rundir, runmeta, transfers
 from experiments.spec import SLO, build
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,31 @@ def _pcap_bytes(frames: list[pcap.Frame], meta: dict) -> dict:
         return {}
     return {v: pcap.bytes_between(frames, w["wall_start"], w.get("wall_end", float("inf")))
             for v, w in meta.get("variants", {}).items() if "wall_start" in w}
+
+
+def wan_flows(run_dir: Path, rm: runmeta.RunMeta) -> flows.WanFlows | None:
+    """The WAN's flows from both captures (see experiments.flows); None without captures or scapy."""
+    try:
+        return flows.load(run_dir / "pcap", rm.kv_ports, rm.cross_ports, rm.windows)
+    except (pcap.PcapError, ImportError) as err:
+        log.warning("no flows.json: %s", err)
+        return None
+
+
+def add_wan_analysis(summary: dict, events: list[dict], rm: runmeta.RunMeta, wan: flows.WanFlows | None) -> None:
+    """Into summary, in place: per variant kv_paths, wan_bytes, wan_flows, rld_occupancy; and warnings
+    (see experiments.transfers and experiments.occupancy for what each holds)."""
+    by_variant: dict[str, list[dict]] = {}
+    for e in events:
+        by_variant.setdefault(e.get("variant"), []).append(e)
+    summary["warnings"] = []
+    for v, s in summary["variants"].items():
+        evs = by_variant.get(v, [])
+        kv_pcap = flows.by_class(wan.rows, v) if wan and "wall_start" in rm.windows.get(v, {}) else None
+        on_wire = s["wan_bytes_pcap"].get("a_to_b", 0) if "wan_bytes_pcap" in s else None
+        kv, warnings = transfers.variant_kv(v, evs, on_wire, kv_pcap["kv"]["bytes_delivered"] if kv_pcap else None)
+        s.update(kv, wan_flows=kv_pcap, rld_occupancy=occupancy.rld_occupancy(evs, rm.windows.get(v)))
+        summary["warnings"] += warnings
 
 
 MAX_JUDGED = 12   # divergences whose near-tie margin is recomputed (a reference forward pass each)
@@ -114,18 +140,22 @@ def analyze(run_dir: Path) -> dict:
         recs, events = records.collect(run_dir)
         records.write(run_dir, recs, events)
     else:
-        recs = records.read(run_dir)
+        recs, events = records.read(run_dir), records.read_events(run_dir)
     variants = [v for v in spec.get("variants", []) if any(r.variant == v for r in recs)]
     from workers.model import get_config
     kv_bpt = get_config(spec.get("model", "default")).kv_bytes_per_token
     rate = meta.get("topology", {}).get("wan_profile", {}).get("a_to_b", {}).get("rate_mbit") or 0.0
     slo = build(SLO, spec.get("slo", {}), "slo")
-    frames = wan_frames(run_dir)
+    frames, rm = wan_frames(run_dir), runmeta.load(run_dir, meta)
+    wan = wan_flows(run_dir, rm)
+    if wan:
+        rundir.write_json(run_dir / "flows.json", wan.to_json())
     summary = metrics.summarize(recs, variants, slo, kv_bpt, rate or float("nan"), _pcap_bytes(frames, meta))
+    add_wan_analysis(summary, events, rm, wan)
     judge_divergences(run_dir, summary["streams"], spec)
     summary["complete"] = meta.get("complete", False)
     rundir.write_json(run_dir / "summary.json", summary)
     (run_dir / "summary.md").write_text(metrics.markdown(summary, meta))
-    plots.draw_all(run_dir, recs, variants, meta, frames)
+    plots.draw_all(run_dir, recs, variants, meta, frames, events, rm, wan)
     log.info("analysis written to %s", run_dir)
     return summary

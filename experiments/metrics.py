@@ -209,10 +209,71 @@ def markdown(summary: dict, meta: dict) -> str:
                      f"{_mb(s['wan_bytes_per_request'].get('mean'))} |")
     lines += ["", "decode batch: mean size of the batched engine steps that decoded a request's tokens, over "
               "requests (1 = decoded alone; a worker batches the steps of its concurrent sessions)."]
+    lines += _warnings_section(summary.get("warnings") or [])
+    lines += _kv_section(per)
+    lines += _wan_bytes_section(per)
+    lines += _fallback_section(per)
     lines += _pdd_section(per.get("pdd"), summary)
     lines += _bucket_section(per)
     lines += _streams_section(summary["streams"])
     return "\n".join(lines) + "\n"
+
+
+def _warnings_section(warnings: list[dict]) -> list[str]:
+    if not warnings:
+        return []
+    return ["", "## Warnings", ""] + [f"- **{w['message']}**" for w in warnings]
+
+
+def _kv_section(per: dict) -> list[str]:
+    rows = [(v, path, k) for v, s in per.items() for path, k in (s.get("kv_paths") or {}).items() if k["transfers"]]
+    if not rows:
+        return []
+    lines = ["", "## KV transfers by path", "",
+             "| variant | path | ok / failed / cancelled (retried) | time p50 / p90 / p99 / max ms | "
+             "retrans segs per MB | RTT p50 ms | cwnd p50 | congestion used (requested) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for v, path, k in rows:
+        t = k["time_ms"]
+        lines.append(f"| {v} | {path} | {k['ok']} / {k['failed']} / {k['cancelled']} ({k['retried']}) | "
+                     f"{_f(t.get('p50'))} / {_f(t.get('p90'))} / {_f(t.get('p99'))} / {_f(t.get('max'))} | "
+                     f"{_f(k['retrans_segs_per_mb'], 2)} | {_f(k['rtt_ms_p50'], 1)} | {_f(k['cwnd_p50'])} | "
+                     f"{', '.join(k['congestion_used']) or '–'} ({', '.join(k['congestion_requested']) or '–'}) |")
+    lines += ["", "time: kv_send_start to kv_send_end of completed transfers; RTT and cwnd: medians of the "
+              "connections' TCP_INFO samples (kv_tcp_info); – where the run did not record them."]
+    return lines
+
+
+def _wan_bytes_section(per: dict) -> list[str]:
+    rows = [(v, s["wan_bytes"]) for v, s in per.items() if s.get("wan_bytes")]
+    if not rows:
+        return []
+    lines = ["", "## WAN bytes three ways", "",
+             "| variant | on the wire (pcap A→B, all / KV flows) | delivered KV | wasted | resumed KV | "
+             "TCP retransmitted |", "|---|---|---|---|---|---|"]
+    for v, b in rows:
+        lines.append(f"| {v} | {_mb(b['on_wire_pcap'])} / {_mb(b['on_wire_kv_pcap'])} | {_mb(b['delivered'])} | "
+                     f"{_mb(b['wasted'])} | {_mb(b['resumed'])} | {_mb(b['bytes_retrans'])} |")
+    lines += ["", "On the wire: what the capture at gwb saw arrive from A in the variant's window (headers and "
+              "TCP retransmissions included). Delivered: KV of completed transfers (kv_send_end). Wasted: every "
+              "byte of failed and cancelled transfers plus what earlier attempts of retried transfers sent "
+              "(wire_bytes − kv_bytes). Resumed: KV a retry did not resend because the receiver held it. "
+              "Paths wan (P→MD) and handoff (RLD→MD KV)."]
+    return lines
+
+
+def _fallback_section(per: dict) -> list[str]:
+    causes = sorted({c for s in per.values() for c in s["fallbacks"]})
+    lines = ["", "## Fallbacks by cause, and what the RLD took on", "",
+             "| variant | " + " | ".join(causes) + (" | " if causes else "") +
+             "RLD token share | RLD sessions | RLD open at once: mean / max |",
+             "|---|" + "---|" * (len(causes) + 3)]
+    for v, s in per.items():
+        occ = s.get("rld_occupancy") or {}
+        lines.append(f"| {v} | " + "".join(f"{s['fallbacks'].get(c, 0)} | " for c in causes) +
+                     f"{_f(100 * s['rld_token_share'], 1)}% | {occ.get('sessions', '–')} | "
+                     f"{_f(occ.get('mean'), 2)} / {occ.get('max', '–')} |")
+    return lines
 
 
 def _pdd_section(p: dict | None, summary: dict) -> list[str]:

@@ -5,7 +5,10 @@ Responsible for: drawing, one function per plot:
     ttft_cdf.png        TTFT and TTFT-decode CDF per variant
     timeline.png        phases of a few requests (prefill, fast-path KV, WAN KV, RLD decode,
                         handoff, MD decode), pdd beside pd-cross for the same request
-    wan_throughput.png  WAN Mbit/s over time per direction from the pcap, variants shaded
+    wan_throughput.png  WAN Mbit/s over time from the pcap: A->B split into KV, cross traffic and other
+                        (by port, experiments.flows), B->A; variants shaded, link changes marked
+    tcp_wan.png         RTT and cwnd of the WAN KV connections (kv_tcp_info samples) over time, variants
+                        shaded, link changes as vertical lines, cross-traffic windows as hatched spans
     hit_buckets.png     requests per hit-rate bucket (expected, and the DRC's measured in pdd)
     handoff_gaps.png    inter-token gaps around the RLD->MD handoff
 Not responsible for: the numbers (experiments.metrics) or reading raw logs.
@@ -21,16 +24,21 @@ import matplotlib.ticker
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from experiments import pcap  # noqa: E402
+from experiments import flows, pcap  # noqa: E402
 from experiments.records import RequestRecord  # noqa: E402
+from experiments.runmeta import RunMeta  # noqa: E402
 from experiments.workload import bucket_names, bucket_of  # noqa: E402
 
 log = logging.getLogger(__name__)
-PLOTS = ("ttft_cdf.png", "timeline.png", "wan_throughput.png", "hit_buckets.png", "handoff_gaps.png")
+PLOTS = ("ttft_cdf.png", "timeline.png", "wan_throughput.png", "tcp_wan.png", "hit_buckets.png", "handoff_gaps.png")
 COLORS = {"colocated": "tab:gray", "pd-intra": "tab:green", "pd-cross": "tab:red", "pdd": "tab:blue"}
 PHASES = (("prefill", "tab:orange"), ("fast_kv", "tab:green"), ("wan_kv", "tab:red"),
           ("rld_decode", "tab:cyan"), ("handoff", "black"), ("md_decode", "tab:blue"))
 GAP_SPAN = 6   # tokens each side of the handoff in handoff_gaps.png
+CHANGE_COLOR, CROSS_COLOR = "tab:purple", "tab:olive"
+CLASS_STYLE = {"kv": ("A→B KV", "tab:red"), "cross": ("A→B cross traffic", CROSS_COLOR),
+               "other": ("A→B other (gRPC, ...)", "tab:gray")}
+TCP_PATHS = {"wan": "o", "handoff": "x"}   # kv_tcp_info paths that cross the WAN, and their markers
 
 
 def _save(fig, path: Path) -> None:
@@ -75,7 +83,17 @@ def _timeline_picks(recs: list[RequestRecord], n: int = 4) -> list[str]:
     return picks[:n]
 
 
-def timeline(recs: list[RequestRecord], path: Path) -> None:
+def _row_changes(ax, r: RequestRecord, y: int, changes: list) -> None:
+    """Link changes that fell inside this request's life, as a short purple line across its row."""
+    end_ms = max([s[1] for s in r.spans.values()] + r.token_ms + [0.0])
+    for c in changes:
+        x = (c.t_ns - r.t_send_ns) / 1e6 if c.variant == r.variant and c.t_ns is not None else None
+        if x is not None and 0 <= x <= end_ms:
+            ax.plot([x, x], [y - 0.45, y + 0.45], color=CHANGE_COLOR, lw=2, label="link change")
+
+
+def timeline(recs: list[RequestRecord], path: Path, changes: list | None = None) -> None:
+    changes = changes or []
     by = {(r.variant, r.request_id): r for r in recs}
     rows = []
     for rid in _timeline_picks(recs):
@@ -95,38 +113,105 @@ def timeline(recs: list[RequestRecord], path: Path) -> None:
                         label=phase if y == 0 or phase not in ax.get_legend_handles_labels()[1] else None)
         if r.ttft_ms is not None:
             ax.plot([r.ttft_ms], [y], marker="|", color="k", markersize=14)
+        _row_changes(ax, r, y, changes)
     labels = [f"{r.variant} {r.request_id} ({r.route}, hit {100 * r.expected_hit:.0f}%)" for r in rows]
     ax.set_yticks(range(len(rows)), labels)
     ax.invert_yaxis()
     ax.set_xlabel("ms since the client sent the request (| = first token at the client)")
-    handles, names = ax.get_legend_handles_labels()
-    uniq = dict(zip(names, handles))
-    ax.legend(uniq.values(), uniq.keys(), loc="upper center", bbox_to_anchor=(0.5, -0.15), fontsize=8, ncol=6)
+    _legend(ax, loc="upper center", bbox_to_anchor=(0.5, -0.15), fontsize=8, ncol=7)
     ax.grid(axis="x", alpha=0.3)
     _save(fig, path)
 
 
-def wan_throughput(frames: list[pcap.Frame], meta: dict, path: Path) -> None:
+def _decorate(ax, rm: RunMeta) -> None:
+    """Variants shaded and named, link changes as vertical lines, cross-traffic windows as hatched spans."""
+    t0 = rm.origin_s
+    for v, w in rm.windows.items():
+        if "wall_start" in w:
+            ax.axvspan(w["wall_start"] - t0, w.get("wall_end", w["wall_start"]) - t0, alpha=0.08,
+                       color=COLORS.get(v, "gray"))
+            ax.text(w["wall_start"] - t0, 0.97, v, fontsize=8, va="top", transform=ax.get_xaxis_transform())
+    for c in rm.link_changes:
+        x = rm.change_s(c)
+        if x is not None:
+            ax.axvline(x, color=CHANGE_COLOR, lw=1, ls=":", label="link change")
+            ax.text(x, 0.03, f" {c.direction}: {_params(c.params)}", rotation=90, fontsize=6, color=CHANGE_COLOR,
+                    transform=ax.get_xaxis_transform(), va="bottom")
+    for x in rm.cross_traffic:
+        a, b = rm.axis_s(x.variant, x.start_ns), rm.axis_s(x.variant, x.end_ns)
+        if a is not None and b is not None:
+            ax.axvspan(a, b, fill=False, hatch="//", edgecolor=CROSS_COLOR, lw=0, alpha=0.5,
+                       label=f"cross traffic ({x.kind})")
+
+
+def _params(params: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in params.items())[:40]
+
+
+def _legend(ax, **kw) -> None:
+    """A legend with each label once."""
+    handles, names = ax.get_legend_handles_labels()
+    uniq = dict(zip(names, handles))
+    if uniq:
+        ax.legend(uniq.values(), uniq.keys(), **kw)
+
+
+def wan_throughput(frames: list[pcap.Frame], meta: dict, path: Path, rm: RunMeta | None = None,
+                   wan: flows.WanFlows | None = None) -> None:
+    rm = rm or RunMeta(windows=meta.get("variants", {}))
     fig, ax = plt.subplots(figsize=(11, 4))
     if not frames:
         _empty(ax, "no WAN capture")
-    starts = [w["wall_start"] for w in meta.get("variants", {}).values() if "wall_start" in w]
-    t0 = min(starts) if starts else (frames[0].t_s if frames else 0.0)
+    t0 = rm.origin_s if rm.origin_s is not None else (frames[0].t_s if frames else 0.0)
+    classes = flows.class_throughput(wan.flows, wan.kv_ports, wan.cross_ports, t0) if wan else {}
+    for cls, series in sorted(classes.items(), key=lambda kv: flows.CLASSES.index(kv[0])):
+        label, color = CLASS_STYLE[cls]
+        ax.plot([p[0] for p in series], [p[1] for p in series], label=label, color=color, lw=1)
     for d, series in pcap.throughput(frames, 0.25, t0).items():
-        if d != "other" and series:
-            ax.plot([s[0] for s in series], [s[1] for s in series], label={"a_to_b": "A→B", "b_to_a": "B→A"}[d], lw=1)
-    for v, w in meta.get("variants", {}).items():
-        if "wall_start" in w and frames:
-            ax.axvspan(w["wall_start"] - t0, w.get("wall_end", w["wall_start"]) - t0, alpha=0.08,
-                       color=COLORS.get(v, "gray"))
-            ax.text(w["wall_start"] - t0, ax.get_ylim()[1] * 0.95, v, fontsize=8, va="top")
+        if d != "other" and series and not (classes and d == "a_to_b"):
+            ax.plot([p[0] for p in series], [p[1] for p in series], label={"a_to_b": "A→B", "b_to_a": "B→A"}[d],
+                    lw=1)
+    if frames and rm.origin_s is not None:
+        _decorate(ax, rm)
     rate = meta.get("topology", {}).get("wan_profile", {}).get("a_to_b", {}).get("rate_mbit")
     if rate:
         ax.axhline(rate, ls="--", color="gray", lw=0.8, label=f"A→B rate {rate:g} Mbit/s")
     ax.set_xlabel("s since the first variant started (delivered traffic: A→B seen at gwb, B→A at gwa)")
     ax.set_ylabel("Mbit/s (250 ms bins)")
-    ax.legend(loc="upper right", fontsize=8)
+    _legend(ax, loc="upper right", fontsize=8)
     ax.grid(alpha=0.3)
+    _save(fig, path)
+
+
+def _tcp_points(events: list[dict], rm: RunMeta) -> list[tuple[str, str, float, dict]]:
+    """(variant, path, s on the plots' axis, sample) of every WAN kv_tcp_info sample; without the variants'
+    clock pairs (older metadata), s since the first sample."""
+    samples = [e for e in events if e["event"] == "kv_tcp_info" and e.get("path") in TCP_PATHS]
+    pts = [(e.get("variant"), e["path"], rm.axis_s(e.get("variant"), e["t_ns"]), e) for e in samples]
+    if pts and any(p[2] is None for p in pts):
+        t0 = min(e["t_ns"] for e in samples)
+        pts = [(v, path, (e["t_ns"] - t0) / 1e9, e) for v, path, _, e in pts]
+    return pts
+
+
+def tcp_wan(events: list[dict], rm: RunMeta, path: Path) -> None:
+    fig, axes = plt.subplots(2, 1, figsize=(11, 6), sharex=True)
+    pts = _tcp_points(events, rm)
+    for ax, key, scale, ylabel in ((axes[0], "rtt_us", 1e-3, "smoothed RTT (ms)"),
+                                   (axes[1], "snd_cwnd", 1, "cwnd (segments)")):
+        for (v, p) in sorted({(v, p) for v, p, _, _ in pts}, key=str):
+            mine = [(x, e[key] * scale) for vv, pp, x, e in pts if (vv, pp) == (v, p) and e.get(key) is not None]
+            ax.scatter([m[0] for m in mine], [m[1] for m in mine], s=6, marker=TCP_PATHS[p],
+                       color=COLORS.get(v, "gray"), alpha=0.6, label=f"{v} {p}")
+        if pts and rm.origin_s is not None:
+            _decorate(ax, rm)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    if not pts:
+        _empty(axes[0], "no kv_tcp_info samples on the WAN (older data plane, or no WAN transfers)")
+    axes[0].set_title("WAN KV connections: TCP_INFO every ~100 ms of each transfer (one point per sample)")
+    axes[1].set_xlabel("s since the first variant started")
+    _legend(axes[0], loc="upper right", fontsize=7)
     _save(fig, path)
 
 
@@ -177,14 +262,17 @@ def handoff_gaps(recs: list[RequestRecord], path: Path) -> None:
 
 
 def draw_all(run_dir: Path, recs: list[RequestRecord], variants: list[str], meta: dict,
-             frames: list[pcap.Frame]) -> list[Path]:
+             frames: list[pcap.Frame], events: list[dict] | None = None, rm: RunMeta | None = None,
+             wan: flows.WanFlows | None = None) -> list[Path]:
     """Every plot into run_dir/plots; returns their paths."""
     out = run_dir / "plots"
     out.mkdir(exist_ok=True)
+    rm = rm or RunMeta(windows=meta.get("variants", {}))
     measured = [r for r in recs if r.kind != "warmup"]
     ttft_cdf(measured, variants, out / "ttft_cdf.png")
-    timeline(measured, out / "timeline.png")
-    wan_throughput(frames, meta, out / "wan_throughput.png")
+    timeline(measured, out / "timeline.png", rm.link_changes)
+    wan_throughput(frames, meta, out / "wan_throughput.png", rm, wan)
+    tcp_wan(events or [], rm, out / "tcp_wan.png")
     hit_buckets(measured, variants, out / "hit_buckets.png")
     handoff_gaps(measured, out / "handoff_gaps.png")
     return [out / p for p in PLOTS]

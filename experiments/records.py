@@ -20,7 +20,9 @@ from pathlib import Path
 from experiments.workload import WorkloadRequest, read as read_workload
 
 FALLBACK_EVENTS = ("completed_on_rld", "kv_timeout", "handoff_failed", "relay_lost", "source_failed",
-                   "kv_send_failed", "handoff_diverged", "failed")
+                   "kv_send_failed", "handoff_diverged", "failed", "route_fallback", "kv_send_retry")
+REASON_KEYED = ("completed_on_rld", "route_fallback")   # their cause is `event:reason` (see fallback_cause)
+CAUSE_REASON_CHARS = 40   # a free-text reason (an error message) is cut to its first clause and this length
 HANDOFF_GAP_WINDOW = 3   # tokens on each side of the RLD->MD switch searched for the largest gap
 
 
@@ -182,9 +184,17 @@ def build_record(raw: dict, wreq: WorkloadRequest | None, evs: list[dict]) -> Re
     _bytes(evs, rec)
     _handoff(evs, rec, t0)
     _spans(evs, rec, t0)
-    rec.fallbacks = [e["event"] + (f":{e['reason']}" if e.get("reason") and e["event"] == "completed_on_rld" else "")
-                     for e in evs if e["event"] in FALLBACK_EVENTS]
+    rec.fallbacks = [fallback_cause(e) for e in evs if e["event"] in FALLBACK_EVENTS]
     return rec
+
+
+def fallback_cause(e: dict) -> str:
+    """The cause of one fallback event: its name, with `:reason` for completed_on_rld and route_fallback
+    (md_never_ready, finished_first, or the first clause of a failure text, cut to CAUSE_REASON_CHARS)."""
+    reason = e.get("reason")
+    if e["event"] not in REASON_KEYED or not reason:
+        return e["event"]
+    return f"{e['event']}:{str(reason).split(': ')[0][:CAUSE_REASON_CHARS]}"
 
 
 def collect(run_dir: Path) -> tuple[list[RequestRecord], list[dict]]:
@@ -215,3 +225,8 @@ def write(run_dir: Path, records: list[RequestRecord], events: list[dict]) -> No
 def read(run_dir: Path) -> list[RequestRecord]:
     """requests.jsonl back as records."""
     return [RequestRecord(**d) for d in _read_jsonl(run_dir / "requests.jsonl")]
+
+
+def read_events(run_dir: Path) -> list[dict]:
+    """events.jsonl back (every variant's events, tagged with `variant`, ordered by t_ns)."""
+    return _read_jsonl(run_dir / "events.jsonl")
