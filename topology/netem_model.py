@@ -135,6 +135,53 @@ def _c_div(a: int, b: int) -> int:
 
 
 @dataclass
+class Lateness:
+    """How late frames left against the departure time netem's algorithm gave them: a histogram of
+    BUCKET_NS buckets up to BUCKETS x BUCKET_NS, one overflow bucket, and the maximum (ns). An emulator
+    that falls behind (no CPU to spare) shows here, not in the link it claims to be."""
+    BUCKET_NS = 10_000
+    BUCKETS = 1000
+
+    def __init__(self):
+        self.counts = [0] * (self.BUCKETS + 1)
+        self.max_ns = 0
+
+    def add(self, late_ns: int) -> None:
+        i = late_ns // self.BUCKET_NS
+        self.counts[i if 0 <= i < self.BUCKETS else (0 if i < 0 else self.BUCKETS)] += 1
+        if late_ns > self.max_ns:
+            self.max_ns = late_ns
+
+    def to_dict(self) -> dict:
+        """Sparse form: {"bucket_ns", "counts": {index: frames}, "max_ns"}."""
+        return {"bucket_ns": self.BUCKET_NS, "counts": {str(i): c for i, c in enumerate(self.counts) if c},
+                "max_ns": self.max_ns}
+
+
+def lateness_between(before: dict | None, after: dict) -> dict:
+    """Lateness of the frames sent between two Lateness.to_dict() snapshots (pure): frames, p50/p99/max
+    in us (a percentile is its bucket's upper edge; max: the highest bucket's upper edge, or the overall
+    maximum when that bucket is the overflow)."""
+    width, top = after["bucket_ns"], Lateness.BUCKETS
+    old = (before or {}).get("counts", {})
+    diff = {int(i): c - old.get(i, 0) for i, c in after["counts"].items() if c - old.get(i, 0) > 0}
+    frames = sum(diff.values())
+    if not frames:
+        return {"frames": 0, "p50_us": None, "p99_us": None, "max_us": None}
+
+    def edge_us(i: int) -> float:
+        return after["max_ns"] / 1000 if i >= top else (i + 1) * width / 1000
+
+    def pct(q: float) -> float:
+        seen = 0
+        for i in sorted(diff):
+            seen += diff[i]
+            if seen >= q * frames:
+                return edge_us(i)
+        return edge_us(max(diff))
+    return {"frames": frames, "p50_us": pct(0.5), "p99_us": pct(0.99), "max_us": edge_us(max(diff))}
+
+
 class NetemCounters:
     """What one direction did since it started (frames)."""
     received: int = 0       # frames offered to enqueue()
@@ -356,13 +403,20 @@ class NetemQueue:
             return self._head[0][0]
         return self._tfifo[0][0] if self._tfifo else None
 
-    def pop_due(self, now_ns: int) -> list[bytes]:
-        """Every frame whose time to send is <= now_ns, in departure order."""
+    def pop_due(self, now_ns: int, lateness: Lateness | None = None) -> list[bytes]:
+        """Every frame whose time to send is <= now_ns, in departure order; each one's lateness (now_ns
+        against its time to send) is added to `lateness` when given."""
         out = [frame for _, frame in self._head]
+        if lateness is not None:
+            for tts, _ in self._head:
+                lateness.add(now_ns - tts)
         self._head.clear()
         tfifo = self._tfifo
         while tfifo and tfifo[0][0] <= now_ns:
-            out.append(heapq.heappop(tfifo)[2])
+            tts, _, frame = heapq.heappop(tfifo)
+            out.append(frame)
+            if lateness is not None:
+                lateness.add(now_ns - tts)
         if not tfifo:
             self._tfifo_last_ns = None
         self.counters.sent += len(out)

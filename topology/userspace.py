@@ -31,7 +31,9 @@ Command line (JSON = `LinkParams.to_dict()`):
 Control protocol (UNIX stream socket, one JSON object per line each way):
     {"cmd": "ping"}                                   -> {"ok": true}
     {"cmd": "set", "direction": "a_to_b", "params": {...}} -> {"ok": true} | {"ok": false, "error": "..."}
-    {"cmd": "stats"}  -> {"ok": true, "a_to_b": {counters}, "b_to_a": {counters}}
+    {"cmd": "stats"}  -> {"ok": true, "a_to_b": {counters}, "b_to_a": {counters},
+                          "health": {"t_ns", "cpu_s", "lateness": {a_to_b: Lateness.to_dict(), ...}}}
+    (health: the forwarder's own CPU seconds and how late its frames left; see netem_model.Lateness)
     {"cmd": "stop"}   -> {"ok": true}, then the process exits 0 (as on SIGTERM/SIGINT)
 """
 from __future__ import annotations
@@ -54,7 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from topology.netem_model import NetemConfigError, NetemCounters, NetemQueue
+from topology.netem_model import Lateness, NetemConfigError, NetemCounters, NetemQueue, lateness_between
 from topology.proc import terminate
 from topology.tc import offload_off_cmd
 from topology.profiles import DIRECTIONS, LinkParams, ProfileError, link_params_from_dict
@@ -289,6 +291,7 @@ class Forwarder:
         self.spin_ns = int(spin_us * 1000)
         # Different but reproducible random streams per direction.
         self.queues = {"a_to_b": NetemQueue(a_to_b, seed * 2), "b_to_a": NetemQueue(b_to_a, seed * 2 + 1)}
+        self.lateness = {d: Lateness() for d in DIRECTIONS}
         self.stopping = False
 
     def handle(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -297,7 +300,9 @@ class Forwarder:
         if cmd == "ping":
             return {"ok": True}
         if cmd == "stats":
-            return {"ok": True, **{d: dataclasses.asdict(self.stats(d)) for d in DIRECTIONS}}
+            return {"ok": True, **{d: dataclasses.asdict(self.stats(d)) for d in DIRECTIONS},
+                    "health": {"t_ns": time.monotonic_ns(), "cpu_s": time.process_time(),
+                               "lateness": {d: self.lateness[d].to_dict() for d in DIRECTIONS}}}
         if cmd == "stop":
             self.stopping = True
             return {"ok": True}
@@ -327,6 +332,7 @@ class Forwarder:
     def run(self, control: ControlServer, wakeup: socket.socket) -> None:
         """Forward until stopped by the control socket or a signal (via `wakeup`)."""
         qa, qb = self.queues["a_to_b"], self.queues["b_to_a"]
+        la, lb = self.lateness["a_to_b"], self.lateness["b_to_a"]
         pa, pb = self.port_a, self.port_b
         clock = time.monotonic_ns
         while not self.stopping:
@@ -342,8 +348,8 @@ class Forwarder:
                 else:
                     control.on_readable(sock)
             now = clock()
-            pb.send_all(qa.pop_due(now))
-            pa.send_all(qb.pop_due(now))
+            pb.send_all(qa.pop_due(now, la))
+            pa.send_all(qb.pop_due(now, lb))
 
     def _timeout_s(self, now_ns: int) -> float | None:
         due = [t for t in (self.queues["a_to_b"].next_departure_ns(),
@@ -434,6 +440,26 @@ def control_request(path: str | Path, request: dict[str, Any], timeout_s: float 
     return json.loads(reply)
 
 
+LATE_P99_US = 1000.0   # a window whose p99 lateness exceeds this measured the machinery, not the link
+
+
+def health_between(before: dict[str, Any] | None, after: dict[str, Any]) -> dict[str, Any]:
+    """The forwarder's health over a window between two `UserspaceEmulator.health()` snapshots (pure):
+    per direction frames sent, lateness p50/p99/max (us) and frames dropped for lack of CPU (the kernel's
+    socket buffer overflowed: rx_drops; the wire refused them: tx_errors); its CPU share; and `late`:
+    some direction's p99 lateness above LATE_P99_US."""
+    before = before or {}
+    out: dict[str, Any] = {}
+    for d in DIRECTIONS:
+        lat = lateness_between((before.get("lateness") or {}).get(d), after["lateness"][d])
+        old = (before.get("drops") or {}).get(d, {})
+        out[d] = {**lat, **{k: v - old.get(k, 0) for k, v in after["drops"][d].items()}}
+    span_s = (after["t_ns"] - before.get("t_ns", after["t_ns"])) / 1e9
+    out["cpu_share"] = round((after["cpu_s"] - before.get("cpu_s", 0.0)) / span_s, 3) if span_s > 0 else None
+    out["late"] = any((out[d]["p99_us"] or 0) > LATE_P99_US for d in DIRECTIONS)
+    return out
+
+
 class UserspaceEmulator:
     """Starts the forwarder process, drives it over its control socket, stops it."""
 
@@ -504,6 +530,13 @@ class UserspaceEmulator:
         """Counters per direction ("a_to_b", "b_to_a")."""
         reply = self._checked({"cmd": "stats"})
         return {d: DirectionStats(**reply[d]) for d in DIRECTIONS}
+
+    def health(self) -> dict[str, Any]:
+        """A snapshot of the forwarder's health (CPU seconds, lateness histograms, drops) for
+        `health_between`."""
+        reply = self._checked({"cmd": "stats"})
+        return {**reply["health"], "drops": {d: {"rx_drops": reply[d]["rx_drops"], "tx_errors": reply[d]["tx_errors"]}
+                                             for d in DIRECTIONS}}
 
     def stop(self, grace_s: float = 5.0) -> None:
         """Ask the process to stop; SIGTERM then SIGKILL its PID if it does not."""
