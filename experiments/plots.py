@@ -28,6 +28,7 @@ from experiments import flows, pcap  # noqa: E402
 from experiments.records import RequestRecord  # noqa: E402
 from experiments.runmeta import RunMeta  # noqa: E402
 from experiments.workload import bucket_names, bucket_of  # noqa: E402
+from workers.roles.routing import Route  # noqa: E402
 
 log = logging.getLogger(__name__)
 PLOTS = ("ttft_cdf.png", "timeline.png", "wan_throughput.png", "tcp_wan.png", "hit_buckets.png", "handoff_gaps.png")
@@ -75,8 +76,8 @@ def _timeline_picks(recs: list[RequestRecord], n: int = 4) -> list[str]:
     """A few pdd requests with different stories: lowest hit, a handoff, a direct P->MD, a singular."""
     pdd = [r for r in recs if r.variant == "pdd" and r.ok]
     picks = []
-    for pred in (lambda r: r.route == "p-rld-md" and r.expected_hit < 0.9, lambda r: r.route == "p-rld-md",
-                 lambda r: r.route == "p-md", lambda r: r.route == "p-rld-singular"):
+    for pred in (lambda r: r.route == Route.P_RLD_MD and r.expected_hit < 0.9, lambda r: r.route == Route.P_RLD_MD,
+                 lambda r: r.route == Route.P_MD, lambda r: r.route == Route.P_RLD_SINGULAR):
         cand = [r for r in pdd if pred(r) and r.request_id not in picks]
         if cand:
             picks.append(min(cand, key=lambda r: r.expected_hit).request_id)

@@ -3,7 +3,7 @@ import pytest
 
 from workers.proto.compile import stubs_stale
 from workers.roles.config import ConfigError, RouterPolicy, parse_config
-from workers.roles.router import decide_route
+from workers.roles.routing import decide_route
 
 BASE = {"router": {"name": "router", "grpc_port": 1}, "p": {"name": "p1", "grpc_port": 2},
         "rld": {"name": "rld1", "grpc_port": 3, "kv_port": 4}, "md": {"name": "md1", "grpc_port": 5, "kv_port": 6}}
@@ -50,7 +50,7 @@ def test_generated_stubs_are_up_to_date():
 
 
 def test_drc_mirror_matches_whole_blocks_and_forgets_the_least_recent():
-    from workers.roles.router import DRCMirror
+    from workers.roles.routing import DRCMirror
     m = DRCMirror(block_size=4, capacity_blocks=3)
     seq = list(range(100, 110))                      # 2 whole blocks + 2 tokens
     assert m.match(seq) == 0

@@ -5,7 +5,7 @@ import math
 
 from workers.roles.config import RouterPolicy
 from workers.roles.kvwire.tcpinfo import parse_tcp_info
-from workers.roles.router import decide_route
+from workers.roles.routing import decide_route
 from workers.roles.wanestimate import WanEstimate, WanEstimator
 
 BLANK = parse_tcp_info(b"")

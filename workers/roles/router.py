@@ -13,12 +13,11 @@ into one stream where every index appears exactly once and in order (a
 repeated index is dropped and counted); cancelling what is left when done.
 Not responsible for: prefill, decode or KV (the other roles).
 
-Routes: colocated (RLD prefills and decodes), p-rld (pd-intra), p-md
-(pd-cross, or pdd with a high DRC hit), p-rld-md (pdd), p-rld-singular,
-p-rld-ablation, p-rld-fallback (a pdd P->MD request whose WAN target failed
-before its first token — P could not reach the MD's DRC, the MD's stream
-ended without a token — re-routed to the RLD: PDD keeps serving while the
-WAN struggles; pd-cross, the naive baseline, has no such fallback).
+Routes: see routing.py (the decision itself is pure and lives there). A pdd
+P->MD request whose WAN target fails before its first token (P cannot reach
+the MD's DRC, the MD's stream ends without a token) is re-routed here to the
+RLD (p-rld-fallback): PDD keeps serving while the WAN struggles; pd-cross, the
+naive baseline, has no such fallback.
 """
 from __future__ import annotations
 
@@ -28,7 +27,6 @@ import queue
 import threading
 import time
 import uuid
-from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 
 import grpc
@@ -38,6 +36,7 @@ from workers.proto import pdd_pb2, pdd_pb2_grpc
 from workers.roles.config import HANDOFFS, MODES, DeploymentConfig, WorkerConfig
 from workers.roles.events import EventLog
 from workers.roles.server import Channels, RoleServer, StatsSource, event_log, role_main
+from workers.roles.routing import ENDS_AT_MD, DRCMirror, Route, RouteDecision, decide_route
 from workers.roles.wanestimate import WanEstimate
 
 log = logging.getLogger(__name__)
@@ -46,85 +45,6 @@ SETUP_TIMEOUT_S = 10.0       # a worker must accept a session this fast
 REQUEST_TIMEOUT_S = 300.0    # longest a request may take end to end
 HANDOFF_ENUM = {"oneshot": pdd_pb2.HANDOFF_ONESHOT, "chunked": pdd_pb2.HANDOFF_CHUNKED,
                 "auto": pdd_pb2.HANDOFF_AUTO, "kv": pdd_pb2.HANDOFF_KV}
-
-
-@dataclass(frozen=True)
-class RouteDecision:
-    """route: see the module docstring; md_cached_tokens: DRC hit (tokens); wan_estimate_ms: the estimate used
-    (inf: the measured line is congested); wan_source: static | measured"""
-    route: str
-    md_cached_tokens: int
-    wan_estimate_ms: float
-    singular: bool
-    use_drc: bool = True       # False in pd-cross: the naive baseline sends the whole prompt
-    wan_source: str = "static"
-
-
-def wan_transfer_ms(kv_bytes: int, policy, wan: WanEstimate | None) -> tuple[float, str]:
-    """The estimated WAN transfer time of kv_bytes and what it rests on (pure). measured: P's TCP_INFO
-    figures once it has any (a congested line: inf, so the request goes P->RLD->MD); static otherwise."""
-    if policy.wan_estimate == "measured" and wan is not None and wan.measured:
-        return (math.inf if wan.congested else wan.transfer_ms(kv_bytes)), "measured"
-    return kv_bytes * 8 / (policy.wan_rate_mbit * 1e3), "static"
-
-
-def decide_route(mode: str, prompt_tokens: int, max_tokens: int, md_cached_tokens: int, kv_bytes_per_token: int,
-                 policy, wan: WanEstimate | None = None) -> RouteDecision:
-    """Pure route decision for one request."""
-    if mode == "colocated":
-        return RouteDecision("colocated", 0, 0.0, False)
-    if mode == "pd-intra":
-        return RouteDecision("p-rld", 0, 0.0, False)
-    uncached = prompt_tokens - (md_cached_tokens if mode == "pdd" else 0)
-    est_ms, source = wan_transfer_ms(uncached * kv_bytes_per_token, policy, wan)
-    if mode == "pd-cross":
-        return RouteDecision("p-md", 0, est_ms, False, use_drc=False)
-    singular = uncached >= policy.singular_min_uncached_tokens and max_tokens <= policy.singular_max_output_tokens
-    if est_ms <= policy.direct_max_transfer_ms and not singular:
-        return RouteDecision("p-md", md_cached_tokens, est_ms, False, wan_source=source)
-    if singular:
-        return RouteDecision("p-rld-singular", md_cached_tokens, est_ms, True, wan_source=source)
-    if policy.ablation_local_rld:
-        return RouteDecision("p-rld-ablation", md_cached_tokens, est_ms, False, wan_source=source)
-    return RouteDecision("p-rld-md", md_cached_tokens, est_ms, False, wan_source=source)
-
-
-class DRCMirror:
-    """The router's estimate of what the MD's DRC holds, without a WAN round trip per request: the
-    block-aligned prefixes of every sequence that ended at the MD (PDD ends every pipeline there so that
-    the MD's cache follows P's), as a chain of block hashes, least recently used evicted beyond the MD's
-    capacity. Used for the route decision only; P sends the WAN copy from the MD's own answer."""
-
-    def __init__(self, block_size: int, capacity_blocks: int):
-        self.block_size, self.capacity_blocks = block_size, max(1, capacity_blocks)
-        self._blocks: OrderedDict[int, None] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def _chain(self, tokens: list[int]) -> list[int]:
-        bs, h, out = self.block_size, 0, []
-        for i in range(0, len(tokens) - len(tokens) % bs, bs):
-            h = hash((h, tuple(tokens[i:i + bs])))
-            out.append(h)
-        return out
-
-    def match(self, prompt: list[int]) -> int:
-        """Tokens of prompt the MD is expected to hold (whole blocks, at most len - 1, as the MD matches)."""
-        n = 0
-        with self._lock:
-            for h in self._chain(prompt[:len(prompt) - 1]):
-                if h not in self._blocks:
-                    break
-                self._blocks.move_to_end(h)
-                n += self.block_size
-        return n
-
-    def insert(self, tokens: list[int]) -> None:
-        with self._lock:
-            for h in self._chain(tokens):
-                self._blocks[h] = None
-                self._blocks.move_to_end(h)
-            while len(self._blocks) > self.capacity_blocks:
-                self._blocks.popitem(last=False)
 
 
 @dataclass
@@ -286,7 +206,7 @@ class _RequestRun:
                 yield pdd_pb2.GenerateEvent(token=tok)
         self.s.events.emit("complete", self.rid, route=self.decision.route, duplicates=self.merge.duplicates,
                            notes=self.merge.notes)
-        if self.decision.use_drc and self.decision.route in ("p-md", "p-rld-md"):
+        if self.decision.use_drc and self.decision.route in ENDS_AT_MD:
             out = [self.merge.seen[i] for i in range(self.max_tokens)]
             self.s.drc.insert(self.prompt + out[:-1])   # what the MD's cache keeps: every token with KV
         yield pdd_pb2.GenerateEvent(done=pdd_pb2.GenerateDone(
@@ -319,20 +239,20 @@ class _RequestRun:
 
     def _start(self) -> None:
         route, cfg = self.decision.route, self.cfg
-        if route == "colocated":
+        if route == Route.COLOCATED:
             self._open_stream("rld", cfg.rld, self._decode_request(kv_source=pdd_pb2.KV_SOURCE_LOCAL))
             return
         targets = []
-        if route in ("p-md", "p-rld-md"):
-            relay = cfg.rld.grpc_address if route == "p-rld-md" else ""
+        if route in ENDS_AT_MD:
+            relay = cfg.rld.grpc_address if route == Route.P_RLD_MD else ""
             drc = self.decision.use_drc
             self._open_stream("md", cfg.md, self._decode_request(use_prefix_cache=drc, relay_grpc=relay))
             targets.append(pdd_pb2.KVTarget(path="wan", kv_address=cfg.md.kv_address,
                                             drc_address=cfg.md.grpc_address if drc else ""))
-        if route != "p-md":
-            hand = HANDOFF_ENUM[self.handoff] if route == "p-rld-md" else pdd_pb2.HANDOFF_NONE
+        if route != Route.P_MD:
+            hand = HANDOFF_ENUM[self.handoff] if route == Route.P_RLD_MD else pdd_pb2.HANDOFF_NONE
             self._open_stream("rld", cfg.rld, self._decode_request(
-                handoff=hand, handoff_grpc=cfg.md.grpc_address if route == "p-rld-md" else "",
+                handoff=hand, handoff_grpc=cfg.md.grpc_address if route == Route.P_RLD_MD else "",
                 handoff_kv=cfg.md.kv_address, chunk_tokens=cfg.policy.chunk_tokens))
             targets.insert(0, pdd_pb2.KVTarget(path="fast", kv_address=cfg.rld.kv_address, start_tokens=0))
         self._prefill(targets)
@@ -390,16 +310,16 @@ class _RequestRun:
 
     def _can_fall_back(self) -> bool:
         """A pdd P->MD request with no token yet may still be served from cluster A."""
-        return (self.decision.route == "p-md" and self.decision.use_drc and not self.fell_back
+        return (self.decision.route == Route.P_MD and self.decision.use_drc and not self.fell_back
                 and self.merge.next_index == 0)
 
     def _fall_back(self, reason: str) -> None:
         """The WAN target failed: drop the MD's session, prefill again (P's prefix cache holds the prompt)
         and let the RLD decode the request to the end."""
         self.fell_back = True
-        self.s.events.emit("route_fallback", self.rid, from_route=self.decision.route, to_route="p-rld-fallback",
+        self.s.events.emit("route_fallback", self.rid, from_route=self.decision.route, to_route=Route.P_RLD_FALLBACK,
                            reason=reason)
-        self.decision = replace(self.decision, route="p-rld-fallback")
+        self.decision = replace(self.decision, route=Route.P_RLD_FALLBACK)
         for call in self.calls:
             call.cancel()
         self._open_stream("rld", self.cfg.rld, self._decode_request(handoff=pdd_pb2.HANDOFF_NONE))
@@ -412,7 +332,7 @@ class _RequestRun:
         (PDD.md: every pipeline ends at the MD, so its DRC stays aligned with P's):
         the WAN copy and the MD's session run to their own end, drained in the background.
         """
-        if self.merge.complete and self.decision.route == "p-rld-md":
+        if self.merge.complete and self.decision.route == Route.P_RLD_MD:
             threading.Thread(target=self._drain_to_md, name=f"drain-{self.rid}", daemon=True).start()
             return
         self._cancel_all()

@@ -1,0 +1,115 @@
+"""The route decision of the router, as policy apart from plumbing (pure: no sockets, no gRPC).
+
+Responsible for: the route names (`Route`), `decide_route` (mode, prompt, the MD's
+expected DRC hit, the WAN estimate -> a `RouteDecision`), the WAN transfer-time
+estimate it rests on (static or measured), and `DRCMirror`, the router's own
+estimate of what the MD's DRC holds.
+Not responsible for: carrying a decision out (router.py) or measuring the WAN
+(wanestimate.py).
+
+Routes: colocated (RLD prefills and decodes), p-rld (pd-intra), p-md
+(pd-cross, or pdd with a high DRC hit), p-rld-md (pdd), p-rld-singular,
+p-rld-ablation, p-rld-fallback (a pdd P->MD request whose WAN target failed
+before its first token, re-routed to the RLD by the router).
+"""
+from __future__ import annotations
+
+import math
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from enum import StrEnum
+
+from workers.roles.wanestimate import WanEstimate
+
+
+class Route(StrEnum):
+    COLOCATED = "colocated"
+    P_RLD = "p-rld"
+    P_MD = "p-md"
+    P_RLD_MD = "p-rld-md"
+    P_RLD_SINGULAR = "p-rld-singular"
+    P_RLD_ABLATION = "p-rld-ablation"
+    P_RLD_FALLBACK = "p-rld-fallback"
+
+
+ENDS_AT_MD = (Route.P_MD, Route.P_RLD_MD)   # the pipelines whose sequence the MD's DRC keeps
+
+
+@dataclass(frozen=True)
+class RouteDecision:
+    """route: see the module docstring; md_cached_tokens: DRC hit (tokens); wan_estimate_ms: the estimate used
+    (inf: the measured line is congested); wan_source: static | measured"""
+    route: Route
+    md_cached_tokens: int
+    wan_estimate_ms: float
+    singular: bool
+    use_drc: bool = True       # False in pd-cross: the naive baseline sends the whole prompt
+    wan_source: str = "static"
+
+
+def wan_transfer_ms(kv_bytes: int, policy, wan: WanEstimate | None) -> tuple[float, str]:
+    """The estimated WAN transfer time of kv_bytes and what it rests on (pure). measured: P's TCP_INFO
+    figures once it has any (a congested line: inf, so the request goes P->RLD->MD); static otherwise."""
+    if policy.wan_estimate == "measured" and wan is not None and wan.measured:
+        return (math.inf if wan.congested else wan.transfer_ms(kv_bytes)), "measured"
+    return kv_bytes * 8 / (policy.wan_rate_mbit * 1e3), "static"
+
+
+def decide_route(mode: str, prompt_tokens: int, max_tokens: int, md_cached_tokens: int, kv_bytes_per_token: int,
+                 policy, wan: WanEstimate | None = None) -> RouteDecision:
+    """Pure route decision for one request."""
+    if mode == "colocated":
+        return RouteDecision(Route.COLOCATED, 0, 0.0, False)
+    if mode == "pd-intra":
+        return RouteDecision(Route.P_RLD, 0, 0.0, False)
+    uncached = prompt_tokens - (md_cached_tokens if mode == "pdd" else 0)
+    est_ms, source = wan_transfer_ms(uncached * kv_bytes_per_token, policy, wan)
+    if mode == "pd-cross":
+        return RouteDecision(Route.P_MD, 0, est_ms, False, use_drc=False)
+    singular = uncached >= policy.singular_min_uncached_tokens and max_tokens <= policy.singular_max_output_tokens
+    if est_ms <= policy.direct_max_transfer_ms and not singular:
+        return RouteDecision(Route.P_MD, md_cached_tokens, est_ms, False, wan_source=source)
+    if singular:
+        return RouteDecision(Route.P_RLD_SINGULAR, md_cached_tokens, est_ms, True, wan_source=source)
+    if policy.ablation_local_rld:
+        return RouteDecision(Route.P_RLD_ABLATION, md_cached_tokens, est_ms, False, wan_source=source)
+    return RouteDecision(Route.P_RLD_MD, md_cached_tokens, est_ms, False, wan_source=source)
+
+
+class DRCMirror:
+    """The router's estimate of what the MD's DRC holds, without a WAN round trip per request: the
+    block-aligned prefixes of every sequence that ended at the MD (PDD ends every pipeline there so that
+    the MD's cache follows P's), as a chain of block hashes, least recently used evicted beyond the MD's
+    capacity. Used for the route decision only; P sends the WAN copy from the MD's own answer."""
+
+    def __init__(self, block_size: int, capacity_blocks: int):
+        self.block_size, self.capacity_blocks = block_size, max(1, capacity_blocks)
+        self._blocks: OrderedDict[int, None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def _chain(self, tokens: list[int]) -> list[int]:
+        bs, h, out = self.block_size, 0, []
+        for i in range(0, len(tokens) - len(tokens) % bs, bs):
+            h = hash((h, tuple(tokens[i:i + bs])))
+            out.append(h)
+        return out
+
+    def match(self, prompt: list[int]) -> int:
+        """Tokens of prompt the MD is expected to hold (whole blocks, at most len - 1, as the MD matches)."""
+        n = 0
+        with self._lock:
+            for h in self._chain(prompt[:len(prompt) - 1]):
+                if h not in self._blocks:
+                    break
+                self._blocks.move_to_end(h)
+                n += self.block_size
+        return n
+
+    def insert(self, tokens: list[int]) -> None:
+        with self._lock:
+            for h in self._chain(tokens):
+                self._blocks[h] = None
+                self._blocks.move_to_end(h)
+            while len(self._blocks) > self.capacity_blocks:
+                self._blocks.popitem(last=False)
