@@ -1,0 +1,294 @@
+"""Both halves of the handoff by token IDs (or KV): the RLD's sender and the MD's receiver.
+
+Responsible for: the RLD's side of one session's handoff (`RelayHandoff`: when
+and how to hand over — oneshot, chunked, auto, kv — and the fallbacks it
+records), and the MD's side (`MDHandoff`, mixed into the decode servicer:
+telling the RLD it holds the prompt KV, waiting for the final handoff while
+probing the RLD, recomputing handed-over IDs in one extend step or importing
+their KV).
+Not responsible for: decoding (decode.py) or the wire (kvwire).
+"""
+from __future__ import annotations
+
+import time
+
+import grpc
+import numpy as np
+
+from workers.errors import EngineError
+from workers.kvcache import BLOB_HEADER, TOKEN_ID_BYTES
+from workers.proto import pdd_pb2, pdd_pb2_grpc
+from workers.roles.kvwire import KVSender, meta_for
+from workers.roles.server import status_of
+from workers.roles.session import HANDOFF_NAMES, H, Session
+
+RELAY_TIMEOUT_S = 5.0
+RELAY_RECONNECT_S = 2.0  # see _call_relay
+RELAY_PROBE_S = 1.0    # MD waiting for a handoff: ask the RLD this often whether it still holds the request
+
+
+def _call_relay(method, request):
+    """An RPC to the relay. UNAVAILABLE may only mean the channel is between reconnect attempts (the RLD
+    restarted): then once more, waiting up to RELAY_RECONNECT_S for the channel (longer than its
+    reconnect backoff, server.grpc_options). UNAVAILABLE or DEADLINE_EXCEEDED after that: it is gone."""
+    try:
+        return method(request, timeout=RELAY_TIMEOUT_S)
+    except grpc.RpcError as err:
+        if err.code() != grpc.StatusCode.UNAVAILABLE:
+            raise
+    return method(request, timeout=RELAY_RECONNECT_S, wait_for_ready=True)
+
+
+
+class MDHandoff:
+    """The MD's side of the handoff, mixed into DecodeServicer (uses its engine, lock, inbox, events,
+    channels, config and sessions)."""
+
+    def _await_handoff(self, session: Session) -> bool:
+        """MD with a relay: tell the RLD, then wait for its final handoff. False: the relay finished alone."""
+        rid = session.request_id
+        stub = pdd_pb2_grpc.DecodeStub(self.channels.get(session.request.relay_grpc))
+        try:
+            _call_relay(stub.KVReady, pdd_pb2.KVReadyRequest(request_id=rid, worker=self.me.name))
+            self.events.emit("kv_ready_sent", rid, relay=session.request.relay_grpc)
+        except grpc.RpcError as err:
+            if err.code() == grpc.StatusCode.NOT_FOUND:
+                self.events.emit("relay_done", rid, reason=err.details())
+                return False
+            self.events.emit("relay_lost", rid, reason=f"{err.code().name}: {err.details()}")
+            session.relay_lost, session.emit_from = True, 1   # decode alone; the router drops repeats
+            return True
+        while True:
+            with session.cond:
+                if session.cond.wait_for(lambda: session.handed_final or session.cancelled, RELAY_PROBE_S):
+                    return not session.cancelled
+            verdict = self._probe_relay(stub, session)
+            if verdict == "alive":
+                continue
+            with session.handoff_lock:   # a handoff being applied right now wins
+                if session.handed_final or session.cancelled:
+                    return not session.cancelled
+                if verdict == "done":
+                    self.events.emit("relay_done", rid, reason="the relay closed its session without a handoff")
+                    return False
+                self.events.emit("relay_lost", rid, reason=verdict, after_kv_ready=True)
+                session.relay_lost, session.emit_from = True, 1   # decode alone; the router drops repeats
+                return True
+
+    def _probe_relay(self, stub, session: Session) -> str:
+        """While waiting for a handoff: is the RLD still there? alive | done (no session for the request:
+        it finished alone) | a reason it is gone (connection refused or reset: its process died)."""
+        try:
+            _call_relay(stub.PrefixLength, pdd_pb2.PrefixQuery(request_id=session.request_id))
+            return "alive"
+        except grpc.RpcError as err:
+            if err.code() == grpc.StatusCode.NOT_FOUND:
+                return "done"
+            if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                return f"{err.code().name}: {err.details()}"
+            return "alive"
+
+    def Handoff(self, request, context):
+        session = self._session(request.request_id, context)
+        t0 = time.monotonic_ns()
+        self.events.emit("handoff_recv_start", request.request_id, start_index=request.start_index,
+                         tokens=len(request.token_ids), final=request.final, kv=request.kv)
+        with session.handoff_lock:
+            if not session.kv_ready:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"request {request.request_id!r}: the prompt KV "
+                              "has not arrived here yet")
+            if session.handed_final:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"request {request.request_id!r}: already handed off")
+            if session.relay_lost:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"request {request.request_id!r}: this worker "
+                              "declared its relay lost and decodes alone")
+            if not request.token_ids:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, "token_ids is empty")
+            if request.kv:
+                self._absorb_kv(session, request, context)
+            else:
+                self._absorb_ids(session, request, context)
+            extend_ns = time.monotonic_ns() - t0
+            with self.lock:
+                toks = self.engine.tokens(request.request_id)
+            next_token = toks[session.prompt_len + session.pending_index] \
+                if session.prompt_len + session.pending_index < len(toks) else -1
+            if request.final:
+                with session.cond:
+                    session.handed_final = True
+                    session.emit_from = request.start_index + len(request.token_ids)
+                    session.cond.notify_all()
+        self.events.emit("handoff_recv_end", request.request_id, start_index=request.start_index,
+                         tokens=len(request.token_ids), final=request.final, kv=request.kv, extend_ns=extend_ns,
+                         payload_bytes=request.ByteSize())
+        return pdd_pb2.HandoffReply(pending_index=session.pending_index, next_token=next_token, extend_ns=extend_ns)
+
+    def _absorb_ids(self, session: Session, request, context) -> None:
+        """Recompute handed-over IDs: check the overlap with what this worker has, extend the rest."""
+        rid, start, ids = request.request_id, request.start_index, list(request.token_ids)
+        pend = session.pending_index
+        if not start <= pend < start + len(ids):
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"request {rid!r}: handoff covers indices "
+                          f"[{start}, {start + len(ids)}) but this worker's next token without KV is index {pend}")
+        with self.lock:
+            have = self.engine.tokens(rid)[session.prompt_len:]
+            overlap = ids[:pend - start + 1]
+            if list(have[start:pend + 1]) != overlap:
+                self.events.emit("handoff_diverged", rid, index=pend, mine=have[pend], theirs=ids[pend - start])
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"request {rid!r}: token at index {pend} is "
+                              f"{have[pend]} here but {ids[pend - start]} in the handoff (greedy divergence)")
+            rest = ids[pend - start + 1:]
+            if rest:
+                try:
+                    self.engine.extend(rid, rest)
+                except EngineError as err:
+                    context.abort(status_of(err), str(err))
+                session.pending_index = pend + len(rest) + 1
+        self.events.emit("extend", rid, tokens=len(rest), start_index=pend)
+
+    def _absorb_kv(self, session: Session, request, context) -> None:
+        """KV handoff: import the generated tokens' KV from the data plane, then the one token without KV."""
+        rid, start = request.request_id, request.start_index
+        if start > session.pending_index:
+            got = self.inbox.wait(rid, "handoff", self.cfg.decode.handoff_timeout_ms / 1000,
+                                  stop=lambda: session.cancelled)
+            if got is None:
+                context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"request {rid!r}: handoff KV did not arrive")
+            with self.lock:
+                try:
+                    self.engine.import_kv(rid, got.blob)
+                except EngineError as err:
+                    context.abort(status_of(err), str(err))
+                finally:
+                    got.release()
+        with self.lock:
+            have = len(self.engine.tokens(rid)) - session.prompt_len
+            if have != start:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"request {rid!r}: after the KV import this "
+                              f"worker has {have} tokens, the handoff continues at index {start}")
+            self.engine.append_tokens(rid, [request.token_ids[0]])
+        session.pending_index = start
+
+
+class RelayHandoff:
+    """The RLD's side of one session's handoff: decides when and how to hand over; records fallbacks."""
+
+    def __init__(self, servicer, session: Session):
+        """servicer: the RLD's DecodeServicer (its engine, lock, config, events, channels)"""
+        self.s, self.session = servicer, session
+        self.mode = session.request.handoff
+        self.md_pending = 0            # the MD's token without KV: P's first token at first
+        self.inflight: grpc.Future | None = None
+        self.inflight_t0 = 0
+        self.failed_reason = ""
+        self.stub = pdd_pb2_grpc.DecodeStub(servicer.channels.get(session.request.handoff_grpc))
+
+    def step(self, toks: tuple[int, ...]) -> bool:
+        """Called between decode steps; True when the final handoff is done (stop decoding)."""
+        if self.mode == H.HANDOFF_NONE or not self.session.md_ready:
+            return False
+        if self.inflight is not None:
+            if not self.inflight.done():
+                return False
+            self._chunk_done()
+            if self.mode == H.HANDOFF_NONE:
+                return False
+        mode = self._effective_mode()
+        chunk = self.session.request.chunk_tokens or self.s.cfg.policy.chunk_tokens
+        if mode == H.HANDOFF_CHUNKED and len(toks) - self.md_pending > chunk + 1:
+            self._send_chunk(list(toks[self.md_pending:self.md_pending + chunk + 1]))
+            return False
+        return self._final(mode, toks)
+
+    def _effective_mode(self) -> int:
+        if self.mode != H.HANDOFF_AUTO:
+            return self.mode
+        loaded = self.s.sessions >= self.s.cfg.decode.auto_oneshot_load
+        return H.HANDOFF_ONESHOT if loaded else H.HANDOFF_CHUNKED
+
+    def _request(self, start: int, ids: list[int], final: bool, kv: bool = False) -> pdd_pb2.HandoffRequest:
+        return pdd_pb2.HandoffRequest(request_id=self.session.request_id, start_index=start, token_ids=ids,
+                                      final=final, kv=kv, worker=self.s.me.name)
+
+    def _send_chunk(self, ids: list[int]) -> None:
+        req = self._request(self.md_pending, ids, final=False)
+        self.s.events.emit("handoff_start", self.session.request_id, mode="chunked", final=False,
+                           start_index=self.md_pending, tokens=len(ids), payload_bytes=req.ByteSize())
+        self.inflight_t0 = time.monotonic_ns()
+        self.inflight = self.stub.Handoff.future(req, timeout=self.s.cfg.decode.handoff_timeout_ms / 1000)
+
+    def _chunk_done(self) -> None:
+        fut, self.inflight = self.inflight, None
+        try:
+            reply = fut.result()
+        except grpc.RpcError as err:
+            self._fail(f"chunk: {err.code().name}: {err.details()}")
+            return
+        self.s.events.emit("handoff_end", self.session.request_id, mode="chunked", final=False,
+                           duration_ns=time.monotonic_ns() - self.inflight_t0, extend_ns=reply.extend_ns,
+                           md_pending_index=reply.pending_index)
+        self.md_pending = reply.pending_index
+
+    def _final(self, mode: int, toks: tuple[int, ...]) -> bool:
+        rid, t0 = self.session.request_id, time.monotonic_ns()
+        name = HANDOFF_NAMES[mode] if self.mode != H.HANDOFF_AUTO else f"auto:{HANDOFF_NAMES[mode]}"
+        try:
+            if mode == H.HANDOFF_KV:
+                req, kv_bytes = self._ship_kv(toks)
+            else:
+                req, kv_bytes = self._request(self.md_pending, list(toks[self.md_pending:]), final=True), 0
+            self.s.events.emit("handoff_start", rid, mode=name, final=True, start_index=req.start_index,
+                               tokens=len(toks) - self.md_pending, payload_bytes=req.ByteSize() + kv_bytes)
+            reply = self.stub.Handoff(req, timeout=self.s.cfg.decode.handoff_timeout_ms / 1000)
+        except grpc.RpcError as err:
+            self._fail(f"{name}: {err.code().name}: {err.details()}")
+            return False
+        except _KVShipFailed as err:
+            self._fail(f"{name}: {err}")
+            return False
+        self.s.events.emit("handoff_end", rid, mode=name, final=True, duration_ns=time.monotonic_ns() - t0,
+                           extend_ns=reply.extend_ns, tokens=len(toks) - self.md_pending,
+                           payload_bytes=req.ByteSize() + kv_bytes)
+        return True
+
+    def _ship_kv(self, toks: tuple[int, ...]) -> tuple[pdd_pb2.HandoffRequest, int]:
+        """Send the KV of generated tokens 0..n-2 to the MD's data plane; the last token travels as an ID."""
+        rid, n, L = self.session.request_id, len(toks), self.session.prompt_len
+        kv_bytes = 0
+        if n > 1:
+            with self.s.lock:
+                blob = self.s.engine.export_kv(rid, L, L + n - 1)
+            meta = meta_for(self.s.engine, rid, "handoff", L, L + n - 1, toks[:n - 1])
+            body = np.frombuffer(blob, np.uint8, offset=BLOB_HEADER.size + (n - 1) * TOKEN_ID_BYTES)
+            layers = body.reshape(meta.n_layer, 2, n - 1, meta.row_bytes)  # (nl, 2, n-1, row)
+            sender = KVSender(self.session.request.handoff_kv, meta, self.s.cfg.kv.wan, "handoff", self.s.events)
+            sender.start()
+            for layer in range(meta.n_layer):
+                sender.put_layer(layer, layers[layer])
+            sender.finish(None)
+            result = sender.wait()
+            if not result.ok:
+                raise _KVShipFailed(result.reason)
+            kv_bytes = result.wire_bytes
+        return self._request(n - 1, [toks[n - 1]], final=True, kv=True), kv_bytes
+
+    def _fail(self, reason: str) -> None:
+        """A handoff failed: keep decoding here to the end; tell the MD (best effort) to drop its copy."""
+        self.failed_reason = reason
+        self.mode = H.HANDOFF_NONE
+        self.s.events.emit("handoff_failed", self.session.request_id, reason=reason)
+        try:
+            self.stub.Cancel(pdd_pb2.CancelRequest(request_id=self.session.request_id), timeout=1.0)
+        except grpc.RpcError:
+            pass
+
+    def record_local_completion(self) -> None:
+        """The RLD generated every token itself: record why (fallback) when a handoff was planned."""
+        if self.inflight is not None:
+            self.inflight.cancel()
+        reason = self.failed_reason or ("md_never_ready" if not self.session.md_ready else "finished_first")
+        self.s.events.emit("completed_on_rld", self.session.request_id, reason=reason)
+
+
+class _KVShipFailed(Exception):
+    pass
