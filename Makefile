@@ -16,7 +16,7 @@ setup:
 test: setup test-unit test-roles test-emulation test-docker vm-test
 
 test-unit: setup
-	$(PYTEST) tests/unit tests/experiments
+	$(PYTEST) tests/unit tests/experiments tests/vm/test_vm_builders.py
 
 # The PDD roles as real processes on loopback (no root needed).
 test-roles: setup
@@ -34,6 +34,7 @@ test-emulation: setup
 
 # The tc backend on a real sch_netem: a stock Debian kernel under qemu TCG.
 vm-test: setup
+	$(PYTEST) tests/vm/test_vm.py
 	$(PY) -m vm.run --timeout 1500 --cpus 1 -- $(PY) -m pytest -q -rs -p no:cacheprovider tests/emulation/test_fidelity.py --backend tc
 
 bench: setup

@@ -7,7 +7,7 @@ forward pass over k given token IDs on top of cached KV, returning the logits
 at every position); exporting/importing a token range of a request's KV as
 bytes; finishing a request (its full blocks go into the prefix cache).
 Not responsible for: queueing, admission order or batching policy
-(`workers.scheduler`), the network (the PDD roles), or threads: an Engine is
+(`workers/roles/batching.py`), the network (the PDD roles), or threads: an Engine is
 not thread-safe; one thread drives it.
 
 Request lifecycle, in terms of `tokens` (prompt + generated) and `kv_len`

@@ -1,10 +1,10 @@
-"""Typed errors raised by the inference engine, its KV cache and its scheduler.
+"""Typed errors raised by the inference engine and its KV cache.
 
 Responsible for: one exception class per way a request or a KV transfer can be
 refused, each carrying the offending values as attributes and a message that
 names them and the allowed range.
-Not responsible for: deciding when to raise (the engine, `kvcache` and the
-scheduler do) or how a role reports the error to its client.
+Not responsible for: deciding when to raise (the engine and `kvcache` do) or
+how a role reports the error to its client.
 
 Hierarchy:
 
@@ -17,13 +17,13 @@ Hierarchy:
       KVImportError         a KV blob cannot be imported
         KVHeaderError, KVChecksumError, KVRangeError
       CapacityExceeded      not enough free KV blocks (now, or ever)
-      QueueFull             the scheduler's waiting queue is at its bound
+      QueueFull             a bounded waiting queue is full
 """
 from __future__ import annotations
 
 
 class EngineError(Exception):
-    """Base class of every error the engine, KV cache and scheduler raise on purpose."""
+    """Base class of every error the engine and its KV cache raise on purpose."""
 
 
 class BadRequest(EngineError):
@@ -161,7 +161,7 @@ class CapacityExceeded(EngineError):
 
 
 class QueueFull(EngineError):
-    """The scheduler's waiting queue is at its bound; the request was not queued."""
+    """A bounded waiting queue is full; the request was not queued."""
 
     def __init__(self, request_id: str, max_waiting: int):
         self.request_id = request_id

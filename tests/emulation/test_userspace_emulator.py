@@ -149,7 +149,12 @@ def test_bad_set_is_refused_and_emulator_survives(wire, emulator):
     emu = emulator(LinkParams(delay_ms=1))
     with pytest.raises(EmulatorError, match="reorder"):
         emu.set_params("a_to_b", LinkParams(reorder_gap=3, delay_ms=5))
-    assert emu.stats()["a_to_b"].received >= 0
+    # it survives: still forwarding, with the parameters it had
+    before = emu.stats()["a_to_b"].received
+    probe = wire.udp_probe(count=100, interval_us=1000)
+    assert len(probe.delays_ns) >= 95, f"only {len(probe.delays_ns)} of 100 probes crossed after a refused set"
+    assert abs(mean_ms(probe.delays_ns) - 1) <= delay_tol_ms(1)
+    assert emu.stats()["a_to_b"].received >= before + len(probe.delays_ns)
 
 
 def test_stop_is_clean(wire, tmp_path):

@@ -12,10 +12,10 @@ from one step come back one by one and each leads a step of one. A lone
 session never waits. A request that cannot step (finished or aborted
 meanwhile) gets its error alone; the rest of its batch steps.
 Not responsible for: which sessions decode or when (decode.py); prefill,
-import and extend take the same engine lock between steps. workers/scheduler.py
-batches requests it owns from admission to finish; a decode role's sessions
-import KV, extend and hand off between steps on their own threads, so only
-their steps are shared here.
+import and extend take the same engine lock between steps. A decode role's
+sessions import KV, extend and hand off between steps on their own threads,
+so only their steps are shared here (an engine-level scheduler that owned
+requests from admission to finish was removed: nothing used it).
 """
 from __future__ import annotations
 
