@@ -323,7 +323,8 @@ def bench_handoff(repeats: int) -> dict:
     import torch
     from workers.engine import Engine, GenerationRequest
     from workers.proto import pdd_pb2
-    from workers.roles.kvwire import meta_for
+    from workers.kvcache import blob_kv_view
+    from workers.roles.kvwire import meta_for, send_blob
     torch.set_num_threads(1)
     eng = Engine("default", capacity_tokens=8192, block_size=16, device="cpu", prefix_cache=False)
     prompt = tuple(np.random.default_rng(0).integers(0, DEFAULT.vocab_size, HANDOFF_CONTEXT).tolist())
@@ -356,12 +357,8 @@ def bench_handoff(repeats: int) -> dict:
             t0 = time.perf_counter()
             blob = eng.export_kv("rld", L, L + n)
             meta = meta_for(eng, f"kv{r}", "handoff", L, L + n, gen[:n])
-            body = np.frombuffer(blob, np.uint8, offset=len(blob) - meta.kv_bytes).reshape(meta.n_layer, 2, n, -1)
-            sender = KVSender(f"127.0.0.1:{port}", meta, PathConfig(), "handoff", NullLog()).start()
-            for layer in range(meta.n_layer):
-                sender.put_layer(layer, body[layer])
-            sender.finish(None)
-            result = sender.wait()
+            body = blob_kv_view(blob, meta.n_layer, n, meta.row_bytes)
+            result = send_blob(f"127.0.0.1:{port}", meta, body, PathConfig(), "handoff", NullLog())
             received = inbox.wait(f"kv{r}", "handoff", 30)
             eng.import_kv(f"kv{r}", received.blob)
             received.release()

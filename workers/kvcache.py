@@ -42,9 +42,29 @@ BLOB_MAGIC = b"PDKV"
 BLOB_VERSION = 2   # 2: crc32c instead of zlib's crc32
 # magic, version, dtype code, fingerprint, n_layer, n_kv_head, head_dim, start, end, crc32c, kv bytes
 BLOB_HEADER = struct.Struct("<4sHH16sIIIIIIQ")
-DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+DTYPE_CODE_BY_NAME = {"float32": 0, "bfloat16": 1, "float16": 2}   # the one dtype table of the format
+DTYPE_CODES = {getattr(torch, name): code for name, code in DTYPE_CODE_BY_NAME.items()}
 DTYPE_BY_CODE = {code: dtype for dtype, code in DTYPE_CODES.items()}
 TOKEN_ID_BYTES = 4  # int32
+
+
+def blob_kv_offset(n_tokens: int) -> int:
+    """Where a blob of n_tokens positions has its KV region (bytes from its start)."""
+    return BLOB_HEADER.size + n_tokens * TOKEN_ID_BYTES
+
+
+def blob_kv_view(blob, n_layer: int, n_tokens: int, row_bytes: int) -> np.ndarray:
+    """A blob's KV region as a (n_layer, 2, n_tokens, row_bytes) uint8 view (K then V rows; no copy)."""
+    offset = blob_kv_offset(n_tokens)
+    return np.frombuffer(blob, np.uint8, n_layer * 2 * n_tokens * row_bytes, offset).reshape(
+        n_layer, 2, n_tokens, row_bytes)
+
+
+def pack_blob_header(blob, dtype: str, fingerprint: bytes, n_layer: int, n_kv_head: int, head_dim: int,
+                     start: int, end: int, crc: int, kv_bytes: int) -> None:
+    """Write the header into a writable blob buffer (dtype by name: float32 | bfloat16 | float16)."""
+    BLOB_HEADER.pack_into(blob, 0, BLOB_MAGIC, BLOB_VERSION, DTYPE_CODE_BY_NAME[dtype], fingerprint, n_layer,
+                          n_kv_head, head_dim, start, end, crc, kv_bytes)
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,11 @@ from __future__ import annotations
 import time
 
 import grpc
-import numpy as np
 
 from workers.errors import EngineError
-from workers.kvcache import BLOB_HEADER, TOKEN_ID_BYTES
+from workers.kvcache import blob_kv_view
 from workers.proto import pdd_pb2, pdd_pb2_grpc
-from workers.roles.kvwire import KVSender, meta_for
+from workers.roles.kvwire import meta_for, send_blob
 from workers.roles.server import status_of
 from workers.roles.session import HANDOFF_NAMES, H, Session
 
@@ -259,14 +258,9 @@ class RelayHandoff:
             with self.s.lock:
                 blob = self.s.engine.export_kv(rid, L, L + n - 1)
             meta = meta_for(self.s.engine, rid, "handoff", L, L + n - 1, toks[:n - 1])
-            body = np.frombuffer(blob, np.uint8, offset=BLOB_HEADER.size + (n - 1) * TOKEN_ID_BYTES)
-            layers = body.reshape(meta.n_layer, 2, n - 1, meta.row_bytes)  # (nl, 2, n-1, row)
-            sender = KVSender(self.session.request.handoff_kv, meta, self.s.cfg.kv.wan, "handoff", self.s.events)
-            sender.start()
-            for layer in range(meta.n_layer):
-                sender.put_layer(layer, layers[layer])
-            sender.finish(None)
-            result = sender.wait()
+            layers = blob_kv_view(blob, meta.n_layer, n - 1, meta.row_bytes)   # (nl, 2, n-1, row)
+            result = send_blob(self.session.request.handoff_kv, meta, layers, self.s.cfg.kv.wan, "handoff",
+                               self.s.events)
             if not result.ok:
                 raise _KVShipFailed(result.reason)
             kv_bytes = result.wire_bytes

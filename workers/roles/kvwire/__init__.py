@@ -40,7 +40,7 @@ from workers.roles.kvwire.frame import (ACK, BEGIN, CANCEL, END, FRAME_HEADER, F
                                         FRAME_VERSION, LAYER, FrameError, TransferFailed, TransferMeta, meta_for,
                                         pack_frame)
 from workers.roles.kvwire.receiver import Inbox, KVReceiver, ReceivedTransfer
-from workers.roles.kvwire.sender import KVSender, SendResult
+from workers.roles.kvwire.sender import KVSender, SendResult, send_blob
 from workers.roles.kvwire.sockets import (CONNECTIONS, ConnectionPool, available_congestion, count_socket_fds,
                                           recv_exact, send_all, set_congestion)
 
@@ -48,4 +48,4 @@ __all__ = ["ACK", "BEGIN", "CANCEL", "CONNECTIONS", "END", "FRAME_HEADER", "FRAM
            "FRAME_VERSION", "LAYER", "BufferPool", "ChunkCrcs", "ConnectionPool", "FrameError", "Inbox",
            "KVReceiver", "KVSender", "ReceivedTransfer", "SendResult", "TransferFailed", "TransferMeta",
            "available_congestion", "blob_buffer", "count_socket_fds", "fold_chunk_crcs", "meta_for",
-           "pack_frame", "recv_exact", "seal_blob", "send_all", "set_congestion"]
+           "pack_frame", "recv_exact", "seal_blob", "send_all", "send_blob", "set_congestion"]

@@ -3,7 +3,7 @@
 Responsible for: the pool of reusable receive buffers, room for a blob that
 frames land in place in, and sealing a blob (token IDs, header, checksum
 folded from the chunks' own checksums).
-Not responsible for: the blob layout itself (workers/kvcache.py) or the wire.
+Not responsible for: the blob layout itself (workers/kvcache.py: header, offsets, views) or the wire.
 """
 from __future__ import annotations
 
@@ -13,10 +13,8 @@ import numpy as np
 from crc32c import crc32c
 
 from workers.crc import crc32c_combine
-from workers.kvcache import BLOB_HEADER, BLOB_MAGIC, BLOB_VERSION, TOKEN_ID_BYTES
+from workers.kvcache import BLOB_HEADER, blob_kv_offset, pack_blob_header
 from workers.roles.kvwire.frame import FrameError, TransferMeta
-
-DTYPE_CODES = {"float32": 0, "bfloat16": 1, "float16": 2}
 
 
 class BufferPool:
@@ -64,7 +62,7 @@ def blob_buffer(meta: TransferMeta, pool: BufferPool | None = None) -> tuple[np.
     """Room for an engine KV blob (workers/kvcache.py layout) of meta's range, header and token IDs still
     blank, and its KV region as a (n_layer, 2, n, row_bytes) view: frames land in place, nothing is copied
     when the transfer completes."""
-    tok_end = BLOB_HEADER.size + meta.n_tokens * TOKEN_ID_BYTES
+    tok_end = blob_kv_offset(meta.n_tokens)
     size = tok_end + meta.kv_bytes
     blob = pool.take(size) if pool is not None else np.empty(size, dtype=np.uint8)
     return blob, blob[tok_end:].reshape(meta.n_layer, 2, meta.n_tokens, meta.row_bytes)
@@ -84,8 +82,8 @@ def seal_blob(meta: TransferMeta, blob: np.ndarray, chunks: ChunkCrcs | None = N
         crc = crc32c(blob[BLOB_HEADER.size:])
     else:
         crc = fold_chunk_crcs(meta, crc32c(tok), chunks)
-    BLOB_HEADER.pack_into(blob, 0, BLOB_MAGIC, BLOB_VERSION, DTYPE_CODES[meta.dtype], bytes.fromhex(meta.fingerprint),
-                          meta.n_layer, meta.n_kv_head, meta.head_dim, meta.start, meta.end, crc, meta.kv_bytes)
+    pack_blob_header(blob, meta.dtype, bytes.fromhex(meta.fingerprint), meta.n_layer, meta.n_kv_head, meta.head_dim,
+                     meta.start, meta.end, crc, meta.kv_bytes)
     return blob
 
 

@@ -52,6 +52,18 @@ class _Chunk:
     parts: tuple[np.ndarray, np.ndarray]   # K rows, V rows: (count, row_bytes) uint8 each, contiguous
 
 
+def send_blob(address: str, meta: TransferMeta, kv: np.ndarray, settings: PathConfig, path: str,
+              events: EventLog, next_token: int | None = None, pool: ConnectionPool = CONNECTIONS) -> SendResult:
+    """Send a whole KV region that already exists (kv: (n_layer, 2, n, row_bytes), e.g.
+    kvcache.blob_kv_view of an exported blob) and wait for the outcome: the RLD's KV handoff and the
+    benchmark that measures it call this same function."""
+    sender = KVSender(address, meta, settings, path, events, pool=pool).start()
+    for layer in range(meta.n_layer):
+        sender.put_layer(layer, kv[layer])
+    sender.finish(next_token)
+    return sender.wait()
+
+
 class KVSender:
     """One outgoing transfer, fed layer by layer while the producer computes them.
 
