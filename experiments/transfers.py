@@ -200,7 +200,7 @@ def congestion_warnings(variant: str, transfers: list[Transfer], events: list[di
     """A warning per (path, requested, used) where a transfer ran on another algorithm than it asked for,
     and per kv_congestion_refused cause: {variant, path, kind, requested, used, count, message}."""
     mism = Counter((t.path, t.congestion_requested, ",".join(t.congestion_used)) for t in transfers
-                   if t.congestion_requested and t.congestion_used
+                   if t.congestion_requested not in (None, "", "default") and t.congestion_used  # default: the kernel's
                    and any(u != t.congestion_requested for u in t.congestion_used))
     out = [{"variant": variant, "path": path, "kind": "congestion_mismatch", "requested": req, "used": used,
             "count": n, "message": f"{variant}/{path}: {n} transfer(s) asked for {req} but ran on {used}"}

@@ -164,3 +164,10 @@ def test_the_plots_clock_and_link_change_markers(run):
     plots.plt.close(fig)
     data = (run / "plots" / "tcp_wan.png").read_bytes()
     assert data.startswith(b"\x89PNG") and len(data) > 20000
+
+
+def test_asking_for_the_kernel_default_is_not_a_mismatch():
+    from experiments.transfers import Transfer, congestion_warnings
+    ran = lambda asked, used: Transfer("r1", "fast", "ok", 0, 1, 1, congestion_requested=asked, congestion_used=used)
+    assert congestion_warnings("pdd", [ran("default", ["bbr"]), ran("bbr", ["bbr"])], []) == []
+    assert [w["kind"] for w in congestion_warnings("pdd", [ran("cubic", ["bbr"])], [])] == ["congestion_mismatch"]
