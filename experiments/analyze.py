@@ -12,7 +12,7 @@ import json
 import logging
 from pathlib import Path
 
-from experiments import metrics, pcap, plots, records, rundir
+from experiments import crosstraffic, metrics, pcap, plots, records, rundir
 from experiments.spec import SLO, build
 
 log = logging.getLogger(__name__)
@@ -124,6 +124,7 @@ def analyze(run_dir: Path) -> dict:
     summary = metrics.summarize(recs, variants, slo, kv_bpt, rate or float("nan"), _pcap_bytes(frames, meta))
     judge_divergences(run_dir, summary["streams"], spec)
     summary["complete"] = meta.get("complete", False)
+    summary["cross_traffic"] = crosstraffic.summarize(run_dir)
     rundir.write_json(run_dir / "summary.json", summary)
     (run_dir / "summary.md").write_text(metrics.markdown(summary, meta))
     plots.draw_all(run_dir, recs, variants, meta, frames)
