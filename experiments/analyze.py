@@ -13,7 +13,7 @@ import json
 import logging
 from pathlib import Path
 
-from experiments import flows, metrics, occupancy, pcap, plots, records, rundir, runmeta, transfers
+from experiments import crosstraffic, flows, metrics, occupancy, pcap, plots, records, rundir, runmeta, transfers
 from experiments.spec import SLO, build
 
 log = logging.getLogger(__name__)
@@ -154,6 +154,7 @@ def analyze(run_dir: Path) -> dict:
     add_wan_analysis(summary, events, rm, wan)
     judge_divergences(run_dir, summary["streams"], spec)
     summary["complete"] = meta.get("complete", False)
+    summary["cross_traffic"] = crosstraffic.summarize(run_dir)
     rundir.write_json(run_dir / "summary.json", summary)
     (run_dir / "summary.md").write_text(metrics.markdown(summary, meta))
     plots.draw_all(run_dir, recs, variants, meta, frames, events, rm, wan)

@@ -4,8 +4,11 @@ Responsible for: building the workload and validating everything before the
 topology starts; bringing the topology up with the spec's WAN profile and a
 WAN capture; for each variant, starting fresh roles (so every variant's DRC
 and prefix caches start equal), waiting for their gRPC health, running the
-load generator in the `client` host with progress shown, and stopping the
-roles; writing metadata.json after every step (`complete: false` until the
+load generator in the `client` host with progress shown, opening the
+variant's window at the load generator's t0 (experiments.window: the schedule
+on the variant's clock, the cross traffic), holding it open until the
+schedule's last event, checking the link's schedule (`Testbed.check`), and
+stopping the roles; writing metadata.json after every step (`complete: false` until the
 end, so Ctrl-C leaves an honest record); tearing everything down always; then
 the analysis (experiments.analyze) over whatever was recorded.
 Not responsible for: metrics or plots (experiments.analyze reads only the run
@@ -15,7 +18,8 @@ Run directory (results/<time>-<experiment>/):
 
     metadata.json        resolved spec, profile, backend, seeds, provenance, per-variant windows, complete
     workload.jsonl       the requests, identical for every variant
-    variants/<v>/        deployment.yaml, client.jsonl (raw), events/<worker>.jsonl, logs/<worker>.log
+    variants/<v>/        deployment.yaml, client.jsonl (raw), events/<worker>.jsonl, logs/<worker>.log,
+                         cross/<flow>-<direction>.json (iperf3 -J of each cross flow)
     requests.jsonl       one line per request and variant (experiments.records)
     events.jsonl         every role's events of every variant, merged by t_ns
     summary.json, summary.md, plots/*.png, pcap/wan-{a,b}.pcap
@@ -30,7 +34,7 @@ import threading
 import time
 from pathlib import Path
 
-from experiments import deploy, rundir, spec as specmod, workload as wl
+from experiments import deploy, rundir, spec as specmod, window as winmod, workload as wl
 from experiments.spec import ExperimentSpec
 
 log = logging.getLogger(__name__)
@@ -88,14 +92,15 @@ def _analyze_safely(out: Path) -> None:
 
 def _run_topology(spec: ExperimentSpec, profile, out: Path, meta: dict) -> None:
     from topology.net import Testbed, TopologyConfig
-    cfg = TopologyConfig(wan_profile=profile, backend=spec.backend, capture_dir=out / "pcap",
-                         snaplen_bytes=spec.snaplen_bytes, seed=spec.topology_seed, log_dir=out / "logs",
-                         **deploy.topology_kwargs(spec, out))
+    cfg = TopologyConfig(wan_profile=winmod.link_profile(spec, profile), backend=spec.backend,
+                         capture_dir=out / "pcap", snaplen_bytes=spec.snaplen_bytes, seed=spec.topology_seed,
+                         log_dir=out / "logs", play_schedule=spec.schedule_clock == "link",
+                         cross_hosts=bool(spec.cross_traffic), **deploy.topology_kwargs(spec, out))
     held = _HeldSignals()
     try:
         with Testbed(cfg) as tb:
             try:
-                _run_variants(tb, spec, out, meta)
+                _run_variants(tb, spec, out, meta, winmod.impairment(spec, profile))
             finally:
                 held.hold()  # a Ctrl-C now must not cut the teardown short: it is re-raised after it
     finally:
@@ -130,7 +135,7 @@ class _HeldSignals:
             raise KeyboardInterrupt(f"signal {self.caught}")
 
 
-def _run_variants(tb, spec: ExperimentSpec, out: Path, meta: dict) -> None:
+def _run_variants(tb, spec: ExperimentSpec, out: Path, meta: dict, imp: winmod.Impairment) -> None:
     """Every variant in turn on the running testbed; metadata.json rewritten at each step."""
     meta["topology"] = tb.metadata()
     rundir.write_json(out / "metadata.json", meta)
@@ -138,7 +143,7 @@ def _run_variants(tb, spec: ExperimentSpec, out: Path, meta: dict) -> None:
         window = meta["variants"][variant] = {"status": "running"}
         rundir.write_json(out / "metadata.json", meta)
         try:
-            window.update(run_variant(tb, spec, variant, out))
+            run_variant(tb, spec, variant, out, imp, window)
         except VariantError as err:
             window.update(status="failed", error=str(err))
             log.error("variant %s failed: %s", variant, err)
@@ -150,23 +155,41 @@ def _run_variants(tb, spec: ExperimentSpec, out: Path, meta: dict) -> None:
     meta["topology"] = tb.metadata()  # with link changes
 
 
-def run_variant(tb, spec: ExperimentSpec, variant: str, out: Path) -> dict:
-    """Fresh roles, readiness, the workload, roles stopped; returns the variant's window and status."""
+def run_variant(tb, spec: ExperimentSpec, variant: str, out: Path, imp: winmod.Impairment | None = None,
+                window: dict | None = None) -> dict:
+    """Fresh roles, readiness, the workload in its window, roles stopped; fills and returns the variant's
+    record (window, status, link changes, cross traffic). Raises VariantError when the link's schedule or a
+    cross flow failed (the record is filled first)."""
+    from topology.net import TestbedError
+    window = {} if window is None else window
     vdir = out / "variants" / variant
     (vdir / "events").mkdir(parents=True, exist_ok=True)
     config = deploy.write_deployment(spec, vdir / "deployment.yaml", vdir / "events", mode=variant)
     runtime = deploy.Runtime(tb, config, vdir / "logs")
-    window = {"wall_start": time.time(), "t_start_ns": time.monotonic_ns()}
+    win = winmod.VariantWindow(tb, imp or winmod.Impairment(), vdir, out)
+    window.update(wall_start=time.time(), t_start_ns=time.monotonic_ns())
     log.info("variant %s: starting roles", variant)
     runtime.start()
     try:
         _wait_ready(tb, spec, runtime)
         window["t_ready_ns"] = time.monotonic_ns()
-        status = _drive(tb, spec, variant, out, vdir, runtime)
+        status = _drive(tb, spec, variant, out, vdir, runtime, win)
+        if status != "timeout":
+            win.hold(variant)  # every variant meets the whole schedule
+    except winmod.CrossTrafficFailed as err:
+        raise VariantError(f"the variant's window could not open: {err}") from err
     finally:
-        window["exit_codes"] = runtime.stop()
-        window["wall_end"], window["t_end_ns"] = time.time(), time.monotonic_ns()
+        try:
+            window.update(win.close())
+        finally:
+            window["exit_codes"] = runtime.stop()
+            window["wall_end"], window["t_end_ns"] = time.time(), time.monotonic_ns()
     window["status"] = status
+    try:
+        tb.check()
+        win.check()
+    except (TestbedError, winmod.CrossTrafficFailed) as err:
+        raise VariantError(f"network impairment failed during the window: {err}") from err
     return window
 
 
@@ -190,18 +213,31 @@ def _wait_ready(tb, spec: ExperimentSpec, runtime: deploy.Runtime) -> None:
                            f"(logs in {runtime.log_dir})")
 
 
-def _drive(tb, spec: ExperimentSpec, variant: str, out: Path, vdir: Path, runtime: deploy.Runtime) -> str:
-    """The load generator in the client host; progress logged; 'ok', 'failed_requests' or 'timeout'."""
+def _drive(tb, spec: ExperimentSpec, variant: str, out: Path, vdir: Path, runtime: deploy.Runtime,
+           win: winmod.VariantWindow) -> str:
+    """The load generator in the client host, the window opened at its t0 (after the warm-up); progress
+    logged; 'ok', 'failed_requests' or 'timeout'."""
     argv = _python_in_host("experiments.loadgen", "run", "--workload", str(out / "workload.jsonl"),
                            "--router", deploy.grpc_address("router"), "--variant", variant,
                            "--out", str(vdir / "client.jsonl"),
                            "--request-timeout-s", str(spec.timeouts.request_s))
     proc = tb.popen("client", argv, cwd=deploy.REPO, env=deploy._env(), stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT, text=True)
-    reader = threading.Thread(target=_show_progress, args=(proc, variant), daemon=True)
+    t0 = _T0()
+    reader = threading.Thread(target=_show_progress, args=(proc, variant, t0), daemon=True)
     reader.start()
+    deadline = time.monotonic() + spec.timeouts.variant_s
     try:
-        code = proc.wait(timeout=spec.timeouts.variant_s)
+        while not t0.seen.wait(0.05) and proc.poll() is None and time.monotonic() < deadline:
+            pass
+        if t0.seen.is_set():
+            try:
+                win.open(t0.ns)
+            except BaseException:
+                proc.terminate()  # the window could not open: the workload must not run without it
+                proc.wait(10)
+                raise
+        code = proc.wait(timeout=max(0.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
         log.error("variant %s: workload not done in %.0f s; stopping it", variant, spec.timeouts.variant_s)
         proc.terminate()
@@ -214,10 +250,22 @@ def _drive(tb, spec: ExperimentSpec, variant: str, out: Path, vdir: Path, runtim
     return "ok" if code == 0 else "failed_requests"
 
 
-def _show_progress(proc: subprocess.Popen, variant: str) -> None:
+class _T0:
+    """The load generator's t0 (its `start t0_ns=...` line): the zero of the variant's clock."""
+
+    def __init__(self):
+        self.seen = threading.Event()
+        self.ns = 0
+
+
+def _show_progress(proc: subprocess.Popen, variant: str, t0: _T0) -> None:
     for line in proc.stdout:
         line = line.rstrip()
-        if line.startswith("progress"):
+        if line.startswith("start t0_ns="):
+            t0.ns = int(line.split()[1].split("=")[1])
+            t0.seen.set()
+            log.info("[%s] measured window opens (t0_ns=%d)", variant, t0.ns)
+        elif line.startswith("progress"):
             log.info("[%s] %s", variant, line)
         elif line:
             log.debug("[%s] loadgen: %s", variant, line)

@@ -18,6 +18,8 @@ from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 import yaml
 
+from experiments.crosstraffic import CrossFlow
+
 SPEC_DIR = Path(__file__).resolve().parent / "specs"
 VARIANTS = ("colocated", "pd-intra", "pd-cross", "pdd")
 RUNTIMES = ("process", "docker")
@@ -99,6 +101,11 @@ class ExperimentSpec:
     timeouts: Timeouts = Timeouts()
     topology_seed: int = 1                       # the userspace emulator's random seed
     snaplen_bytes: int = 128                     # pcap bytes kept per frame (headers only)
+    # variant: the profile's schedule and `schedule` restart with every variant's window (each variant
+    # meets the same impairments); link: they run once, from the moment the link came up
+    schedule_clock: Literal["link", "variant"] = "variant"
+    schedule: tuple[dict, ...] = ()              # timed link changes, a profile's schedule format, played with it
+    cross_traffic: tuple[CrossFlow, ...] = ()    # competing iperf3 flows on the WAN, on each variant's clock
 
 
 def _type_name(tp: Any) -> str:
@@ -146,6 +153,10 @@ def build(cls: type, data: Any, where: str = "") -> Any:
     if unknown:
         raise SpecError(f"{where or 'spec'}: unknown key(s) {unknown}; allowed: {names}")
     kwargs = {k: _coerce(hints[k], v, f"{where}.{k}" if where else k) for k, v in data.items()}
+    missing = [f.name for f in dataclasses.fields(cls) if f.name not in data
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise SpecError(f"{where or 'spec'}: required field(s) {missing} missing; fields: {names}")
     try:
         return cls(**kwargs)
     except TypeError as err:
@@ -191,7 +202,7 @@ def validate(spec: ExperimentSpec) -> ExperimentSpec:
     if bad or not spec.variants or len(set(spec.variants)) != len(spec.variants):
         raise SpecError(f"variants={list(spec.variants)}: each once, from {list(VARIANTS)}")
     try:
-        load_profile(spec.profile)
+        profile = load_profile(spec.profile)
     except ProfileError as err:
         raise SpecError(f"profile: {err}") from None
     _range("block_size", spec.block_size, 1, 4096)
@@ -205,7 +216,36 @@ def validate(spec: ExperimentSpec) -> ExperimentSpec:
         _range(f"timeouts.{name}", getattr(spec.timeouts, name), 1, 86400)
     _validate_workload(spec.workload, CONFIGS[spec.model].max_seq_len)
     _validate_deployment(spec)
+    _validate_impairment(spec, profile)
     return spec
+
+
+def spec_schedule(spec: ExperimentSpec):
+    """The spec's `schedule:` as validated ScheduleSteps."""
+    from topology.profiles import ProfileError, parse_schedule
+    try:
+        return parse_schedule(list(spec.schedule), "schedule")
+    except ProfileError as err:
+        raise SpecError(str(err)) from None
+
+
+def _validate_impairment(spec: ExperimentSpec, profile) -> None:
+    """The schedule and the cross flows fit in a variant's window and on the link."""
+    from experiments import crosstraffic
+    from topology.profiles import schedule_end_s
+    steps, window_s = spec_schedule(spec), spec.timeouts.variant_s
+    if spec.schedule_clock == "variant":
+        for what, sched in ((f"profile {profile.name}'s schedule", profile.schedule), ("schedule", steps)):
+            end_s = schedule_end_s(sched)
+            if end_s > window_s:
+                raise SpecError(f"{what}: its last event at {end_s:g} s lies beyond timeouts.variant_s="
+                                f"{window_s:g}; allowed: events within [0, {window_s:g}] s of a variant's window "
+                                "(shorten it, raise timeouts.variant_s, or set schedule_clock: link)")
+    rates = {d: profile.direction(d).rate_mbit for d in ("a_to_b", "b_to_a")}
+    try:
+        crosstraffic.validate_flows(spec.cross_traffic, rates, window_s, crosstraffic.kernel_congestion_algorithms())
+    except crosstraffic.CrossTrafficError as err:
+        raise SpecError(str(err)) from None
 
 
 def _validate_deployment(spec: ExperimentSpec) -> None:

@@ -18,6 +18,8 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,8 +27,8 @@ from typing import Any
 from topology import capture, naming, tc
 from topology.cleanup import StateFile, prefixed_links
 from topology.proc import check_output, terminate
-from topology.profiles import DIRECTIONS, Profile, load_profile
-from topology.shaping import (BackendChoice, LinkState, ScheduleRunner, TcBackend,
+from topology.profiles import DIRECTIONS, Profile, ScheduleStep, load_profile
+from topology.shaping import (AppliedChange, BackendChoice, LinkState, ScheduleRunner, TcBackend,
                               UserspaceBackend, choose_backend)
 
 log = logging.getLogger(__name__)
@@ -53,6 +55,9 @@ class TopologyConfig:
     log_dir: where the emulator's log goes; None = a temporary directory
     runtime: process | docker: where the end hosts' processes run
     docker: docker_rt.host.DockerOptions, required when runtime is docker
+    play_schedule: play the WAN profile's schedule from the moment the link is up; False = the caller
+        plays it (`Testbed.play_schedule`) on its own clock, e.g. each variant's window
+    cross_hosts: add the cross-traffic hosts xa and xb (topology.naming)
     """
     wan_profile: Profile
     lan_profile: Profile = field(default_factory=lambda: load_profile("lan"))
@@ -68,6 +73,8 @@ class TopologyConfig:
     runtime: str = "process"
     docker: Any = None
     # --- end runtime hook
+    play_schedule: bool = True     # the link's clock: calibration and the fidelity tests rely on it
+    cross_hosts: bool = False      # only experiments with cross traffic pay for two more namespaces
 
 
 def preflight() -> None:
@@ -115,8 +122,10 @@ class Testbed:
         self.backend_choice: BackendChoice | None = None
         self.link: LinkState | None = None
         self._schedule: ScheduleRunner | None = None
+        self._played: list[ScheduleRunner] = []  # schedules played on a caller's clock (play_schedule)
         self._captures: list[capture.Capture] = []
         self._procs: list[subprocess.Popen] = []
+        self._procs_lock = threading.Lock()  # popen may be called from several threads (cross-traffic timers)
         self._iptables_rules: list[list[str]] = []
         self._workdir = Path(tempfile.mkdtemp(prefix="pddlab-"))
         self._sigterm = _SigtermAsInterrupt()
@@ -158,8 +167,8 @@ class Testbed:
         self._check_connectivity()
         if self.config.capture_dir:
             self._start_captures(self.config.capture_dir)
-        self._schedule = ScheduleRunner(self.link, self.config.wan_profile.schedule)
-        self._schedule.start()
+        if self.config.play_schedule:
+            self._schedule = ScheduleRunner(self.link, self.config.wan_profile.schedule).start()
 
     def stop(self) -> None:
         """Tear down everything this testbed made, in reverse order; never raises midway."""
@@ -177,6 +186,10 @@ class Testbed:
             self._forget_state()  # else `make clean` finds the PIDs there
 
     # ---- build -----------------------------------------------------------
+    def _host_specs(self) -> list[naming.HostSpec]:
+        c = self.config
+        return naming.hosts(c.n_p, c.n_rld, c.n_md, cross=c.cross_hosts)
+
     def _build(self) -> None:
         from mininet.link import Link
         from mininet.net import Mininet
@@ -188,7 +201,7 @@ class Testbed:
         switch = {"a": sa, "b": sb}
         for cluster, gw in (("a", naming.GATEWAY_A), ("b", naming.GATEWAY_B)):
             self.net.addLink(self.net.addHost(gw, ip=None), switch[cluster])  # gw-eth0: LAN
-        for spec in naming.hosts(self.config.n_p, self.config.n_rld, self.config.n_md):
+        for spec in self._host_specs():
             host = self.net.addHost(spec.name, ip=f"{spec.ip}/24",
                                     defaultRoute=f"via {naming.gateway_lan_ip(spec.cluster)}",
                                     **(self._docker.host_params(spec.role) if self._docker else {}))
@@ -226,8 +239,7 @@ class Testbed:
 
         This also resolves every ARP entry, so the first measured packet is not delayed by it.
         """
-        pairs = [(s.name, naming.gateway_lan_ip(s.cluster))
-                 for s in naming.hosts(self.config.n_p, self.config.n_rld, self.config.n_md)]
+        pairs = [(s.name, naming.gateway_lan_ip(s.cluster)) for s in self._host_specs()]
         pairs += [(naming.GATEWAY_A, naming.WAN_B_IP), (naming.GATEWAY_B, naming.WAN_A_IP)]
         for host, ip in pairs:
             # Several tries: a lossy profile may drop a ping; one answer is enough.
@@ -303,9 +315,10 @@ class Testbed:
         """Start a tracked background process inside a host; stopped at teardown."""
         full = (self._docker and self._docker.exec_argv(self.host(host), argv)) or self.ns_prefix(host) + argv
         log.info("[%s] start: %s", host, " ".join(argv))
-        proc = subprocess.Popen(full, **kwargs)
-        self._procs.append(proc)
-        self._state.add(proc.pid, f"{host}: {argv[0]}")
+        with self._procs_lock:
+            proc = subprocess.Popen(full, **kwargs)
+            self._procs.append(proc)
+            self._state.add(proc.pid, f"{host}: {argv[0]}")
         return proc
 
     # ---- runtime hook (issue 5) --------------------------------------------
@@ -333,6 +346,27 @@ class Testbed:
         """Replace the WAN profile on the live link."""
         self.link.swap_profile(profile)
 
+    def play_schedule(self, steps: tuple[ScheduleStep, ...], start_ns: int | None = None,
+                      labels: tuple[str, ...] | None = None) -> ScheduleRunner:
+        """Play schedule steps on the live link with their clock at start_ns (time.monotonic_ns(); None =
+        now); returns the running handle (`stop()`, `check()`, `end_ns`). Stopped at teardown."""
+        runner = ScheduleRunner(self.link, steps, time.monotonic_ns() if start_ns is None else start_ns, labels)
+        self._played.append(runner)
+        return runner.start()
+
+    def restore_profile(self, cause: str = "restore profile base") -> list[AppliedChange]:
+        """Both directions back to the WAN profile's base parameters (those that differ); the changes made."""
+        wan = self.config.wan_profile
+        return self.link.restore({d: wan.direction(d) for d in DIRECTIONS}, cause)
+
+    def check(self) -> None:
+        """Raise TestbedError if a schedule failed to change the link (each played schedule's failure is
+        raised once; the link clock's, every time: that schedule stopped for good)."""
+        failed = [r for r in ([self._schedule] if self._schedule else []) + self._played if r.error]
+        self._played = [r for r in self._played if not r.error and r.running]
+        if failed:
+            raise TestbedError("; ".join(f"schedule failed: {r.error}" for r in failed))
+
     def metadata(self) -> dict:
         """How this topology was made, for the run's metadata.json."""
         c = self.config
@@ -343,7 +377,7 @@ class Testbed:
             "lan_shaping": "netem" if self.backend_choice and self.backend_choice.name == "tc"
             else "none (kernel lacks netem; veth base latency applies)",
             "wan_profile": c.wan_profile.to_dict(), "lan_profile": c.lan_profile.to_dict(),
-            "hosts": [h.__dict__ for h in naming.hosts(c.n_p, c.n_rld, c.n_md)],
+            "hosts": [h.__dict__ for h in self._host_specs()],
             "seed": c.seed, "snaplen_bytes": c.snaplen_bytes,
             "runtime": c.runtime, "docker": self._docker.metadata() if self._docker else None,  # issue 5 hook
             "link_changes": [ch.__dict__ for ch in self.link.changes] if self.link else [],
@@ -351,8 +385,9 @@ class Testbed:
 
     # ---- teardown steps --------------------------------------------------
     def _stop_schedule(self) -> None:
-        if self._schedule:
-            self._schedule.stop()
+        for runner in ([self._schedule] if self._schedule else []) + self._played:
+            runner.stop()
+        self._played.clear()
 
     def _stop_procs(self) -> None:
         for proc in reversed(self._procs):

@@ -136,7 +136,7 @@ class LinkParams:
 class ScheduleStep:
     """A timed change of a live link.
 
-    at_s: seconds after the link came up
+    at_s: seconds after the schedule's start (the link coming up, or a variant's window opening)
     duration_s: revert to the previous parameters after this long (s); None = keep
     direction: both | a_to_b | b_to_a
     changes: LinkParams fields to change
@@ -235,8 +235,9 @@ def link_params_from_dict(data: dict[str, Any], where: str) -> LinkParams:
     return params
 
 
-def _schedule(data: Any, where: str) -> tuple[ScheduleStep, ...]:
-    if not isinstance(data, list):
+def parse_schedule(data: Any, where: str) -> tuple[ScheduleStep, ...]:
+    """Validate a list of schedule steps (a profile's `schedule`, or an experiment's); `where` prefixes errors."""
+    if not isinstance(data, (list, tuple)):
         raise ProfileError(f"{where}: expected a list of steps")
     steps, last_at = [], 0.0
     for i, raw in enumerate(data):
@@ -269,9 +270,14 @@ def profile_from_dict(data: Any, source: str, path: Path | None = None) -> Profi
     base = data.get("link") or {}
     _check_keys(base, _LINK_FIELDS, f"{source}: link")
     dirs = {d: link_params_from_dict({**base, **(data.get(d) or {})}, f"{source}: {d}") for d in DIRECTIONS}
-    schedule = _schedule(data.get("schedule") or [], f"{source}: schedule")
+    schedule = parse_schedule(data.get("schedule") or [], f"{source}: schedule")
     return Profile(name=data["name"], description=str(data.get("description", "")),
                    schedule=schedule, path=path, **dirs)
+
+
+def schedule_end_s(schedule: tuple[ScheduleStep, ...]) -> float:
+    """When a schedule's last event happens (s after its start): the latest step start or revert; 0 if empty."""
+    return max((s.at_s + (s.duration_s or 0.0) for s in schedule), default=0.0)
 
 
 def available_profiles(directory: Path = PROFILE_DIR) -> list[str]:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 from topology import naming, tc
-from topology.profiles import DIRECTIONS, LinkParams, Profile, ScheduleStep
+from topology.profiles import DIRECTIONS, LinkParams, Profile, ScheduleStep, schedule_end_s
 
 log = logging.getLogger(__name__)
 BACKENDS = ("auto", "tc", "userspace")
@@ -144,11 +144,15 @@ class UserspaceBackend:
 
 @dataclass
 class AppliedChange:
-    """One change the schedule (or a live swap) made, for the run's records."""
+    """One change the schedule (or a live swap) made, for the run's records.
+
+    t_s: seconds after the link came up; t_ns: time.monotonic_ns() at the change (the roles' log clock)
+    """
     t_s: float
     direction: str
     params: dict
     cause: str
+    t_ns: int = 0
 
 
 @dataclass
@@ -160,19 +164,27 @@ class LinkState:
     changes: list[AppliedChange] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def set(self, direction: str, params: LinkParams, cause: str) -> None:
+    def set(self, direction: str, params: LinkParams, cause: str) -> AppliedChange:
         """Apply params to one direction and record it."""
         with self._lock:
             self.backend.apply(direction, params)
             self.current[direction] = params
-            self.changes.append(AppliedChange(round(time.monotonic() - self.started_at, 4),
-                                              direction, params.to_dict(), cause))
+            now_ns = time.monotonic_ns()
+            change = AppliedChange(round(now_ns / 1e9 - self.started_at, 4), direction, params.to_dict(), cause,
+                                   now_ns)
+            self.changes.append(change)
         log.info("link %s <- %s (%s)", direction, _brief(params), cause)
+        return change
 
     def swap_profile(self, profile: Profile) -> None:
         """Replace both directions with a new profile's (live)."""
         for direction in DIRECTIONS:
             self.set(direction, profile.direction(direction), f"profile {profile.name}")
+
+    def restore(self, base: dict[str, LinkParams], cause: str) -> list[AppliedChange]:
+        """Set every direction that differs from base back to it (a direction already there is left alone:
+        the userspace backend would restart its random state for nothing)."""
+        return [self.set(d, base[d], cause) for d in DIRECTIONS if self.current[d] != base[d]]
 
 
 def _brief(p: LinkParams) -> str:
@@ -184,20 +196,40 @@ def _step_directions(step: ScheduleStep) -> tuple[str, ...]:
     return DIRECTIONS if step.direction == "both" else (step.direction,)
 
 
-class ScheduleRunner:
-    """Plays a profile's schedule on a live link from a background thread."""
+def merge_schedules(*sources: tuple[str, tuple[ScheduleStep, ...]]) -> tuple[tuple[ScheduleStep, ...], tuple[str, ...]]:
+    """Several schedules played as one: (steps in start order, a cause label per step).
 
-    def __init__(self, state: LinkState, schedule: tuple[ScheduleStep, ...]):
+    sources: (label, steps) pairs, e.g. ("profile wan-flaky", ...), ("spec", ...); a step's cause is
+    "<label> step <i>" with i its index in its own source. Steps starting together keep the sources' order.
+    """
+    tagged = [(step, f"{label} step {i}") for label, steps in sources for i, step in enumerate(steps)]
+    tagged.sort(key=lambda t: t[0].at_s)  # stable
+    return tuple(t[0] for t in tagged), tuple(t[1] for t in tagged)
+
+
+class ScheduleRunner:
+    """Plays a schedule on a live link from a background thread; the handle of `Testbed.play_schedule`.
+
+    state: the live link; schedule: the steps; start_ns: the clock's zero (time.monotonic_ns(); None =
+    when the link came up); labels: a cause per step (default "schedule step <i>")
+    """
+
+    def __init__(self, state: LinkState, schedule: tuple[ScheduleStep, ...], start_ns: int | None = None,
+                 labels: tuple[str, ...] | None = None):
         self._state = state
-        self._events = _expand(schedule)
+        self.start_ns = round(state.started_at * 1e9) if start_ns is None else start_ns
+        self._labels = labels or tuple(f"schedule step {i}" for i in range(len(schedule)))
+        self._events = timeline(schedule, self.start_ns)
+        self.end_ns = self.start_ns + round(schedule_end_s(schedule) * 1e9)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="netem-schedule", daemon=True)
         self.error: Exception | None = None
 
-    def start(self) -> None:
+    def start(self) -> "ScheduleRunner":
         """Start playing (no-op for an empty schedule)."""
         if self._events:
             self._thread.start()
+        return self
 
     def stop(self) -> None:
         """Stop before the next change."""
@@ -205,28 +237,46 @@ class ScheduleRunner:
         if self._thread.is_alive():
             self._thread.join(timeout=5)
 
+    def wait(self, timeout_s: float) -> bool:
+        """Wait until every change has been played (or the runner stopped); True when it has."""
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    @property
+    def running(self) -> bool:
+        """True while changes remain to be played."""
+        return self._thread.is_alive()
+
+    def check(self) -> None:
+        """Raise ShapingError if a change failed (the thread stopped there)."""
+        if self.error is not None:
+            raise ShapingError(f"schedule failed: {self.error}") from self.error
+
     def _run(self) -> None:
         saved: dict[tuple[int, str], dict] = {}
-        for at_s, index, step, revert in self._events:
-            wait_s = self._state.started_at + at_s - time.monotonic()
+        for due_ns, index, step, revert in self._events:
+            wait_s = (due_ns - time.monotonic_ns()) / 1e9
             if wait_s > 0 and self._stop.wait(wait_s):
+                return
+            if self._stop.is_set():
                 return
             try:
                 self._play(index, step, revert, saved)
-            except Exception as exc:  # surfaced by the owner after the run
-                log.error("schedule step %d failed: %s", index, exc)
+            except Exception as exc:  # surfaced by the owner: check() / Testbed.check()
+                log.error("%s failed: %s", self._labels[index], exc)
                 self.error = exc
                 return
 
     def _play(self, index: int, step: ScheduleStep, revert: bool, saved: dict) -> None:
+        cause = self._labels[index]
         for direction in _step_directions(step):
             current = self._state.current[direction]
             if revert:
-                self._state.set(direction, current.replace(**saved.pop((index, direction))),
-                                f"schedule step {index} ends")
+                self._state.set(direction, current.replace(**saved.pop((index, direction))), f"{cause} ends")
             else:
                 saved[(index, direction)] = {k: current.to_dict()[k] for k in step.changes}
-                self._state.set(direction, current.replace(**step.changes), f"schedule step {index}")
+                self._state.set(direction, current.replace(**step.changes), cause)
 
 
 def _expand(schedule: tuple[ScheduleStep, ...]) -> list[tuple[float, int, ScheduleStep, bool]]:
@@ -234,3 +284,8 @@ def _expand(schedule: tuple[ScheduleStep, ...]) -> list[tuple[float, int, Schedu
     events = [(s.at_s, i, s, False) for i, s in enumerate(schedule)]
     events += [(s.at_s + s.duration_s, i, s, True) for i, s in enumerate(schedule) if s.duration_s]
     return sorted(events, key=lambda e: (e[0], not e[3], e[1]))
+
+
+def timeline(schedule: tuple[ScheduleStep, ...], start_ns: int) -> list[tuple[int, int, ScheduleStep, bool]]:
+    """The schedule on a clock that starts at start_ns: (due time.monotonic_ns(), step index, step, is_revert)."""
+    return [(start_ns + round(at_s * 1e9), i, step, revert) for at_s, i, step, revert in _expand(schedule)]

@@ -1,0 +1,163 @@
+"""A variant's window without a topology: a Testbed that was never started, its link on a recording backend.
+
+Pure logic and short real time: the schedule on each window's own clock, the base restored at the close,
+the hold until the last event, the per-variant link changes, and a failed change raised into the run.
+"""
+import tempfile
+import time
+
+import pytest
+
+from experiments import window as winmod
+from experiments.spec import load_spec
+from experiments.window import Impairment, VariantWindow, variant_link_changes
+from topology.net import Testbed, TestbedError, TopologyConfig
+from topology.profiles import DIRECTIONS, LinkParams, Profile, ScheduleStep, load_profile
+from topology.shaping import AppliedChange, LinkState
+
+BASE = LinkParams(rate_mbit=100, delay_ms=10)
+PROFILE = Profile("p", "", BASE, BASE, schedule=(
+    ScheduleStep(at_s=0.05, changes={"loss_pct": 100}, direction="both", duration_s=0.1),))
+LABELS = ("profile p step 0",)
+
+
+class RecordingBackend:
+    name = "recording"
+
+    def __init__(self, fail: bool = False):
+        self.applied, self.fail = [], fail
+
+    def apply(self, direction, params):
+        if self.fail:
+            raise RuntimeError("tc qdisc change failed")
+        self.applied.append((direction, params))
+
+
+@pytest.fixture
+def testbed(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    def make(fail=False):
+        tb = Testbed(TopologyConfig(wan_profile=PROFILE, lan_profile=PROFILE, play_schedule=False))
+        tb.link = LinkState(backend=RecordingBackend(fail), current={d: BASE for d in DIRECTIONS})
+        return tb
+    return make
+
+
+def _window(tb, tmp_path, name):
+    return VariantWindow(tb, Impairment(PROFILE.schedule, LABELS, restore=True), tmp_path / name, tmp_path)
+
+
+def test_each_window_replays_the_schedule_from_its_own_start(testbed, tmp_path):
+    tb = testbed()
+    recs = []
+    for name in ("v1", "v2"):
+        win = _window(tb, tmp_path, name)
+        win.open(time.monotonic_ns())
+        win.hold(name)
+        recs.append(win.close())
+        tb.check()
+    assert recs[0]["window_end_ns"] < recs[1]["window_start_ns"]
+    for rec in recs:
+        causes = [(c["cause"], c["direction"]) for c in rec["link_changes"]]
+        assert causes == [("profile p step 0", "a_to_b"), ("profile p step 0", "b_to_a"),
+                          ("profile p step 0 ends", "a_to_b"), ("profile p step 0 ends", "b_to_a")]
+        offsets = [c["offset_s"] for c in rec["link_changes"]]
+        assert 0.05 <= offsets[0] < 0.15 and 0.15 <= offsets[2] < 0.25
+        assert rec["window_extended_s"] > 0.1
+    assert tb.link.current == {d: BASE for d in DIRECTIONS}
+
+
+def test_the_close_restores_the_base_and_records_it(testbed, tmp_path):
+    tb = testbed()
+    steps = (ScheduleStep(at_s=0, changes={"delay_ms": 80}, direction="a_to_b"),)  # never reverted
+    win = VariantWindow(tb, Impairment(steps, ("spec step 0",), restore=True), tmp_path / "v", tmp_path)
+    win.open(time.monotonic_ns())
+    win.hold("v")
+    rec = win.close()
+    assert [c["cause"] for c in rec["link_changes"]] == ["spec step 0", "restore profile base (window closes)"]
+    assert rec["link_changes"][-1]["params"]["delay_ms"] == 10 and tb.link.current["a_to_b"] == BASE
+
+
+def test_no_hold_when_the_workload_outlasted_the_schedule(testbed, tmp_path):
+    tb = testbed()
+    win = _window(tb, tmp_path, "v")
+    win.open(time.monotonic_ns() - 5_000_000_000)  # the window opened 5 s ago: every event is past
+    assert win.hold("v") == 0.0
+    assert win.close()["window_extended_s"] == 0.0
+
+
+def test_a_failed_change_fails_the_variant_once(testbed, tmp_path):
+    tb = testbed(fail=True)
+    win = _window(tb, tmp_path, "v")
+    win.open(time.monotonic_ns())
+    win.hold("v")
+    win.close()
+    with pytest.raises(TestbedError, match="schedule failed: tc qdisc change failed"):
+        tb.check()
+    tb.check()  # reported once: the next variant plays its own schedule
+
+
+def test_a_window_that_never_opened_records_nothing(testbed, tmp_path):
+    win = _window(testbed(), tmp_path, "v")
+    assert win.close() == {"window_extended_s": 0.0, "link_changes": [], "cross_traffic": []}
+
+
+def test_variant_link_changes_keep_the_window_and_use_its_offsets():
+    changes = [AppliedChange(0.0, "a_to_b", {"loss_pct": 1}, "before", t_ns=900),
+               AppliedChange(0.0, "b_to_a", {"loss_pct": 2}, "inside", t_ns=1_500_000_000),
+               AppliedChange(0.0, "a_to_b", {"loss_pct": 3}, "after", t_ns=9_000_000_000)]
+    assert variant_link_changes(changes, 1_000_000_000, 2_000_000_000) == [
+        {"t_ns": 1_500_000_000, "offset_s": 0.5, "direction": "b_to_a", "params": {"loss_pct": 2},
+         "cause": "inside"}]
+
+
+def test_the_variant_clock_merges_the_profile_and_the_spec_schedules():
+    spec = load_spec("pdd-vs-baselines", ["schedule=[{at_s: 12, duration_s: 1, set: {loss_pct: 100}}]"],
+                     profile="wan-flaky")
+    profile = load_profile("wan-flaky")
+    imp = winmod.impairment(spec, profile)
+    assert imp.restore and imp.labels == ("profile wan-flaky step 0", "spec step 0", "profile wan-flaky step 1",
+                                          "profile wan-flaky step 2")
+    assert imp.end_s == 42
+    assert winmod.link_profile(spec, profile) is profile  # the topology plays nothing itself
+
+
+def test_the_link_clock_hands_both_schedules_to_the_topology():
+    spec = load_spec("pdd-vs-baselines", ["schedule_clock=link", "schedule=[{at_s: 12, set: {loss_pct: 1}}]"],
+                     profile="wan-flaky")
+    profile = load_profile("wan-flaky")
+    imp = winmod.impairment(spec, profile)
+    assert imp.steps == () and not imp.restore
+    assert [s.at_s for s in winmod.link_profile(spec, profile).schedule] == [10, 12, 25, 40]
+
+
+class FakeRuntime:
+    """The roles of a variant, without processes."""
+
+    def __init__(self, testbed, config, log_dir):
+        pass
+
+    def start(self):
+        pass
+
+    def stop(self):
+        return {"router": 0}
+
+
+def test_a_failed_schedule_marks_its_variant_failed_and_keeps_its_record(testbed, tmp_path, monkeypatch):
+    from experiments import runner
+    tb = testbed(fail=True)
+    spec = load_spec("pdd-smoke", ["runtime=process", "variants=[pd-cross, pdd]"])
+    monkeypatch.setattr(runner.deploy, "Runtime", FakeRuntime)
+    monkeypatch.setattr(runner, "_wait_ready", lambda *args: None)
+
+    def drive(tb, spec, variant, out, vdir, runtime, win):
+        win.open(time.monotonic_ns())
+        return "ok"
+    monkeypatch.setattr(runner, "_drive", drive)
+    meta = {"variants": {}}
+    runner._run_variants(tb, spec, tmp_path, meta, Impairment(PROFILE.schedule, LABELS, restore=True))
+    for v in ("pd-cross", "pdd"):  # each variant plays (and fails) its own schedule
+        w = meta["variants"][v]
+        assert w["status"] == "failed" and "schedule failed: tc qdisc change failed" in w["error"], w
+        assert w["window_extended_s"] > 0.1 and w["exit_codes"] == {"router": 0} and "link_changes" in w
