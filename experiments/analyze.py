@@ -66,6 +66,26 @@ def add_wan_analysis(summary: dict, events: list[dict], rm: runmeta.RunMeta, wan
         kv, warnings = transfers.variant_kv(v, evs, on_wire, kv_pcap["kv"]["bytes_delivered"] if kv_pcap else None)
         s.update(kv, wan_flows=kv_pcap, rld_occupancy=occupancy.rld_occupancy(evs, rm.windows.get(v)))
         summary["warnings"] += warnings
+        summary["warnings"] += emulator_health(v, s, rm.windows.get(v) or {})
+
+
+def emulator_health(variant: str, s: dict, window: dict) -> list[dict]:
+    """The userspace emulator's health in the variant's window (metadata's `emulator`, from
+    topology.userspace.health_between) into the variant's summary; a warning where its p99 lateness
+    passed the limit or it dropped frames for lack of CPU: there the machinery, not the link, was measured."""
+    h = window.get("emulator")
+    s["emulator"] = h
+    if not h:
+        return []
+    dirs = {d: h[d] for d in ("a_to_b", "b_to_a") if d in h}
+    drops = sum(x.get("rx_drops", 0) + x.get("tx_errors", 0) for x in dirs.values())
+    if not h.get("late") and not drops:
+        return []
+    worst = max(dirs.values(), key=lambda x: x.get("p99_us") or 0)
+    return [{"variant": variant, "path": "wan", "kind": "emulator_late", "count": drops,
+             "message": f"{variant}: the userspace emulator fell behind (p99 lateness {worst.get('p99_us')} us, "
+                        f"max {worst.get('max_us')} us, {drops} frames dropped, CPU share {h.get('cpu_share')}): "
+                        "part of what was measured is the machinery, not the link"}]
 
 
 MAX_JUDGED = 12   # divergences whose near-tie margin is recomputed (a reference forward pass each)

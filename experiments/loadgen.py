@@ -65,9 +65,10 @@ class Client:
     """channel: to the router; variant: the mode sent with every request; handoff: '' = the config's."""
 
     def __init__(self, channel: grpc.Channel, variant: str, handoff: str, timeout_s: float, recorder: Recorder,
-                 reference: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] | None = None):
+                 reference: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] | None = None, mode: str = ""):
         self.stub = pdd_pb2_grpc.RouterStub(channel)
         self.variant, self.handoff, self.timeout_s = variant, handoff, timeout_s
+        self.mode = mode or variant
         self.rec = recorder
         self.outputs: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}  # request_id -> (prompt, reply)
         self.reference = reference or {}
@@ -84,7 +85,7 @@ class Client:
 
     def _record(self, req: WorkloadRequest, prompt: tuple[int, ...] | None, t0_ns: int) -> dict:
         return {"request_id": req.request_id, "router_id": f"{self.variant}.{req.request_id}",
-                "variant": self.variant, "session": req.session, "turn": req.turn, "kind": req.kind,
+                "variant": self.variant, "mode": self.mode, "session": req.session, "turn": req.turn, "kind": req.kind,
                 "max_tokens": req.max_tokens, "prompt_tokens": len(prompt or ()), "prompt_sha1": _sha1(prompt or ()),
                 "prompt": list(prompt or ()), "t0_ns": t0_ns, "t_send_ns": time.monotonic_ns(), "tokens": [],
                 "done": None, "error": None, "issued": True}
@@ -106,7 +107,7 @@ class Client:
         try:
             for ev in self.stub.Generate(pdd_pb2.GenerateRequest(
                     request_id=rec["router_id"], prompt_tokens=prompt, max_tokens=req.max_tokens,
-                    mode=self.variant, handoff=self.handoff), timeout=self.timeout_s):
+                    mode=self.mode, handoff=self.handoff), timeout=self.timeout_s):
                 if ev.WhichOneof("kind") == "token":
                     t = ev.token
                     rec["tokens"].append([t.index, t.token, t.worker, time.monotonic_ns(), t.t_ns])
@@ -179,7 +180,7 @@ def run(args) -> int:
     with grpc.insecure_channel(args.router, options=[("grpc.max_receive_message_length", 64 << 20),
                                                      ("grpc.max_send_message_length", 64 << 20)]) as ch:
         reference = read_reference(Path(args.reference)) if args.reference else {}
-        client = Client(ch, args.variant, args.handoff, args.request_timeout_s, rec, reference)
+        client = Client(ch, args.variant, args.handoff, args.request_timeout_s, rec, reference, args.mode)
         for r in warm:  # alone, before the clock starts: fills the caches with the shared system prompt
             client.send(r, time.monotonic_ns())
         t0 = time.monotonic_ns()
@@ -219,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("run")
     r.add_argument("--workload", required=True)
     r.add_argument("--router", required=True)
-    r.add_argument("--variant", required=True)
+    r.add_argument("--variant", required=True, help="the variant's name (its records and request ids)")
+    r.add_argument("--mode", default="", help="the serving mode sent with every request (default: the variant)")
     r.add_argument("--handoff", default="")
     r.add_argument("--out", required=True)
     r.add_argument("--request-timeout-s", type=float, default=240.0)

@@ -105,8 +105,11 @@ def variant_summary(recs: list[RequestRecord], slo) -> dict:
     good = [r for r in ok if meets_slo(r, slo)]
     out_tokens = sum(r.output_tokens for r in ok)
     singular = [r for r in recs if r.route == "p-rld-singular"]
+    issued = [r for r in recs if r.issued]
     return {
-        "requests": len(recs), "completed": len(ok), "failed": len(recs) - len(ok),
+        "requests": len(recs), "issued": len(issued), "not_issued": len(recs) - len(issued),
+        "completed": len(ok), "failed": len(issued) - len(ok),
+        "prompt_from_reference": sum(r.prompt_source == "reference" for r in issued),
         "duration_s": dur, "throughput_rps": len(ok) / dur if dur else 0.0,
         "output_tokens_per_s": out_tokens / dur if dur else 0.0,
         "ttft_ms": stats([r.ttft_ms for r in ok]), "ttft_decode_ms": stats([r.ttft_decode_ms for r in ok]),
@@ -189,6 +192,16 @@ def _mb(x) -> str:
     return f"{x:,.0f} B"
 
 
+def _done(s: dict) -> str:
+    """completed / sent, and what was not sent or leaned on the reference (older runs lack both)."""
+    out = f"{s['completed']}/{s.get('issued', s['requests'])}"
+    if s.get("not_issued"):
+        out += f" (+{s['not_issued']} not sent)"
+    if s.get("prompt_from_reference"):
+        out += f" ({s['prompt_from_reference']} on the reference reply)"
+    return out
+
+
 def markdown(summary: dict, meta: dict) -> str:
     """summary.md: the tables a reader looks at first."""
     per = summary["variants"]
@@ -201,13 +214,16 @@ def markdown(summary: dict, meta: dict) -> str:
              "|---|---|---|---|---|---|---|---|---|---|"]
     for v, s in per.items():
         t, d = s["ttft_ms"], s["ttft_decode_ms"]
-        lines.append(f"| {v} | {s['completed']}/{s['requests']} | {_f(t.get('p50'))} / {_f(t.get('p90'))} / "
+        lines.append(f"| {v} | {_done(s)} | {_f(t.get('p50'))} / {_f(t.get('p90'))} / "
                      f"{_f(t.get('p99'))} | {_f(d.get('p50'))} / {_f(d.get('p90'))} / {_f(d.get('p99'))} | "
                      f"{_f(s['tpot_ms'].get('p50'), 1)} | {_f(s['decode_batch'].get('mean'), 1)} | "
                      f"{_f(s['itl_ms'].get('p99'))} | {_f(s['e2e_ms'].get('p50'))} | "
                      f"{_f(s['goodput_rps'], 3)} | {_mb(s['wan_bytes_total'])} / "
                      f"{_mb(s['wan_bytes_per_request'].get('mean'))} |")
-    lines += ["", "decode batch: mean size of the batched engine steps that decoded a request's tokens, over "
+    lines += ["", "done: completed / sent; '+N not sent': requests due past the spec's timeouts.issue_s (the "
+              "variant was too slow for its window); 'N on the reference reply': later turns whose previous "
+              "turn failed, sent with the colocated variant's reply in their prompt.",
+              "decode batch: mean size of the batched engine steps that decoded a request's tokens, over "
               "requests (1 = decoded alone; a worker batches the steps of its concurrent sessions)."]
     lines += _warnings_section(summary.get("warnings") or [])
     lines += _kv_section(per)

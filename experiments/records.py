@@ -64,6 +64,9 @@ class RequestRecord:
     handoff: dict | None = None      # mode, tokens, payload_bytes, duration_ms, extend_ms, switch_index, gap_ms
     fallbacks: list[str] = field(default_factory=list)
     spans: dict = field(default_factory=dict)   # timeline phases: name -> [start_ms, end_ms] from send
+    mode: str = ""                   # the serving mode (= variant, unless the spec's variant_defs names it)
+    issued: bool = True              # False: never sent (past the variant's timeouts.issue_s)
+    prompt_source: str = ""          # workload | previous | reference (a failed turn's reply from colocated)
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -165,18 +168,20 @@ def build_record(raw: dict, wreq: WorkloadRequest | None, evs: list[dict]) -> Re
     route = done.get("route") or route_ev.get("route")
     cached = done.get("md_cached_tokens", route_ev.get("md_cached_tokens", 0)) or 0
     n_out = len(toks)
+    mode = raw.get("mode") or raw["variant"]   # a variant of variant_defs runs a mode of another name
     rec = RequestRecord(
         variant=raw["variant"], request_id=raw["request_id"], session=raw["session"], turn=raw["turn"],
         kind=raw["kind"], ok=raw["error"] is None and n_out == raw["max_tokens"], error=raw["error"],
         prompt_tokens=raw["prompt_tokens"], max_tokens=raw["max_tokens"], output_tokens=n_out, route=route,
         expected_hit=wreq.expected_hit if wreq else 0.0,
-        drc_hit=(cached / raw["prompt_tokens"]) if raw["variant"] == "pdd" and raw["prompt_tokens"] else None,
+        drc_hit=(cached / raw["prompt_tokens"]) if mode == "pdd" and raw["prompt_tokens"] else None, mode=mode,
         md_cached_tokens=cached, token_ids=[t[1] for t in toks], token_ms=token_ms,
         token_workers=[t[2] for t in toks], t_send_ns=t0, t_done_ns=raw.get("t_done_ns", t0),
         ttft_ms=token_ms[0] if token_ms else None,
         ttft_decode_ms=token_ms[1] if len(token_ms) > 1 else None,
         tpot_ms=(token_ms[-1] - token_ms[0]) / (n_out - 1) if n_out > 1 else None,
-        e2e_ms=_ms(raw["t_done_ns"], t0) if raw.get("t_done_ns") and raw["error"] is None else None)
+        e2e_ms=_ms(raw["t_done_ns"], t0) if raw.get("t_done_ns") and raw["error"] is None else None,
+        issued=raw.get("issued", True), prompt_source=raw.get("prompt_source", ""))
     rec.rld_tokens = sum(w.startswith("rld") for w in rec.token_workers)
     rec.md_tokens = sum(w.startswith("md") for w in rec.token_workers)
     rec.p_tokens = sum(w.startswith("p") for w in rec.token_workers)

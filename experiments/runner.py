@@ -38,7 +38,8 @@ from experiments import deploy, rundir, spec as specmod, window as winmod, workl
 from experiments.spec import ExperimentSpec
 
 log = logging.getLogger(__name__)
-HEALTH_MARGIN_S = 30.0   # on top of the spec's ready_s: the health command's own start-up
+HEALTH_MARGIN_S = 30.0
+REFERENCE_VARIANT = "colocated"   # its replies stand in for a later variant's failed turns (loadgen --reference)   # on top of the spec's ready_s: the health command's own start-up
 
 
 class VariantError(RuntimeError):
@@ -164,7 +165,9 @@ def run_variant(tb, spec: ExperimentSpec, variant: str, out: Path, imp: winmod.I
     window = {} if window is None else window
     vdir = out / "variants" / variant
     (vdir / "events").mkdir(parents=True, exist_ok=True)
-    config = deploy.write_deployment(spec, vdir / "deployment.yaml", vdir / "events", mode=variant)
+    config = deploy.write_deployment(spec, vdir / "deployment.yaml", vdir / "events",
+                                     mode=specmod.variant_mode(spec, variant),
+                                     overrides=specmod.variant_overrides(spec, variant))
     runtime = deploy.Runtime(tb, config, vdir / "logs")
     win = winmod.VariantWindow(tb, imp or winmod.Impairment(), vdir, out)
     window.update(wall_start=time.time(), t_start_ns=time.monotonic_ns())
@@ -217,10 +220,13 @@ def _drive(tb, spec: ExperimentSpec, variant: str, out: Path, vdir: Path, runtim
            win: winmod.VariantWindow) -> str:
     """The load generator in the client host, the window opened at its t0 (after the warm-up); progress
     logged; 'ok', 'failed_requests' or 'timeout'."""
+    reference = out / "variants" / REFERENCE_VARIANT / "client.jsonl"
     argv = _python_in_host("experiments.loadgen", "run", "--workload", str(out / "workload.jsonl"),
                            "--router", deploy.grpc_address("router"), "--variant", variant,
-                           "--out", str(vdir / "client.jsonl"),
-                           "--request-timeout-s", str(spec.timeouts.request_s))
+                           "--mode", specmod.variant_mode(spec, variant), "--out", str(vdir / "client.jsonl"),
+                           "--request-timeout-s", str(spec.timeouts.request_s),
+                           "--issue-until-s", str(spec.timeouts.issue_s),
+                           *(["--reference", str(reference)] if variant != REFERENCE_VARIANT else []))
     proc = tb.popen("client", argv, cwd=deploy.REPO, env=deploy._env(), stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT, text=True)
     t0 = _T0()

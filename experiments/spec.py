@@ -71,7 +71,11 @@ class SLO:
 class Timeouts:
     ready_s: float = 120.0                       # every role SERVING within this
     request_s: float = 240.0                     # one request, end to end
-    variant_s: float = 300.0                     # one variant's whole workload
+    issue_s: float = 0.0                         # no request is sent later than this into a variant's window
+                                                 # (a baseline too slow for it ends with the rest not issued,
+                                                 # counted; 0: no limit)
+    variant_s: float = 300.0                     # hard end of one variant's whole workload (keep it above
+                                                 # issue_s + request_s: requests in flight at issue_s end)
 
 
 @dataclass(frozen=True)
@@ -89,7 +93,11 @@ class ExperimentSpec:
     profile: str = "wan-cross-country"           # netem profile name or YAML path (the WAN link)
     backend: Literal["auto", "tc", "userspace"] = "auto"
     runtime: Literal["process", "docker"] = "process"   # how roles run in the hosts; docker: see runtime.py
-    variants: tuple[str, ...] = VARIANTS         # compared on the same topology and workload, in this order
+    variants: tuple[str, ...] = VARIANTS         # compared on the same topology and workload, in this order:
+                                                 # modes, or names defined in variant_defs
+    # more variants of one mode side by side: name -> {mode: <a mode>, deployment: {overrides of the roles'
+    # config for this variant only, e.g. policy: {wan_estimate: measured}}}
+    variant_defs: dict = field(default_factory=dict)
     model: str = "default"                       # workers.model config
     weights_seed: int = 0                        # every worker loads the same seeded weights
     block_size: int = 16                         # KV block / DRC granularity (tokens)
@@ -198,9 +206,12 @@ def validate(spec: ExperimentSpec) -> ExperimentSpec:
     from workers.model import CONFIGS
     if spec.model not in CONFIGS:
         raise SpecError(f"model={spec.model!r}; allowed: {sorted(CONFIGS)}")
-    bad = [v for v in spec.variants if v not in VARIANTS]
+    _validate_variant_defs(spec)
+    known = (*VARIANTS, *spec.variant_defs)
+    bad = [v for v in spec.variants if v not in known]
     if bad or not spec.variants or len(set(spec.variants)) != len(spec.variants):
-        raise SpecError(f"variants={list(spec.variants)}: each once, from {list(VARIANTS)}")
+        raise SpecError(f"variants={list(spec.variants)}: each once, from {list(known)} (modes, or names "
+                        "defined in variant_defs)")
     try:
         profile = load_profile(spec.profile)
     except ProfileError as err:
@@ -214,10 +225,40 @@ def validate(spec: ExperimentSpec) -> ExperimentSpec:
     _range("slo.e2e_ms", spec.slo.e2e_ms, 0, 1e8)
     for name in ("ready_s", "request_s", "variant_s"):
         _range(f"timeouts.{name}", getattr(spec.timeouts, name), 1, 86400)
+    _range("timeouts.issue_s", spec.timeouts.issue_s, 0, 86400)   # past variant_s it changes nothing
     _validate_workload(spec.workload, CONFIGS[spec.model].max_seq_len)
     _validate_deployment(spec)
     _validate_impairment(spec, profile)
     return spec
+
+
+def variant_mode(spec: ExperimentSpec, variant: str) -> str:
+    """The mode a variant runs (its own name, or its variant_defs entry's mode)."""
+    return spec.variant_defs[variant]["mode"] if variant in spec.variant_defs else variant
+
+
+def variant_overrides(spec: ExperimentSpec, variant: str) -> dict:
+    """The variant's own overrides of the roles' config ({} for a plain mode)."""
+    return (spec.variant_defs.get(variant) or {}).get("deployment") or {}
+
+
+def _validate_variant_defs(spec: ExperimentSpec) -> None:
+    from experiments.deployment import deployment_dict
+    from workers.roles.config import ConfigError, parse_config
+    for name, d in spec.variant_defs.items():
+        where = f"variant_defs.{name}"
+        if name in VARIANTS or not isinstance(name, str) or not name:
+            raise SpecError(f"{where}: a defined variant needs a name of its own, not one of {list(VARIANTS)}")
+        if not isinstance(d, dict) or set(d) - {"mode", "deployment"} or "mode" not in d:
+            raise SpecError(f"{where}: expected {{mode, deployment}}; got {d!r}")
+        if d["mode"] not in VARIANTS:
+            raise SpecError(f"{where}.mode={d['mode']!r}; allowed: {list(VARIANTS)}")
+        if not isinstance(d.get("deployment", {}), dict):
+            raise SpecError(f"{where}.deployment: expected a mapping")
+        try:
+            parse_config(deployment_dict(spec, "/nonexistent", d["mode"], d.get("deployment")))
+        except ConfigError as err:
+            raise SpecError(f"{where}.deployment: {err}") from None
 
 
 def spec_schedule(spec: ExperimentSpec):
@@ -250,7 +291,7 @@ def _validate_impairment(spec: ExperimentSpec, profile) -> None:
 
 def _validate_deployment(spec: ExperimentSpec) -> None:
     """The roles' validator judges the `deployment` overrides (field names as in workers/roles/config.py)."""
-    from experiments.deploy import deployment_dict
+    from experiments.deployment import deployment_dict
     from workers.roles.config import ConfigError, parse_config
     try:
         parse_config(deployment_dict(spec, events_dir="/nonexistent"))

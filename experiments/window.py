@@ -27,6 +27,7 @@ from experiments import crosstraffic as ct
 from topology.proc import reap, terminate, wait_listening
 from topology.profiles import Profile, ScheduleStep, schedule_end_s
 from topology.shaping import AppliedChange, merge_schedules
+from topology.userspace import health_between
 
 log = logging.getLogger(__name__)
 # A client whose test is due to end gets this long to exchange its results before it is stopped (s).
@@ -96,10 +97,12 @@ class VariantWindow:
         self.extended_s = 0.0
         self._schedule = None
         self._cross: CrossTraffic | None = None
+        self._health0: dict | None = None
 
     def open(self, start_ns: int) -> None:
         """The window opens at start_ns (time.monotonic_ns(), the load generator's t0)."""
         self.start_ns = start_ns
+        self._health0 = self.tb.link.backend.health()
         if self.imp.restore:
             self.tb.restore_profile("restore profile base (window opens)")
         if self.imp.steps:
@@ -143,6 +146,9 @@ class VariantWindow:
         end_ns = time.monotonic_ns()
         rec.update(window_start_ns=self.start_ns, window_end_ns=end_ns,
                    link_changes=variant_link_changes(self.tb.link.changes, self.start_ns, end_ns))
+        health = self.tb.link.backend.health()
+        if health is not None:   # the userspace emulator: how late its frames left in this window
+            rec["emulator"] = health_between(self._health0, health)
         return rec
 
     def check(self) -> None:

@@ -63,6 +63,7 @@ class Backend(Protocol):
     def start(self, a_to_b: LinkParams, b_to_a: LinkParams) -> None: ...
     def apply(self, direction: str, params: LinkParams) -> None: ...
     def stats(self) -> dict: ...
+    def health(self) -> dict | None: ...   # the shaper's own health snapshot (userspace), None (kernel)
     def stop(self) -> None: ...
 
 
@@ -85,6 +86,10 @@ class TcBackend:
         """Change one direction in place (`tc qdisc change` keeps queued packets)."""
         host, dev = naming.wan_interfaces()[direction]
         self._run(host, tc.netem_cmd(dev, params, "change"))
+
+    def health(self) -> None:
+        """The kernel's netem keeps no lateness record of its own."""
+        return None
 
     def stats(self) -> dict:
         """`tc -s qdisc` output per direction."""
@@ -134,6 +139,10 @@ class UserspaceBackend:
     def stats(self) -> dict:
         """The emulator's per-direction counters."""
         return {d: vars(c) for d, c in self._emulator.stats().items()} if self._emulator else {}
+
+    def health(self) -> dict | None:
+        """The forwarder's health snapshot (topology.userspace.health_between compares two)."""
+        return self._emulator.health() if self._emulator else None
 
     def stop(self) -> None:
         """Stop the forwarder (gracefully, then by its PID)."""

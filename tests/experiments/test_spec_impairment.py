@@ -6,7 +6,8 @@ from experiments.spec import SpecError, from_dict, load_spec, to_dict
 
 def test_pdd_congestion_has_cross_traffic_and_an_outage_on_the_variant_clock():
     s = load_spec("pdd-congestion")
-    assert s.schedule_clock == "variant" and s.variants == ("pd-intra", "pd-cross", "pdd")
+    assert s.schedule_clock == "variant" and s.variants == ("pd-intra", "pd-cross", "pdd", "pdd-measured")
+    assert s.variant_defs["pdd-measured"] == {"mode": "pdd", "deployment": {"policy": {"wan_estimate": "measured"}}}
     [flow] = s.cross_traffic
     assert (flow.kind, flow.direction, flow.streams, flow.start_s, flow.end_s) == ("tcp", "a_to_b", 2, 20, 40)
     [outage] = s.schedule
@@ -22,7 +23,7 @@ def test_defaults_play_the_schedule_on_each_variant_clock_without_cross_traffic(
 @pytest.mark.parametrize("overrides, needle", [
     (["timeouts.variant_s=30"], "profile wan-flaky's schedule: its last event at 42 s lies beyond "
                                 "timeouts.variant_s=30; allowed: events within [0, 30] s"),
-    (["schedule=[{at_s: 290, duration_s: 20, set: {loss_pct: 100}}]"], "schedule: its last event at 310 s"),
+    (["schedule=[{at_s: 530, duration_s: 20, set: {loss_pct: 100}}]"], "schedule: its last event at 550 s"),
     (["schedule=[{at_s: 5, set: {loss_pcx: 1}}]"], "schedule[0].set: unknown key(s) ['loss_pcx']"),
     (["schedule=[{at_s: 5, set: {loss_pct: 101}}]"], "schedule[0].set.loss_pct: 101 is out of range"),
     (["schedule=[{at_s: 5, direction: up, set: {loss_pct: 1}}]"], "schedule[0].direction: 'up' is unknown"),

@@ -171,3 +171,16 @@ def test_asking_for_the_kernel_default_is_not_a_mismatch():
     ran = lambda asked, used: Transfer("r1", "fast", "ok", 0, 1, 1, congestion_requested=asked, congestion_used=used)
     assert congestion_warnings("pdd", [ran("default", ["bbr"]), ran("bbr", ["bbr"])], []) == []
     assert [w["kind"] for w in congestion_warnings("pdd", [ran("cubic", ["bbr"])], [])] == ["congestion_mismatch"]
+
+
+def test_a_late_emulator_is_a_warning_and_a_quiet_one_is_not():
+    from experiments.analyze import emulator_health
+    quiet = {"a_to_b": {"frames": 100, "p50_us": 20, "p99_us": 60, "max_us": 90, "rx_drops": 0, "tx_errors": 0},
+             "b_to_a": {"frames": 50, "p50_us": 20, "p99_us": 40, "max_us": 50, "rx_drops": 0, "tx_errors": 0},
+             "cpu_share": 0.2, "late": False}
+    s = {}
+    assert emulator_health("pdd", s, {"emulator": quiet}) == [] and s["emulator"] == quiet
+    late = {**quiet, "a_to_b": {**quiet["a_to_b"], "p99_us": 4000, "max_us": 9000, "rx_drops": 3}, "late": True}
+    [w] = emulator_health("pdd", {}, {"emulator": late})
+    assert w["kind"] == "emulator_late" and "p99 lateness 4000 us" in w["message"] and w["count"] == 3
+    assert emulator_health("pdd", {}, {}) == []          # the tc backend, or a run before the record

@@ -32,6 +32,9 @@ class RecordingBackend:
             raise RuntimeError("tc qdisc change failed")
         self.applied.append((direction, params))
 
+    def health(self):
+        return None   # as the kernel's netem: no lateness record
+
 
 @pytest.fixture
 def testbed(tmp_path, monkeypatch):
