@@ -134,7 +134,6 @@ def _c_div(a: int, b: int) -> int:
     return q if (a >= 0) == (b > 0) else -q
 
 
-@dataclass
 class Lateness:
     """How late frames left against the departure time netem's algorithm gave them: a histogram of
     BUCKET_NS buckets up to BUCKETS x BUCKET_NS, one overflow bucket, and the maximum (ns). An emulator
@@ -182,6 +181,7 @@ def lateness_between(before: dict | None, after: dict) -> dict:
     return {"frames": frames, "p50_us": pct(0.5), "p99_us": pct(0.99), "max_us": edge_us(max(diff))}
 
 
+@dataclass
 class NetemCounters:
     """What one direction did since it started (frames)."""
     received: int = 0       # frames offered to enqueue()

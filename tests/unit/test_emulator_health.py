@@ -1,5 +1,7 @@
 """The userspace emulator's own health: how late frames left against netem's departure times, CPU share
 and drops over a window (pure logic: histograms and snapshots built by hand, and one NetemQueue)."""
+import dataclasses
+
 from topology.netem_model import Lateness, NetemQueue, lateness_between
 from topology.profiles import LinkParams
 from topology.userspace import LATE_P99_US, health_between
@@ -26,6 +28,7 @@ def test_pop_due_measures_lateness_against_time_to_send():
     assert q.pop_due(500_000, lat) == [] and sum(lat.counts) == 0      # not due yet
     assert len(q.pop_due(1_300_000, lat)) == 1                         # due at 1.0 ms, popped at 1.3 ms
     assert lat.counts[30] == 1 and lat.max_ns == 300_000
+    assert dataclasses.asdict(q.counters)["sent"] == 1     # the forwarder's stats reply serialises them
 
 
 def test_health_between_flags_a_late_window_and_counts_drops_and_cpu():
