@@ -188,6 +188,8 @@ def run_variant(tb, spec: ExperimentSpec, variant: str, out: Path, imp: winmod.I
             window["exit_codes"] = runtime.stop()
             window["wall_end"], window["t_end_ns"] = time.time(), time.monotonic_ns()
     window["status"] = status
+    if win.start_ns is None and (win.imp.steps or win.imp.flows):  # loadgen's `start t0_ns=` line is the cue
+        raise VariantError("the load generator never reported its t0: the schedule and cross traffic did not run")
     try:
         tb.check()
         win.check()

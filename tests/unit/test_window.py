@@ -164,3 +164,15 @@ def test_a_failed_schedule_marks_its_variant_failed_and_keeps_its_record(testbed
         w = meta["variants"][v]
         assert w["status"] == "failed" and "schedule failed: tc qdisc change failed" in w["error"], w
         assert w["window_extended_s"] > 0.1 and w["exit_codes"] == {"router": 0} and "link_changes" in w
+
+
+def test_a_window_that_never_opened_fails_a_variant_with_impairments(testbed, tmp_path, monkeypatch):
+    from experiments import runner
+    spec = load_spec("pdd-smoke", ["runtime=process", "variants=[pdd]"])
+    monkeypatch.setattr(runner.deploy, "Runtime", FakeRuntime)
+    monkeypatch.setattr(runner, "_wait_ready", lambda *args: None)
+    monkeypatch.setattr(runner, "_drive", lambda *args: "ok")  # no t0 line: the window never opens
+    meta = {"variants": {}}
+    runner._run_variants(testbed(), spec, tmp_path, meta, Impairment(PROFILE.schedule, LABELS, restore=True))
+    assert meta["variants"]["pdd"]["status"] == "failed"
+    assert "never reported its t0" in meta["variants"]["pdd"]["error"]
