@@ -8,12 +8,17 @@ PROFILE ?= wan-cross-country
 BACKEND ?= auto
 PYTEST  := $(PY) -m pytest -q -rs
 
-.PHONY: setup image test test-unit test-roles test-emulation test-docker vm-test bench run-experiment analyze clean profiles
+.PHONY: setup image lint test test-unit test-roles test-emulation test-docker vm-test bench run-experiment analyze clean profiles
 
 setup:
 	@bash scripts/setup.sh
 
-test: setup test-unit test-roles test-emulation test-docker vm-test
+test: setup lint test-unit test-roles test-emulation test-docker vm-test
+
+# ruff (configured in pyproject.toml; the generated gRPC stubs are excluded): lint and format check.
+lint: setup
+	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
 
 test-unit: setup
 	$(PYTEST) tests/unit tests/experiments tests/vm/test_vm_builders.py

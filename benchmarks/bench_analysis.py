@@ -10,6 +10,7 @@ Synthetic captures: what a default run puts on the WAN (≈1.7 GB A->B, 1448-byt
 second segment back, a retransmission every 500 segments), headers only (snaplen 128) as the runner
 captures: ≈1.8 M frames per capture.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from experiments import analyze, flows, pcap  # noqa: E402
 
-BUDGET_S = 60.0            # both captures of a default run, on this 2-core machine (issue 17)
+BUDGET_S = 60.0  # both captures of a default run, on this 2-core machine (issue 17)
 DEFAULT_FRAMES = 1_800_000  # per capture: ≈1.2 M data segments A->B + ≈0.6 M ACKs
 MSS, SNAPLEN = 1448, 128
 SEG_GAP_S = MSS * 8 / 200e6  # back to back at 200 Mbit/s
@@ -42,12 +43,12 @@ def _frame(src: bytes, dst: bytes, sport: int, dport: int, seq: int, ack: int, p
 
 def write_synthetic(path: Path, frames: int, delay_s: float) -> None:
     """A capture of four KV connections A->B and their ACKs; delay_s shifts the far side's times."""
-    out = bytearray(struct.pack("<IHHiIII", 0xa1b2c3d4, 2, 4, 0, 0, SNAPLEN, 1))
+    out = bytearray(struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, SNAPLEN, 1))
     rec = struct.Struct("<IIII")
     t, seqs = 1_000_000.0, [0, 0, 0, 0]
     for i in range(frames):
         conn = i % 4
-        if i % 3 == 2:        # every third frame an ACK B->A
+        if i % 3 == 2:  # every third frame an ACK B->A
             data, orig = _frame(B_IP, A_IP, 50063, 40000 + conn, 1, seqs[conn], 0)
         else:
             seq = seqs[conn] - 100 * MSS if i % RETRANS_EVERY == 0 and seqs[conn] > 100 * MSS else seqs[conn]
@@ -71,15 +72,17 @@ def time_capture(path: Path, side: str) -> dict:
 
 def report(caps: dict[str, Path]) -> float:
     """Print one row per capture; return the total seconds."""
-    print(f"| capture | frames | MB on disk | pcap.read_frames s | flows.scan s | µs / frame |")
+    print("| capture | frames | MB on disk | pcap.read_frames s | flows.scan s | µs / frame |")
     print("|---|---|---|---|---|---|")
     total = 0.0
     for side, path in caps.items():
         r = time_capture(path, side)
         s = r["frames_s"] + r["flows_s"]
         total += s
-        print(f"| {path.name} | {r['frames']:,} | {r['mb']:.0f} | {r['frames_s']:.2f} | {r['flows_s']:.2f} | "
-              f"{1e6 * s / max(1, r['frames']):.2f} |")
+        print(
+            f"| {path.name} | {r['frames']:,} | {r['mb']:.0f} | {r['frames_s']:.2f} | {r['flows_s']:.2f} | "
+            f"{1e6 * s / max(1, r['frames']):.2f} |"
+        )
     verdict = "within" if total <= BUDGET_S else "OVER"
     print(f"\nboth captures: {total:.1f} s ({verdict} the {BUDGET_S:.0f} s budget)")
     return total

@@ -11,6 +11,7 @@ the topology (wan-regional) at once; the time from starting it (`docker run`,
 or the plain process for comparison) until its gRPC health service answers
 SERVING, polled from the client host. Needs root.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,10 +62,12 @@ def bench_build() -> list[str]:
     start = time.monotonic()
     docker(["run", "--rm", "--network", "none", warm.ref, "true"])
     run_s = time.monotonic() - start
-    return [f"| image build, cold (docker build --no-cache) | {cold_s:.1f} s |",
-            f"| image build, warm (inputs unchanged) | {warm_s:.1f} s |",
-            f"| image size ({warm.ref}) | {cold.size_bytes / 1e6:.0f} MB |",
-            f"| `docker run --rm image true` | {run_s:.2f} s |"]
+    return [
+        f"| image build, cold (docker build --no-cache) | {cold_s:.1f} s |",
+        f"| image build, warm (inputs unchanged) | {warm_s:.1f} s |",
+        f"| image size ({warm.ref}) | {cold.size_bytes / 1e6:.0f} MB |",
+        f"| `docker run --rm image true` | {run_s:.2f} s |",
+    ]
 
 
 def bench_ready(runtime: str, image: str) -> list[str]:
@@ -73,20 +76,31 @@ def bench_ready(runtime: str, image: str) -> list[str]:
     cfg = deploy.roles_config(str(run_dir / "events"))
     cfg_path = run_dir / "deployment.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
-    topo = TopologyConfig(wan_profile=load_profile("wan-regional"), runtime=runtime,
-                          docker=DockerOptions(image=image, mounts=(run_dir,)))
+    topo = TopologyConfig(
+        wan_profile=load_profile("wan-regional"), runtime=runtime, docker=DockerOptions(image=image, mounts=(run_dir,))
+    )
     with Testbed(topo) as tb:
         started = {}
         for role, host in deploy.worker_names().items():
             started[role] = time.monotonic()
-            tb.popen(host, [sys.executable, "-m", deploy.ROLE_MODULES[role], "--config", str(cfg_path),
-                            "--worker", host], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            tb.popen(
+                host,
+                [sys.executable, "-m", deploy.ROLE_MODULES[role], "--config", str(cfg_path), "--worker", host],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
         addrs = {role: deploy.grpc_address(role) for role in started}
-        out = subprocess.run(tb.ns_prefix("client") + [sys.executable, "-c", POLL_CODE, ",".join(addrs.values())],
-                             capture_output=True, text=True, timeout=400, check=True).stdout
+        out = subprocess.run(
+            tb.ns_prefix("client") + [sys.executable, "-c", POLL_CODE, ",".join(addrs.values())],
+            capture_output=True,
+            text=True,
+            timeout=400,
+            check=True,
+        ).stdout
         ready = json.loads(out)
-    return [f"| start to gRPC SERVING, {role} ({runtime}) | {ready[addrs[role]] - started[role]:.2f} s |"
-            for role in addrs]
+    return [
+        f"| start to gRPC SERVING, {role} ({runtime}) | {ready[addrs[role]] - started[role]:.2f} s |" for role in addrs
+    ]
 
 
 def main() -> int:

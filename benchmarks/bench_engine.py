@@ -14,6 +14,7 @@ for the LM head on the last token only. Decode bound: the matmul weights
 (everything but the embedding table, which is only indexed) read once per
 step at the copy bandwidth, plus the batch's KV read once.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,10 +32,10 @@ from workers.engine import Engine, GenerationRequest
 
 log = logging.getLogger("bench_engine")
 
-MATMUL_N = 2048                 # square fp32 matmul used to measure peak FLOP/s
-COPY_BYTES = 256 * 2**20        # per tensor: src + dst = 512 MiB, beyond the L3 cache
+MATMUL_N = 2048  # square fp32 matmul used to measure peak FLOP/s
+COPY_BYTES = 256 * 2**20  # per tensor: src + dst = 512 MiB, beyond the L3 cache
 PREFILL_TOKENS = 1024
-DECODE_CONTEXT = 256            # tokens already in each request's KV during decode/extend
+DECODE_CONTEXT = 256  # tokens already in each request's KV during decode/extend
 DECODE_BATCHES = (1, 8, 32)
 EXTEND_TOKENS = (16, 64, 128)
 HANDOFF_TOKENS = 100
@@ -68,7 +69,7 @@ def measure_matmul_flops(dtype: torch.dtype) -> float:
     """Single-thread FLOP/s of a large square matmul (best of 10)."""
     a = torch.randn(MATMUL_N, MATMUL_N).to(dtype)
     b = torch.randn(MATMUL_N, MATMUL_N).to(dtype)
-    return 2 * MATMUL_N ** 3 / timed(lambda: a @ b, repeats=10)
+    return 2 * MATMUL_N**3 / timed(lambda: a @ b, repeats=10)
 
 
 def measure_copy_bandwidth() -> float:
@@ -85,9 +86,10 @@ def matmul_weight_bytes(engine: Engine) -> int:
 
 def prefill_flops(engine: Engine, n_tokens: int) -> float:
     c = engine.config
-    matmul_params = sum(p.numel() for n, p in engine.model.named_parameters()
-                        if n.startswith("blocks") and p.dim() == 2)
-    attention = 2 * n_tokens ** 2 * c.head_dim * c.n_head * c.n_layer
+    matmul_params = sum(
+        p.numel() for n, p in engine.model.named_parameters() if n.startswith("blocks") and p.dim() == 2
+    )
+    attention = 2 * n_tokens**2 * c.head_dim * c.n_head * c.n_layer
     return 2 * matmul_params * n_tokens + attention + 2 * c.d_model * c.vocab_size
 
 
@@ -136,14 +138,24 @@ class Bench:
 
     def kv_size(self) -> None:
         c = self.engine.config
-        self.add("KV", f"KV bytes per token ({c.name}, {c.dtype})", c.kv_bytes_per_token, "B",
-                 f"{c.n_layer} layers x 2 x {c.n_kv_head} kv heads x {c.head_dim} x {c.dtype_bytes} B; "
-                 "PDD.md: 10-80 KB, ~50 KB typical")
+        self.add(
+            "KV",
+            f"KV bytes per token ({c.name}, {c.dtype})",
+            c.kv_bytes_per_token,
+            "B",
+            f"{c.n_layer} layers x 2 x {c.n_kv_head} kv heads x {c.head_dim} x {c.dtype_bytes} B; "
+            "PDD.md: 10-80 KB, ~50 KB typical",
+        )
 
     def machine(self) -> None:
         self.add("machine", "matmul, 1 thread", self.flops / 1e9, "GFLOP/s", f"{MATMUL_N}^3 {self.engine.config.dtype}")
-        self.add("machine", "memory bandwidth (copy, read+write)", self.bandwidth / 1e9, "GB/s",
-                 f"{2 * COPY_BYTES >> 20} MiB moved")
+        self.add(
+            "machine",
+            "memory bandwidth (copy, read+write)",
+            self.bandwidth / 1e9,
+            "GB/s",
+            f"{2 * COPY_BYTES >> 20} MiB moved",
+        )
 
     def prefill(self) -> None:
         prompt = random_tokens(self.engine, PREFILL_TOKENS, seed=2)
@@ -152,25 +164,37 @@ class Bench:
             rid = self._open(prompt, 1)
             self.engine.prefill(rid)
             self.engine.abort(rid)
+
         t = timed(run, repeats=5)
         self.flops = max(self.flops, measure_matmul_flops(self.engine.config.torch_dtype))  # peak next to it
         achieved = prefill_flops(self.engine, PREFILL_TOKENS) / t
         self.add("prefill", f"prefill {PREFILL_TOKENS} tokens", t * 1e3, "ms")
         self.add("prefill", "prefill throughput", PREFILL_TOKENS / t, "tokens/s")
-        self.add("prefill", "prefill achieved", achieved / 1e9, "GFLOP/s",
-                 f"{achieved / self.flops:.0%} of matmul peak (target >= 50%)")
+        self.add(
+            "prefill",
+            "prefill achieved",
+            achieved / 1e9,
+            "GFLOP/s",
+            f"{achieved / self.flops:.0%} of matmul peak (target >= 50%)",
+        )
 
     def decode(self) -> float:
         """Rows for decode steps at each batch size; returns the batch-1 step time (s)."""
         steps = {batch: self._time_decode(batch) for batch in DECODE_BATCHES}
         self.bandwidth = max(self.bandwidth, measure_copy_bandwidth())  # bound measured next to it
         weight_s = matmul_weight_bytes(self.engine) / self.bandwidth
-        self.add("decode", "weights read once (matmul weights)", weight_s * 1e3, "ms",
-                 f"{matmul_weight_bytes(self.engine) / 1e6:.0f} MB at copy bandwidth")
+        self.add(
+            "decode",
+            "weights read once (matmul weights)",
+            weight_s * 1e3,
+            "ms",
+            f"{matmul_weight_bytes(self.engine) / 1e6:.0f} MB at copy bandwidth",
+        )
         for batch, t in steps.items():
             kv_s = batch * DECODE_CONTEXT * self.engine.kv_bytes_per_token / self.bandwidth
-            ref = f"{t / weight_s:.2f}x weight read" + (" (target <= 2x)" if batch == 1 else
-                                                        f"; weights+KV bound {(weight_s + kv_s) * 1e3:.1f} ms")
+            ref = f"{t / weight_s:.2f}x weight read" + (
+                " (target <= 2x)" if batch == 1 else f"; weights+KV bound {(weight_s + kv_s) * 1e3:.1f} ms"
+            )
             self.add("decode", f"decode step, batch {batch}, context {DECODE_CONTEXT}", t * 1e3, "ms", ref)
         return steps[1]
 
@@ -186,9 +210,13 @@ class Bench:
         for k in EXTEND_TOKENS:
             ids = list(random_tokens(self.engine, k, seed=3 + k))
             t = min(self._time_extend(ids) for _ in range(5))
-            self.add("extend", f"extend {k} tokens on context {DECODE_CONTEXT}", t * 1e3, "ms",
-                     f"{t / step_b1:.1f}x one decode step ({step_b1 * 1e3:.1f} ms); {k} steps = "
-                     f"{k * step_b1 * 1e3:.0f} ms")
+            self.add(
+                "extend",
+                f"extend {k} tokens on context {DECODE_CONTEXT}",
+                t * 1e3,
+                "ms",
+                f"{t / step_b1:.1f}x one decode step ({step_b1 * 1e3:.1f} ms); {k} steps = {k * step_b1 * 1e3:.0f} ms",
+            )
 
     def _time_extend(self, ids: list[int]) -> float:
         """Wall time (s) of one extend over ids on a fresh 256-token context (setup not timed)."""
@@ -207,12 +235,27 @@ class Bench:
         export_s = timed(lambda: self.engine.export_kv(rid, DECODE_CONTEXT, DECODE_CONTEXT + HANDOFF_TOKENS), 3)
         blob = self.engine.export_kv(rid, DECODE_CONTEXT, DECODE_CONTEXT + HANDOFF_TOKENS)
         self.engine.abort(rid)
-        self.add("handoff", f"{HANDOFF_TOKENS} tokens as token IDs (int32)", HANDOFF_TOKENS * 4 / 1e3, "KB",
-                 f"JSON list: {len(json.dumps(ids)) / 1e3:.2f} KB; published {PUBLISHED_HANDOFF[0]}")
-        self.add("handoff", f"{HANDOFF_TOKENS} tokens as exported KV blob", len(blob) / 1e3, "KB",
-                 f"published {PUBLISHED_HANDOFF[1]}; export took {export_s * 1e3:.1f} ms")
-        self.add("handoff", f"MD recompute: extend {HANDOFF_TOKENS} tokens", recompute_s * 1e3, "ms",
-                 "published 305 ms mean (token IDs + recompute)")
+        self.add(
+            "handoff",
+            f"{HANDOFF_TOKENS} tokens as token IDs (int32)",
+            HANDOFF_TOKENS * 4 / 1e3,
+            "KB",
+            f"JSON list: {len(json.dumps(ids)) / 1e3:.2f} KB; published {PUBLISHED_HANDOFF[0]}",
+        )
+        self.add(
+            "handoff",
+            f"{HANDOFF_TOKENS} tokens as exported KV blob",
+            len(blob) / 1e3,
+            "KB",
+            f"published {PUBLISHED_HANDOFF[1]}; export took {export_s * 1e3:.1f} ms",
+        )
+        self.add(
+            "handoff",
+            f"MD recompute: extend {HANDOFF_TOKENS} tokens",
+            recompute_s * 1e3,
+            "ms",
+            "published 305 ms mean (token IDs + recompute)",
+        )
 
 
 def print_table(rows: list[Row]) -> None:
@@ -234,8 +277,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     torch.set_num_threads(1)
-    engine = Engine(args.config, seed=args.seed, device="cpu", prefix_cache=False,
-                    capacity_tokens=max(PREFILL_TOKENS, 40 * (DECODE_CONTEXT + 16)))
+    engine = Engine(
+        args.config,
+        seed=args.seed,
+        device="cpu",
+        prefix_cache=False,
+        capacity_tokens=max(PREFILL_TOKENS, 40 * (DECODE_CONTEXT + 16)),
+    )
     log.info("measuring matmul FLOP/s and memory bandwidth")
     bench = Bench(engine, measure_matmul_flops(engine.config.torch_dtype), measure_copy_bandwidth())
     bench.kv_size()
@@ -247,8 +295,10 @@ def main(argv: list[str] | None = None) -> int:
     bench.extend(step_b1)
     bench.handoff()
     bench.machine()  # the best of the measurements taken before and during the sections
-    print(f"\nEngine benchmark: config {engine.config.name}, {engine.model.num_params() / 1e6:.1f}M params, "
-          f"1 CPU thread, torch {torch.__version__}")
+    print(
+        f"\nEngine benchmark: config {engine.config.name}, {engine.model.num_params() / 1e6:.1f}M params, "
+        f"1 CPU thread, torch {torch.__version__}"
+    )
     print_table(bench.rows)
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in bench.rows], indent=2))

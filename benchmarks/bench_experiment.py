@@ -6,6 +6,7 @@
 The testbed reproduces the figures' shape at small scale (ratios, orderings),
 not their absolute values; each row says which published number it stands for.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,22 +38,32 @@ def table(summary: dict) -> str:
             rows.append(f"| TTFT p50 / p90 / p99 ms, {name} | {t['p50']:.0f} / {t['p90']:.0f} / {t['p99']:.0f} | |")
     intra = ttft.get("pd-intra", {}).get("p50", 0)
     if "pd-cross" in ttft:
-        rows.append(f"| TTFT p50 pd-cross / pd-intra | {_ratio(ttft['pd-cross']['p50'], intra)} "
-                    f"| {PUBLISHED['ttft_cross_vs_intra']} |")
+        rows.append(
+            f"| TTFT p50 pd-cross / pd-intra | {_ratio(ttft['pd-cross']['p50'], intra)} "
+            f"| {PUBLISHED['ttft_cross_vs_intra']} |"
+        )
     if "pdd" in ttft:
-        rows.append(f"| TTFT p50 pdd / pd-intra | {_ratio(ttft['pdd']['p50'], intra)} | {PUBLISHED['ttft_pdd_vs_intra']} |")
+        rows.append(
+            f"| TTFT p50 pdd / pd-intra | {_ratio(ttft['pdd']['p50'], intra)} | {PUBLISHED['ttft_pdd_vs_intra']} |"
+        )
     if "pdd" in v and "pd-cross" in v:
         pdd_b, cross_b = v["pdd"]["wan_bytes_total"], v["pd-cross"]["wan_bytes_total"]
-        rows.append(f"| WAN bytes pdd / pd-cross | {pdd_b / 1e6:.1f} MB / {cross_b / 1e6:.1f} MB "
-                    f"({_ratio(cross_b, pdd_b)} less) | {PUBLISHED['wan_bytes']} |")
+        rows.append(
+            f"| WAN bytes pdd / pd-cross | {pdd_b / 1e6:.1f} MB / {cross_b / 1e6:.1f} MB "
+            f"({_ratio(cross_b, pdd_b)} less) | {PUBLISHED['wan_bytes']} |"
+        )
     if "pdd" in v:
         p = v["pdd"]
-        rows.append(f"| RLD share of output tokens, pdd | {100 * p['rld_token_share']:.1f}% | {PUBLISHED['rld_share']} |")
+        rows.append(
+            f"| RLD share of output tokens, pdd | {100 * p['rld_token_share']:.1f}% | {PUBLISHED['rld_share']} |"
+        )
         h = p.get("handoff") or {}
         if h.get("count"):
             lat = h["latency_ms"]
-            rows.append(f"| handoff (token IDs): payload mean B, latency mean / max ms | {h['payload_bytes']['mean']:.0f} B, "
-                        f"{lat['mean']:.0f} / {lat['max']:.0f} ms | {PUBLISHED['handoff_ids']} |")
+            rows.append(
+                f"| handoff (token IDs): payload mean B, latency mean / max ms | {h['payload_bytes']['mean']:.0f} B, "
+                f"{lat['mean']:.0f} / {lat['max']:.0f} ms | {PUBLISHED['handoff_ids']} |"
+            )
     return "\n".join(rows)
 
 
@@ -63,6 +74,7 @@ def main() -> int:
     else:
         from experiments import runner
         from experiments.spec import load_spec
+
         spec = load_spec("pdd-vs-baselines")
         runner.prepare(spec)
         run_dir = runner.run(spec)

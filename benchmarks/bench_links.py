@@ -7,6 +7,7 @@ standard deviation), loss, reordered probes and TCP goodput on a lossless copy
 of the profile, each as expected (netem's model) / measured. `make bench` runs
 it on this kernel's backend and, inside the stock-kernel VM, on `tc`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,9 +29,11 @@ def _row(profile: str, backend: str, r) -> str:
     goodput = c.get("tcp_goodput_mbit")
     gp = f"{goodput.expected:g} / {goodput.measured:.1f}" if goodput else "-"
     verdict = "ok" if r.ok else "FAIL: " + ",".join(k for k, v in c.items() if not v.ok)
-    return (f"| {profile} | {backend} | {r.direction} | {e.delay_mean_ms:.2f} / {m.delay_mean_ms:.2f} "
-            f"| {e.delay_std_ms:.2f} / {m.delay_std_ms:.2f} | {e.loss_pct:.3g} / {m.loss_pct:.3g} "
-            f"| {m.reordered} | {gp} | {verdict} |")
+    return (
+        f"| {profile} | {backend} | {r.direction} | {e.delay_mean_ms:.2f} / {m.delay_mean_ms:.2f} "
+        f"| {e.delay_std_ms:.2f} / {m.delay_std_ms:.2f} | {e.loss_pct:.3g} / {m.loss_pct:.3g} "
+        f"| {m.reordered} | {gp} | {verdict} |"
+    )
 
 
 def main() -> int:
@@ -41,16 +44,21 @@ def main() -> int:
     ap.add_argument("--tcp-seconds", type=float, default=6.0)
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    cfg = CalibrationConfig(probes=ProbePlan(count=args.probes, interval_ms=10.0),
-                            tcp_seconds=args.tcp_seconds, udp=False)
-    print("| profile | backend | direction | delay ms exp/meas | jitter (std) ms exp/meas "
-          "| loss % exp/meas | reordered | TCP goodput Mbit/s rate/meas | verdict |")
+    cfg = CalibrationConfig(
+        probes=ProbePlan(count=args.probes, interval_ms=10.0), tcp_seconds=args.tcp_seconds, udp=False
+    )
+    print(
+        "| profile | backend | direction | delay ms exp/meas | jitter (std) ms exp/meas "
+        "| loss % exp/meas | reordered | TCP goodput Mbit/s rate/meas | verdict |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     failures = 0
     for name in [n for n in available_profiles() if n.startswith("wan-")]:
         profile = dataclasses.replace(load_profile(name), schedule=())
-        with tempfile.TemporaryDirectory() as tmp, \
-                Testbed(TopologyConfig(wan_profile=profile, backend=args.backend)) as tb:
+        with (
+            tempfile.TemporaryDirectory() as tmp,
+            Testbed(TopologyConfig(wan_profile=profile, backend=args.backend)) as tb,
+        ):
             results = calibrate(tb, cfg, Path(tmp))
             for r in results:
                 print(_row(name, tb.backend_choice.name, r), flush=True)

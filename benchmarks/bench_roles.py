@@ -18,6 +18,7 @@ emulated topology).
 Published counterparts (PDD.md): 100-token handoff as KV 4649 KB, 185 ms mean
 (peaks 512.6 ms) over the WAN; as token IDs 1.5 KB, 305 ms mean, 4.8 ms std.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,7 +49,7 @@ from workers.roles.kvwire import Inbox, KVReceiver, KVSender, TransferMeta, recv
 log = logging.getLogger("bench_roles")
 FINGERPRINT = "00" * 16
 HANDOFF_TOKENS = 100
-HANDOFF_CONTEXT = 512     # prompt tokens before the handoff
+HANDOFF_CONTEXT = 512  # prompt tokens before the handoff
 
 
 def free_port() -> int:
@@ -112,8 +113,8 @@ def back_to_back(transfer: Callable[[], object], seconds: float) -> tuple[int, f
     return n, time.perf_counter() - t0
 
 
-WARMUP_TRANSFERS = 2   # until the receiver's buffer pool holds a buffer of this size (the first two land in
-                       # fresh memory: a decode worker in steady state reuses its buffers)
+WARMUP_TRANSFERS = 2  # until the receiver's buffer pool holds a buffer of this size (the first two land in
+# fresh memory: a decode worker in steady state reuses its buffers)
 
 
 class KVWireBench:
@@ -124,8 +125,9 @@ class KVWireBench:
         c = DEFAULT
         row = c.n_kv_head * c.head_dim * c.dtype_bytes
         self.n_tokens = max(1, mbytes * 2**20 // (c.n_layer * 2 * row))
-        self.layers = [np.random.default_rng(i).integers(0, 255, (2, self.n_tokens, row), dtype=np.uint8)
-                       for i in range(c.n_layer)]
+        self.layers = [
+            np.random.default_rng(i).integers(0, 255, (2, self.n_tokens, row), dtype=np.uint8) for i in range(c.n_layer)
+        ]
         self.connections, self.frame_bytes, self.sent = connections, frame_bytes, 0
         self.port, ctx = free_port(), mp.get_context("fork")
         self.stop, ready, self.report = ctx.Event(), ctx.Event(), ctx.Queue()
@@ -133,17 +135,32 @@ class KVWireBench:
         self.child.start()
         if not ready.wait(30):
             raise RuntimeError("receiver did not start")
-        self.windows: list[tuple[int, int, float]] = []   # first, end transfer, sender CPU seconds
+        self.windows: list[tuple[int, int, float]] = []  # first, end transfer, sender CPU seconds
         self.kv_bytes = sum(layer.nbytes for layer in self.layers)
 
     def _transfer(self) -> float:
         c = DEFAULT
-        meta = TransferMeta(f"bench-{self.sent}", "prompt", 0, self.n_tokens, tuple(range(self.n_tokens)),
-                            FINGERPRINT, c.n_layer, c.n_kv_head, c.head_dim, c.dtype)
-        sender = KVSender(f"127.0.0.1:{self.port}", meta,
-                          PathConfig(connections=self.connections, frame_bytes=self.frame_bytes,
-                                     stall_timeout_ms=30000, deadline_ms=120000),
-                          "bench", NullLog())
+        meta = TransferMeta(
+            f"bench-{self.sent}",
+            "prompt",
+            0,
+            self.n_tokens,
+            tuple(range(self.n_tokens)),
+            FINGERPRINT,
+            c.n_layer,
+            c.n_kv_head,
+            c.head_dim,
+            c.dtype,
+        )
+        sender = KVSender(
+            f"127.0.0.1:{self.port}",
+            meta,
+            PathConfig(
+                connections=self.connections, frame_bytes=self.frame_bytes, stall_timeout_ms=30000, deadline_ms=120000
+            ),
+            "bench",
+            NullLog(),
+        )
         t0 = time.perf_counter()
         sender.start()
         for layer, kv in enumerate(self.layers):
@@ -180,8 +197,11 @@ class KVWireBench:
 
 def _pieces(layer_bytes: int, n_layer: int, piece: int) -> list[tuple[int, int]]:
     """(offset, length) of each piece of n_layer consecutive layers of layer_bytes, piece bytes at most."""
-    return [(layer * layer_bytes + o, min(piece, layer_bytes - o))
-            for layer in range(n_layer) for o in range(0, layer_bytes, piece)]
+    return [
+        (layer * layer_bytes + o, min(piece, layer_bytes - o))
+        for layer in range(n_layer)
+        for o in range(0, layer_bytes, piece)
+    ]
 
 
 def _raw_receiver_main(port: int, connections: int, pieces: list[tuple[int, int]], checksum: bool, ready) -> None:
@@ -193,7 +213,7 @@ def _raw_receiver_main(port: int, connections: int, pieces: list[tuple[int, int]
         conns = [listener.accept()[0] for _ in range(connections)]
 
     def serve(c: int) -> None:
-        mine = [buf[o:o + n] for o, n in pieces[c::connections]]
+        mine = [buf[o : o + n] for o, n in pieces[c::connections]]
         go = memoryview(bytearray(1))
         while recv_exact(conns[c], go) == 1:
             for view in mine:
@@ -202,6 +222,7 @@ def _raw_receiver_main(port: int, connections: int, pieces: list[tuple[int, int]
                     crc32c(view)
             conns[c].sendall(b"A")
         conns[c].close()
+
     threads = [threading.Thread(target=serve, args=(c,)) for c in range(connections)]
     for t in threads:
         t.start()
@@ -215,15 +236,15 @@ class RawTCPBench:
     with no framing, and with or without a crc32c of each piece on both ends: what moving this memory
     costs before kvwire's own work, and what the checksums alone add."""
 
-    def __init__(self, data: memoryview, layer_bytes: int, n_layer: int, connections: int, checksum: bool,
-                 piece: int = 1 << 20):
+    def __init__(
+        self, data: memoryview, layer_bytes: int, n_layer: int, connections: int, checksum: bool, piece: int = 1 << 20
+    ):
         self.data, self.checksum = data, checksum
         self.pieces = _pieces(layer_bytes, n_layer, piece)
         self.connections = connections
         port, ctx = free_port(), mp.get_context("fork")
         ready = ctx.Event()
-        self.child = ctx.Process(target=_raw_receiver_main,
-                                 args=(port, connections, self.pieces, checksum, ready))
+        self.child = ctx.Process(target=_raw_receiver_main, args=(port, connections, self.pieces, checksum, ready))
         self.child.start()
         if not ready.wait(30):
             raise RuntimeError("raw receiver did not start")
@@ -234,10 +255,10 @@ class RawTCPBench:
     def _send(self, c: int) -> None:
         sock = self.socks[c]
         sock.sendall(b"G")
-        for o, n in self.pieces[c::self.connections]:
+        for o, n in self.pieces[c :: self.connections]:
             if self.checksum:
-                crc32c(self.data[o:o + n])
-            send_all(sock, [self.data[o:o + n]])
+                crc32c(self.data[o : o + n])
+            send_all(sock, [self.data[o : o + n]])
         if sock.recv(1) != b"A":
             raise RuntimeError("raw receiver went away")
 
@@ -274,9 +295,12 @@ def bench_iperf3(streams: int, seconds: float) -> dict:
         out = subprocess.run(client_cmd, capture_output=True, text=True, check=True, timeout=60)
         end = json.loads(out.stdout)["end"]
         gbit = end["sum_received"]["bits_per_second"] / 1e9
-        cpu = end["cpu_utilization_percent"]   # percent of one CPU over the run, sender (host) and receiver
-        return {"gbit_s": gbit, "send_cpu_s_per_gb": cpu["host_total"] / 100 / (gbit / 8),
-                "recv_cpu_s_per_gb": cpu["remote_total"] / 100 / (gbit / 8)}
+        cpu = end["cpu_utilization_percent"]  # percent of one CPU over the run, sender (host) and receiver
+        return {
+            "gbit_s": gbit,
+            "send_cpu_s_per_gb": cpu["host_total"] / 100 / (gbit / 8),
+            "recv_cpu_s_per_gb": cpu["remote_total"] / 100 / (gbit / 8),
+        }
     finally:
         try:
             server.wait(10)
@@ -285,8 +309,9 @@ def bench_iperf3(streams: int, seconds: float) -> dict:
             server.wait()
 
 
-def bench_dataplane(mbytes: int, connections: int, rounds: int, seconds: float,
-                    frame_bytes: int = PathConfig.frame_bytes) -> dict:
+def bench_dataplane(
+    mbytes: int, connections: int, rounds: int, seconds: float, frame_bytes: int = PathConfig.frame_bytes
+) -> dict:
     """kvwire and iperf3 measured alternately, `rounds` windows of `seconds` each, so that both see the
     same state of a noisy host; the ratio is of the medians."""
     kv = KVWireBench(mbytes, connections, frame_bytes)
@@ -295,7 +320,7 @@ def bench_dataplane(mbytes: int, connections: int, rounds: int, seconds: float,
     try:
         cold = kv.warm_up()
         for raw in raws:
-            raw.measure(0)   # warm up too
+            raw.measure(0)  # warm up too
         kv_rates, raw_rates, crc_rates, ip_runs = [], [], [], []
         for _ in range(rounds):
             ip_runs.append(bench_iperf3(connections, seconds))
@@ -307,12 +332,20 @@ def bench_dataplane(mbytes: int, connections: int, rounds: int, seconds: float,
             raw.close()
         cpu = kv.close()
     ip_rates = [r["gbit_s"] for r in ip_runs]
-    return {"connections": connections, "kv_bytes": kv.kv_bytes, "gbit_s": kv_rates, "cold_gbit_s": cold,
-            "iperf3_gbit_s": ip_rates, "ratio": statistics.median(kv_rates) / statistics.median(ip_rates),
-            "raw_tcp_gbit_s": raw_rates, "raw_tcp_crc_gbit_s": crc_rates,
-            "cpu_s_per_gb": cpu,
-            "iperf3_cpu_s_per_gb": {k: statistics.mean(r[k] for r in ip_runs)
-                                    for k in ("send_cpu_s_per_gb", "recv_cpu_s_per_gb")}}
+    return {
+        "connections": connections,
+        "kv_bytes": kv.kv_bytes,
+        "gbit_s": kv_rates,
+        "cold_gbit_s": cold,
+        "iperf3_gbit_s": ip_rates,
+        "ratio": statistics.median(kv_rates) / statistics.median(ip_rates),
+        "raw_tcp_gbit_s": raw_rates,
+        "raw_tcp_crc_gbit_s": crc_rates,
+        "cpu_s_per_gb": cpu,
+        "iperf3_cpu_s_per_gb": {
+            k: statistics.mean(r[k] for r in ip_runs) for k in ("send_cpu_s_per_gb", "recv_cpu_s_per_gb")
+        },
+    }
 
 
 # ---------------------------------------------------------------- handoff: IDs vs KV
@@ -325,6 +358,7 @@ def bench_handoff(repeats: int) -> dict:
     from workers.proto import pdd_pb2
     from workers.kvcache import blob_kv_view
     from workers.roles.kvwire import meta_for, send_blob
+
     torch.set_num_threads(1)
     eng = Engine("default", capacity_tokens=8192, block_size=16, device="cpu", prefix_cache=False)
     prompt = tuple(np.random.default_rng(0).integers(0, DEFAULT.vocab_size, HANDOFF_CONTEXT).tolist())
@@ -346,7 +380,7 @@ def bench_handoff(repeats: int) -> dict:
                 eng.append_tokens(rid, [gen[0]])
             # IDs: the message the RLD sends, parsed by the MD, then one extend step
             t0 = time.perf_counter()
-            msg = pdd_pb2.HandoffRequest(request_id=f"ids{r}", start_index=0, token_ids=gen[:n + 1], final=True)
+            msg = pdd_pb2.HandoffRequest(request_id=f"ids{r}", start_index=0, token_ids=gen[: n + 1], final=True)
             wire = msg.SerializeToString()
             got = pdd_pb2.HandoffRequest.FromString(wire)
             ids_next = eng.extend(f"ids{r}", list(got.token_ids[1:])).next_token
@@ -366,13 +400,19 @@ def bench_handoff(repeats: int) -> dict:
             kv_ms.append((time.perf_counter() - t0) * 1e3)
             kv_payload = result.wire_bytes
             # both MD copies now continue identically
-            a, b = ids_next, eng.decode_step([f"kv{r}"])[f"kv{r}"]   # both: the token at index n + 1
+            a, b = ids_next, eng.decode_step([f"kv{r}"])[f"kv{r}"]  # both: the token at index n + 1
             if a != b:
                 log.warning("repeat %d: IDs and KV handoff continue with different tokens (%d vs %d)", r, a, b)
             eng.abort(f"ids{r}")
             eng.abort(f"kv{r}")
-    return {"tokens": n, "context_tokens": L, "ids_payload_bytes": ids_payload, "kv_payload_bytes": kv_payload,
-            "ids_ms": ids_ms, "kv_ms": kv_ms}
+    return {
+        "tokens": n,
+        "context_tokens": L,
+        "ids_payload_bytes": ids_payload,
+        "kv_payload_bytes": kv_payload,
+        "ids_ms": ids_ms,
+        "kv_ms": kv_ms,
+    }
 
 
 def summary(xs: list[float]) -> str:
@@ -383,8 +423,12 @@ def summary(xs: list[float]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mbytes", type=int, default=256, help="KV per data-plane transfer (MiB)")
-    parser.add_argument("--frame-kib", type=int, default=PathConfig.frame_bytes >> 10,
-                        help="kvwire frame payload (kv.<path>.frame_bytes)")
+    parser.add_argument(
+        "--frame-kib",
+        type=int,
+        default=PathConfig.frame_bytes >> 10,
+        help="kvwire frame payload (kv.<path>.frame_bytes)",
+    )
     parser.add_argument("--rounds", type=int, default=3, help="alternating kvwire / iperf3 windows")
     parser.add_argument("--seconds", type=float, default=2.0, help="length of each window")
     parser.add_argument("--repeats", type=int, default=3, help="handoff repeats (+2)")
@@ -393,31 +437,45 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     results: dict = {"dataplane": [], "handoff": None}
-    print(f"KV data plane vs iperf3 on 127.0.0.1: {args.mbytes} MiB of default-model KV per transfer, back to back, "
-          f"receiver in another process;\n{args.rounds} alternating windows of {args.seconds:g} s each "
-          f"(iperf3, plain TCP, plain TCP + crc32c, kvwire), after {WARMUP_TRANSFERS} warm-up transfers. Medians:")
-    print(f"{'conns':>5} {'iperf3':>7} {'plain TCP':>10} {'+ crc32c':>9} {'kvwire':>7} {'kvwire/iperf3':>14}   "
-          f"{'kvwire CPU s/GB send / recv':>28}   {'iperf3 s/GB':>12} {'cold':>6}")
+    print(
+        f"KV data plane vs iperf3 on 127.0.0.1: {args.mbytes} MiB of default-model KV per transfer, back to back, "
+        f"receiver in another process;\n{args.rounds} alternating windows of {args.seconds:g} s each "
+        f"(iperf3, plain TCP, plain TCP + crc32c, kvwire), after {WARMUP_TRANSFERS} warm-up transfers. Medians:"
+    )
+    print(
+        f"{'conns':>5} {'iperf3':>7} {'plain TCP':>10} {'+ crc32c':>9} {'kvwire':>7} {'kvwire/iperf3':>14}   "
+        f"{'kvwire CPU s/GB send / recv':>28}   {'iperf3 s/GB':>12} {'cold':>6}"
+    )
     for conns in args.connections:
         d = bench_dataplane(args.mbytes, conns, args.rounds, args.seconds, args.frame_kib << 10)
         results["dataplane"].append(d)
         cpu, icpu = d["cpu_s_per_gb"], d["iperf3_cpu_s_per_gb"]
         med = {k: statistics.median(d[k]) for k in ("iperf3_gbit_s", "raw_tcp_gbit_s", "raw_tcp_crc_gbit_s", "gbit_s")}
-        print(f"{conns:>5} {med['iperf3_gbit_s']:>7.2f} {med['raw_tcp_gbit_s']:>10.2f} {med['raw_tcp_crc_gbit_s']:>9.2f} "
-              f"{med['gbit_s']:>7.2f} {d['ratio']:>14.0%}   "
-              f"{cpu['send_cpu_s_per_gb']:>17.3f} / {cpu['recv_cpu_s_per_gb']:<8.3f}   "
-              f"{icpu['send_cpu_s_per_gb']:>5.3f} / {icpu['recv_cpu_s_per_gb']:<5.3f} {min(d['cold_gbit_s']):>6.2f}")
-        print("      windows, Gbit/s: kvwire " + " ".join(f"{x:.1f}" for x in d["gbit_s"]) +
-              "; iperf3 " + " ".join(f"{x:.1f}" for x in d["iperf3_gbit_s"]) +
-              "; plain TCP " + " ".join(f"{x:.1f}" for x in d["raw_tcp_gbit_s"]) +
-              "; + crc32c " + " ".join(f"{x:.1f}" for x in d["raw_tcp_crc_gbit_s"]))
-    print("  Gbit/s of payload. target: kvwire >= 80% of iperf3. iperf3 sends one cache-hot 128 KiB buffer\n"
-          "  unchecked; 'plain TCP' moves the same distinct memory as kvwire (256 MiB out, 256 MiB in, 1 MiB\n"
-          "  sendmsg / recv from Python, same connections, an ack per transfer) without framing or checksums;\n"
-          "  '+ crc32c' adds a crc32c of every MiB on both ends; kvwire adds its frames, chunk bookkeeping and\n"
-          "  per-transfer BEGIN/END/ACK. CPU s/GB: CPU seconds per GB moved, all threads of a\n"
-          "  side (on loopback the sender also pays the receive path's TCP work). 'cold' = the slowest\n"
-          "  warm-up transfer, into fresh (not pooled) memory")
+        print(
+            f"{conns:>5} {med['iperf3_gbit_s']:>7.2f} {med['raw_tcp_gbit_s']:>10.2f} {med['raw_tcp_crc_gbit_s']:>9.2f} "
+            f"{med['gbit_s']:>7.2f} {d['ratio']:>14.0%}   "
+            f"{cpu['send_cpu_s_per_gb']:>17.3f} / {cpu['recv_cpu_s_per_gb']:<8.3f}   "
+            f"{icpu['send_cpu_s_per_gb']:>5.3f} / {icpu['recv_cpu_s_per_gb']:<5.3f} {min(d['cold_gbit_s']):>6.2f}"
+        )
+        print(
+            "      windows, Gbit/s: kvwire "
+            + " ".join(f"{x:.1f}" for x in d["gbit_s"])
+            + "; iperf3 "
+            + " ".join(f"{x:.1f}" for x in d["iperf3_gbit_s"])
+            + "; plain TCP "
+            + " ".join(f"{x:.1f}" for x in d["raw_tcp_gbit_s"])
+            + "; + crc32c "
+            + " ".join(f"{x:.1f}" for x in d["raw_tcp_crc_gbit_s"])
+        )
+    print(
+        "  Gbit/s of payload. target: kvwire >= 80% of iperf3. iperf3 sends one cache-hot 128 KiB buffer\n"
+        "  unchecked; 'plain TCP' moves the same distinct memory as kvwire (256 MiB out, 256 MiB in, 1 MiB\n"
+        "  sendmsg / recv from Python, same connections, an ack per transfer) without framing or checksums;\n"
+        "  '+ crc32c' adds a crc32c of every MiB on both ends; kvwire adds its frames, chunk bookkeeping and\n"
+        "  per-transfer BEGIN/END/ACK. CPU s/GB: CPU seconds per GB moved, all threads of a\n"
+        "  side (on loopback the sender also pays the receive path's TCP work). 'cold' = the slowest\n"
+        "  warm-up transfer, into fresh (not pooled) memory"
+    )
     h = bench_handoff(args.repeats + 2)
     results["handoff"] = h
     print(f"\n{h['tokens']}-token handoff on the default model (context {h['context_tokens']}), loopback, 1 thread")

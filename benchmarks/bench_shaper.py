@@ -9,6 +9,7 @@ Not responsible for: the tc backend or the Mininet topology.
 
     sudo .venv/bin/python -m benchmarks.bench_shaper [--seconds 5] [--json out.json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,9 +30,9 @@ from topology.wire_netns import NetnsWire, WireNames, in_ns
 
 log = logging.getLogger(__name__)
 
-FRAME_BYTES = 1514        # 1472 UDP payload + 8 UDP + 20 IP + 14 Ethernet
+FRAME_BYTES = 1514  # 1472 UDP payload + 8 UDP + 20 IP + 14 Ethernet
 UDP_PAYLOAD_BYTES = 1472
-TARGET_GBIT = 1.0         # the issue's target: 1 Gbit/s on one core
+TARGET_GBIT = 1.0  # the issue's target: 1 Gbit/s on one core
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 CONTROL_PATH = "/tmp/pddb-bench-ctl.sock"
 SAMPLE_PERIOD_S = 0.25
@@ -46,25 +47,27 @@ TCP_PAYLOAD_SHARE = 1448 / 1514
 @dataclass
 class ForwardingResult:
     """Max forwarding rate run: frames through the emulator and its CPU."""
-    seconds: float        # steady window the rate and CPU are measured over (s)
+
+    seconds: float  # steady window the rate and CPU are measured over (s)
     frames_in: int
     frames_out: int
     dropped_limit: int
-    rx_drops: int         # frames the kernel dropped before the emulator read them
+    rx_drops: int  # frames the kernel dropped before the emulator read them
     tx_errors: int
-    out_gbit: float       # frames_out * FRAME_BYTES * 8 / seconds (Gbit/s)
+    out_gbit: float  # frames_out * FRAME_BYTES * 8 / seconds (Gbit/s)
     out_kpps: float
-    cpu_pct: float        # (utime + stime) / wall, 100 = one core
-    sender_gbit: float    # what iperf3's sender offered (UDP payload, Gbit/s)
+    cpu_pct: float  # (utime + stime) / wall, 100 = one core
+    sender_gbit: float  # what iperf3's sender offered (UDP payload, Gbit/s)
     receiver_gbit: float  # what iperf3's receiver counted (UDP payload, Gbit/s)
 
 
 @dataclass
 class FidelityRow:
     """Configured vs measured for one profile (A -> B)."""
+
     profile: str
     delay_ms: float
-    delay_model_ms: float        # what netem's semantics give this probe (rate + jitter queue up)
+    delay_model_ms: float  # what netem's semantics give this probe (rate + jitter queue up)
     delay_measured_ms: float
     jitter_sd_ms: float
     jitter_sd_model_ms: float
@@ -110,8 +113,7 @@ def forwarding_rate(wire: NetnsWire, seconds: float) -> ForwardingResult:
     n = wire.names
     # 20 ms at ~100 kpps keeps ~2000 frames queued: the limit must exceed that.
     params = LinkParams(delay_ms=20, limit_pkts=1_000_000)
-    with UserspaceEmulator(n.wire_a, n.wire_b, params, params, CONTROL_PATH, seed=1,
-                           prefix=in_ns(n.ns_w, [])) as emu:
+    with UserspaceEmulator(n.wire_a, n.wire_b, params, params, CONTROL_PATH, seed=1, prefix=in_ns(n.ns_w, [])) as emu:
         before = emu.stats()["a_to_b"]
         sampler = Sampler(emu)
         sampler.start()
@@ -122,12 +124,18 @@ def forwarding_rate(wire: NetnsWire, seconds: float) -> ForwardingResult:
         after = emu.stats()["a_to_b"]
     wall, out, ticks = sampler.busy_window()
     return ForwardingResult(
-        seconds=wall, frames_in=after.received - before.received, frames_out=after.sent - before.sent,
-        dropped_limit=after.dropped_limit - before.dropped_limit, tx_errors=after.tx_errors - before.tx_errors,
-        rx_drops=after.rx_drops - before.rx_drops, out_gbit=out * FRAME_BYTES * 8 / wall / 1e9, out_kpps=out / wall / 1e3,
+        seconds=wall,
+        frames_in=after.received - before.received,
+        frames_out=after.sent - before.sent,
+        dropped_limit=after.dropped_limit - before.dropped_limit,
+        tx_errors=after.tx_errors - before.tx_errors,
+        rx_drops=after.rx_drops - before.rx_drops,
+        out_gbit=out * FRAME_BYTES * 8 / wall / 1e9,
+        out_kpps=out / wall / 1e3,
         cpu_pct=100 * ticks / CLK_TCK / wall,
         sender_gbit=report["end"]["sum"]["bits_per_second"] / 1e9,
-        receiver_gbit=_udp_received_bps(report) / 1e9)
+        receiver_gbit=_udp_received_bps(report) / 1e9,
+    )
 
 
 def _udp_received_bps(report: dict) -> float:
@@ -149,8 +157,7 @@ def fidelity(wire: NetnsWire, name: str, params: LinkParams, seconds: float) -> 
     """Probe one profile: 5000 UDP probes for delay/jitter/loss, iperf3 TCP for goodput."""
     n = wire.names
     reverse = params.replace(loss_pct=0)  # ACK path: same delay, no loss
-    with UserspaceEmulator(n.wire_a, n.wire_b, params, reverse, CONTROL_PATH, seed=2,
-                           prefix=in_ns(n.ns_w, [])):
+    with UserspaceEmulator(n.wire_a, n.wire_b, params, reverse, CONTROL_PATH, seed=2, prefix=in_ns(n.ns_w, [])):
         probe = wire.udp_probe(count=PROBE_COUNT, interval_us=PROBE_INTERVAL_US, size_bytes=PROBE_PAYLOAD_BYTES)
         goodput = None
         if params.rate_mbit:
@@ -158,32 +165,50 @@ def fidelity(wire: NetnsWire, name: str, params: LinkParams, seconds: float) -> 
             goodput = report["end"]["sum_received"]["bits_per_second"] / 1e6
     delays_ms = [d / 1e6 for d in probe.delays_ns]
     model_ms = [d / 1e6 for d in periodic_delays_ns(params, PROBE_COUNT, PROBE_INTERVAL_US * 1000, PROBE_FRAME_BYTES)]
-    sd = params.jitter_ms / 3 ** 0.5 if params.delay_distribution == "uniform" else params.jitter_ms
+    sd = params.jitter_ms / 3**0.5 if params.delay_distribution == "uniform" else params.jitter_ms
     return FidelityRow(
-        profile=name, delay_ms=params.delay_ms, delay_model_ms=statistics.fmean(model_ms),
-        delay_measured_ms=statistics.fmean(delays_ms), jitter_sd_ms=sd,
-        jitter_sd_model_ms=statistics.pstdev(model_ms), jitter_sd_measured_ms=statistics.pstdev(delays_ms),
-        loss_pct=params.loss_pct, loss_measured_pct=100 * probe.loss_fraction,
-        reordered=probe.reordered, rate_mbit=params.rate_mbit, goodput_mbit=goodput)
+        profile=name,
+        delay_ms=params.delay_ms,
+        delay_model_ms=statistics.fmean(model_ms),
+        delay_measured_ms=statistics.fmean(delays_ms),
+        jitter_sd_ms=sd,
+        jitter_sd_model_ms=statistics.pstdev(model_ms),
+        jitter_sd_measured_ms=statistics.pstdev(delays_ms),
+        loss_pct=params.loss_pct,
+        loss_measured_pct=100 * probe.loss_fraction,
+        reordered=probe.reordered,
+        rate_mbit=params.rate_mbit,
+        goodput_mbit=goodput,
+    )
 
 
 def print_report(fwd: ForwardingResult, rows: list[FidelityRow]) -> None:
     """The human-readable result table."""
     verdict = "meets" if fwd.out_gbit >= TARGET_GBIT else "BELOW"
-    print(f"max forwarding rate at 20 ms delay, {FRAME_BYTES}-byte frames: "
-          f"{fwd.out_gbit:.3f} Gbit/s ({fwd.out_kpps:.1f} kpps) {verdict} the {TARGET_GBIT} Gbit/s target; "
-          f"emulator CPU {fwd.cpu_pct:.0f}% of one core; in {fwd.frames_in} out {fwd.frames_out} "
-          f"limit-drops {fwd.dropped_limit} rx-drops {fwd.rx_drops} tx-errors {fwd.tx_errors}; iperf3 payload: sender {fwd.sender_gbit:.3f}, "
-          f"receiver {fwd.receiver_gbit:.3f} Gbit/s")
-    print("delay and jitter sd: configured / netem model for this probe / measured (ms); "
-          f"TCP goodput ceiling {100 * TCP_PAYLOAD_SHARE:.1f}% of the rate (1448 payload bytes per 1514-byte frame)")
+    print(
+        f"max forwarding rate at 20 ms delay, {FRAME_BYTES}-byte frames: "
+        f"{fwd.out_gbit:.3f} Gbit/s ({fwd.out_kpps:.1f} kpps) {verdict} the {TARGET_GBIT} Gbit/s target; "
+        f"emulator CPU {fwd.cpu_pct:.0f}% of one core; in {fwd.frames_in} out {fwd.frames_out} "
+        f"limit-drops {fwd.dropped_limit} rx-drops {fwd.rx_drops} tx-errors {fwd.tx_errors}; "
+        f"iperf3 payload: sender {fwd.sender_gbit:.3f}, "
+        f"receiver {fwd.receiver_gbit:.3f} Gbit/s"
+    )
+    print(
+        "delay and jitter sd: configured / netem model for this probe / measured (ms); "
+        f"TCP goodput ceiling {100 * TCP_PAYLOAD_SHARE:.1f}% of the rate (1448 payload bytes per 1514-byte frame)"
+    )
     print(f"{'profile':30} {'delay ms':>26} {'jitter sd ms':>24} {'loss %':>14} {'reord':>6} {'goodput Mbit/s':>22}")
     for r in rows:
-        goodput = "-" if r.goodput_mbit is None else \
-            f"{r.goodput_mbit:.1f} ({100 * r.goodput_mbit / r.rate_mbit:.1f}% of {r.rate_mbit:g})"
-        print(f"{r.profile:30} {r.delay_ms:6.2f}/{r.delay_model_ms:7.3f}/{r.delay_measured_ms:<8.3f} "
-              f"{r.jitter_sd_ms:6.2f}/{r.jitter_sd_model_ms:6.3f}/{r.jitter_sd_measured_ms:<7.3f} "
-              f"{r.loss_pct:6.2f}/{r.loss_measured_pct:<7.3f} {r.reordered:6d} {goodput:>22}")
+        goodput = (
+            "-"
+            if r.goodput_mbit is None
+            else f"{r.goodput_mbit:.1f} ({100 * r.goodput_mbit / r.rate_mbit:.1f}% of {r.rate_mbit:g})"
+        )
+        print(
+            f"{r.profile:30} {r.delay_ms:6.2f}/{r.delay_model_ms:7.3f}/{r.delay_measured_ms:<8.3f} "
+            f"{r.jitter_sd_ms:6.2f}/{r.jitter_sd_model_ms:6.3f}/{r.jitter_sd_measured_ms:<7.3f} "
+            f"{r.loss_pct:6.2f}/{r.loss_measured_pct:<7.3f} {r.reordered:6d} {goodput:>22}"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

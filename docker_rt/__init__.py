@@ -24,6 +24,7 @@ host is touched.
 This package is called `docker_rt`, not `docker`, so that it never shadows the
 `docker` module of PyPI; it drives the docker CLI with plain subprocess calls.
 """
+
 from __future__ import annotations
 
 LABEL_RUN = "pddlab.run"

@@ -8,6 +8,7 @@ a host, then `docker import`ed; skipped when that image exists. Or, with
 image, pulled if absent, with a clear message when it does not exist.
 Not responsible for: Python packages or the project (`docker_rt.image`).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -36,6 +37,7 @@ RECIPE_VERSION = "1"  # bump when the recipe below changes in a way its inputs d
 @dataclass(frozen=True)
 class BaseImage:
     """ref: what the Dockerfile's FROM names; image_id: its content id; local: debootstrapped here."""
+
     ref: str
     image_id: str
     local: bool
@@ -55,8 +57,15 @@ def image_id(ref: str) -> str | None:
 
 def debootstrap_cmd(rootfs: Path) -> list[str]:
     """The debootstrap command line (pure: unit-testable)."""
-    return ["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", "--components=main",
-            SUITE, str(rootfs), MIRROR]
+    return [
+        "debootstrap",
+        "--variant=minbase",
+        f"--include={','.join(PACKAGES)}",
+        "--components=main",
+        SUITE,
+        str(rootfs),
+        MIRROR,
+    ]
 
 
 def _run_logged(argv: list[str], log_path: Path) -> None:
@@ -89,8 +98,17 @@ def build_rootfs(digest: str) -> Path:
 def import_rootfs(rootfs: Path, ref: str) -> None:
     """`tar | docker import` the rootfs as ref (the done-mark left out)."""
     tar = ["tar", "-C", str(rootfs), "--exclude", f"./{DONE_MARK}", "-c", "."]
-    imp = ["import", "--change", "ENV LANG=C.UTF-8", "--change", 'CMD ["/bin/bash"]',
-           "--message", f"pddlab base: debootstrap {SUITE} minbase from {MIRROR}", "-", ref]
+    imp = [
+        "import",
+        "--change",
+        "ENV LANG=C.UTF-8",
+        "--change",
+        'CMD ["/bin/bash"]',
+        "--message",
+        f"pddlab base: debootstrap {SUITE} minbase from {MIRROR}",
+        "-",
+        ref,
+    ]
     log.info("run: %s | docker %s", " ".join(tar), " ".join(imp))
     producer = subprocess.Popen(tar, stdout=subprocess.PIPE)
     try:
@@ -121,10 +139,12 @@ def user_base(ref: str) -> BaseImage:
         pulled = docker(["pull", ref], timeout_s=900, check=False)
         found = image_id(ref) if pulled.returncode == 0 else None
         if found is None:
-            raise DockerError(f"BASE_IMAGE {ref!r} does not exist here and could not be pulled "
-                              f"({pulled.stderr.strip()[-300:]}). Name an image that `docker images` lists "
-                              "or that your registry serves, or unset BASE_IMAGE to build the Debian base "
-                              "locally with debootstrap.")
+            raise DockerError(
+                f"BASE_IMAGE {ref!r} does not exist here and could not be pulled "
+                f"({pulled.stderr.strip()[-300:]}). Name an image that `docker images` lists "
+                "or that your registry serves, or unset BASE_IMAGE to build the Debian base "
+                "locally with debootstrap."
+            )
     return BaseImage(ref, found, local=False)
 
 

@@ -17,6 +17,7 @@ dockerd sets the iptables FORWARD policy to DROP and loads br_netfilter;
 `topology.net` answers that with its own scoped ACCEPT rules for the pdd-
 bridges (comment `pddlab`), removed at teardown.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,6 +46,7 @@ LOG_TAIL_LINES = 20
 @dataclass(frozen=True)
 class EngineInfo:
     """server_version: dockerd's version; root_dir: its data root; started_here: this process started it."""
+
     server_version: str
     root_dir: Path
     started_here: bool
@@ -60,8 +62,9 @@ def docker_bin() -> str:
     return found
 
 
-def docker(args: list[str], timeout_s: float = 120, check: bool = True, quiet: bool = False,
-           **kwargs) -> subprocess.CompletedProcess:
+def docker(
+    args: list[str], timeout_s: float = 120, check: bool = True, quiet: bool = False, **kwargs
+) -> subprocess.CompletedProcess:
     """Run `docker <args>` (logged; at debug level when quiet); DockerError with its stderr on failure if check."""
     argv = [docker_bin(), *args]
     log.log(logging.DEBUG if quiet else logging.INFO, "run: %s", " ".join(argv))
@@ -94,18 +97,23 @@ def ensure_debs(packages: list[str]) -> None:
     if not missing:
         return
     if os.geteuid() != 0:
-        raise DockerError(f"Debian packages {missing} are missing and installing them needs root: "
-                          "run `make setup` as root")
+        raise DockerError(
+            f"Debian packages {missing} are missing and installing them needs root: run `make setup` as root"
+        )
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for argv in (["apt-get", "update", "-qq"],
-                 ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing]):
+    for argv in (
+        ["apt-get", "update", "-qq"],
+        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing],
+    ):
         log.info("run: %s", " ".join(argv))
         proc = subprocess.run(argv, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-LOG_TAIL_LINES:])
-            raise DockerError(f"could not install {missing} (`{' '.join(argv)}` failed):\n{tail}\n"
-                              "Fix apt (sources, network to the Debian mirror) or install Docker yourself "
-                              "(Debian's docker.io or Docker CE), then rerun `make setup`.")
+            raise DockerError(
+                f"could not install {missing} (`{' '.join(argv)}` failed):\n{tail}\n"
+                "Fix apt (sources, network to the Debian mirror) or install Docker yourself "
+                "(Debian's docker.io or Docker CE), then rerun `make setup`."
+            )
 
 
 def ensure_installed() -> None:
@@ -121,8 +129,9 @@ def ensure_installed() -> None:
 def engine_info() -> EngineInfo | None:
     """What `docker info` says, or None when no daemon answers."""
     try:
-        proc = docker(["info", "--format", "{{.ServerVersion}}|{{.DockerRootDir}}"], timeout_s=20, check=False,
-                      quiet=True)  # polled while dockerd starts
+        proc = docker(
+            ["info", "--format", "{{.ServerVersion}}|{{.DockerRootDir}}"], timeout_s=20, check=False, quiet=True
+        )  # polled while dockerd starts
     except DockerError:
         return None
     if proc.returncode != 0 or "|" not in proc.stdout:
@@ -155,18 +164,23 @@ def start_dockerd(timeout_s: float = START_TIMEOUT_S) -> int:
     argv = [shutil.which("dockerd") or "dockerd", "--pidfile", str(PID_FILE)]
     log.info("run: %s (log %s)", " ".join(argv), LOG_FILE)
     with open(LOG_FILE, "ab") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)  # the engine outlives this run
+        proc = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )  # the engine outlives this run
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise DockerError(f"dockerd exited with code {proc.returncode} while starting; "
-                              f"last lines of {LOG_FILE}:\n{_log_tail(LOG_FILE)}")
+            raise DockerError(
+                f"dockerd exited with code {proc.returncode} while starting; "
+                f"last lines of {LOG_FILE}:\n{_log_tail(LOG_FILE)}"
+            )
         if engine_info() is not None:
             return proc.pid
         time.sleep(0.5)  # polling a real check (`docker info`), not waiting blind
-    raise DockerError(f"dockerd (pid {proc.pid}) did not answer `docker info` within {timeout_s:.0f} s; "
-                      f"last lines of {LOG_FILE}:\n{_log_tail(LOG_FILE)}")
+    raise DockerError(
+        f"dockerd (pid {proc.pid}) did not answer `docker info` within {timeout_s:.0f} s; "
+        f"last lines of {LOG_FILE}:\n{_log_tail(LOG_FILE)}"
+    )
 
 
 def ensure_running() -> EngineInfo:
@@ -176,8 +190,7 @@ def ensure_running() -> EngineInfo:
     if info is not None:
         return info
     if os.geteuid() != 0:
-        raise DockerError("no Docker daemon answers and starting one needs root: run as root, "
-                          "or start Docker yourself")
+        raise DockerError("no Docker daemon answers and starting one needs root: run as root, or start Docker yourself")
     start_dockerd()
     info = engine_info()
     if info is None:
@@ -207,9 +220,11 @@ def check_free_space(path: Path, need_bytes: int, what: str) -> None:
         probe = probe.parent
     free = shutil.disk_usage(probe).free
     if free < need_bytes:
-        raise DockerError(f"not enough disk for {what}: {free / 2**30:.1f} GiB free on the filesystem of "
-                          f"{path}, {need_bytes / 2**30:.1f} GiB needed. Free some space (e.g. "
-                          "`docker image prune`, or remove .cache/docker) and retry.")
+        raise DockerError(
+            f"not enough disk for {what}: {free / 2**30:.1f} GiB free on the filesystem of "
+            f"{path}, {need_bytes / 2**30:.1f} GiB needed. Free some space (e.g. "
+            "`docker image prune`, or remove .cache/docker) and retry."
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,6 +28,7 @@ client's PID stands for it: its exit code is the container's, its stdout and
 stderr are the container's, and SIGTERM to it reaches the process (the client
 proxies signals; `--init` makes the process not PID 1).
 """
+
 from __future__ import annotations
 
 import logging
@@ -38,12 +39,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-from docker_rt import (LABEL_HOST, LABEL_KIND, LABEL_OWNER, LABEL_RUN, DockerError, holder_name, proc_name)
+from docker_rt import LABEL_HOST, LABEL_KIND, LABEL_OWNER, LABEL_RUN, DockerError, holder_name, proc_name
 from docker_rt.engine import docker, docker_bin, ensure_running
 
 log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parent.parent
-WEIGHTS_MOUNT = "/cache/weights"   # PDDLAB_CACHE_DIR=/cache in the image
+WEIGHTS_MOUNT = "/cache/weights"  # PDDLAB_CACHE_DIR=/cache in the image
 LOG_TAIL_LINES = 20
 STOP_GRACE_S = 5
 
@@ -55,6 +56,7 @@ class WorkerCrashed(DockerError):
 @dataclass(frozen=True)
 class RoleLimits:
     """cpus: CPU time, in cores (docker --cpus); memory_mb: hard memory limit, swap included (MiB)."""
+
     cpus: float
     memory_mb: int
 
@@ -65,8 +67,11 @@ class RoleLimits:
 # square of the prompt), and P's layer copies in flight come on top: 2 GiB killed P in the default
 # experiment once decoding was batched and requests came closer together.
 DEFAULT_LIMITS: Mapping[str, RoleLimits] = {
-    "client": RoleLimits(1.0, 1024), "router": RoleLimits(0.5, 1024),
-    "p": RoleLimits(1.0, 3072), "rld": RoleLimits(1.0, 3072), "md": RoleLimits(1.0, 3072),
+    "client": RoleLimits(1.0, 1024),
+    "router": RoleLimits(0.5, 1024),
+    "p": RoleLimits(1.0, 3072),
+    "rld": RoleLimits(1.0, 3072),
+    "md": RoleLimits(1.0, 3072),
 }
 
 
@@ -85,6 +90,7 @@ class DockerOptions:
     log_dir: where each container's log goes as <container>.log at teardown; None = not kept
     env: extra environment for process containers
     """
+
     image: str
     roles: tuple[str, ...] = ("router", "p", "rld", "md")
     limits: Mapping[str, RoleLimits] = field(default_factory=dict)
@@ -100,6 +106,7 @@ class DockerOptions:
 @dataclass(frozen=True)
 class ContainerState:
     """One container of the run as `docker inspect` sees it."""
+
     name: str
     host: str
     kind: str
@@ -117,19 +124,49 @@ def labels(run_id: str, host: str, kind: str) -> list[str]:
 
 def holder_run_args(opts: DockerOptions, run_id: str, host: str) -> list[str]:
     """`docker run` arguments of a host's holder: no network of Docker's, only a namespace to wire."""
-    return ["run", "-d", "--name", holder_name(run_id, host), "--hostname", host, "--network", "none",
-            "--init", *labels(run_id, host, "holder"),
-            "--cpus", "0.1", "--memory", "64m", opts.image, "sleep", "infinity"]
+    return [
+        "run",
+        "-d",
+        "--name",
+        holder_name(run_id, host),
+        "--hostname",
+        host,
+        "--network",
+        "none",
+        "--init",
+        *labels(run_id, host, "holder"),
+        "--cpus",
+        "0.1",
+        "--memory",
+        "64m",
+        opts.image,
+        "sleep",
+        "infinity",
+    ]
 
 
-def proc_run_args(opts: DockerOptions, run_id: str, host: str, role: str, index: int,
-                  argv: list[str]) -> list[str]:
+def proc_run_args(opts: DockerOptions, run_id: str, host: str, role: str, index: int, argv: list[str]) -> list[str]:
     """`docker run` arguments of a process container on a host (attached: the client stands for it)."""
     lim = opts.limits_for(role)
-    args = ["run", "--name", proc_name(run_id, host, index), "--network", f"container:{holder_name(run_id, host)}",
-            "--init", *labels(run_id, host, "proc"), "--label", f"pddlab.role={role}",
-            "--cpus", f"{lim.cpus:g}", "--memory", f"{lim.memory_mb}m", "--memory-swap", f"{lim.memory_mb}m",
-            "-v", f"{opts.weights_dir}:{WEIGHTS_MOUNT}:ro"]
+    args = [
+        "run",
+        "--name",
+        proc_name(run_id, host, index),
+        "--network",
+        f"container:{holder_name(run_id, host)}",
+        "--init",
+        *labels(run_id, host, "proc"),
+        "--label",
+        f"pddlab.role={role}",
+        "--cpus",
+        f"{lim.cpus:g}",
+        "--memory",
+        f"{lim.memory_mb}m",
+        "--memory-swap",
+        f"{lim.memory_mb}m",
+        "-v",
+        f"{opts.weights_dir}:{WEIGHTS_MOUNT}:ro",
+    ]
     for path in opts.mounts:
         args += ["-v", f"{path}:{path}"]
     for key, value in opts.env.items():
@@ -190,19 +227,28 @@ class DockerRuntime:
         """Engine up and the image present; DockerError saying what to do otherwise."""
         ensure_running()
         if docker(["image", "inspect", self.options.image], check=False, quiet=True).returncode != 0:
-            raise DockerError(f"worker image {self.options.image!r} does not exist: run `make image` "
-                              "(python -m docker_rt.image build)")
+            raise DockerError(
+                f"worker image {self.options.image!r} does not exist: run `make image` "
+                "(python -m docker_rt.image build)"
+            )
         if not self.options.weights_dir.is_dir():
-            raise DockerError(f"weights directory {self.options.weights_dir} does not exist: generate the "
-                              "weights first (workers.model.get_or_create_weights) — it is mounted read-only")
+            raise DockerError(
+                f"weights directory {self.options.weights_dir} does not exist: generate the "
+                "weights first (workers.model.get_or_create_weights) — it is mounted read-only"
+            )
 
     def metadata(self) -> dict:
         """How the containers were made, for the run's metadata.json."""
-        image_id = docker(["image", "inspect", "--format", "{{.Id}}", self.options.image], check=False,
-                          quiet=True).stdout.strip()
-        return {"run_id": self.run_id, "image": self.options.image, "image_id": image_id,
-                "roles": list(self.options.roles),
-                "limits": {r: vars(self.options.limits_for(r)) for r in self.options.roles}}
+        image_id = docker(
+            ["image", "inspect", "--format", "{{.Id}}", self.options.image], check=False, quiet=True
+        ).stdout.strip()
+        return {
+            "run_id": self.run_id,
+            "image": self.options.image,
+            "image_id": image_id,
+            "roles": list(self.options.roles),
+            "limits": {r: vars(self.options.limits_for(r)) for r in self.options.roles},
+        }
 
     def host_params(self, role: str) -> dict:
         """Extra `Mininet.addHost` parameters for a host of this role ({} = a plain host)."""
@@ -233,8 +279,10 @@ class DockerRuntime:
         ids = docker(["ps", "-aq", "--filter", f"label={LABEL_RUN}={self.run_id}"], quiet=True).stdout.split()
         if not ids:
             return []
-        fmt = (f'{{{{.Name}}}}|{{{{index .Config.Labels "{LABEL_HOST}"}}}}|{{{{index .Config.Labels "{LABEL_KIND}"}}}}'
-               "|{{.State.Status}}|{{.State.ExitCode}}|{{.State.OOMKilled}}")
+        fmt = (
+            f'{{{{.Name}}}}|{{{{index .Config.Labels "{LABEL_HOST}"}}}}|{{{{index .Config.Labels "{LABEL_KIND}"}}}}'
+            "|{{.State.Status}}|{{.State.ExitCode}}|{{.State.OOMKilled}}"
+        )
         out = docker(["inspect", "--format", fmt, *ids], quiet=True).stdout
         states = []
         for line in out.splitlines():
@@ -255,11 +303,16 @@ class DockerRuntime:
             if not failed:
                 continue
             role = self._role_of(c.host)
-            oom = f", killed for exceeding its memory limit ({self.options.limits_for(role).memory_mb} MiB)" \
-                if c.oom_killed else ""
+            oom = (
+                f", killed for exceeding its memory limit ({self.options.limits_for(role).memory_mb} MiB)"
+                if c.oom_killed
+                else ""
+            )
             what = "the container holding its network namespace" if c.kind == "holder" else "container"
-            messages.append(f"role {role} on host {c.host}: {what} {c.name} exited with code {c.exit_code}{oom}; "
-                            f"last log lines:\n{self.last_lines(c.name)}")
+            messages.append(
+                f"role {role} on host {c.host}: {what} {c.name} exited with code {c.exit_code}{oom}; "
+                f"last log lines:\n{self.last_lines(c.name)}"
+            )
         return messages
 
     def check(self) -> None:
@@ -305,8 +358,17 @@ def remove_labelled(label: str) -> list[str]:
 def clean_orphans() -> list[str]:
     """Remove containers of runs whose testbed process is gone (for `make clean`); return their names."""
     try:
-        out = docker(["ps", "-a", "--filter", f"label={LABEL_RUN}", "--format",
-                      f'{{{{.Label "{LABEL_RUN}"}}}}|{{{{.Label "{LABEL_OWNER}"}}}}'], quiet=True).stdout
+        out = docker(
+            [
+                "ps",
+                "-a",
+                "--filter",
+                f"label={LABEL_RUN}",
+                "--format",
+                f'{{{{.Label "{LABEL_RUN}"}}}}|{{{{.Label "{LABEL_OWNER}"}}}}',
+            ],
+            quiet=True,
+        ).stdout
     except DockerError:
         return []  # no engine: nothing of ours can be running
     removed = []
@@ -320,6 +382,7 @@ def clean_orphans() -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     """`python -m docker_rt.host clean`: remove containers of dead runs (what `make clean` calls)."""
     import argparse
+
     parser = argparse.ArgumentParser(prog="python -m docker_rt.host", description=main.__doc__)
     parser.add_argument("action", choices=["clean"])
     parser.parse_args(argv)

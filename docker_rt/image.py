@@ -14,6 +14,7 @@ Not responsible for: the base image (`docker_rt.base`), the engine
 torch is the 2.13.0 CPU wheel of /opt/wheels (the venv's `torch==2.13.0+cpu`
 pin makes pip take it, never a multi-GB CUDA build).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,7 +45,7 @@ WHEELS_DIR = CONTEXT_DIR / "wheels"
 RUNTIME_EXTRAS = ("grpcio", "grpcio-health-checking", "protobuf")
 # Besides pyproject's packages: the profiles the topology modules load, and this package.
 EXTRA_SOURCES = ("docker_rt", "netem_profiles", "pyproject.toml")
-IMAGE_NEED_BYTES = 4 * 2**30   # the image is ~1.3 GB; layers are unpacked once more while building
+IMAGE_NEED_BYTES = 4 * 2**30  # the image is ~1.3 GB; layers are unpacked once more while building
 WHEELS_NEED_BYTES = 1 * 2**30  # ~300 MB of wheels, torch's CPU wheel being 183 MB
 BUILD_TIMEOUT_S = 1800
 WHEEL_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "linux_x86_64")
@@ -54,6 +55,7 @@ WHEEL_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2
 class WorkerImage:
     """ref: pddlab-worker:<hash 12>; inputs_hash: full hash; size_bytes: image size;
     built: this call ran `docker build`; build_s: its wall time (s, 0 when cached)."""
+
     ref: str
     image_id: str
     inputs_hash: str
@@ -103,9 +105,30 @@ def package_sources() -> list[str]:
 def pip_download_cmd(dest: Path, python_version: str, reqs: Path, constraints: Path) -> list[str]:
     """`pip download` of binary wheels for the image's Python (pure: unit-testable)."""
     abi = "cp" + python_version.replace(".", "")
-    cmd = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--dest", str(dest),
-           "--only-binary=:all:", "--python-version", python_version, "--implementation", "cp", "--abi", abi,
-           "--find-links", "/opt/wheels", "--find-links", str(WHEELS_DIR), "-r", str(reqs), "-c", str(constraints)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--disable-pip-version-check",
+        "--dest",
+        str(dest),
+        "--only-binary=:all:",
+        "--python-version",
+        python_version,
+        "--implementation",
+        "cp",
+        "--abi",
+        abi,
+        "--find-links",
+        "/opt/wheels",
+        "--find-links",
+        str(WHEELS_DIR),
+        "-r",
+        str(reqs),
+        "-c",
+        str(constraints),
+    ]
     for platform in WHEEL_PLATFORMS:
         cmd += ["--platform", platform]
     return cmd
@@ -113,11 +136,24 @@ def pip_download_cmd(dest: Path, python_version: str, reqs: Path, constraints: P
 
 def base_python_version(base: BaseImage) -> str:
     """`3.11`: the Python of the base image, asked by running it (no network)."""
-    proc = docker(["run", "--rm", "--network", "none", base.ref, "python3", "-c",
-                   "import sys; print('%d.%d' % sys.version_info[:2])"], check=False)
+    proc = docker(
+        [
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            base.ref,
+            "python3",
+            "-c",
+            "import sys; print('%d.%d' % sys.version_info[:2])",
+        ],
+        check=False,
+    )
     if proc.returncode != 0:
-        raise DockerError(f"base image {base.ref} has no working python3 ({proc.stderr.strip()[-200:]}); "
-                          "use a base with Python 3.11+ (e.g. python:3.11-slim)")
+        raise DockerError(
+            f"base image {base.ref} has no working python3 ({proc.stderr.strip()[-200:]}); "
+            "use a base with Python 3.11+ (e.g. python:3.11-slim)"
+        )
     return proc.stdout.strip()
 
 
@@ -139,8 +175,10 @@ def fill_wheelhouse(python_version: str) -> None:
     log.info("run: %s", " ".join(cmd))
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise DockerError(f"downloading the image's Python packages failed:\n{proc.stderr.strip()[-1500:]}\n"
-                          "The host's pip configuration must reach PyPI or hold these wheels (/opt/wheels).")
+        raise DockerError(
+            f"downloading the image's Python packages failed:\n{proc.stderr.strip()[-1500:]}\n"
+            "The host's pip configuration must reach PyPI or hold these wheels (/opt/wheels)."
+        )
     shutil.rmtree(WHEELS_DIR)
     fresh.rename(WHEELS_DIR)
     stamp.write_text(stamp_text)
@@ -178,10 +216,25 @@ def inputs_hash(base: BaseImage) -> str:
 def build_cmd(base: BaseImage, digest: str, ref: str, no_cache: bool = False) -> list[str]:
     """The `docker build` arguments (pure: unit-testable). The local base needs no network at all."""
     network = "none" if base.local else "default"
-    return ["build", *(["--no-cache"] if no_cache else []), "--network", network,
-            "--build-arg", f"BASE_IMAGE={base.ref}",
-            "--label", f"{LABEL_INPUTS}={digest}", "--label", f"pddlab.base={base.ref}",
-            "-t", ref, "-t", f"{WORKER_REPO}:latest", "-f", str(CONTEXT_DIR / "Dockerfile"), str(CONTEXT_DIR)]
+    return [
+        "build",
+        *(["--no-cache"] if no_cache else []),
+        "--network",
+        network,
+        "--build-arg",
+        f"BASE_IMAGE={base.ref}",
+        "--label",
+        f"{LABEL_INPUTS}={digest}",
+        "--label",
+        f"pddlab.base={base.ref}",
+        "-t",
+        ref,
+        "-t",
+        f"{WORKER_REPO}:latest",
+        "-f",
+        str(CONTEXT_DIR / "Dockerfile"),
+        str(CONTEXT_DIR),
+    ]
 
 
 def image_size_bytes(ref: str) -> int:
@@ -192,8 +245,16 @@ def _run_build(args: list[str], log_path: Path) -> None:
     env = {**os.environ, "DOCKER_BUILDKIT": "1"}  # RUN --mount: the wheels never land in a layer
     log.info("building the worker image (log %s)", log_path)
     with open(log_path, "wb") as out:
-        docker(args, timeout_s=BUILD_TIMEOUT_S, check=False, stdout=out, stderr=subprocess.STDOUT,
-               capture_output=False, text=False, env=env)
+        docker(
+            args,
+            timeout_s=BUILD_TIMEOUT_S,
+            check=False,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            capture_output=False,
+            text=False,
+            env=env,
+        )
     if image_id(args[args.index("-t") + 1]) is None:
         tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-25:])
         raise DockerError(f"docker build failed; last lines of {log_path}:\n{tail}")
@@ -233,8 +294,11 @@ def ensure_image(base_image: str | None = None, no_cache: bool = False) -> Worke
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m docker_rt.image", description=__doc__.splitlines()[0])
     parser.add_argument("action", choices=["build"])
-    parser.add_argument("--base-image", default=None, help="build FROM this image (default: $BASE_IMAGE, "
-                        "else the local debootstrapped Debian base)")
+    parser.add_argument(
+        "--base-image",
+        default=None,
+        help="build FROM this image (default: $BASE_IMAGE, else the local debootstrapped Debian base)",
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")

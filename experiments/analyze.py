@@ -7,6 +7,7 @@ workload.jsonl, variants/*, pcap/), so it can be rerun at any time; it also
 writes flows.json (the WAN's flows, experiments.flows).
 Not responsible for: running anything.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,8 +40,11 @@ def _pcap_bytes(frames: list[pcap.Frame], meta: dict) -> dict:
     """Per variant: WAN wire bytes per direction delivered in its window."""
     if not frames:
         return {}
-    return {v: pcap.bytes_between(frames, w["wall_start"], w.get("wall_end", float("inf")))
-            for v, w in meta.get("variants", {}).items() if "wall_start" in w}
+    return {
+        v: pcap.bytes_between(frames, w["wall_start"], w.get("wall_end", float("inf")))
+        for v, w in meta.get("variants", {}).items()
+        if "wall_start" in w
+    }
 
 
 def wan_flows(run_dir: Path, rm: runmeta.RunMeta) -> flows.WanFlows | None:
@@ -82,13 +86,20 @@ def emulator_health(variant: str, s: dict, window: dict) -> list[dict]:
     if not h.get("late") and not drops:
         return []
     worst = max(dirs.values(), key=lambda x: x.get("p99_us") or 0)
-    return [{"variant": variant, "path": "wan", "kind": "emulator_late", "count": drops,
-             "message": f"{variant}: the userspace emulator fell behind (p99 lateness {worst.get('p99_us')} us, "
-                        f"max {worst.get('max_us')} us, {drops} frames dropped, CPU share {h.get('cpu_share')}): "
-                        "part of what was measured is the machinery, not the link"}]
+    return [
+        {
+            "variant": variant,
+            "path": "wan",
+            "kind": "emulator_late",
+            "count": drops,
+            "message": f"{variant}: the userspace emulator fell behind (p99 lateness {worst.get('p99_us')} us, "
+            f"max {worst.get('max_us')} us, {drops} frames dropped, CPU share {h.get('cpu_share')}): "
+            "part of what was measured is the machinery, not the link",
+        }
+    ]
 
 
-MAX_JUDGED = 12   # divergences whose near-tie margin is recomputed (a reference forward pass each)
+MAX_JUDGED = 12  # divergences whose near-tie margin is recomputed (a reference forward pass each)
 
 
 def _client_lines(run_dir: Path) -> dict:
@@ -132,13 +143,21 @@ def judge_divergences(run_dir: Path, streams: dict, spec: dict) -> None:
                     continue
                 if engine is None:
                     from workers.engine import Engine
-                    engine = Engine(spec.get("model", "default"), seed=spec.get("weights_seed", 0),
-                                    capacity_tokens=64, block_size=16, prefix_cache=False)
+
+                    engine = Engine(
+                        spec.get("model", "default"),
+                        seed=spec.get("weights_seed", 0),
+                        capacity_tokens=64,
+                        block_size=16,
+                        prefix_cache=False,
+                    )
                 from workers.sampling import top2_margin
+
                 tokens = [t[1] for t in sorted(a["tokens"])]
-                margins[key] = top2_margin(engine.reference_logits(list(a["prompt"]) + tokens[:d["index"]])[-1])
+                margins[key] = top2_margin(engine.reference_logits(list(a["prompt"]) + tokens[: d["index"]])[-1])
                 judged += 1
             from workers.sampling import TIE_MARGIN
+
             d["margin"], d["near_tie"] = margins[key], margins[key] < TIE_MARGIN
             counts["near_ties" if d["near_tie"] else "unexplained"] += 1
         counts["unjudged"] += s["diverged"] - len(s["divergences"])
@@ -154,8 +173,10 @@ def analyze(run_dir: Path) -> dict:
     meta = json.loads(mpath.read_text())
     spec = meta.get("spec", {})
     if not (run_dir / "variants").exists() and not (run_dir / "requests.jsonl").exists():
-        raise AnalysisError(f"{run_dir}: no variants/ or requests.jsonl (experiment {meta.get('experiment')!r} "
-                            "is not a serving experiment)")
+        raise AnalysisError(
+            f"{run_dir}: no variants/ or requests.jsonl (experiment {meta.get('experiment')!r} "
+            "is not a serving experiment)"
+        )
     if (run_dir / "variants").exists():
         recs, events = records.collect(run_dir)
         records.write(run_dir, recs, events)
@@ -163,6 +184,7 @@ def analyze(run_dir: Path) -> dict:
         recs, events = records.read(run_dir), records.read_events(run_dir)
     variants = [v for v in spec.get("variants", []) if any(r.variant == v for r in recs)]
     from workers.model import get_config
+
     kv_bpt = get_config(spec.get("model", "default")).kv_bytes_per_token
     rate = meta.get("topology", {}).get("wan_profile", {}).get("a_to_b", {}).get("rate_mbit") or 0.0
     slo = build(SLO, spec.get("slo", {}), "slo")

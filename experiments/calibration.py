@@ -13,6 +13,7 @@ throughput with iperf3, capturing pcap, and writing the run directory:
 
 Not responsible for: the statistics themselves (`experiments.linkstats`).
 """
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from experiments import rundir
-from experiments.linkstats import (Check, DirectionStats, Expected, ProbePlan, expected_stats,
-                                   fidelity_checks, goodput_check, probe_stats)
+from experiments.linkstats import (
+    Check,
+    DirectionStats,
+    Expected,
+    ProbePlan,
+    expected_stats,
+    fidelity_checks,
+    goodput_check,
+    probe_stats,
+)
 from topology import naming
 from topology.net import Testbed, TopologyConfig, preflight
 from topology.proc import wait_listening
@@ -56,6 +65,7 @@ class CalibrationConfig:
     lossless_goodput: measure TCP goodput on a lossless copy of the profile
         (the fidelity criterion); False = on the profile as it is
     """
+
     probes: ProbePlan = ProbePlan(count=2000, interval_ms=10.0)
     tcp_seconds: float = 8.0
     udp: bool = True
@@ -65,6 +75,7 @@ class CalibrationConfig:
 @dataclass
 class DirectionResult:
     """Everything measured for one direction."""
+
     direction: str
     configured: dict
     expected: Expected
@@ -92,6 +103,7 @@ class Baseline:
     std_ms: its standard deviation (host scheduling; large under an emulated CPU)
     capacity_mbit: TCP goodput per direction with no WAN shaping (0 = not measured)
     """
+
     delay_ms: dict[str, float]
     std_ms: dict[str, float]
     capacity_mbit: dict[str, float]
@@ -121,8 +133,11 @@ def measure_baseline(testbed: Testbed, out_dir: Path, tcp_seconds: float) -> Bas
     finally:
         for d, p in saved.items():
             testbed.link.set(d, p, "baseline done")
-    baseline = Baseline({d: s.delay_mean_ms - saved[d].delay_ms for d, s in stats.items()},
-                        {d: s.delay_std_ms for d, s in stats.items()}, capacity)
+    baseline = Baseline(
+        {d: s.delay_mean_ms - saved[d].delay_ms for d, s in stats.items()},
+        {d: s.delay_std_ms for d, s in stats.items()},
+        capacity,
+    )
     log.info("baseline: %s", baseline)
     return baseline
 
@@ -133,21 +148,46 @@ def _python() -> str:
 
 def _receiver_argv(plan: ProbePlan) -> list[str]:
     # Idle timeout: longer than any gap the profile's delay and jitter can open.
-    return [_python(), "-m", "topology.udp_probe", "recv", "--port", str(PROBE_PORT),
-            "--count", str(plan.count), "--idle-timeout-s", "5"]
+    return [
+        _python(),
+        "-m",
+        "topology.udp_probe",
+        "recv",
+        "--port",
+        str(PROBE_PORT),
+        "--count",
+        str(plan.count),
+        "--idle-timeout-s",
+        "5",
+    ]
 
 
 def _sender_argv(plan: ProbePlan, dst: str) -> list[str]:
-    return [_python(), "-m", "topology.udp_probe", "send", "--dst", _ip(dst), "--port", str(PROBE_PORT),
-            "--count", str(plan.count), "--interval-us", str(plan.interval_ms * 1000),
-            "--size-bytes", str(plan.payload_bytes)]
+    return [
+        _python(),
+        "-m",
+        "topology.udp_probe",
+        "send",
+        "--dst",
+        _ip(dst),
+        "--port",
+        str(PROBE_PORT),
+        "--count",
+        str(plan.count),
+        "--interval-us",
+        str(plan.interval_ms * 1000),
+        "--size-bytes",
+        str(plan.payload_bytes),
+    ]
 
 
 def run_probes(testbed: Testbed, plan: ProbePlan, out_dir: Path) -> dict[str, ProbeResult]:
     """Probe both directions concurrently; keep the raw results in out_dir/<direction>.json."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    receivers = {d: testbed.popen(dst, _receiver_argv(plan), stdout=subprocess.PIPE, text=True)
-                 for d, (_, dst) in ENDPOINTS.items()}
+    receivers = {
+        d: testbed.popen(dst, _receiver_argv(plan), stdout=subprocess.PIPE, text=True)
+        for d, (_, dst) in ENDPOINTS.items()
+    }
     for direction, proc in receivers.items():
         if proc.stdout.readline().strip() != "ready":
             raise RuntimeError(f"probe receiver {direction} did not start (exit {proc.poll()})")
@@ -174,10 +214,12 @@ def iperf3(testbed: Testbed, direction: str, seconds: float, udp_mbit: float | N
     """One iperf3 test in a direction; returns iperf3's JSON `end` section, with the server's own
     `receiver_intervals` (its per-interval bytes and seconds) added."""
     src, dst = ENDPOINTS[direction]
-    server = testbed.popen(dst, ["iperf3", "-s", "-1", "-J", "-p", str(IPERF_PORT)],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_listening(lambda argv: testbed.run(dst, argv), IPERF_PORT, f"iperf3 server on {dst}",
-                   alive=lambda: server.poll() is None)
+    server = testbed.popen(
+        dst, ["iperf3", "-s", "-1", "-J", "-p", str(IPERF_PORT)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    wait_listening(
+        lambda argv: testbed.run(dst, argv), IPERF_PORT, f"iperf3 server on {dst}", alive=lambda: server.poll() is None
+    )
     argv = ["iperf3", "-c", _ip(dst), "-p", str(IPERF_PORT), "-t", str(seconds), "-J", "--get-server-output"]
     argv += ["-O", "2"] if seconds > 3 else []  # skip slow start on the long runs
     if udp_mbit:
@@ -209,16 +251,24 @@ def calibrate(testbed: Testbed, cfg: CalibrationConfig, out_dir: Path) -> list[D
     records = run_probes(testbed, cfg.probes, out_dir / "probes")
     results = []
     for direction, p in params.items():
-        expected = expected_stats(p, cfg.probes, base_delay_ms=baseline.delay_ms[direction],
-                                  base_std_ms=baseline.std_ms[direction])
+        expected = expected_stats(
+            p, cfg.probes, base_delay_ms=baseline.delay_ms[direction], base_std_ms=baseline.std_ms[direction]
+        )
         measured = probe_stats(records[direction])
         starved = _starved(baseline.capacity_mbit[direction], p.rate_mbit)
-        results.append(DirectionResult(direction, p.to_dict(), expected, measured,
-                                       fidelity_checks(expected, measured, check_jitter=not starved),
-                                       base_delay_ms=baseline.delay_ms[direction],
-                                       base_std_ms=baseline.std_ms[direction],
-                                       capacity_mbit=baseline.capacity_mbit[direction],
-                                       spread_skipped=starved or None))
+        results.append(
+            DirectionResult(
+                direction,
+                p.to_dict(),
+                expected,
+                measured,
+                fidelity_checks(expected, measured, check_jitter=not starved),
+                base_delay_ms=baseline.delay_ms[direction],
+                base_std_ms=baseline.std_ms[direction],
+                capacity_mbit=baseline.capacity_mbit[direction],
+                spread_skipped=starved or None,
+            )
+        )
         if starved:
             log.warning("%s: delay spread not judged: %s", direction, starved)
     if cfg.tcp_seconds:
@@ -236,8 +286,10 @@ def _starved(capacity_mbit: float, rate_mbit: float | None) -> str:
     machine at its limit: one qemu TCG run measured 4.4 ms of spread for wan-congested's 2 ms at
     19 Mbit/s of capacity, where runs with 50-110 Mbit/s matched."""
     if capacity_mbit and rate_mbit and capacity_mbit < CAPACITY_HEADROOM * rate_mbit:
-        return (f"path capacity {capacity_mbit:.0f} Mbit/s unshaped is below {CAPACITY_HEADROOM} x the "
-                f"{rate_mbit:g} Mbit/s rate")
+        return (
+            f"path capacity {capacity_mbit:.0f} Mbit/s unshaped is below {CAPACITY_HEADROOM} x the "
+            f"{rate_mbit:g} Mbit/s rate"
+        )
     return ""
 
 
@@ -270,40 +322,60 @@ def _measure_goodput(testbed: Testbed, cfg: CalibrationConfig, params: dict, res
 
 def markdown_table(profile: Profile, backend: str, results: list[DirectionResult]) -> str:
     """The measured-vs-configured table of calibration.md."""
-    lines = [f"# Link calibration: `{profile.name}` on the `{backend}` backend", "",
-             "| direction | quantity | configured / expected | measured | allowed | ok |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        f"# Link calibration: `{profile.name}` on the `{backend}` backend",
+        "",
+        "| direction | quantity | configured / expected | measured | allowed | ok |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in results:
         for c in r.checks:
-            lines.append(f"| {r.direction} | {c.name} | {c.expected:.4g} | {c.measured:.4g} "
-                         f"| {c.lo:.4g} .. {c.hi:.4g} | {'yes' if c.ok else '**NO**'} |")
+            lines.append(
+                f"| {r.direction} | {c.name} | {c.expected:.4g} | {c.measured:.4g} "
+                f"| {c.lo:.4g} .. {c.hi:.4g} | {'yes' if c.ok else '**NO**'} |"
+            )
         m = r.measured
-        lines.append(f"| {r.direction} | probes sent/received/dup/reordered | {m.sent} | "
-                     f"{m.received}/{m.duplicates}/{m.reordered} | | |")
-        lines.append(f"| {r.direction} | baseline (machinery): delay mean, std ms; unshaped capacity Mbit/s | | "
-                     f"{r.base_delay_ms:.3f}, {r.base_std_ms:.3f}; {r.capacity_mbit:.0f} | | |")
+        lines.append(
+            f"| {r.direction} | probes sent/received/dup/reordered | {m.sent} | "
+            f"{m.received}/{m.duplicates}/{m.reordered} | | |"
+        )
+        lines.append(
+            f"| {r.direction} | baseline (machinery): delay mean, std ms; unshaped capacity Mbit/s | | "
+            f"{r.base_delay_ms:.3f}, {r.base_std_ms:.3f}; {r.capacity_mbit:.0f} | | |"
+        )
         if r.spread_skipped:
-            lines.append(f"| {r.direction} | delay_std_ms | {r.expected.delay_std_ms:.4g} | "
-                         f"{r.measured.delay_std_ms:.4g} | not checked: {r.spread_skipped} | |")
+            lines.append(
+                f"| {r.direction} | delay_std_ms | {r.expected.delay_std_ms:.4g} | "
+                f"{r.measured.delay_std_ms:.4g} | not checked: {r.spread_skipped} | |"
+            )
         if r.goodput_skipped:
-            lines.append(f"| {r.direction} | tcp_goodput_mbit | | {r.tcp_goodput_mbit:.4g} | "
-                         f"not checked: {r.goodput_skipped} | |")
+            lines.append(
+                f"| {r.direction} | tcp_goodput_mbit | | {r.tcp_goodput_mbit:.4g} | "
+                f"not checked: {r.goodput_skipped} | |"
+            )
         if r.udp:
-            lines.append(f"| {r.direction} | UDP at half rate: Mbit/s, loss % | | "
-                         f"{r.udp.get('bits_per_second', 0) / 1e6:.4g}, {r.udp.get('lost_percent', 0):.3g} | | |")
+            lines.append(
+                f"| {r.direction} | UDP at half rate: Mbit/s, loss % | | "
+                f"{r.udp.get('bits_per_second', 0) / 1e6:.4g}, {r.udp.get('lost_percent', 0):.3g} | | |"
+            )
     return "\n".join(lines) + "\n"
 
 
-def run(profile: Profile, backend: str = "auto", cfg: CalibrationConfig = CalibrationConfig(),
-        results_root: Path = rundir.RESULTS, seed: int = 1) -> Path:
+def run(
+    profile: Profile,
+    backend: str = "auto",
+    cfg: CalibrationConfig = CalibrationConfig(),
+    results_root: Path = rundir.RESULTS,
+    seed: int = 1,
+) -> Path:
     """The whole experiment: topology up, calibrate, write the run directory, tear down."""
     preflight()  # fail before a run directory exists
     out = rundir.new_run_dir("link-calibration", results_root)
-    meta = {"experiment": "link-calibration", "complete": False, "calibration": asdict(cfg),
-            **rundir.provenance()}
+    meta = {"experiment": "link-calibration", "complete": False, "calibration": asdict(cfg), **rundir.provenance()}
     rundir.write_json(out / "metadata.json", meta)
-    topo = TopologyConfig(wan_profile=profile, backend=backend, capture_dir=out / "pcap", seed=seed,
-                          log_dir=out / "logs")
+    topo = TopologyConfig(
+        wan_profile=profile, backend=backend, capture_dir=out / "pcap", seed=seed, log_dir=out / "logs"
+    )
     try:
         with Testbed(topo) as testbed:
             results = calibrate(testbed, cfg, out)

@@ -15,6 +15,7 @@ Experiments: `link-calibration` (experiments/calibration.py) and every spec in
 experiments/specs/*.yaml (serving experiments, experiments/runner.py); the
 default is `pdd-vs-baselines`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,8 +46,10 @@ def _profiles(_args) -> int:
     for name in available_profiles():
         p = load_profile(name)
         d = p.a_to_b
-        print(f"{name:<20} {d.rate_mbit:>11g} {d.delay_ms:>8g} {d.jitter_ms:>9g} "
-              f"{d.expected_loss_pct:>7.3g}  {p.description}")
+        print(
+            f"{name:<20} {d.rate_mbit:>11g} {d.delay_ms:>8g} {d.jitter_ms:>9g} "
+            f"{d.expected_loss_pct:>7.3g}  {p.description}"
+        )
     return 0
 
 
@@ -64,8 +67,10 @@ def _run(args) -> int:
     if args.experiment not in known and not args.experiment.endswith((".yaml", ".yml")):
         raise UsageError(f"unknown experiment {args.experiment!r}; available: {', '.join(known)}")
     from experiments import runner, spec
-    s = spec.load_spec(args.experiment, args.set, profile=args.profile,
-                       backend=None if args.backend == "auto" else args.backend)
+
+    s = spec.load_spec(
+        args.experiment, args.set, profile=args.profile, backend=None if args.backend == "auto" else args.backend
+    )
     runner.prepare(s)  # the workload and trace: fail before anything starts
     out = runner.run(s, results=Path(args.results)) if args.results else runner.run(s)
     md = out / "summary.md"
@@ -76,6 +81,7 @@ def _run(args) -> int:
 
 def _analyze(args) -> int:
     from experiments import analyze
+
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
         raise UsageError(f"{run_dir}: no such run directory")
@@ -97,8 +103,8 @@ def _run_calibration(args) -> int:
         raise UsageError("link-calibration takes no --set overrides")
     profile = load_profile(args.profile or DEFAULT_PROFILE)
     cfg = calibration.CalibrationConfig(
-        probes=ProbePlan(count=args.probes, interval_ms=args.probe_interval_ms),
-        tcp_seconds=args.tcp_seconds)
+        probes=ProbePlan(count=args.probes, interval_ms=args.probe_interval_ms), tcp_seconds=args.tcp_seconds
+    )
     out = calibration.run(profile, backend=args.backend, cfg=cfg, seed=args.seed)
     print((out / "calibration.md").read_text())
     print(f"run directory: {out}")
@@ -108,6 +114,7 @@ def _run_calibration(args) -> int:
 def _clean(_args) -> int:
     from docker_rt.host import clean_orphans
     from topology.cleanup import clean
+
     removed = clean_orphans() + clean()
     print("\n".join(removed) if removed else "nothing to clean")
     return 0
@@ -128,12 +135,18 @@ def parser() -> argparse.ArgumentParser:
     cp.set_defaults(func=_check_profile)
     run = sub.add_parser("run", help="run an experiment")
     run.add_argument("experiment", nargs="?", default=DEFAULT_EXPERIMENT)
-    run.add_argument("--profile", default=None, help=f"profile name or YAML path (default: the spec's, "
-                     f"or {DEFAULT_PROFILE})")
+    run.add_argument(
+        "--profile", default=None, help=f"profile name or YAML path (default: the spec's, or {DEFAULT_PROFILE})"
+    )
     run.add_argument("--backend", default="auto", choices=BACKENDS)
     run.add_argument("--results", default=None, help="parent of the run directory (default: results/)")
-    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                     help="override a spec field, e.g. workload.synthetic.sessions=3 (repeatable)")
+    run.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a spec field, e.g. workload.synthetic.sessions=3 (repeatable)",
+    )
     run.add_argument("--probes", type=int, default=2000, help="UDP probes per direction")
     run.add_argument("--probe-interval-ms", type=float, default=10.0)
     run.add_argument("--tcp-seconds", type=float, default=8.0)
@@ -150,8 +163,9 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: returns the process exit status."""
     args = parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     try:  # Mininet's log module must create its logger (a MininetLogger) before anyone touches "mininet" ...
         import mininet.log  # noqa: F401
     except ImportError:
@@ -160,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("mininet").setLevel(logging.ERROR)
     from topology.net import TestbedError
     from topology.shaping import ShapingError
+
     try:
         return args.func(args)
     except (ProfileError, UsageError, TestbedError, ShapingError, SpecError, TraceError) as exc:

@@ -16,6 +16,7 @@ window opened (the load generator's t0), as for the spec's `schedule:`.
 A flow `a_to_b` runs xa -> xb (iperf3 client in xa, server in xb); `both` is
 one run each way, with its own port and file.
 """
+
 from __future__ import annotations
 
 import json
@@ -56,6 +57,7 @@ class CrossFlow:
     congestion: TCP congestion control (iperf3 -C), one the kernel offers; "" = the kernel's default
     rate_mbit: udp: the flow's total sending rate, required; tcp: an optional cap (0 = none) (Mbit/s)
     """
+
     kind: Literal["tcp", "udp"]
     duration_s: float
     direction: Literal["a_to_b", "b_to_a", "both"] = "a_to_b"
@@ -78,6 +80,7 @@ class CrossFlow:
 @dataclass(frozen=True)
 class FlowRun:
     """One direction of a flow: an iperf3 server in `receiver`, its client in `sender`."""
+
     flow: CrossFlow
     name: str
     direction: str
@@ -111,8 +114,9 @@ def _fail(where: str, message: str) -> None:
     raise CrossTrafficError(f"{where}{message}")
 
 
-def _check_flow(flow: CrossFlow, where: str, rates: dict[str, float], window_s: float,
-                congestions: tuple[str, ...]) -> None:
+def _check_flow(
+    flow: CrossFlow, where: str, rates: dict[str, float], window_s: float, congestions: tuple[str, ...]
+) -> None:
     if flow.kind not in KINDS:
         _fail(where, f".kind={flow.kind!r}; allowed: {list(KINDS)}")
     if flow.direction not in FLOW_DIRECTIONS:
@@ -124,8 +128,11 @@ def _check_flow(flow: CrossFlow, where: str, rates: dict[str, float], window_s: 
     if flow.start_s < 0:
         _fail(where, f".start_s={flow.start_s} out of range [0, {window_s}]")
     if flow.end_s > window_s:
-        _fail(where, f": start_s + duration_s = {flow.end_s:g} s lies beyond timeouts.variant_s={window_s:g}; "
-                     f"allowed: start_s + duration_s <= {window_s:g} (or raise timeouts.variant_s)")
+        _fail(
+            where,
+            f": start_s + duration_s = {flow.end_s:g} s lies beyond timeouts.variant_s={window_s:g}; "
+            f"allowed: start_s + duration_s <= {window_s:g} (or raise timeouts.variant_s)",
+        )
     if flow.kind == "tcp" and flow.congestion and flow.congestion not in congestions:
         _fail(where, f".congestion={flow.congestion!r} is not offered by this kernel; allowed: {list(congestions)}")
     if flow.kind == "udp" and flow.congestion:
@@ -136,12 +143,18 @@ def _check_flow(flow: CrossFlow, where: str, rates: dict[str, float], window_s: 
         _fail(where, f".rate_mbit={flow.rate_mbit}: allowed: >= 0 (0 = no cap, tcp only)")
     for d in flow.directions():
         if rates.get(d) and flow.rate_mbit > rates[d]:
-            _fail(where, f".rate_mbit={flow.rate_mbit:g} exceeds the link's {d} rate; allowed: "
-                         f"(0, {rates[d]:g}] Mbit/s")
+            _fail(
+                where, f".rate_mbit={flow.rate_mbit:g} exceeds the link's {d} rate; allowed: (0, {rates[d]:g}] Mbit/s"
+            )
 
 
-def validate_flows(flows: tuple[CrossFlow, ...], rates: dict[str, float], window_s: float,
-                   congestions: tuple[str, ...], where: str = "cross_traffic") -> None:
+def validate_flows(
+    flows: tuple[CrossFlow, ...],
+    rates: dict[str, float],
+    window_s: float,
+    congestions: tuple[str, ...],
+    where: str = "cross_traffic",
+) -> None:
     """Refuse flows that cannot run as written; rates: the profile's rate_mbit per direction (0 = unlimited),
     window_s: timeouts.variant_s, congestions: kernel_congestion_algorithms()."""
     seen: set[str] = set()
@@ -181,8 +194,22 @@ def server_cmd(run: FlowRun) -> list[str]:
 def client_cmd(run: FlowRun, logfile: str | Path) -> list[str]:
     """argv of the iperf3 client for a run (in its sender host), JSON to logfile."""
     f = run.flow
-    argv = ["iperf3", "-c", run.receiver.ip, "-B", run.sender.ip, "-p", str(run.port),
-            "-t", str(int(f.duration_s)), "-P", str(f.streams), "-J", "--logfile", str(logfile)]
+    argv = [
+        "iperf3",
+        "-c",
+        run.receiver.ip,
+        "-B",
+        run.sender.ip,
+        "-p",
+        str(run.port),
+        "-t",
+        str(int(f.duration_s)),
+        "-P",
+        str(f.streams),
+        "-J",
+        "--logfile",
+        str(logfile),
+    ]
     if f.rate_mbit:  # iperf3's -b applies to each stream: the flow's total is split among them
         argv += ["-b", f"{f.rate_mbit / f.streams:.6g}M"]
     if f.kind == "udp":
@@ -192,13 +219,21 @@ def client_cmd(run: FlowRun, logfile: str | Path) -> list[str]:
     return argv
 
 
-def metadata_entry(run: FlowRun, start_ns: int, end_ns: int | None, iperf_json: str,
-                   congestion: str | None) -> dict:
+def metadata_entry(run: FlowRun, start_ns: int, end_ns: int | None, iperf_json: str, congestion: str | None) -> dict:
     """The run's record in metadata.json's `variants.<v>.cross_traffic` (iperf_json relative to the run dir)."""
     f = run.flow
-    return {"name": run.name, "kind": f.kind, "direction": run.direction, "start_ns": start_ns,
-            "end_ns": end_ns, "port": run.port, "iperf_json": iperf_json, "streams": f.streams,
-            "congestion": congestion if f.kind == "tcp" else None, "rate_mbit": f.rate_mbit or None}
+    return {
+        "name": run.name,
+        "kind": f.kind,
+        "direction": run.direction,
+        "start_ns": start_ns,
+        "end_ns": end_ns,
+        "port": run.port,
+        "iperf_json": iperf_json,
+        "streams": f.streams,
+        "congestion": congestion if f.kind == "tcp" else None,
+        "rate_mbit": f.rate_mbit or None,
+    }
 
 
 # ---- reading iperf3's JSON -------------------------------------------------
@@ -211,6 +246,7 @@ class FlowResult:
     intervals: (start_s, end_s, mbit) per reporting interval, sender side; error: iperf3's error, if any
     stream_mbit: each stream's mean throughput (Mbit/s), receiver side where reported
     """
+
     mean_mbit: float
     retransmits: int | None
     lost_pct: float | None
@@ -248,8 +284,11 @@ def parse_result(doc: dict, kind: str) -> FlowResult:
 
 
 def _stream_mbit(stream: dict) -> float:
-    side = stream.get("udp") or (stream.get("receiver") if (stream.get("receiver") or {}).get("bytes")
-                                 else stream.get("sender")) or {}
+    side = (
+        stream.get("udp")
+        or (stream.get("receiver") if (stream.get("receiver") or {}).get("bytes") else stream.get("sender"))
+        or {}
+    )
     return side.get("bits_per_second", 0.0) / 1e6
 
 
@@ -278,14 +317,20 @@ def summarize(run_dir: Path) -> dict:
             path = run_dir / e["iperf_json"]
             r = _read_result(path, e["kind"])
             flows[f"{e['name']}-{e['direction']}"] = {
-                "kind": e["kind"], "direction": e["direction"], "mean_mbit": r.mean_mbit if r else None,
-                "retransmits": r.retransmits if r else None, "lost_pct": r.lost_pct if r else None,
+                "kind": e["kind"],
+                "direction": e["direction"],
+                "mean_mbit": r.mean_mbit if r else None,
+                "retransmits": r.retransmits if r else None,
+                "lost_pct": r.lost_pct if r else None,
                 "streams_jain_index": _finite(jain_index(list(r.stream_mbit))) if r and r.stream_mbit else None,
-                "error": (r.error if r else f"no iperf3 output at {e['iperf_json']}")}
+                "error": (r.error if r else f"no iperf3 output at {e['iperf_json']}"),
+            }
             if r:
                 by_direction.setdefault(e["direction"], []).append(r.mean_mbit)
-        out[variant] = {"flows": flows, "jain_index": {d: _finite(jain_index(x)) for d, x in by_direction.items()
-                                                       if len(x) >= 2}}
+        out[variant] = {
+            "flows": flows,
+            "jain_index": {d: _finite(jain_index(x)) for d, x in by_direction.items() if len(x) >= 2},
+        }
     return out
 
 

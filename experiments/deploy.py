@@ -12,6 +12,7 @@ Not responsible for: the topology (topology.net), readiness checks and load
 Placement (host = worker name): router in `router`, P in `p1`, RLD in `rld1`,
 MD in `md1`, the load generator in `client`.
 """
+
 from __future__ import annotations
 
 import logging
@@ -23,20 +24,28 @@ from pathlib import Path
 
 import yaml
 
-from experiments.deployment import (KV_PORTS, PORTS, deployment_dict, grpc_address, roles_config,  # noqa: F401
-                                    worker_ip, worker_names)
+from experiments.deployment import (
+    deployment_dict,
+    roles_config,  # noqa: F401
+    worker_names,
+)
 
 log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parent.parent
-ROLE_MODULES = {"router": "workers.roles.router", "p": "workers.roles.prefill", "rld": "workers.roles.decode",
-                "md": "workers.roles.decode"}
-START_ORDER = ("md", "rld", "p", "router")   # the router last: it dials the others
+ROLE_MODULES = {
+    "router": "workers.roles.router",
+    "p": "workers.roles.prefill",
+    "rld": "workers.roles.decode",
+    "md": "workers.roles.decode",
+}
+START_ORDER = ("md", "rld", "p", "router")  # the router last: it dials the others
 STOP_GRACE_S = 10.0
 
 
 def write_deployment(spec, path: Path, events_dir: Path, mode: str, overrides: dict | None = None) -> Path:
     """Write (and validate) the deployment YAML the roles read."""
     from workers.roles.config import parse_config
+
     data = deployment_dict(spec, str(events_dir), mode, overrides)
     parse_config(data)
     path.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -52,6 +61,7 @@ def topology_kwargs(spec, run_dir: Path | None = None) -> dict:
     weights (generated here first) are mounted read-only.
     """
     from experiments.spec import RUNTIMES, SpecError
+
     if spec.runtime not in RUNTIMES:
         raise SpecError(f"runtime={spec.runtime!r} is unknown; allowed: {list(RUNTIMES)}")
     if spec.runtime == "process" or run_dir is None:
@@ -59,9 +69,12 @@ def topology_kwargs(spec, run_dir: Path | None = None) -> dict:
     from docker_rt.host import DockerOptions
     from docker_rt.image import ensure_image
     from workers.model import get_config, get_or_create_weights
+
     get_or_create_weights(get_config(spec.model), spec.weights_seed)
-    return {"runtime": "docker",
-            "docker": DockerOptions(image=ensure_image().ref, mounts=(run_dir,), log_dir=run_dir / "containers")}
+    return {
+        "runtime": "docker",
+        "docker": DockerOptions(image=ensure_image().ref, mounts=(run_dir,), log_dir=run_dir / "containers"),
+    }
 
 
 @dataclass
@@ -70,6 +83,7 @@ class Runtime:
 
     testbed: the running topology; config: deployment YAML; log_dir: one <worker>.log per role
     """
+
     testbed: object
     config: Path
     log_dir: Path
@@ -84,8 +98,9 @@ class Runtime:
         for role in START_ORDER:
             argv = [sys.executable, "-m", ROLE_MODULES[role], "--config", str(self.config), "--worker", names[role]]
             with open(self.log_dir / f"{names[role]}.log", "ab") as out:
-                self.procs[role] = self.testbed.popen(names[role], argv, cwd=REPO, stdout=out,
-                                                      stderr=subprocess.STDOUT, env=_env())
+                self.procs[role] = self.testbed.popen(
+                    names[role], argv, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=_env()
+                )
 
     def dead(self) -> dict[str, int]:
         """Roles that exited: role -> exit status."""

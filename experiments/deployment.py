@@ -8,6 +8,7 @@ profile.
 Not responsible for: starting roles (experiments.deploy) or validating the rest
 of the spec (experiments.spec, which calls this to judge `deployment`).
 """
+
 from __future__ import annotations
 
 from topology import naming
@@ -19,8 +20,12 @@ KV_PORTS = {"rld": 50062, "md": 50063}
 
 def worker_names() -> dict[str, str]:
     """role -> worker (= host) name."""
-    return {"router": "router", "p": naming.host_name("p", 1), "rld": naming.host_name("rld", 1),
-            "md": naming.host_name("md", 1)}
+    return {
+        "router": "router",
+        "p": naming.host_name("p", 1),
+        "rld": naming.host_name("rld", 1),
+        "md": naming.host_name("md", 1),
+    }
 
 
 def worker_ip(role: str) -> str:
@@ -31,8 +36,14 @@ def grpc_address(role: str) -> str:
     return f"{worker_ip(role)}:{PORTS[role]}"
 
 
-def roles_config(events_dir: str, model: str = "tiny", seed: int = 0, block_size: int = 16,
-                 capacity_tokens: dict[str, int] | None = None, **sections) -> dict:
+def roles_config(
+    events_dir: str,
+    model: str = "tiny",
+    seed: int = 0,
+    block_size: int = 16,
+    capacity_tokens: dict[str, int] | None = None,
+    **sections,
+) -> dict:
     """The roles' deployment config (workers/roles/config.py) as data: every worker on its host of the
     topology at PORTS / KV_PORTS; capacity_tokens per role (p, rld, md; else the config default); further
     sections (policy, kv, decode, ...) merged in."""
@@ -55,15 +66,21 @@ def roles_config(events_dir: str, model: str = "tiny", seed: int = 0, block_size
 def deployment_dict(spec, events_dir: str, mode: str = "pdd", overrides: dict | None = None) -> dict:
     """The roles' deployment config for this spec and variant mode, as data; spec.deployment merged in,
     then the variant's own overrides (spec.variant_defs)."""
-    data = roles_config(events_dir, spec.model, spec.weights_seed, spec.block_size,
-                        {"p": spec.capacity_tokens.p, "rld": spec.capacity_tokens.rld, "md": spec.capacity_tokens.md},
-                        policy={"mode": mode, "handoff": spec.handoff, "wan_rate_mbit": _wan_rate_mbit(spec.profile)})
+    data = roles_config(
+        events_dir,
+        spec.model,
+        spec.weights_seed,
+        spec.block_size,
+        {"p": spec.capacity_tokens.p, "rld": spec.capacity_tokens.rld, "md": spec.capacity_tokens.md},
+        policy={"mode": mode, "handoff": spec.handoff, "wan_rate_mbit": _wan_rate_mbit(spec.profile)},
+    )
     return _merge(_merge(data, spec.deployment), overrides or {})
 
 
 def _wan_rate_mbit(profile: str) -> float:
     """The A->B rate the router's route decision assumes: the profile's (200 if unlimited)."""
     from topology.profiles import load_profile
+
     return float(load_profile(profile).a_to_b.rate_mbit or 200.0)
 
 

@@ -29,6 +29,7 @@ RTT, two estimates, both at the capture of the end that opened or sends:
                       so it is the RTT under load; a delayed ACK can add up to
                       its timer (~40 ms) to a sample.
 """
+
 from __future__ import annotations
 
 import struct
@@ -42,18 +43,40 @@ from experiments.pcap import LINKTYPE_ETHERNET, PcapError, _A_PREFIX, _GWA_WAN
 TCP, UDP = 6, 17
 SYN, ACK = 0x02, 0x10
 MOD, HALF = 1 << 32, 1 << 31
-BIN_S = 0.25                       # throughput bins (s), as wan_throughput.png's
+BIN_S = 0.25  # throughput bins (s), as wan_throughput.png's
 CLASSES = ("kv", "cross", "other")
-_IP = struct.Struct("!xxHxxxxxBxx4s4s")       # IPv4: total length, protocol, source, destination
-_TCP = struct.Struct("!HHIIBB")               # ports, seq, ack, data offset, flags
+_IP = struct.Struct("!xxHxxxxxBxx4s4s")  # IPv4: total length, protocol, source, destination
+_TCP = struct.Struct("!HHIIBB")  # ports, seq, ack, data offset, flags
 _UDP = struct.Struct("!HH")
 
 
 class Flow:
     """One direction of one connection (or a UDP 5-tuple), as both captures saw it."""
-    __slots__ = ("proto", "src", "sport", "dst", "dport", "direction", "first_s", "last_s", "packets_sent",
-                 "bytes_sent", "payload_sent", "packets_delivered", "bytes_delivered", "retrans_segs", "isn",
-                 "high", "epoch", "outstanding", "rtt_ms", "syn_s", "rtt_handshake_ms", "bins")
+
+    __slots__ = (
+        "proto",
+        "src",
+        "sport",
+        "dst",
+        "dport",
+        "direction",
+        "first_s",
+        "last_s",
+        "packets_sent",
+        "bytes_sent",
+        "payload_sent",
+        "packets_delivered",
+        "bytes_delivered",
+        "retrans_segs",
+        "isn",
+        "high",
+        "epoch",
+        "outstanding",
+        "rtt_ms",
+        "syn_s",
+        "rtt_handshake_ms",
+        "bins",
+    )
 
     def __init__(self, proto: int, src: bytes, sport: int, dst: bytes, dport: int, direction: str):
         self.proto, self.src, self.sport, self.dst, self.dport = proto, src, sport, dst, dport
@@ -61,11 +84,11 @@ class Flow:
         self.first_s, self.last_s = float("inf"), 0.0
         self.packets_sent = self.bytes_sent = self.payload_sent = 0
         self.packets_delivered = self.bytes_delivered = self.retrans_segs = 0
-        self.isn, self.high, self.epoch = None, 0, 0     # sequence numbers relative to the first seen, unwrapped
-        self.outstanding: deque = deque()                # (relative seq end, sent at s) awaiting an ACK
+        self.isn, self.high, self.epoch = None, 0, 0  # sequence numbers relative to the first seen, unwrapped
+        self.outstanding: deque = deque()  # (relative seq end, sent at s) awaiting an ACK
         self.rtt_ms: list[float] = []
         self.syn_s, self.rtt_handshake_ms = None, None
-        self.bins: dict[int, int] = {}                   # delivered bytes per BIN_S bin (absolute time // BIN_S)
+        self.bins: dict[int, int] = {}  # delivered bytes per BIN_S bin (absolute time // BIN_S)
 
     def _rel(self, seq: int) -> int:
         """seq relative to the first one seen, unwrapped against the highest so far."""
@@ -92,7 +115,7 @@ class Flow:
             s = self._rel(seq)
             if s < self.high:
                 self.retrans_segs += 1
-                self.outstanding.clear()                 # Karn: nothing already in flight is sampled
+                self.outstanding.clear()  # Karn: nothing already in flight is sampled
             else:
                 self.outstanding.append((s + payload, t))
             self.high = max(self.high, s + payload)
@@ -130,6 +153,7 @@ def _direction(src: bytes) -> str:
 def _records(path: Path):
     """(time (Unix s), original length, frame bytes) of every record of a classic pcap file."""
     from scapy.utils import RawPcapReader
+
     try:
         reader = RawPcapReader(str(path))
     except Exception as err:  # scapy raises its own Scapy_Exception for a bad magic
@@ -150,7 +174,7 @@ def scan(path: Path, side: str, flows: dict) -> int:
     for t, wire, data in _records(path):
         n += 1
         if len(data) < 34 or data[12:14] != b"\x08\x00":
-            continue                                     # not IPv4 (ARP, IPv6): not a flow
+            continue  # not IPv4 (ARP, IPv6): not a flow
         ihl = (data[14] & 0x0F) * 4
         total, proto, src, dst = _IP.unpack_from(data, 14)
         l4 = 14 + ihl
@@ -170,7 +194,7 @@ def scan(path: Path, side: str, flows: dict) -> int:
             f.sent(t, wire, seq, flags, payload)
             continue
         f.delivered(t, wire)
-        if proto == TCP and flags & ACK:                 # an ACK arriving at the far flow's sender end
+        if proto == TCP and flags & ACK:  # an ACK arriving at the far flow's sender end
             back = flows.get((proto, dst, dport, src, sport))
             if back is not None:
                 if flags & SYN and back.syn_s is not None and back.rtt_handshake_ms is None:
@@ -191,22 +215,34 @@ def read_wan(pcap_dir: Path) -> tuple[dict, dict]:
 @dataclass
 class WanFlows:
     """The WAN's flows of one run with the ports that classify them."""
-    flows: dict                   # 5-tuple -> Flow
-    frames: dict[str, int]        # capture file -> frames read
+
+    flows: dict  # 5-tuple -> Flow
+    frames: dict[str, int]  # capture file -> frames read
     kv_ports: set[int]
     cross_ports: set[int]
-    rows: list[dict]              # flows.json rows (see table)
+    rows: list[dict]  # flows.json rows (see table)
 
     def to_json(self) -> dict:
         """flows.json."""
-        return {"captures": self.frames, "kv_ports": sorted(self.kv_ports), "cross_ports": sorted(self.cross_ports),
-                "classes": {"kv": "TCP to or from a decode worker's kv_port", "cross": "a cross-traffic port",
-                            "other": "everything else (gRPC, ICMP, ...)"},
-                "counted": {"sent": "at the sender's end capture (retrans_segs, rtt_data_ms too)",
-                            "delivered": "at the receiver's end capture (after the shaper's loss)"},
-                "rtt": {"rtt_handshake_ms": "SYN to SYN-ACK at the initiator's end",
-                        "rtt_data_ms": "data segment to the first ACK covering it at the sender's end (Karn)"},
-                "flows": self.rows}
+        return {
+            "captures": self.frames,
+            "kv_ports": sorted(self.kv_ports),
+            "cross_ports": sorted(self.cross_ports),
+            "classes": {
+                "kv": "TCP to or from a decode worker's kv_port",
+                "cross": "a cross-traffic port",
+                "other": "everything else (gRPC, ICMP, ...)",
+            },
+            "counted": {
+                "sent": "at the sender's end capture (retrans_segs, rtt_data_ms too)",
+                "delivered": "at the receiver's end capture (after the shaper's loss)",
+            },
+            "rtt": {
+                "rtt_handshake_ms": "SYN to SYN-ACK at the initiator's end",
+                "rtt_data_ms": "data segment to the first ACK covering it at the sender's end (Karn)",
+            },
+            "flows": self.rows,
+        }
 
 
 def load(pcap_dir: Path, kv_ports: set[int], cross_ports: set[int], windows: dict) -> WanFlows | None:
@@ -233,13 +269,27 @@ def _ip(b: bytes) -> str:
 def row(f: Flow, cls: str, variant: str | None) -> dict:
     """One flows.json row (times: Unix s, as the capture; RTTs: ms)."""
     r = stats(f.rtt_ms)
-    return {"proto": {TCP: "tcp", UDP: "udp"}.get(f.proto, str(f.proto)), "src": _ip(f.src), "sport": f.sport,
-            "dst": _ip(f.dst), "dport": f.dport, "direction": f.direction, "class": cls, "variant": variant,
-            "first_s": f.first_s, "last_s": f.last_s, "duration_s": max(0.0, f.last_s - f.first_s),
-            "packets_sent": f.packets_sent, "bytes_sent": f.bytes_sent, "payload_bytes_sent": f.payload_sent,
-            "packets_delivered": f.packets_delivered, "bytes_delivered": f.bytes_delivered,
-            "retrans_segs": f.retrans_segs, "rtt_handshake_ms": f.rtt_handshake_ms,
-            "rtt_data_ms": {k: r[k] for k in ("n", "p50", "p90", "max") if k in r}}
+    return {
+        "proto": {TCP: "tcp", UDP: "udp"}.get(f.proto, str(f.proto)),
+        "src": _ip(f.src),
+        "sport": f.sport,
+        "dst": _ip(f.dst),
+        "dport": f.dport,
+        "direction": f.direction,
+        "class": cls,
+        "variant": variant,
+        "first_s": f.first_s,
+        "last_s": f.last_s,
+        "duration_s": max(0.0, f.last_s - f.first_s),
+        "packets_sent": f.packets_sent,
+        "bytes_sent": f.bytes_sent,
+        "payload_bytes_sent": f.payload_sent,
+        "packets_delivered": f.packets_delivered,
+        "bytes_delivered": f.bytes_delivered,
+        "retrans_segs": f.retrans_segs,
+        "rtt_handshake_ms": f.rtt_handshake_ms,
+        "rtt_data_ms": {k: r[k] for k in ("n", "p50", "p90", "max") if k in r},
+    }
 
 
 def variant_of(t_s: float, windows: dict) -> str | None:
@@ -262,14 +312,18 @@ def by_class(rows: list[dict], variant: str) -> dict:
     for cls in CLASSES:
         mine = [r for r in rows if r["variant"] == variant and r["class"] == cls and r["direction"] == "a_to_b"]
         p50s = [r["rtt_data_ms"]["p50"] for r in mine if r["rtt_data_ms"].get("p50") is not None]
-        out[cls] = {"flows": len(mine), "bytes_delivered": sum(r["bytes_delivered"] for r in mine),
-                    "retrans_segs": sum(r["retrans_segs"] for r in mine),
-                    "rtt_data_ms_p50": sorted(p50s)[len(p50s) // 2] if p50s else None}
+        out[cls] = {
+            "flows": len(mine),
+            "bytes_delivered": sum(r["bytes_delivered"] for r in mine),
+            "retrans_segs": sum(r["retrans_segs"] for r in mine),
+            "rtt_data_ms_p50": sorted(p50s)[len(p50s) // 2] if p50s else None,
+        }
     return out
 
 
-def class_throughput(flows: dict, kv_ports: set[int], cross_ports: set[int], t0: float,
-                     direction: str = "a_to_b") -> dict[str, list[tuple[float, float]]]:
+def class_throughput(
+    flows: dict, kv_ports: set[int], cross_ports: set[int], t0: float, direction: str = "a_to_b"
+) -> dict[str, list[tuple[float, float]]]:
     """class -> [(bin start from t0 (s), delivered Mbit/s)] in one direction; classes without traffic left out."""
     bins: dict[str, dict[int, int]] = {}
     for f in flows.values():
@@ -280,5 +334,6 @@ def class_throughput(flows: dict, kv_ports: set[int], cross_ports: set[int], t0:
     if not bins:
         return {}
     lo, hi = min(min(b) for b in bins.values()), max(max(b) for b in bins.values())
-    return {cls: [(b * BIN_S - t0, acc.get(b, 0) * 8 / BIN_S / 1e6) for b in range(lo, hi + 1)]
-            for cls, acc in bins.items()}
+    return {
+        cls: [(b * BIN_S - t0, acc.get(b, 0) * 8 / BIN_S / 1e6) for b in range(lo, hi + 1)] for cls, acc in bins.items()
+    }

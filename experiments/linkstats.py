@@ -6,6 +6,7 @@ netem's own per-packet model, `topology.netem_model`, over it), and comparing
 the two with the named tolerances below.
 Not responsible for: running probes (`topology.udp_probe`) or the topology.
 """
+
 from __future__ import annotations
 
 import math
@@ -16,30 +17,31 @@ from topology.profiles import LinkParams
 from topology.udp_probe import WIRE_OVERHEAD_BYTES, ProbeResult
 
 # Tolerances (issue: "Mininet's own high-fidelity tests allow ±20%; we aim far tighter").
-DELAY_MEAN_TOL_FRAC = 0.02      # one-way delay mean within max(2%, 0.3 ms) ...
-DELAY_MEAN_TOL_MS = 0.3         # ... of the expected mean
-JITTER_STD_TOL_FRAC = 0.15      # delay standard deviation within 15%
-LOSS_INTERVAL = 0.99            # measured loss inside the 99% interval of the configured rate
-GOODPUT_MIN_FRAC = 0.90         # TCP goodput on a lossless rated link: 90% ...
-GOODPUT_MAX_FRAC = 1.01         # ... to 101% of the configured rate
-MONTE_CARLO_RUNS = 200          # model runs that give correlated/bursty loss its 99% interval
-MODEL_PROBES = 20_000           # probes in the model run giving the expected delay mean and spread
+DELAY_MEAN_TOL_FRAC = 0.02  # one-way delay mean within max(2%, 0.3 ms) ...
+DELAY_MEAN_TOL_MS = 0.3  # ... of the expected mean
+JITTER_STD_TOL_FRAC = 0.15  # delay standard deviation within 15%
+LOSS_INTERVAL = 0.99  # measured loss inside the 99% interval of the configured rate
+GOODPUT_MIN_FRAC = 0.90  # TCP goodput on a lossless rated link: 90% ...
+GOODPUT_MAX_FRAC = 1.01  # ... to 101% of the configured rate
+MONTE_CARLO_RUNS = 200  # model runs that give correlated/bursty loss its 99% interval
+MODEL_PROBES = 20_000  # probes in the model run giving the expected delay mean and spread
 # Delay mean and spread are taken over the central 99% of samples, on both the
 # measured and the model side: a host that deschedules a probe process now and
 # then (tens of ms under qemu TCG) adds rare spikes that are not the link's.
-TRIM_FRAC = 0.005               # dropped at each end
-JITTER_MIN_SIGNAL_RATIO = 2.0   # the link's delay spread must be this many times the machinery's to be judged
+TRIM_FRAC = 0.005  # dropped at each end
+JITTER_MIN_SIGNAL_RATIO = 2.0  # the link's delay spread must be this many times the machinery's to be judged
 
 
 @dataclass(frozen=True)
 class DirectionStats:
     """What one direction of probes showed (delays in ms; mean and std over the central 99%)."""
+
     sent: int
-    received: int          # distinct sequence numbers that arrived
+    received: int  # distinct sequence numbers that arrived
     duplicates: int
     lost: int
     loss_pct: float
-    reordered: int         # arrivals with a lower seq than one already seen
+    reordered: int  # arrivals with a lower seq than one already seen
     delay_mean_ms: float
     delay_std_ms: float
     delay_min_ms: float
@@ -60,7 +62,7 @@ def trimmed_mean_std(sorted_values: list[float], frac: float = TRIM_FRAC) -> tup
     if not sorted_values:
         return math.nan, math.nan
     k = int(len(sorted_values) * frac)
-    core = sorted_values[k:len(sorted_values) - k] or sorted_values
+    core = sorted_values[k : len(sorted_values) - k] or sorted_values
     return statistics.fmean(core), statistics.pstdev(core) if len(core) > 1 else 0.0
 
 
@@ -73,18 +75,25 @@ def probe_stats(result: ProbeResult) -> DirectionStats:
     mean_ms, std_ms = trimmed_mean_std(delays)
     lost = result.sent_count - result.received
     return DirectionStats(
-        sent=result.sent_count, received=result.received, duplicates=result.duplicates, lost=lost,
+        sent=result.sent_count,
+        received=result.received,
+        duplicates=result.duplicates,
+        lost=lost,
         loss_pct=100 * lost / result.sent_count if result.sent_count else math.nan,
         reordered=result.reordered,
-        delay_mean_ms=mean_ms, delay_std_ms=std_ms,
+        delay_mean_ms=mean_ms,
+        delay_std_ms=std_ms,
         delay_min_ms=delays[0] if delays else math.nan,
-        delay_p50_ms=_percentile(delays, 0.5), delay_p99_ms=_percentile(delays, 0.99),
-        delay_max_ms=delays[-1] if delays else math.nan)
+        delay_p50_ms=_percentile(delays, 0.5),
+        delay_p99_ms=_percentile(delays, 0.99),
+        delay_max_ms=delays[-1] if delays else math.nan,
+    )
 
 
 @dataclass(frozen=True)
 class ProbePlan:
     """A probe stream: how many, how far apart, how big."""
+
     count: int = 1000
     interval_ms: float = 20.0
     payload_bytes: int = 64
@@ -98,10 +107,11 @@ class ProbePlan:
 @dataclass(frozen=True)
 class Expected:
     """What a profile should show for a probe plan (delays in ms, loss in %)."""
+
     delay_mean_ms: float
     delay_std_ms: float
     loss_pct: float
-    loss_lo_pct: float     # 99% interval of the measured loss
+    loss_lo_pct: float  # 99% interval of the measured loss
     loss_hi_pct: float
     reordering_expected: bool
     machinery_std_ms: float = 0.0  # the baseline's spread (see fidelity_checks)
@@ -110,6 +120,7 @@ class Expected:
 def _simulate(params: LinkParams, plan: ProbePlan, seed: int) -> tuple[list[float], int]:
     """Run netem's model over the probe stream: (delays in ms, probes not delivered intact)."""
     from topology.netem_model import NetemQueue
+
     queue = NetemQueue(params, seed=seed)
     step_ns = int(plan.interval_ms * 1e6)
     frame = bytes(plan.frame_bytes)
@@ -136,6 +147,7 @@ def gilbert_elliott_loss_distribution(params: LinkParams, n: int) -> list[float]
     starts in the good state, as netem's does.
     """
     import numpy as np
+
     ge = params.loss_ge
     p, r = ge.p_pct / 100, ge.r_pct / 100
     lose = {"good": ge.good_loss_pct / 100, "bad": ge.bad_loss_pct / 100}
@@ -179,13 +191,16 @@ def _binomial_interval(n: int, p: float, level: float) -> tuple[int, int]:
     if p <= 0 or p >= 1:
         return (0, 0) if p <= 0 else (n, n)
     log_p, log_q = math.log(p), math.log1p(-p)
-    pmf = [math.exp(math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1) + k * log_p + (n - k) * log_q)
-           for k in range(n + 1)]  # in logs: the binomial coefficient alone overflows a float
+    pmf = [
+        math.exp(math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1) + k * log_p + (n - k) * log_q)
+        for k in range(n + 1)
+    ]  # in logs: the binomial coefficient alone overflows a float
     return _interval_of(pmf, level)
 
 
-def expected_stats(params: LinkParams, plan: ProbePlan, base_delay_ms: float = 0.0,
-                   base_std_ms: float = 0.0, seed: int = 1) -> Expected:
+def expected_stats(
+    params: LinkParams, plan: ProbePlan, base_delay_ms: float = 0.0, base_std_ms: float = 0.0, seed: int = 1
+) -> Expected:
     """What `params` should show for `plan`, on a path that itself adds base_delay_ms (mean)
     and base_std_ms (spread, independent of the link's) with the WAN unshaped."""
     # A long model run gives the expectation itself, not one more noisy sample of it.
@@ -209,14 +224,18 @@ def expected_stats(params: LinkParams, plan: ProbePlan, base_delay_ms: float = 0
     return Expected(
         delay_mean_ms=model_mean_ms + base_delay_ms,
         delay_std_ms=math.hypot(model_std_ms, base_std_ms),
-        loss_pct=loss, loss_lo_pct=100 * lo / plan.count, loss_hi_pct=100 * hi / plan.count,
+        loss_pct=loss,
+        loss_lo_pct=100 * lo / plan.count,
+        loss_hi_pct=100 * hi / plan.count,
         reordering_expected=bool(params.reorder_pct or (params.jitter_ms and not params.rate_mbit)),
-        machinery_std_ms=base_std_ms)
+        machinery_std_ms=base_std_ms,
+    )
 
 
 @dataclass(frozen=True)
 class Check:
     """One fidelity check: name, configured/expected, measured, allowed range, verdict."""
+
     name: str
     expected: float
     measured: float
@@ -234,17 +253,31 @@ def fidelity_checks(expected: Expected, measured: DirectionStats, check_jitter: 
     # The machinery's mean delay is measured before the run and drifts with host load;
     # its own spread (about 0.05 ms here, 0.4 ms under qemu TCG) is allowed on top.
     tol = max(DELAY_MEAN_TOL_FRAC * expected.delay_mean_ms, DELAY_MEAN_TOL_MS) + expected.machinery_std_ms
-    checks = [Check("delay_mean_ms", expected.delay_mean_ms, measured.delay_mean_ms,
-                    expected.delay_mean_ms - tol, expected.delay_mean_ms + tol),
-              Check("loss_pct", expected.loss_pct, measured.loss_pct, expected.loss_lo_pct, expected.loss_hi_pct)]
-    link_std = math.sqrt(max(0.0, expected.delay_std_ms ** 2 - expected.machinery_std_ms ** 2))
+    checks = [
+        Check(
+            "delay_mean_ms",
+            expected.delay_mean_ms,
+            measured.delay_mean_ms,
+            expected.delay_mean_ms - tol,
+            expected.delay_mean_ms + tol,
+        ),
+        Check("loss_pct", expected.loss_pct, measured.loss_pct, expected.loss_lo_pct, expected.loss_hi_pct),
+    ]
+    link_std = math.sqrt(max(0.0, expected.delay_std_ms**2 - expected.machinery_std_ms**2))
     # A spread is judged only where the link's own is clearly above the machinery's
     # (wan-regional's 0.5 ms jitter is not, under qemu TCG) and above ~0.1 ms of host noise.
     measurable = link_std >= max(0.1, JITTER_MIN_SIGNAL_RATIO * expected.machinery_std_ms)
     if check_jitter and measurable:
         std_tol = JITTER_STD_TOL_FRAC * expected.delay_std_ms
-        checks.append(Check("delay_std_ms", expected.delay_std_ms, measured.delay_std_ms,
-                            expected.delay_std_ms - std_tol, expected.delay_std_ms + std_tol))
+        checks.append(
+            Check(
+                "delay_std_ms",
+                expected.delay_std_ms,
+                measured.delay_std_ms,
+                expected.delay_std_ms - std_tol,
+                expected.delay_std_ms + std_tol,
+            )
+        )
     if not expected.reordering_expected:
         checks.append(Check("reordered", 0, measured.reordered, 0, 0))
     return checks
@@ -257,5 +290,6 @@ def goodput_check(rate_mbit: float, goodput_mbit: float) -> Check:
     1514 B carries 1448 B of payload (with timestamps), so a perfect link gives
     95.6% of the rate, comfortably inside 90-101%.
     """
-    return Check("tcp_goodput_mbit", rate_mbit, goodput_mbit,
-                 GOODPUT_MIN_FRAC * rate_mbit, GOODPUT_MAX_FRAC * rate_mbit)
+    return Check(
+        "tcp_goodput_mbit", rate_mbit, goodput_mbit, GOODPUT_MIN_FRAC * rate_mbit, GOODPUT_MAX_FRAC * rate_mbit
+    )

@@ -22,6 +22,7 @@ interrupted run keeps every finished request.
     python -m experiments.loadgen health --timeout-s 120 10.1.0.11:50050 ...
     python -m experiments.loadgen run --workload W.jsonl --router ADDR --variant pdd --out client.jsonl
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,15 +58,26 @@ class Recorder:
             issued = record.get("issued", True)
             self.failed += issued and record["error"] is not None
             self.not_issued += not issued
-            print(f"progress {self.done}/{self.total} failed={self.failed} not_issued={self.not_issued} "
-                  f"last={record['request_id']}", flush=True)
+            print(
+                f"progress {self.done}/{self.total} failed={self.failed} not_issued={self.not_issued} "
+                f"last={record['request_id']}",
+                flush=True,
+            )
 
 
 class Client:
     """channel: to the router; variant: the mode sent with every request; handoff: '' = the config's."""
 
-    def __init__(self, channel: grpc.Channel, variant: str, handoff: str, timeout_s: float, recorder: Recorder,
-                 reference: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] | None = None, mode: str = ""):
+    def __init__(
+        self,
+        channel: grpc.Channel,
+        variant: str,
+        handoff: str,
+        timeout_s: float,
+        recorder: Recorder,
+        reference: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] | None = None,
+        mode: str = "",
+    ):
         self.stub = pdd_pb2_grpc.RouterStub(channel)
         self.variant, self.handoff, self.timeout_s = variant, handoff, timeout_s
         self.mode = mode or variant
@@ -84,11 +96,25 @@ class Client:
         return None, "none"
 
     def _record(self, req: WorkloadRequest, prompt: tuple[int, ...] | None, t0_ns: int) -> dict:
-        return {"request_id": req.request_id, "router_id": f"{self.variant}.{req.request_id}",
-                "variant": self.variant, "mode": self.mode, "session": req.session, "turn": req.turn, "kind": req.kind,
-                "max_tokens": req.max_tokens, "prompt_tokens": len(prompt or ()), "prompt_sha1": _sha1(prompt or ()),
-                "prompt": list(prompt or ()), "t0_ns": t0_ns, "t_send_ns": time.monotonic_ns(), "tokens": [],
-                "done": None, "error": None, "issued": True}
+        return {
+            "request_id": req.request_id,
+            "router_id": f"{self.variant}.{req.request_id}",
+            "variant": self.variant,
+            "mode": self.mode,
+            "session": req.session,
+            "turn": req.turn,
+            "kind": req.kind,
+            "max_tokens": req.max_tokens,
+            "prompt_tokens": len(prompt or ()),
+            "prompt_sha1": _sha1(prompt or ()),
+            "prompt": list(prompt or ()),
+            "t0_ns": t0_ns,
+            "t_send_ns": time.monotonic_ns(),
+            "tokens": [],
+            "done": None,
+            "error": None,
+            "issued": True,
+        }
 
     def not_issued(self, req: WorkloadRequest, t0_ns: int, reason: str) -> None:
         rec = self._record(req, None, t0_ns)
@@ -105,16 +131,28 @@ class Client:
             self.rec.write(rec)
             return False
         try:
-            for ev in self.stub.Generate(pdd_pb2.GenerateRequest(
-                    request_id=rec["router_id"], prompt_tokens=prompt, max_tokens=req.max_tokens,
-                    mode=self.mode, handoff=self.handoff), timeout=self.timeout_s):
+            for ev in self.stub.Generate(
+                pdd_pb2.GenerateRequest(
+                    request_id=rec["router_id"],
+                    prompt_tokens=prompt,
+                    max_tokens=req.max_tokens,
+                    mode=self.mode,
+                    handoff=self.handoff,
+                ),
+                timeout=self.timeout_s,
+            ):
                 if ev.WhichOneof("kind") == "token":
                     t = ev.token
                     rec["tokens"].append([t.index, t.token, t.worker, time.monotonic_ns(), t.t_ns])
                 else:
                     d = ev.done
-                    rec["done"] = {"route": d.route, "finish_reason": d.finish_reason, "duplicates": d.duplicates,
-                                   "md_cached_tokens": d.md_cached_tokens, "notes": list(d.notes)}
+                    rec["done"] = {
+                        "route": d.route,
+                        "finish_reason": d.finish_reason,
+                        "duplicates": d.duplicates,
+                        "md_cached_tokens": d.md_cached_tokens,
+                        "notes": list(d.notes),
+                    }
         except grpc.RpcError as err:
             rec["error"] = f"{err.code().name}: {err.details()}"
         rec["t_done_ns"] = time.monotonic_ns()
@@ -139,8 +177,9 @@ def chains(requests: list[WorkloadRequest]) -> list[list[WorkloadRequest]]:
     return out
 
 
-def _run_chain(client: Client, chain: list[WorkloadRequest], t0_ns: int, stop: threading.Event,
-               issue_until_s: float = 0.0) -> None:
+def _run_chain(
+    client: Client, chain: list[WorkloadRequest], t0_ns: int, stop: threading.Event, issue_until_s: float = 0.0
+) -> None:
     prev_done_ns = None
     for i, req in enumerate(chain):
         due_ns = t0_ns + int(req.arrival_s * 1e9)
@@ -165,7 +204,7 @@ def read_reference(path: Path) -> dict[str, tuple[tuple[int, ...], tuple[int, ..
         try:
             r = json.loads(line)
         except json.JSONDecodeError:
-            continue   # a torn last line
+            continue  # a torn last line
         if r.get("error") is None and r.get("tokens"):
             out[r["request_id"]] = (tuple(r["prompt"]), tuple(t[1] for t in sorted(r["tokens"])))
     return out
@@ -177,16 +216,24 @@ def run(args) -> int:
     measured = [r for r in requests if r.kind != "warmup"]
     rec = Recorder(Path(args.out), len(requests))
     stop = threading.Event()
-    with grpc.insecure_channel(args.router, options=[("grpc.max_receive_message_length", 64 << 20),
-                                                     ("grpc.max_send_message_length", 64 << 20)]) as ch:
+    with grpc.insecure_channel(
+        args.router, options=[("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+    ) as ch:
         reference = read_reference(Path(args.reference)) if args.reference else {}
         client = Client(ch, args.variant, args.handoff, args.request_timeout_s, rec, reference, args.mode)
         for r in warm:  # alone, before the clock starts: fills the caches with the shared system prompt
             client.send(r, time.monotonic_ns())
         t0 = time.monotonic_ns()
         print(f"start t0_ns={t0} requests={len(measured)}", flush=True)
-        threads = [threading.Thread(target=_run_chain, args=(client, c, t0, stop, args.issue_until_s), daemon=True,
-                                    name=f"chain-{c[0].session}") for c in chains(measured)]
+        threads = [
+            threading.Thread(
+                target=_run_chain,
+                args=(client, c, t0, stop, args.issue_until_s),
+                daemon=True,
+                name=f"chain-{c[0].session}",
+            )
+            for c in chains(measured)
+        ]
         for t in threads:
             t.start()
         try:

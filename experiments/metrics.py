@@ -15,6 +15,7 @@ serving), so a WAN transfer on the path (pd-cross, P->MD) is part of TTFT and
 PDD's fast path to the RLD is what keeps it low. `ttft_decode` is the first
 token a decode worker sampled itself (index 1).
 """
+
 from __future__ import annotations
 
 import math
@@ -74,12 +75,13 @@ def _hits(recs: list[RequestRecord]) -> dict:
     for b in bucket_names():
         inb = [r for r in recs if bucket_of(r.expected_hit) == b]
         measured = [r for r in drc if bucket_of(r.drc_hit) == b]
-        buckets[b] = {"requests": len(inb), "requests_by_drc_hit": len(measured),
-                      "ttft_p50_ms": percentile([r.ttft_ms for r in inb if r.ttft_ms is not None], 50)
-                      if inb else None,
-                      "ttft_decode_p50_ms": percentile([r.ttft_decode_ms for r in inb if r.ttft_decode_ms], 50)
-                      if inb else None,
-                      "wan_bytes_mean": mean([r.wan_bytes for r in inb]) if inb else None}
+        buckets[b] = {
+            "requests": len(inb),
+            "requests_by_drc_hit": len(measured),
+            "ttft_p50_ms": percentile([r.ttft_ms for r in inb if r.ttft_ms is not None], 50) if inb else None,
+            "ttft_decode_p50_ms": percentile([r.ttft_decode_ms for r in inb if r.ttft_decode_ms], 50) if inb else None,
+            "wan_bytes_mean": mean([r.wan_bytes for r in inb]) if inb else None,
+        }
     out = {"expected_mean": mean([r.expected_hit for r in recs]) if recs else None, "buckets": buckets}
     if drc:
         out["drc_mean"] = mean([r.drc_hit for r in drc])
@@ -90,12 +92,15 @@ def _hits(recs: list[RequestRecord]) -> dict:
 
 def _handoffs(recs: list[RequestRecord]) -> dict:
     h = [r.handoff for r in recs if r.handoff]
-    return {"count": len(h), "latency_ms": stats([x["duration_ms"] for x in h]),
-            "extend_ms": stats([x["extend_ms"] for x in h if x.get("extend_ms") is not None]),
-            "gap_ms": stats([x["gap_ms"] for x in h if x.get("gap_ms") is not None]),
-            "payload_bytes": stats([x["payload_bytes"] for x in h if x.get("payload_bytes") is not None]),
-            "tokens": stats([x["tokens"] for x in h if x.get("tokens") is not None]),
-            "modes": dict(Counter(x["mode"] for x in h))}
+    return {
+        "count": len(h),
+        "latency_ms": stats([x["duration_ms"] for x in h]),
+        "extend_ms": stats([x["extend_ms"] for x in h if x.get("extend_ms") is not None]),
+        "gap_ms": stats([x["gap_ms"] for x in h if x.get("gap_ms") is not None]),
+        "payload_bytes": stats([x["payload_bytes"] for x in h if x.get("payload_bytes") is not None]),
+        "tokens": stats([x["tokens"] for x in h if x.get("tokens") is not None]),
+        "modes": dict(Counter(x["mode"] for x in h)),
+    }
 
 
 def variant_summary(recs: list[RequestRecord], slo) -> dict:
@@ -107,17 +112,25 @@ def variant_summary(recs: list[RequestRecord], slo) -> dict:
     singular = [r for r in recs if r.route == "p-rld-singular"]
     issued = [r for r in recs if r.issued]
     return {
-        "requests": len(recs), "issued": len(issued), "not_issued": len(recs) - len(issued),
-        "completed": len(ok), "failed": len(issued) - len(ok),
+        "requests": len(recs),
+        "issued": len(issued),
+        "not_issued": len(recs) - len(issued),
+        "completed": len(ok),
+        "failed": len(issued) - len(ok),
         "prompt_from_reference": sum(r.prompt_source == "reference" for r in issued),
-        "duration_s": dur, "throughput_rps": len(ok) / dur if dur else 0.0,
+        "duration_s": dur,
+        "throughput_rps": len(ok) / dur if dur else 0.0,
         "output_tokens_per_s": out_tokens / dur if dur else 0.0,
-        "ttft_ms": stats([r.ttft_ms for r in ok]), "ttft_decode_ms": stats([r.ttft_decode_ms for r in ok]),
-        "tpot_ms": stats([r.tpot_ms for r in ok]), "itl_ms": stats([g for r in ok for g in itls(r)]),
+        "ttft_ms": stats([r.ttft_ms for r in ok]),
+        "ttft_decode_ms": stats([r.ttft_decode_ms for r in ok]),
+        "tpot_ms": stats([r.tpot_ms for r in ok]),
+        "itl_ms": stats([g for r in ok for g in itls(r)]),
         "decode_batch": stats([r.decode_batch for r in ok]),
         "e2e_ms": stats([r.e2e_ms for r in ok]),
-        "goodput_rps": len(good) / dur if dur else 0.0, "slo_attainment": len(good) / len(recs) if recs else 0.0,
-        "wan_bytes_total": sum(r.wan_bytes for r in recs), "wan_bytes_per_request": stats([r.wan_bytes for r in recs]),
+        "goodput_rps": len(good) / dur if dur else 0.0,
+        "slo_attainment": len(good) / len(recs) if recs else 0.0,
+        "wan_bytes_total": sum(r.wan_bytes for r in recs),
+        "wan_bytes_per_request": stats([r.wan_bytes for r in recs]),
         "wan_kv_bytes_total": sum(r.wan_kv_bytes for r in recs),
         "wan_handoff_bytes_total": sum(r.wan_handoff_bytes for r in recs),
         "fast_kv_bytes_total": sum(r.fast_kv_bytes for r in recs),
@@ -147,8 +160,13 @@ def compare_streams(records: list[RequestRecord], variants: list[str]) -> dict:
                 equal += 1
             else:
                 first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-                diverged.append({"request_id": rid, "index": first, "prompt_differs":
-                                 by[(ref, rid)].prompt_tokens != r.prompt_tokens or r.turn > 1})
+                diverged.append(
+                    {
+                        "request_id": rid,
+                        "index": first,
+                        "prompt_differs": by[(ref, rid)].prompt_tokens != r.prompt_tokens or r.turn > 1,
+                    }
+                )
         out["variants"][v] = {"equal": equal, "diverged": len(diverged), "divergences": diverged[:20]}
     return out
 
@@ -158,22 +176,37 @@ def wan_estimate_ms(tokens: float, kv_bytes_per_token: int, rate_mbit: float) ->
     return tokens * kv_bytes_per_token * 8 / (rate_mbit * 1e3)
 
 
-def summarize(records: list[RequestRecord], variants: list[str], slo, kv_bytes_per_token: int,
-              rate_mbit: float, pcap_bytes: dict | None = None) -> dict:
+def summarize(
+    records: list[RequestRecord],
+    variants: list[str],
+    slo,
+    kv_bytes_per_token: int,
+    rate_mbit: float,
+    pcap_bytes: dict | None = None,
+) -> dict:
     """The whole summary.json."""
     measured = [r for r in records if r.kind != "warmup"]
     per = {v: variant_summary([r for r in measured if r.variant == v], slo) for v in variants}
     for v, b in (pcap_bytes or {}).items():
         if v in per:
             per[v]["wan_bytes_pcap"] = b
-    uncached = [r.prompt_tokens - round(r.expected_hit * r.prompt_tokens) for r in measured
-                if r.variant == (variants[0] if variants else None)]
+    uncached = [
+        r.prompt_tokens - round(r.expected_hit * r.prompt_tokens)
+        for r in measured
+        if r.variant == (variants[0] if variants else None)
+    ]
     med = percentile(uncached, 50) if uncached else 0.0
-    return {"variants": per, "streams": compare_streams(measured, variants),
-            "reference": {"kv_bytes_per_token": kv_bytes_per_token, "wan_rate_mbit": rate_mbit,
-                          "median_uncached_tokens": med,
-                          "wan_estimate_ms_median_uncached": wan_estimate_ms(med, kv_bytes_per_token, rate_mbit)},
-            "slo": {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms, "e2e_ms": slo.e2e_ms}}
+    return {
+        "variants": per,
+        "streams": compare_streams(measured, variants),
+        "reference": {
+            "kv_bytes_per_token": kv_bytes_per_token,
+            "wan_rate_mbit": rate_mbit,
+            "median_uncached_tokens": med,
+            "wan_estimate_ms_median_uncached": wan_estimate_ms(med, kv_bytes_per_token, rate_mbit),
+        },
+        "slo": {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms, "e2e_ms": slo.e2e_ms},
+    }
 
 
 def _f(x, digits: int = 0) -> str:
@@ -205,26 +238,35 @@ def _done(s: dict) -> str:
 def markdown(summary: dict, meta: dict) -> str:
     """summary.md: the tables a reader looks at first."""
     per = summary["variants"]
-    lines = [f"# {meta.get('experiment', 'experiment')}: {meta.get('spec', {}).get('profile', '')}", "",
-             f"complete: {meta.get('complete')}; backend: {meta.get('topology', {}).get('backend')}; "
-             f"model: {meta.get('spec', {}).get('model')}; SLO: TTFT ≤ {summary['slo']['ttft_ms']:g} ms, "
-             f"TPOT ≤ {summary['slo']['tpot_ms']:g} ms", "",
-             "| variant | done | TTFT p50 / p90 / p99 ms | TTFT-decode p50 / p90 / p99 ms | TPOT p50 ms | "
-             "decode batch | ITL p99 ms | E2E p50 ms | goodput rps | WAN bytes (total / per req) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# {meta.get('experiment', 'experiment')}: {meta.get('spec', {}).get('profile', '')}",
+        "",
+        f"complete: {meta.get('complete')}; backend: {meta.get('topology', {}).get('backend')}; "
+        f"model: {meta.get('spec', {}).get('model')}; SLO: TTFT ≤ {summary['slo']['ttft_ms']:g} ms, "
+        f"TPOT ≤ {summary['slo']['tpot_ms']:g} ms",
+        "",
+        "| variant | done | TTFT p50 / p90 / p99 ms | TTFT-decode p50 / p90 / p99 ms | TPOT p50 ms | "
+        "decode batch | ITL p99 ms | E2E p50 ms | goodput rps | WAN bytes (total / per req) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for v, s in per.items():
         t, d = s["ttft_ms"], s["ttft_decode_ms"]
-        lines.append(f"| {v} | {_done(s)} | {_f(t.get('p50'))} / {_f(t.get('p90'))} / "
-                     f"{_f(t.get('p99'))} | {_f(d.get('p50'))} / {_f(d.get('p90'))} / {_f(d.get('p99'))} | "
-                     f"{_f(s['tpot_ms'].get('p50'), 1)} | {_f(s['decode_batch'].get('mean'), 1)} | "
-                     f"{_f(s['itl_ms'].get('p99'))} | {_f(s['e2e_ms'].get('p50'))} | "
-                     f"{_f(s['goodput_rps'], 3)} | {_mb(s['wan_bytes_total'])} / "
-                     f"{_mb(s['wan_bytes_per_request'].get('mean'))} |")
-    lines += ["", "done: completed / sent; '+N not sent': requests due past the spec's timeouts.issue_s (the "
-              "variant was too slow for its window); 'N on the reference reply': later turns whose previous "
-              "turn failed, sent with the colocated variant's reply in their prompt.",
-              "decode batch: mean size of the batched engine steps that decoded a request's tokens, over "
-              "requests (1 = decoded alone; a worker batches the steps of its concurrent sessions)."]
+        lines.append(
+            f"| {v} | {_done(s)} | {_f(t.get('p50'))} / {_f(t.get('p90'))} / "
+            f"{_f(t.get('p99'))} | {_f(d.get('p50'))} / {_f(d.get('p90'))} / {_f(d.get('p99'))} | "
+            f"{_f(s['tpot_ms'].get('p50'), 1)} | {_f(s['decode_batch'].get('mean'), 1)} | "
+            f"{_f(s['itl_ms'].get('p99'))} | {_f(s['e2e_ms'].get('p50'))} | "
+            f"{_f(s['goodput_rps'], 3)} | {_mb(s['wan_bytes_total'])} / "
+            f"{_mb(s['wan_bytes_per_request'].get('mean'))} |"
+        )
+    lines += [
+        "",
+        "done: completed / sent; '+N not sent': requests due past the spec's timeouts.issue_s (the "
+        "variant was too slow for its window); 'N on the reference reply': later turns whose previous "
+        "turn failed, sent with the colocated variant's reply in their prompt.",
+        "decode batch: mean size of the batched engine steps that decoded a request's tokens, over "
+        "requests (1 = decoded alone; a worker batches the steps of its concurrent sessions).",
+    ]
     lines += _warnings_section(summary.get("warnings") or [])
     lines += _kv_section(per)
     lines += _wan_bytes_section(per)
@@ -245,18 +287,27 @@ def _kv_section(per: dict) -> list[str]:
     rows = [(v, path, k) for v, s in per.items() for path, k in (s.get("kv_paths") or {}).items() if k["transfers"]]
     if not rows:
         return []
-    lines = ["", "## KV transfers by path", "",
-             "| variant | path | ok / failed / cancelled (retried) | time p50 / p90 / p99 / max ms | "
-             "retrans segs per MB | RTT p50 ms | cwnd p50 | congestion used (requested) |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "",
+        "## KV transfers by path",
+        "",
+        "| variant | path | ok / failed / cancelled (retried) | time p50 / p90 / p99 / max ms | "
+        "retrans segs per MB | RTT p50 ms | cwnd p50 | congestion used (requested) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for v, path, k in rows:
         t = k["time_ms"]
-        lines.append(f"| {v} | {path} | {k['ok']} / {k['failed']} / {k['cancelled']} ({k['retried']}) | "
-                     f"{_f(t.get('p50'))} / {_f(t.get('p90'))} / {_f(t.get('p99'))} / {_f(t.get('max'))} | "
-                     f"{_f(k['retrans_segs_per_mb'], 2)} | {_f(k['rtt_ms_p50'], 1)} | {_f(k['cwnd_p50'])} | "
-                     f"{', '.join(k['congestion_used']) or '–'} ({', '.join(k['congestion_requested']) or '–'}) |")
-    lines += ["", "time: kv_send_start to kv_send_end of completed transfers; RTT and cwnd: medians of the "
-              "connections' TCP_INFO samples (kv_tcp_info); – where the run did not record them."]
+        lines.append(
+            f"| {v} | {path} | {k['ok']} / {k['failed']} / {k['cancelled']} ({k['retried']}) | "
+            f"{_f(t.get('p50'))} / {_f(t.get('p90'))} / {_f(t.get('p99'))} / {_f(t.get('max'))} | "
+            f"{_f(k['retrans_segs_per_mb'], 2)} | {_f(k['rtt_ms_p50'], 1)} | {_f(k['cwnd_p50'])} | "
+            f"{', '.join(k['congestion_used']) or '–'} ({', '.join(k['congestion_requested']) or '–'}) |"
+        )
+    lines += [
+        "",
+        "time: kv_send_start to kv_send_end of completed transfers; RTT and cwnd: medians of the "
+        "connections' TCP_INFO samples (kv_tcp_info); – where the run did not record them.",
+    ]
     return lines
 
 
@@ -264,31 +315,49 @@ def _wan_bytes_section(per: dict) -> list[str]:
     rows = [(v, s["wan_bytes"]) for v, s in per.items() if s.get("wan_bytes")]
     if not rows:
         return []
-    lines = ["", "## WAN bytes three ways", "",
-             "| variant | on the wire (pcap A→B, all / KV flows) | delivered KV | wasted | resumed KV | "
-             "TCP retransmitted |", "|---|---|---|---|---|---|"]
+    lines = [
+        "",
+        "## WAN bytes three ways",
+        "",
+        "| variant | on the wire (pcap A→B, all / KV flows) | delivered KV | wasted | resumed KV | TCP retransmitted |",
+        "|---|---|---|---|---|---|",
+    ]
     for v, b in rows:
-        lines.append(f"| {v} | {_mb(b['on_wire_pcap'])} / {_mb(b['on_wire_kv_pcap'])} | {_mb(b['delivered'])} | "
-                     f"{_mb(b['wasted'])} | {_mb(b['resumed'])} | {_mb(b['bytes_retrans'])} |")
-    lines += ["", "On the wire: what the capture at gwb saw arrive from A in the variant's window (headers and "
-              "TCP retransmissions included). Delivered: KV of completed transfers (kv_send_end). Wasted: every "
-              "byte of failed and cancelled transfers plus what earlier attempts of retried transfers sent "
-              "(wire_bytes − kv_bytes). Resumed: KV a retry did not resend because the receiver held it. "
-              "Paths wan (P→MD) and handoff (RLD→MD KV)."]
+        lines.append(
+            f"| {v} | {_mb(b['on_wire_pcap'])} / {_mb(b['on_wire_kv_pcap'])} | {_mb(b['delivered'])} | "
+            f"{_mb(b['wasted'])} | {_mb(b['resumed'])} | {_mb(b['bytes_retrans'])} |"
+        )
+    lines += [
+        "",
+        "On the wire: what the capture at gwb saw arrive from A in the variant's window (headers and "
+        "TCP retransmissions included). Delivered: KV of completed transfers (kv_send_end). Wasted: every "
+        "byte of failed and cancelled transfers plus what earlier attempts of retried transfers sent "
+        "(wire_bytes − kv_bytes). Resumed: KV a retry did not resend because the receiver held it. "
+        "Paths wan (P→MD) and handoff (RLD→MD KV).",
+    ]
     return lines
 
 
 def _fallback_section(per: dict) -> list[str]:
     causes = sorted({c for s in per.values() for c in s["fallbacks"]})
-    lines = ["", "## Fallbacks by cause, and what the RLD took on", "",
-             "| variant | " + " | ".join(causes) + (" | " if causes else "") +
-             "RLD token share | RLD sessions | RLD open at once: mean / max |",
-             "|---|" + "---|" * (len(causes) + 3)]
+    lines = [
+        "",
+        "## Fallbacks by cause, and what the RLD took on",
+        "",
+        "| variant | "
+        + " | ".join(causes)
+        + (" | " if causes else "")
+        + "RLD token share | RLD sessions | RLD open at once: mean / max |",
+        "|---|" + "---|" * (len(causes) + 3),
+    ]
     for v, s in per.items():
         occ = s.get("rld_occupancy") or {}
-        lines.append(f"| {v} | " + "".join(f"{s['fallbacks'].get(c, 0)} | " for c in causes) +
-                     f"{_f(100 * s['rld_token_share'], 1)}% | {occ.get('sessions', '–')} | "
-                     f"{_f(occ.get('mean'), 2)} / {occ.get('max', '–')} |")
+        lines.append(
+            f"| {v} | "
+            + "".join(f"{s['fallbacks'].get(c, 0)} | " for c in causes)
+            + f"{_f(100 * s['rld_token_share'], 1)}% | {occ.get('sessions', '–')} | "
+            f"{_f(occ.get('mean'), 2)} / {occ.get('max', '–')} |"
+        )
     return lines
 
 
@@ -296,32 +365,48 @@ def _pdd_section(p: dict | None, summary: dict) -> list[str]:
     if not p:
         return []
     h, hr = p["handoff"], p["hit_rate"]
-    return ["", "## PDD", "",
-            f"- routes: {p['routes']}",
-            f"- DRC hit: mean {_f(100 * hr.get('drc_mean', math.nan), 1)}%, token-weighted "
-            f"{_f(100 * hr.get('drc_token_weighted', math.nan), 1)}%, above 95%: "
-            f"{_f(100 * hr.get('drc_share_above_95', math.nan), 0)}% of requests",
-            f"- RLD token share: {_f(100 * p['rld_token_share'], 1)}% (MD {_f(100 * p['md_token_share'], 1)}%)",
-            f"- handoffs: {h['count']} ({h['modes']}); latency mean {_f(h['latency_ms'].get('mean'), 1)} ms, "
-            f"max {_f(h['latency_ms'].get('max'), 1)} ms; payload mean {_f(h['payload_bytes'].get('mean'))} B; "
-            f"extend mean {_f(h['extend_ms'].get('mean'), 1)} ms; largest gap around it p50 "
-            f"{_f(h['gap_ms'].get('p50'))} ms, max {_f(h['gap_ms'].get('max'))} ms",
-            f"- singular requests: {p['singular']['count']}, WAN bytes saved {_mb(p['singular']['kv_bytes_saved'])}",
-            f"- fallbacks: {p['fallbacks'] or 'none'}",
-            f"- median uncached suffix {_f(summary['reference']['median_uncached_tokens'])} tokens = "
-            f"{_f(summary['reference']['wan_estimate_ms_median_uncached'], 1)} ms on the WAN at "
-            f"{summary['reference']['wan_rate_mbit']:g} Mbit/s"]
+    return [
+        "",
+        "## PDD",
+        "",
+        f"- routes: {p['routes']}",
+        f"- DRC hit: mean {_f(100 * hr.get('drc_mean', math.nan), 1)}%, token-weighted "
+        f"{_f(100 * hr.get('drc_token_weighted', math.nan), 1)}%, above 95%: "
+        f"{_f(100 * hr.get('drc_share_above_95', math.nan), 0)}% of requests",
+        f"- RLD token share: {_f(100 * p['rld_token_share'], 1)}% (MD {_f(100 * p['md_token_share'], 1)}%)",
+        f"- handoffs: {h['count']} ({h['modes']}); latency mean {_f(h['latency_ms'].get('mean'), 1)} ms, "
+        f"max {_f(h['latency_ms'].get('max'), 1)} ms; payload mean {_f(h['payload_bytes'].get('mean'))} B; "
+        f"extend mean {_f(h['extend_ms'].get('mean'), 1)} ms; largest gap around it p50 "
+        f"{_f(h['gap_ms'].get('p50'))} ms, max {_f(h['gap_ms'].get('max'))} ms",
+        f"- singular requests: {p['singular']['count']}, WAN bytes saved {_mb(p['singular']['kv_bytes_saved'])}",
+        f"- fallbacks: {p['fallbacks'] or 'none'}",
+        f"- median uncached suffix {_f(summary['reference']['median_uncached_tokens'])} tokens = "
+        f"{_f(summary['reference']['wan_estimate_ms_median_uncached'], 1)} ms on the WAN at "
+        f"{summary['reference']['wan_rate_mbit']:g} Mbit/s",
+    ]
 
 
 def _bucket_section(per: dict) -> list[str]:
     names = bucket_names()
-    lines = ["", "## By expected hit-rate bucket (%): requests, TTFT p50 ms, mean WAN KB per request", "",
-             "| variant | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    lines = [
+        "",
+        "## By expected hit-rate bucket (%): requests, TTFT p50 ms, mean WAN KB per request",
+        "",
+        "| variant | " + " | ".join(names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
     for v, s in per.items():
         b = s["hit_rate"]["buckets"]
-        lines.append(f"| {v} | " + " | ".join(
-            f"{b[n]['requests']}: {_f(b[n]['ttft_p50_ms'])} ms, {_f((b[n]['wan_bytes_mean'] or 0) / 1e3)} KB"
-            if b[n]["requests"] else "0" for n in names) + " |")
+        lines.append(
+            f"| {v} | "
+            + " | ".join(
+                f"{b[n]['requests']}: {_f(b[n]['ttft_p50_ms'])} ms, {_f((b[n]['wan_bytes_mean'] or 0) / 1e3)} KB"
+                if b[n]["requests"]
+                else "0"
+                for n in names
+            )
+            + " |"
+        )
     return lines
 
 
@@ -330,16 +415,24 @@ def _streams_section(streams: dict) -> list[str]:
     for v, s in streams["variants"].items():
         line = f"- {v}: {s['equal']} equal, {s['diverged']} diverged"
         if s["diverged"]:
-            verdicts = [f"{s[k]} {k.replace('_', ' ')}" for k in ("near_ties", "unexplained", "prompt_differs",
-                                                                 "unjudged") if s.get(k)]
-            first = ", ".join(f"{d['request_id']}@{d['index']}"
-                              + (f" margin {d['margin']:.1e}" if d.get("margin") is not None else "")
-                              for d in s["divergences"][:3])
+            verdicts = [
+                f"{s[k]} {k.replace('_', ' ')}"
+                for k in ("near_ties", "unexplained", "prompt_differs", "unjudged")
+                if s.get(k)
+            ]
+            first = ", ".join(
+                f"{d['request_id']}@{d['index']}"
+                + (f" margin {d['margin']:.1e}" if d.get("margin") is not None else "")
+                for d in s["divergences"][:3]
+            )
             line += f" ({', '.join(verdicts) or 'not judged'}; first: {first})"
         lines.append(line)
     lines.append("")
     from workers.sampling import TIE_MARGIN
-    lines.append("A divergence is a near tie when the reference model's top-2 logit margin at the first differing "
-                 f"token is below {TIE_MARGIN:g}: there float rounding alone may flip a greedy choice. 'prompt differs': "
-                 "an earlier turn of the session diverged, so the requests were not the same.")
+
+    lines.append(
+        "A divergence is a near tie when the reference model's top-2 logit margin at the first differing "
+        f"token is below {TIE_MARGIN:g}: there float rounding alone may flip a greedy choice. 'prompt differs': "
+        "an earlier turn of the session diverged, so the requests were not the same."
+    )
     return lines

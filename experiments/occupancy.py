@@ -11,9 +11,10 @@ a session still open when the events end is closed at the window's end. The
 window is the variant's [t_ready_ns, t_end_ns] from metadata.json where
 present, else first to last RLD event.
 """
+
 from __future__ import annotations
 
-RLD_PREFIX = "rld"   # worker names rld1, rld2, ... (topology.naming)
+RLD_PREFIX = "rld"  # worker names rld1, rld2, ... (topology.naming)
 
 
 def rld_steps(events: list[dict]) -> list[tuple[int, int]]:
@@ -57,5 +58,8 @@ def rld_occupancy(events: list[dict], window: dict | None = None) -> dict:
         area += prev_n * (t - prev_t)
         prev_t, prev_n = t, n
     area += prev_n * max(0, t1 - prev_t)
-    return {"sessions": sum(1 for _, d in steps if d > 0),
-            "mean": area / (t1 - t0) if t1 > t0 else 0.0, "max": max(n for _, n in pts)}
+    return {
+        "sessions": sum(1 for _, d in steps if d > 0),
+        "mean": area / (t1 - t0) if t1 > t0 else 0.0,
+        "max": max(n for _, n in pts),
+    }

@@ -8,6 +8,7 @@ over time. Frames are counted by their original length, so a
 headers-only capture (snaplen 128) still counts every byte on the wire.
 Not responsible for: capturing (topology.capture) or plotting.
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -15,8 +16,12 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-MAGIC = {b"\xd4\xc3\xb2\xa1": ("<", 1e-6), b"\xa1\xb2\xc3\xd4": (">", 1e-6),
-         b"\x4d\x3c\xb2\xa1": ("<", 1e-9), b"\xa1\xb2\x3c\x4d": (">", 1e-9)}
+MAGIC = {
+    b"\xd4\xc3\xb2\xa1": ("<", 1e-6),
+    b"\xa1\xb2\xc3\xd4": (">", 1e-6),
+    b"\x4d\x3c\xb2\xa1": ("<", 1e-9),
+    b"\xa1\xb2\x3c\x4d": (">", 1e-9),
+}
 LINKTYPE_ETHERNET = 1
 ETH_IPV4 = 0x0800
 
@@ -28,6 +33,7 @@ class PcapError(ValueError):
 @dataclass(frozen=True)
 class Frame:
     """t_s: capture time (Unix s); wire_bytes: original frame length; direction: a_to_b | b_to_a | other"""
+
     t_s: float
     wire_bytes: int
     direction: str
@@ -49,13 +55,13 @@ def read_frames(path: Path) -> list[Frame]:
         body_at = off + size
         if body_at + incl > len(data):
             break
-        frames.append(Frame(sec + frac * unit, orig, _direction_of(data[body_at:body_at + 30])))
+        frames.append(Frame(sec + frac * unit, orig, _direction_of(data[body_at : body_at + 30])))
         off = body_at + incl
     return frames
 
 
-_A_PREFIX = bytes([10, 1, 0])       # cluster A's /24 (topology.naming.SUBNET_A)
-_GWA_WAN = bytes([10, 0, 0, 1])     # gwa's WAN address (topology.naming.WAN_A_IP)
+_A_PREFIX = bytes([10, 1, 0])  # cluster A's /24 (topology.naming.SUBNET_A)
+_GWA_WAN = bytes([10, 0, 0, 1])  # gwa's WAN address (topology.naming.WAN_A_IP)
 
 
 def _direction_of(head: bytes) -> str:
@@ -84,7 +90,9 @@ def delivered(frames_a: list[Frame], frames_b: list[Frame]) -> list[Frame]:
     return sorted(out, key=lambda f: f.t_s)
 
 
-def throughput(frames: list[Frame], bin_s: float = 0.25, t0: float | None = None) -> dict[str, list[tuple[float, float]]]:
+def throughput(
+    frames: list[Frame], bin_s: float = 0.25, t0: float | None = None
+) -> dict[str, list[tuple[float, float]]]:
     """direction -> [(bin start from t0 (s), Mbit/s)], bins without traffic included as 0."""
     if not frames:
         return {}

@@ -13,6 +13,7 @@ Responsible for: drawing, one function per plot:
     handoff_gaps.png    inter-token gaps around the RLD->MD handoff
 Not responsible for: the numbers (experiments.metrics) or reading raw logs.
 """
+
 from __future__ import annotations
 
 import logging
@@ -33,13 +34,22 @@ from workers.roles.routing import Route  # noqa: E402
 log = logging.getLogger(__name__)
 PLOTS = ("ttft_cdf.png", "timeline.png", "wan_throughput.png", "tcp_wan.png", "hit_buckets.png", "handoff_gaps.png")
 COLORS = {"colocated": "tab:gray", "pd-intra": "tab:green", "pd-cross": "tab:red", "pdd": "tab:blue"}
-PHASES = (("prefill", "tab:orange"), ("fast_kv", "tab:green"), ("wan_kv", "tab:red"),
-          ("rld_decode", "tab:cyan"), ("handoff", "black"), ("md_decode", "tab:blue"))
-GAP_SPAN = 6   # tokens each side of the handoff in handoff_gaps.png
+PHASES = (
+    ("prefill", "tab:orange"),
+    ("fast_kv", "tab:green"),
+    ("wan_kv", "tab:red"),
+    ("rld_decode", "tab:cyan"),
+    ("handoff", "black"),
+    ("md_decode", "tab:blue"),
+)
+GAP_SPAN = 6  # tokens each side of the handoff in handoff_gaps.png
 CHANGE_COLOR, CROSS_COLOR = "tab:purple", "tab:olive"
-CLASS_STYLE = {"kv": ("A→B KV", "tab:red"), "cross": ("A→B cross traffic", CROSS_COLOR),
-               "other": ("A→B other (gRPC, ...)", "tab:gray")}
-TCP_PATHS = {"wan": "o", "handoff": "x"}   # kv_tcp_info paths that cross the WAN, and their markers
+CLASS_STYLE = {
+    "kv": ("A→B KV", "tab:red"),
+    "cross": ("A→B cross traffic", CROSS_COLOR),
+    "other": ("A→B other (gRPC, ...)", "tab:gray"),
+}
+TCP_PATHS = {"wan": "o", "handoff": "x"}  # kv_tcp_info paths that cross the WAN, and their markers
 
 
 def _save(fig, path: Path) -> None:
@@ -54,13 +64,14 @@ def _empty(ax, text: str) -> None:
 
 def ttft_cdf(recs: list[RequestRecord], variants: list[str], path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
-    for ax, attr, title in ((axes[0], "ttft_ms", "TTFT (first token at the client)"),
-                            (axes[1], "ttft_decode_ms", "TTFT-decode (first decode-side token)")):
+    for ax, attr, title in (
+        (axes[0], "ttft_ms", "TTFT (first token at the client)"),
+        (axes[1], "ttft_decode_ms", "TTFT-decode (first decode-side token)"),
+    ):
         for v in variants:
             xs = sorted(getattr(r, attr) for r in recs if r.variant == v and r.ok and getattr(r, attr) is not None)
             if xs:
-                ax.step(xs, [(i + 1) / len(xs) for i in range(len(xs))], where="post", label=v,
-                        color=COLORS.get(v))
+                ax.step(xs, [(i + 1) / len(xs) for i in range(len(xs))], where="post", label=v, color=COLORS.get(v))
         ax.set_xscale("log")
         ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}"))
@@ -76,8 +87,12 @@ def _timeline_picks(recs: list[RequestRecord], n: int = 4) -> list[str]:
     """A few pdd requests with different stories: lowest hit, a handoff, a direct P->MD, a singular."""
     pdd = [r for r in recs if r.variant == "pdd" and r.ok]
     picks = []
-    for pred in (lambda r: r.route == Route.P_RLD_MD and r.expected_hit < 0.9, lambda r: r.route == Route.P_RLD_MD,
-                 lambda r: r.route == Route.P_MD, lambda r: r.route == Route.P_RLD_SINGULAR):
+    for pred in (
+        lambda r: r.route == Route.P_RLD_MD and r.expected_hit < 0.9,
+        lambda r: r.route == Route.P_RLD_MD,
+        lambda r: r.route == Route.P_MD,
+        lambda r: r.route == Route.P_RLD_SINGULAR,
+    ):
         cand = [r for r in pdd if pred(r) and r.request_id not in picks]
         if cand:
             picks.append(min(cand, key=lambda r: r.expected_hit).request_id)
@@ -110,8 +125,14 @@ def timeline(recs: list[RequestRecord], path: Path, changes: list | None = None)
             if span:
                 h = 0.25 if phase in ("fast_kv", "wan_kv", "handoff") else 0.5
                 off = {"fast_kv": -0.3, "wan_kv": 0.3}.get(phase, 0)
-                ax.barh(y + off, max(span[1] - span[0], 1.0), left=span[0], height=h, color=color,
-                        label=phase if y == 0 or phase not in ax.get_legend_handles_labels()[1] else None)
+                ax.barh(
+                    y + off,
+                    max(span[1] - span[0], 1.0),
+                    left=span[0],
+                    height=h,
+                    color=color,
+                    label=phase if y == 0 or phase not in ax.get_legend_handles_labels()[1] else None,
+                )
         if r.ttft_ms is not None:
             ax.plot([r.ttft_ms], [y], marker="|", color="k", markersize=14)
         _row_changes(ax, r, y, changes)
@@ -129,20 +150,30 @@ def _decorate(ax, rm: RunMeta) -> None:
     t0 = rm.origin_s
     for v, w in rm.windows.items():
         if "wall_start" in w:
-            ax.axvspan(w["wall_start"] - t0, w.get("wall_end", w["wall_start"]) - t0, alpha=0.08,
-                       color=COLORS.get(v, "gray"))
+            ax.axvspan(
+                w["wall_start"] - t0, w.get("wall_end", w["wall_start"]) - t0, alpha=0.08, color=COLORS.get(v, "gray")
+            )
             ax.text(w["wall_start"] - t0, 0.97, v, fontsize=8, va="top", transform=ax.get_xaxis_transform())
     for c in rm.link_changes:
         x = rm.change_s(c)
         if x is not None:
             ax.axvline(x, color=CHANGE_COLOR, lw=1, ls=":", label="link change")
-            ax.text(x, 0.03, f" {c.direction}: {_params(c.params)}", rotation=90, fontsize=6, color=CHANGE_COLOR,
-                    transform=ax.get_xaxis_transform(), va="bottom")
+            ax.text(
+                x,
+                0.03,
+                f" {c.direction}: {_params(c.params)}",
+                rotation=90,
+                fontsize=6,
+                color=CHANGE_COLOR,
+                transform=ax.get_xaxis_transform(),
+                va="bottom",
+            )
     for x in rm.cross_traffic:
         a, b = rm.axis_s(x.variant, x.start_ns), rm.axis_s(x.variant, x.end_ns)
         if a is not None and b is not None:
-            ax.axvspan(a, b, fill=False, hatch="//", edgecolor=CROSS_COLOR, lw=0, alpha=0.5,
-                       label=f"cross traffic ({x.kind})")
+            ax.axvspan(
+                a, b, fill=False, hatch="//", edgecolor=CROSS_COLOR, lw=0, alpha=0.5, label=f"cross traffic ({x.kind})"
+            )
 
 
 def _params(params: dict) -> str:
@@ -157,8 +188,9 @@ def _legend(ax, **kw) -> None:
         ax.legend(uniq.values(), uniq.keys(), **kw)
 
 
-def wan_throughput(frames: list[pcap.Frame], meta: dict, path: Path, rm: RunMeta | None = None,
-                   wan: flows.WanFlows | None = None) -> None:
+def wan_throughput(
+    frames: list[pcap.Frame], meta: dict, path: Path, rm: RunMeta | None = None, wan: flows.WanFlows | None = None
+) -> None:
     rm = rm or RunMeta(windows=meta.get("variants", {}))
     fig, ax = plt.subplots(figsize=(11, 4))
     if not frames:
@@ -170,8 +202,7 @@ def wan_throughput(frames: list[pcap.Frame], meta: dict, path: Path, rm: RunMeta
         ax.plot([p[0] for p in series], [p[1] for p in series], label=label, color=color, lw=1)
     for d, series in pcap.throughput(frames, 0.25, t0).items():
         if d != "other" and series and not (classes and d == "a_to_b"):
-            ax.plot([p[0] for p in series], [p[1] for p in series], label={"a_to_b": "A→B", "b_to_a": "B→A"}[d],
-                    lw=1)
+            ax.plot([p[0] for p in series], [p[1] for p in series], label={"a_to_b": "A→B", "b_to_a": "B→A"}[d], lw=1)
     if frames and rm.origin_s is not None:
         _decorate(ax, rm)
     rate = meta.get("topology", {}).get("wan_profile", {}).get("a_to_b", {}).get("rate_mbit")
@@ -198,12 +229,21 @@ def _tcp_points(events: list[dict], rm: RunMeta) -> list[tuple[str, str, float, 
 def tcp_wan(events: list[dict], rm: RunMeta, path: Path) -> None:
     fig, axes = plt.subplots(2, 1, figsize=(11, 6), sharex=True)
     pts = _tcp_points(events, rm)
-    for ax, key, scale, ylabel in ((axes[0], "rtt_us", 1e-3, "smoothed RTT (ms)"),
-                                   (axes[1], "snd_cwnd", 1, "cwnd (segments)")):
-        for (v, p) in sorted({(v, p) for v, p, _, _ in pts}, key=str):
+    for ax, key, scale, ylabel in (
+        (axes[0], "rtt_us", 1e-3, "smoothed RTT (ms)"),
+        (axes[1], "snd_cwnd", 1, "cwnd (segments)"),
+    ):
+        for v, p in sorted({(v, p) for v, p, _, _ in pts}, key=str):
             mine = [(x, e[key] * scale) for vv, pp, x, e in pts if (vv, pp) == (v, p) and e.get(key) is not None]
-            ax.scatter([m[0] for m in mine], [m[1] for m in mine], s=6, marker=TCP_PATHS[p],
-                       color=COLORS.get(v, "gray"), alpha=0.6, label=f"{v} {p}")
+            ax.scatter(
+                [m[0] for m in mine],
+                [m[1] for m in mine],
+                s=6,
+                marker=TCP_PATHS[p],
+                color=COLORS.get(v, "gray"),
+                alpha=0.6,
+                label=f"{v} {p}",
+            )
         if pts and rm.origin_s is not None:
             _decorate(ax, rm)
         ax.set_ylabel(ylabel)
@@ -242,8 +282,10 @@ def handoff_gaps(recs: list[RequestRecord], path: Path) -> None:
         if r.variant != "pdd" or not r.handoff or r.handoff.get("switch_index") is None:
             continue
         s = r.handoff["switch_index"]
-        pts = [(i - s, r.token_ms[i] - r.token_ms[i - 1]) for i in range(max(1, s - GAP_SPAN),
-                                                                         min(len(r.token_ms), s + GAP_SPAN + 1))]
+        pts = [
+            (i - s, r.token_ms[i] - r.token_ms[i - 1])
+            for i in range(max(1, s - GAP_SPAN), min(len(r.token_ms), s + GAP_SPAN + 1))
+        ]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], color="tab:blue", alpha=0.2, lw=0.8)
         for o, g in pts:
             per_offset.setdefault(o, []).append(g)
@@ -262,9 +304,16 @@ def handoff_gaps(recs: list[RequestRecord], path: Path) -> None:
     _save(fig, path)
 
 
-def draw_all(run_dir: Path, recs: list[RequestRecord], variants: list[str], meta: dict,
-             frames: list[pcap.Frame], events: list[dict] | None = None, rm: RunMeta | None = None,
-             wan: flows.WanFlows | None = None) -> list[Path]:
+def draw_all(
+    run_dir: Path,
+    recs: list[RequestRecord],
+    variants: list[str],
+    meta: dict,
+    frames: list[pcap.Frame],
+    events: list[dict] | None = None,
+    rm: RunMeta | None = None,
+    wan: flows.WanFlows | None = None,
+) -> list[Path]:
     """Every plot into run_dir/plots; returns their paths."""
     out = run_dir / "plots"
     out.mkdir(exist_ok=True)

@@ -10,6 +10,7 @@ Not responsible for: statistics across requests (experiments.metrics).
 Times: every t_ns is time.monotonic_ns() (shared by all namespaces of the
 host); per-request times are ms relative to the client's send.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,16 +20,27 @@ from pathlib import Path
 
 from experiments.workload import WorkloadRequest, read as read_workload
 
-FALLBACK_EVENTS = ("completed_on_rld", "kv_timeout", "handoff_failed", "relay_lost", "source_failed",
-                   "kv_send_failed", "handoff_diverged", "failed", "route_fallback", "kv_send_retry")
-REASON_KEYED = ("completed_on_rld", "route_fallback")   # their cause is `event:reason` (see fallback_cause)
-CAUSE_REASON_CHARS = 40   # a free-text reason (an error message) is cut to its first clause and this length
-HANDOFF_GAP_WINDOW = 3   # tokens on each side of the RLD->MD switch searched for the largest gap
+FALLBACK_EVENTS = (
+    "completed_on_rld",
+    "kv_timeout",
+    "handoff_failed",
+    "relay_lost",
+    "source_failed",
+    "kv_send_failed",
+    "handoff_diverged",
+    "failed",
+    "route_fallback",
+    "kv_send_retry",
+)
+REASON_KEYED = ("completed_on_rld", "route_fallback")  # their cause is `event:reason` (see fallback_cause)
+CAUSE_REASON_CHARS = 40  # a free-text reason (an error message) is cut to its first clause and this length
+HANDOFF_GAP_WINDOW = 3  # tokens on each side of the RLD->MD switch searched for the largest gap
 
 
 @dataclass
 class RequestRecord:
     """One request in one variant (see the module docstring for times and units)."""
+
     variant: str
     request_id: str
     session: str
@@ -40,33 +52,33 @@ class RequestRecord:
     max_tokens: int
     output_tokens: int
     route: str | None
-    expected_hit: float              # workload's expected DRC hit (same in every variant)
-    drc_hit: float | None            # the MD's measured hit (pdd only; None where the DRC is not used)
+    expected_hit: float  # workload's expected DRC hit (same in every variant)
+    drc_hit: float | None  # the MD's measured hit (pdd only; None where the DRC is not used)
     md_cached_tokens: int
     token_ids: list[int]
-    token_ms: list[float]            # client receipt of each token, from send (ms)
+    token_ms: list[float]  # client receipt of each token, from send (ms)
     token_workers: list[str]
     t_send_ns: int
     t_done_ns: int
-    ttft_ms: float | None            # first token at the client
-    ttft_decode_ms: float | None     # first token produced by a decode worker (index 1): includes the KV transfer
+    ttft_ms: float | None  # first token at the client
+    ttft_decode_ms: float | None  # first token produced by a decode worker (index 1): includes the KV transfer
     tpot_ms: float | None
     e2e_ms: float | None
-    fast_kv_bytes: int = 0           # P->RLD prompt KV (wire bytes)
-    wan_kv_bytes: int = 0            # P->MD prompt KV (wire bytes)
-    wan_handoff_bytes: int = 0       # RLD->MD handoff payload (token IDs, or KV in `kv` mode)
-    wan_bytes: int = 0               # everything this request sent across the WAN (KV + handoff)
-    kv_bytes_saved: int = 0          # singular: WAN transfer blocked
+    fast_kv_bytes: int = 0  # P->RLD prompt KV (wire bytes)
+    wan_kv_bytes: int = 0  # P->MD prompt KV (wire bytes)
+    wan_handoff_bytes: int = 0  # RLD->MD handoff payload (token IDs, or KV in `kv` mode)
+    wan_bytes: int = 0  # everything this request sent across the WAN (KV + handoff)
+    kv_bytes_saved: int = 0  # singular: WAN transfer blocked
     rld_tokens: int = 0
     md_tokens: int = 0
     p_tokens: int = 0
     decode_batch: float | None = None  # mean batch of the decode steps that made its tokens (step-weighted)
-    handoff: dict | None = None      # mode, tokens, payload_bytes, duration_ms, extend_ms, switch_index, gap_ms
+    handoff: dict | None = None  # mode, tokens, payload_bytes, duration_ms, extend_ms, switch_index, gap_ms
     fallbacks: list[str] = field(default_factory=list)
-    spans: dict = field(default_factory=dict)   # timeline phases: name -> [start_ms, end_ms] from send
-    mode: str = ""                   # the serving mode (= variant, unless the spec's variant_defs names it)
-    issued: bool = True              # False: never sent (past the variant's timeouts.issue_s)
-    prompt_source: str = ""          # workload | previous | reference (a failed turn's reply from colocated)
+    spans: dict = field(default_factory=dict)  # timeline phases: name -> [start_ms, end_ms] from send
+    mode: str = ""  # the serving mode (= variant, unless the spec's variant_defs names it)
+    issued: bool = True  # False: never sent (past the variant's timeouts.issue_s)
+    prompt_source: str = ""  # workload | previous | reference (a failed turn's reply from colocated)
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -97,8 +109,10 @@ def _ms(t_ns: int, t0_ns: int) -> float:
 
 def _span(evs: list[dict], start: str, end: str, t0: int, **match) -> list[float] | None:
     """[start_ms, end_ms] of the first start event and the last end event matching the fields."""
+
     def ok(e):
         return all(e.get(k) == v for k, v in match.items())
+
     s = [e["t_ns"] for e in evs if e["event"] == start and ok(e)]
     f = [e["t_ns"] for e in evs if e["event"] == end and ok(e)]
     return [_ms(min(s), t0), _ms(max(f), t0)] if s and f else None
@@ -132,17 +146,25 @@ def _handoff(evs: list[dict], rec: RequestRecord, t0: int) -> None:
         lo, hi = max(0, switch - 1 - HANDOFF_GAP_WINDOW), min(len(gaps), switch + HANDOFF_GAP_WINDOW)
         gap = max(gaps[lo:hi]) if hi > lo else None
     extends = [x.get("extend_ns", 0) for x in evs if x["event"] == "handoff_recv_end"]
-    rec.handoff = {"mode": e.get("mode"), "tokens": e.get("tokens"), "payload_bytes": e.get("payload_bytes"),
-                   "duration_ms": e.get("duration_ns", 0) / 1e6, "extend_ms": (extends[-1] / 1e6) if extends else None,
-                   "chunks": sum(1 for x in evs if x["event"] == "handoff_end"), "switch_index": switch,
-                   "gap_ms": gap}
+    rec.handoff = {
+        "mode": e.get("mode"),
+        "tokens": e.get("tokens"),
+        "payload_bytes": e.get("payload_bytes"),
+        "duration_ms": e.get("duration_ns", 0) / 1e6,
+        "extend_ms": (extends[-1] / 1e6) if extends else None,
+        "chunks": sum(1 for x in evs if x["event"] == "handoff_end"),
+        "switch_index": switch,
+        "gap_ms": gap,
+    }
 
 
 def _spans(evs: list[dict], rec: RequestRecord, t0: int) -> None:
-    s = {"prefill": _span(evs, "prefill_arrival", "prefill_done", t0),
-         "fast_kv": _span(evs, "kv_send_start", "kv_send_end", t0, path="fast"),
-         "wan_kv": _span(evs, "kv_send_start", "kv_send_end", t0, path="wan"),
-         "handoff": _span(evs, "handoff_start", "handoff_end", t0)}
+    s = {
+        "prefill": _span(evs, "prefill_arrival", "prefill_done", t0),
+        "fast_kv": _span(evs, "kv_send_start", "kv_send_end", t0, path="fast"),
+        "wan_kv": _span(evs, "kv_send_start", "kv_send_end", t0, path="wan"),
+        "handoff": _span(evs, "handoff_start", "handoff_end", t0),
+    }
     for who, name in (("rld", "rld_decode"), ("md", "md_decode")):
         idx = [i for i, w in enumerate(rec.token_workers) if w.startswith(who)]
         if idx:
@@ -168,20 +190,35 @@ def build_record(raw: dict, wreq: WorkloadRequest | None, evs: list[dict]) -> Re
     route = done.get("route") or route_ev.get("route")
     cached = done.get("md_cached_tokens", route_ev.get("md_cached_tokens", 0)) or 0
     n_out = len(toks)
-    mode = raw.get("mode") or raw["variant"]   # a variant of variant_defs runs a mode of another name
+    mode = raw.get("mode") or raw["variant"]  # a variant of variant_defs runs a mode of another name
     rec = RequestRecord(
-        variant=raw["variant"], request_id=raw["request_id"], session=raw["session"], turn=raw["turn"],
-        kind=raw["kind"], ok=raw["error"] is None and n_out == raw["max_tokens"], error=raw["error"],
-        prompt_tokens=raw["prompt_tokens"], max_tokens=raw["max_tokens"], output_tokens=n_out, route=route,
+        variant=raw["variant"],
+        request_id=raw["request_id"],
+        session=raw["session"],
+        turn=raw["turn"],
+        kind=raw["kind"],
+        ok=raw["error"] is None and n_out == raw["max_tokens"],
+        error=raw["error"],
+        prompt_tokens=raw["prompt_tokens"],
+        max_tokens=raw["max_tokens"],
+        output_tokens=n_out,
+        route=route,
         expected_hit=wreq.expected_hit if wreq else 0.0,
-        drc_hit=(cached / raw["prompt_tokens"]) if mode == "pdd" and raw["prompt_tokens"] else None, mode=mode,
-        md_cached_tokens=cached, token_ids=[t[1] for t in toks], token_ms=token_ms,
-        token_workers=[t[2] for t in toks], t_send_ns=t0, t_done_ns=raw.get("t_done_ns", t0),
+        drc_hit=(cached / raw["prompt_tokens"]) if mode == "pdd" and raw["prompt_tokens"] else None,
+        mode=mode,
+        md_cached_tokens=cached,
+        token_ids=[t[1] for t in toks],
+        token_ms=token_ms,
+        token_workers=[t[2] for t in toks],
+        t_send_ns=t0,
+        t_done_ns=raw.get("t_done_ns", t0),
         ttft_ms=token_ms[0] if token_ms else None,
         ttft_decode_ms=token_ms[1] if len(token_ms) > 1 else None,
         tpot_ms=(token_ms[-1] - token_ms[0]) / (n_out - 1) if n_out > 1 else None,
         e2e_ms=_ms(raw["t_done_ns"], t0) if raw.get("t_done_ns") and raw["error"] is None else None,
-        issued=raw.get("issued", True), prompt_source=raw.get("prompt_source", ""))
+        issued=raw.get("issued", True),
+        prompt_source=raw.get("prompt_source", ""),
+    )
     rec.rld_tokens = sum(w.startswith("rld") for w in rec.token_workers)
     rec.md_tokens = sum(w.startswith("md") for w in rec.token_workers)
     rec.p_tokens = sum(w.startswith("p") for w in rec.token_workers)
@@ -222,8 +259,9 @@ def collect(run_dir: Path) -> tuple[list[RequestRecord], list[dict]]:
 
 def write(run_dir: Path, records: list[RequestRecord], events: list[dict]) -> None:
     """requests.jsonl and events.jsonl."""
-    (run_dir / "requests.jsonl").write_text("".join(json.dumps(asdict(r), separators=(",", ":")) + "\n"
-                                                    for r in records))
+    (run_dir / "requests.jsonl").write_text(
+        "".join(json.dumps(asdict(r), separators=(",", ":")) + "\n" for r in records)
+    )
     (run_dir / "events.jsonl").write_text("".join(json.dumps(e, separators=(",", ":")) + "\n" for e in events))
 
 

@@ -4,6 +4,7 @@ Responsible for: creating `results/<time>-<experiment>/`, writing JSON files,
 and collecting provenance (git commit and dirty flag, kernel, tool versions).
 Not responsible for: what the experiment measures.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,12 @@ from typing import Any
 log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "results"
-TOOLS = {"tc": ["tc", "-V"], "iperf3": ["iperf3", "--version"], "tcpdump": ["tcpdump", "--version"],
-         "mininet": ["/usr/bin/python3", "-c", "import mininet.net; print(mininet.net.VERSION)"]}
+TOOLS = {
+    "tc": ["tc", "-V"],
+    "iperf3": ["iperf3", "--version"],
+    "tcpdump": ["tcpdump", "--version"],
+    "mininet": ["/usr/bin/python3", "-c", "import mininet.net; print(mininet.net.VERSION)"],
+}
 
 
 def new_run_dir(experiment: str, root: Path = RESULTS) -> Path:
@@ -61,8 +66,11 @@ def git_state() -> dict[str, Any]:
 def provenance() -> dict[str, Any]:
     """How and where this run was made."""
     return {
-        "git": git_state(), "kernel": platform.release(), "python": sys.version.split()[0],
-        "hostname": platform.node(), "argv": sys.argv,
+        "git": git_state(),
+        "kernel": platform.release(),
+        "python": sys.version.split()[0],
+        "hostname": platform.node(),
+        "argv": sys.argv,
         "tools": {name: _first_line(argv) for name, argv in TOOLS.items()},
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }

@@ -12,6 +12,7 @@ Time axis: plots use seconds since the first variant's wall_start (the pcap
 is in Unix time). An event's t_ns (monotonic) maps onto it through its
 variant's pair (wall_start, t_start_ns), both taken at the variant's start.
 """
+
 from __future__ import annotations
 
 import logging
@@ -21,15 +22,16 @@ from pathlib import Path
 import yaml
 
 log = logging.getLogger(__name__)
-DEFAULT_KV_PORTS = (50062, 50063)   # rld, md (experiments.deploy.KV_PORTS) where no deployment.yaml says
+DEFAULT_KV_PORTS = (50062, 50063)  # rld, md (experiments.deploy.KV_PORTS) where no deployment.yaml says
 
 
 @dataclass(frozen=True)
 class LinkChange:
     """One change of the WAN's parameters during a variant (direction a_to_b | b_to_a)."""
+
     variant: str
     t_ns: int | None
-    offset_s: float | None          # from the variant's measured start
+    offset_s: float | None  # from the variant's measured start
     direction: str
     params: dict
     cause: str
@@ -38,19 +40,21 @@ class LinkChange:
 @dataclass(frozen=True)
 class CrossTraffic:
     """One cross-traffic stream (iperf3) during a variant."""
+
     variant: str
     name: str
-    kind: str                       # tcp | udp
+    kind: str  # tcp | udp
     direction: str
     start_ns: int | None
     end_ns: int | None
     port: int | None
-    iperf_json: str | None          # relative to the run directory
+    iperf_json: str | None  # relative to the run directory
 
 
 @dataclass
 class RunMeta:
     """Per-variant windows, link changes, cross traffic and ports of one run directory."""
+
     windows: dict[str, dict]
     link_changes: list[LinkChange] = field(default_factory=list)
     cross_traffic: list[CrossTraffic] = field(default_factory=list)
@@ -83,14 +87,30 @@ class RunMeta:
 
 
 def _changes(v: str, w: dict) -> list[LinkChange]:
-    return [LinkChange(v, c.get("t_ns"), c.get("offset_s"), c.get("direction", "?"), c.get("params") or {},
-                       c.get("cause", "")) for c in w.get("link_changes") or [] if isinstance(c, dict)]
+    return [
+        LinkChange(
+            v, c.get("t_ns"), c.get("offset_s"), c.get("direction", "?"), c.get("params") or {}, c.get("cause", "")
+        )
+        for c in w.get("link_changes") or []
+        if isinstance(c, dict)
+    ]
 
 
 def _cross(v: str, w: dict) -> list[CrossTraffic]:
-    return [CrossTraffic(v, c.get("name", "?"), c.get("kind", "?"), c.get("direction", "?"), c.get("start_ns"),
-                         c.get("end_ns"), c.get("port"), c.get("iperf_json"))
-            for c in w.get("cross_traffic") or [] if isinstance(c, dict)]
+    return [
+        CrossTraffic(
+            v,
+            c.get("name", "?"),
+            c.get("kind", "?"),
+            c.get("direction", "?"),
+            c.get("start_ns"),
+            c.get("end_ns"),
+            c.get("port"),
+            c.get("iperf_json"),
+        )
+        for c in w.get("cross_traffic") or []
+        if isinstance(c, dict)
+    ]
 
 
 def kv_ports(run_dir: Path) -> set[int]:
@@ -109,5 +129,9 @@ def kv_ports(run_dir: Path) -> set[int]:
 def load(run_dir: Path, meta: dict) -> RunMeta:
     """RunMeta of a run directory whose metadata.json is already read into meta."""
     variants = {v: w for v, w in (meta.get("variants") or {}).items() if isinstance(w, dict)}
-    return RunMeta(windows=variants, link_changes=[c for v, w in variants.items() for c in _changes(v, w)],
-                   cross_traffic=[c for v, w in variants.items() for c in _cross(v, w)], kv_ports=kv_ports(run_dir))
+    return RunMeta(
+        windows=variants,
+        link_changes=[c for v, w in variants.items() for c in _changes(v, w)],
+        cross_traffic=[c for v, w in variants.items() for c in _cross(v, w)],
+        kv_ports=kv_ports(run_dir),
+    )

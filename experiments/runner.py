@@ -24,6 +24,7 @@ Run directory (results/<time>-<experiment>/):
     events.jsonl         every role's events of every variant, merged by t_ns
     summary.json, summary.md, plots/*.png, pcap/wan-{a,b}.pcap
 """
+
 from __future__ import annotations
 
 import logging
@@ -38,8 +39,8 @@ from experiments import deploy, rundir, spec as specmod, window as winmod, workl
 from experiments.spec import ExperimentSpec
 
 log = logging.getLogger(__name__)
-HEALTH_MARGIN_S = 30.0
-REFERENCE_VARIANT = "colocated"   # its replies stand in for a later variant's failed turns (loadgen --reference)   # on top of the spec's ready_s: the health command's own start-up
+HEALTH_MARGIN_S = 30.0  # on top of the spec's ready_s: the health command's own start-up
+REFERENCE_VARIANT = "colocated"  # its replies stand in for a later variant's failed turns (loadgen --reference)
 
 
 class VariantError(RuntimeError):
@@ -56,20 +57,28 @@ def run(spec: ExperimentSpec, results: Path = rundir.RESULTS) -> Path:
     """Run every variant; return the run directory (analysed, even after Ctrl-C or a failure)."""
     from topology.net import preflight
     from topology.profiles import load_profile
+
     requests = prepare(spec)
     preflight()
     out = rundir.new_run_dir(spec.name, results)
     wl.write(requests, out / "workload.jsonl")
-    meta = {"experiment": spec.name, "spec": specmod.to_dict(spec), "complete": False,
-            "seeds": {"workload": spec.workload.seed, "weights": spec.weights_seed, "topology": spec.topology_seed},
-            "runtime": spec.runtime, "workload": wl.hit_profile(requests), "variants": {},
-            "provenance": rundir.provenance()}
+    meta = {
+        "experiment": spec.name,
+        "spec": specmod.to_dict(spec),
+        "complete": False,
+        "seeds": {"workload": spec.workload.seed, "weights": spec.weights_seed, "topology": spec.topology_seed},
+        "runtime": spec.runtime,
+        "workload": wl.hit_profile(requests),
+        "variants": {},
+        "provenance": rundir.provenance(),
+    }
     rundir.write_json(out / "metadata.json", meta)
     log.info("run directory: %s", out)
     try:
         _run_topology(spec, load_profile(spec.profile), out, meta)
-        meta["complete"] = all(v.get("status") == "ok" for v in meta["variants"].values()) and \
-            len(meta["variants"]) == len(spec.variants)
+        meta["complete"] = all(v.get("status") == "ok" for v in meta["variants"].values()) and len(
+            meta["variants"]
+        ) == len(spec.variants)
     except KeyboardInterrupt:
         meta["interrupted"] = True
         raise
@@ -85,6 +94,7 @@ def run(spec: ExperimentSpec, results: Path = rundir.RESULTS) -> Path:
 
 def _analyze_safely(out: Path) -> None:
     from experiments import analyze
+
     try:
         analyze.analyze(out)
     except Exception:
@@ -93,10 +103,18 @@ def _analyze_safely(out: Path) -> None:
 
 def _run_topology(spec: ExperimentSpec, profile, out: Path, meta: dict) -> None:
     from topology.net import Testbed, TopologyConfig
-    cfg = TopologyConfig(wan_profile=winmod.link_profile(spec, profile), backend=spec.backend,
-                         capture_dir=out / "pcap", snaplen_bytes=spec.snaplen_bytes, seed=spec.topology_seed,
-                         log_dir=out / "logs", play_schedule=spec.schedule_clock == "link",
-                         cross_hosts=bool(spec.cross_traffic), **deploy.topology_kwargs(spec, out))
+
+    cfg = TopologyConfig(
+        wan_profile=winmod.link_profile(spec, profile),
+        backend=spec.backend,
+        capture_dir=out / "pcap",
+        snaplen_bytes=spec.snaplen_bytes,
+        seed=spec.topology_seed,
+        log_dir=out / "logs",
+        play_schedule=spec.schedule_clock == "link",
+        cross_hosts=bool(spec.cross_traffic),
+        **deploy.topology_kwargs(spec, out),
+    )
     held = _HeldSignals()
     try:
         with Testbed(cfg) as tb:
@@ -156,18 +174,24 @@ def _run_variants(tb, spec: ExperimentSpec, out: Path, meta: dict, imp: winmod.I
     meta["topology"] = tb.metadata()  # with link changes
 
 
-def run_variant(tb, spec: ExperimentSpec, variant: str, out: Path, imp: winmod.Impairment | None = None,
-                window: dict | None = None) -> dict:
+def run_variant(
+    tb, spec: ExperimentSpec, variant: str, out: Path, imp: winmod.Impairment | None = None, window: dict | None = None
+) -> dict:
     """Fresh roles, readiness, the workload in its window, roles stopped; fills and returns the variant's
     record (window, status, link changes, cross traffic). Raises VariantError when the link's schedule or a
     cross flow failed (the record is filled first)."""
     from topology.net import TestbedError
+
     window = {} if window is None else window
     vdir = out / "variants" / variant
     (vdir / "events").mkdir(parents=True, exist_ok=True)
-    config = deploy.write_deployment(spec, vdir / "deployment.yaml", vdir / "events",
-                                     mode=specmod.variant_mode(spec, variant),
-                                     overrides=specmod.variant_overrides(spec, variant))
+    config = deploy.write_deployment(
+        spec,
+        vdir / "deployment.yaml",
+        vdir / "events",
+        mode=specmod.variant_mode(spec, variant),
+        overrides=specmod.variant_overrides(spec, variant),
+    )
     runtime = deploy.Runtime(tb, config, vdir / "logs")
     win = winmod.VariantWindow(tb, imp or winmod.Impairment(), vdir, out)
     window.update(wall_start=time.time(), t_start_ns=time.monotonic_ns())
@@ -206,31 +230,48 @@ def _wait_ready(tb, spec: ExperimentSpec, runtime: deploy.Runtime) -> None:
     """Every role's gRPC health SERVING, checked from the client host (the only way into the namespaces)."""
     addresses = [deploy.grpc_address(r) for r in deploy.START_ORDER]
     argv = _python_in_host("experiments.loadgen", "health", "--timeout-s", str(spec.timeouts.ready_s), *addresses)
-    proc = tb.popen("client", argv, cwd=deploy.REPO, env=deploy._env(), stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT, text=True)
+    proc = tb.popen(
+        "client", argv, cwd=deploy.REPO, env=deploy._env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     try:
         text, _ = proc.communicate(timeout=spec.timeouts.ready_s + HEALTH_MARGIN_S)
     except subprocess.TimeoutExpired:
         proc.kill()
         text, _ = proc.communicate()
     if proc.returncode != 0:
-        raise VariantError(f"roles not ready: {text.strip()[-500:]}; dead roles: {runtime.dead()} "
-                           f"(logs in {runtime.log_dir})")
+        raise VariantError(
+            f"roles not ready: {text.strip()[-500:]}; dead roles: {runtime.dead()} (logs in {runtime.log_dir})"
+        )
 
 
-def _drive(tb, spec: ExperimentSpec, variant: str, out: Path, vdir: Path, runtime: deploy.Runtime,
-           win: winmod.VariantWindow) -> str:
+def _drive(
+    tb, spec: ExperimentSpec, variant: str, out: Path, vdir: Path, runtime: deploy.Runtime, win: winmod.VariantWindow
+) -> str:
     """The load generator in the client host, the window opened at its t0 (after the warm-up); progress
     logged; 'ok', 'failed_requests' or 'timeout'."""
     reference = out / "variants" / REFERENCE_VARIANT / "client.jsonl"
-    argv = _python_in_host("experiments.loadgen", "run", "--workload", str(out / "workload.jsonl"),
-                           "--router", deploy.grpc_address("router"), "--variant", variant,
-                           "--mode", specmod.variant_mode(spec, variant), "--out", str(vdir / "client.jsonl"),
-                           "--request-timeout-s", str(spec.timeouts.request_s),
-                           "--issue-until-s", str(spec.timeouts.issue_s),
-                           *(["--reference", str(reference)] if variant != REFERENCE_VARIANT else []))
-    proc = tb.popen("client", argv, cwd=deploy.REPO, env=deploy._env(), stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT, text=True)
+    argv = _python_in_host(
+        "experiments.loadgen",
+        "run",
+        "--workload",
+        str(out / "workload.jsonl"),
+        "--router",
+        deploy.grpc_address("router"),
+        "--variant",
+        variant,
+        "--mode",
+        specmod.variant_mode(spec, variant),
+        "--out",
+        str(vdir / "client.jsonl"),
+        "--request-timeout-s",
+        str(spec.timeouts.request_s),
+        "--issue-until-s",
+        str(spec.timeouts.issue_s),
+        *(["--reference", str(reference)] if variant != REFERENCE_VARIANT else []),
+    )
+    proc = tb.popen(
+        "client", argv, cwd=deploy.REPO, env=deploy._env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     t0 = _T0()
     reader = threading.Thread(target=_show_progress, args=(proc, variant, t0), daemon=True)
     reader.start()

@@ -9,6 +9,7 @@ section is passed to the roles' own validator (`workers.roles.config`).
 Not responsible for: running anything (experiments.runner) or generating the
 workload (experiments.workload).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,55 +33,58 @@ class SpecError(ValueError):
 @dataclass(frozen=True)
 class SessionWorkload:
     """Synthetic multi-turn agent traffic (see experiments/workload.py for the shape it gives)."""
-    sessions: int = 5                            # multi-turn agent sessions
-    session_rate_per_s: float = 0.3              # Poisson rate of session starts (1/s)
-    turns: tuple[int, int] = (6, 10)             # turns per session [lo, hi]
-    system_prompt_tokens: int = 512              # shared by every session: the cacheable head (agent tools, rules)
-    first_turn_tokens: tuple[int, int] = (48, 160)   # the task text after the system prompt
-    turn_tokens: tuple[int, int] = (2, 16)       # user/tool text appended per later turn (most turns)
-    big_turn_fraction: float = 0.10              # share of later turns with a large tool result
-    big_turn_tokens: tuple[int, int] = (64, 240) # its size: these are the low-hit requests
-    output_tokens: tuple[int, int] = (16, 32)    # max_tokens per turn (every request runs to max_tokens)
-    think_s_mean: float = 1.0                    # exponential think time between a reply and the next turn (s)
-    fresh_requests: int = 2                      # one-turn requests: system prompt + a new document
-    fresh_tokens: tuple[int, int] = (128, 384)   # the new document's size
-    singular_fraction: float = 0.035             # share of singular requests (PDD.md: ~3-4%)
-    singular_tokens: tuple[int, int] = (384, 768)    # their uncached input: long ...
-    singular_output_tokens: tuple[int, int] = (2, 6) # ... and a short output
-    max_context_tokens: int = 0                  # prompt + output cap; 0 = the model's context limit
+
+    sessions: int = 5  # multi-turn agent sessions
+    session_rate_per_s: float = 0.3  # Poisson rate of session starts (1/s)
+    turns: tuple[int, int] = (6, 10)  # turns per session [lo, hi]
+    system_prompt_tokens: int = 512  # shared by every session: the cacheable head (agent tools, rules)
+    first_turn_tokens: tuple[int, int] = (48, 160)  # the task text after the system prompt
+    turn_tokens: tuple[int, int] = (2, 16)  # user/tool text appended per later turn (most turns)
+    big_turn_fraction: float = 0.10  # share of later turns with a large tool result
+    big_turn_tokens: tuple[int, int] = (64, 240)  # its size: these are the low-hit requests
+    output_tokens: tuple[int, int] = (16, 32)  # max_tokens per turn (every request runs to max_tokens)
+    think_s_mean: float = 1.0  # exponential think time between a reply and the next turn (s)
+    fresh_requests: int = 2  # one-turn requests: system prompt + a new document
+    fresh_tokens: tuple[int, int] = (128, 384)  # the new document's size
+    singular_fraction: float = 0.035  # share of singular requests (PDD.md: ~3-4%)
+    singular_tokens: tuple[int, int] = (384, 768)  # their uncached input: long ...
+    singular_output_tokens: tuple[int, int] = (2, 6)  # ... and a short output
+    max_context_tokens: int = 0  # prompt + output cap; 0 = the model's context limit
 
 
 @dataclass(frozen=True)
 class Workload:
     source: Literal["synthetic", "trace"] = "synthetic"
-    trace: str = ""                              # JSON-lines trace (source: trace); relative to the repo
-    seed: int = 1                                # everything random in the workload
+    trace: str = ""  # JSON-lines trace (source: trace); relative to the repo
+    seed: int = 1  # everything random in the workload
     synthetic: SessionWorkload = SessionWorkload()
-    warmup: bool = True                          # one system-prompt request per variant before measuring (excluded)
+    warmup: bool = True  # one system-prompt request per variant before measuring (excluded)
 
 
 @dataclass(frozen=True)
 class SLO:
     """Goodput counts requests meeting every SLO (DistServe-style)."""
-    ttft_ms: float = 1000.0                      # time to first token at the client
-    tpot_ms: float = 150.0                       # mean time per output token after the first
-    e2e_ms: float = 0.0                          # end to end; 0 = not checked
+
+    ttft_ms: float = 1000.0  # time to first token at the client
+    tpot_ms: float = 150.0  # mean time per output token after the first
+    e2e_ms: float = 0.0  # end to end; 0 = not checked
 
 
 @dataclass(frozen=True)
 class Timeouts:
-    ready_s: float = 120.0                       # every role SERVING within this
-    request_s: float = 240.0                     # one request, end to end
-    issue_s: float = 0.0                         # no request is sent later than this into a variant's window
-                                                 # (a baseline too slow for it ends with the rest not issued,
-                                                 # counted; 0: no limit)
-    variant_s: float = 300.0                     # hard end of one variant's whole workload (keep it above
-                                                 # issue_s + request_s: requests in flight at issue_s end)
+    ready_s: float = 120.0  # every role SERVING within this
+    request_s: float = 240.0  # one request, end to end
+    issue_s: float = 0.0  # no request is sent later than this into a variant's window
+    # (a baseline too slow for it ends with the rest not issued,
+    # counted; 0: no limit)
+    variant_s: float = 300.0  # hard end of one variant's whole workload (keep it above
+    # issue_s + request_s: requests in flight at issue_s end)
 
 
 @dataclass(frozen=True)
 class Capacity:
     """KV slots per worker (tokens): the MD's holds the DRC, so it is the largest."""
+
     p: int = 16384
     rld: int = 8192
     md: int = 16384
@@ -90,30 +94,30 @@ class Capacity:
 class ExperimentSpec:
     name: str
     description: str = ""
-    profile: str = "wan-cross-country"           # netem profile name or YAML path (the WAN link)
+    profile: str = "wan-cross-country"  # netem profile name or YAML path (the WAN link)
     backend: Literal["auto", "tc", "userspace"] = "auto"
-    runtime: Literal["process", "docker"] = "process"   # how roles run in the hosts; docker: see runtime.py
-    variants: tuple[str, ...] = VARIANTS         # compared on the same topology and workload, in this order:
-                                                 # modes, or names defined in variant_defs
+    runtime: Literal["process", "docker"] = "process"  # how roles run in the hosts; docker: see runtime.py
+    variants: tuple[str, ...] = VARIANTS  # compared on the same topology and workload, in this order:
+    # modes, or names defined in variant_defs
     # more variants of one mode side by side: name -> {mode: <a mode>, deployment: {overrides of the roles'
     # config for this variant only, e.g. policy: {wan_estimate: measured}}}
     variant_defs: dict = field(default_factory=dict)
-    model: str = "default"                       # workers.model config
-    weights_seed: int = 0                        # every worker loads the same seeded weights
-    block_size: int = 16                         # KV block / DRC granularity (tokens)
+    model: str = "default"  # workers.model config
+    weights_seed: int = 0  # every worker loads the same seeded weights
+    block_size: int = 16  # KV block / DRC granularity (tokens)
     handoff: Literal["oneshot", "chunked", "auto", "kv"] = "oneshot"
     capacity_tokens: Capacity = Capacity()
-    deployment: dict = field(default_factory=dict)   # overrides of the roles' config: policy, kv, decode
+    deployment: dict = field(default_factory=dict)  # overrides of the roles' config: policy, kv, decode
     workload: Workload = Workload()
     slo: SLO = SLO()
     timeouts: Timeouts = Timeouts()
-    topology_seed: int = 1                       # the userspace emulator's random seed
-    snaplen_bytes: int = 128                     # pcap bytes kept per frame (headers only)
+    topology_seed: int = 1  # the userspace emulator's random seed
+    snaplen_bytes: int = 128  # pcap bytes kept per frame (headers only)
     # variant: the profile's schedule and `schedule` restart with every variant's window (each variant
     # meets the same impairments); link: they run once, from the moment the link came up
     schedule_clock: Literal["link", "variant"] = "variant"
-    schedule: tuple[dict, ...] = ()              # timed link changes, a profile's schedule format, played with it
-    cross_traffic: tuple[CrossFlow, ...] = ()    # competing iperf3 flows on the WAN, on each variant's clock
+    schedule: tuple[dict, ...] = ()  # timed link changes, a profile's schedule format, played with it
+    cross_traffic: tuple[CrossFlow, ...] = ()  # competing iperf3 flows on the WAN, on each variant's clock
 
 
 def _type_name(tp: Any) -> str:
@@ -161,8 +165,11 @@ def build(cls: type, data: Any, where: str = "") -> Any:
     if unknown:
         raise SpecError(f"{where or 'spec'}: unknown key(s) {unknown}; allowed: {names}")
     kwargs = {k: _coerce(hints[k], v, f"{where}.{k}" if where else k) for k, v in data.items()}
-    missing = [f.name for f in dataclasses.fields(cls) if f.name not in data
-               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    missing = [
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.name not in data and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
     if missing:
         raise SpecError(f"{where or 'spec'}: required field(s) {missing} missing; fields: {names}")
     try:
@@ -204,14 +211,16 @@ def validate(spec: ExperimentSpec) -> ExperimentSpec:
     """Ranges, registries and cross-field rules; returns spec or raises SpecError."""
     from topology.profiles import ProfileError, load_profile
     from workers.model import CONFIGS
+
     if spec.model not in CONFIGS:
         raise SpecError(f"model={spec.model!r}; allowed: {sorted(CONFIGS)}")
     _validate_variant_defs(spec)
     known = (*VARIANTS, *spec.variant_defs)
     bad = [v for v in spec.variants if v not in known]
     if bad or not spec.variants or len(set(spec.variants)) != len(spec.variants):
-        raise SpecError(f"variants={list(spec.variants)}: each once, from {list(known)} (modes, or names "
-                        "defined in variant_defs)")
+        raise SpecError(
+            f"variants={list(spec.variants)}: each once, from {list(known)} (modes, or names defined in variant_defs)"
+        )
     try:
         profile = load_profile(spec.profile)
     except ProfileError as err:
@@ -225,7 +234,7 @@ def validate(spec: ExperimentSpec) -> ExperimentSpec:
     _range("slo.e2e_ms", spec.slo.e2e_ms, 0, 1e8)
     for name in ("ready_s", "request_s", "variant_s"):
         _range(f"timeouts.{name}", getattr(spec.timeouts, name), 1, 86400)
-    _range("timeouts.issue_s", spec.timeouts.issue_s, 0, 86400)   # past variant_s it changes nothing
+    _range("timeouts.issue_s", spec.timeouts.issue_s, 0, 86400)  # past variant_s it changes nothing
     _validate_workload(spec.workload, CONFIGS[spec.model].max_seq_len)
     _validate_deployment(spec)
     _validate_impairment(spec, profile)
@@ -245,6 +254,7 @@ def variant_overrides(spec: ExperimentSpec, variant: str) -> dict:
 def _validate_variant_defs(spec: ExperimentSpec) -> None:
     from experiments.deployment import deployment_dict
     from workers.roles.config import ConfigError, parse_config
+
     for name, d in spec.variant_defs.items():
         where = f"variant_defs.{name}"
         if name in VARIANTS or not isinstance(name, str) or not name:
@@ -264,6 +274,7 @@ def _validate_variant_defs(spec: ExperimentSpec) -> None:
 def spec_schedule(spec: ExperimentSpec):
     """The spec's `schedule:` as validated ScheduleSteps."""
     from topology.profiles import ProfileError, parse_schedule
+
     try:
         return parse_schedule(list(spec.schedule), "schedule")
     except ProfileError as err:
@@ -274,14 +285,17 @@ def _validate_impairment(spec: ExperimentSpec, profile) -> None:
     """The schedule and the cross flows fit in a variant's window and on the link."""
     from experiments import crosstraffic
     from topology.profiles import schedule_end_s
+
     steps, window_s = spec_schedule(spec), spec.timeouts.variant_s
     if spec.schedule_clock == "variant":
         for what, sched in ((f"profile {profile.name}'s schedule", profile.schedule), ("schedule", steps)):
             end_s = schedule_end_s(sched)
             if end_s > window_s:
-                raise SpecError(f"{what}: its last event at {end_s:g} s lies beyond timeouts.variant_s="
-                                f"{window_s:g}; allowed: events within [0, {window_s:g}] s of a variant's window "
-                                "(shorten it, raise timeouts.variant_s, or set schedule_clock: link)")
+                raise SpecError(
+                    f"{what}: its last event at {end_s:g} s lies beyond timeouts.variant_s="
+                    f"{window_s:g}; allowed: events within [0, {window_s:g}] s of a variant's window "
+                    "(shorten it, raise timeouts.variant_s, or set schedule_clock: link)"
+                )
     rates = {d: profile.direction(d).rate_mbit for d in ("a_to_b", "b_to_a")}
     try:
         crosstraffic.validate_flows(spec.cross_traffic, rates, window_s, crosstraffic.kernel_congestion_algorithms())
@@ -293,6 +307,7 @@ def _validate_deployment(spec: ExperimentSpec) -> None:
     """The roles' validator judges the `deployment` overrides (field names as in workers/roles/config.py)."""
     from experiments.deployment import deployment_dict
     from workers.roles.config import ConfigError, parse_config
+
     try:
         parse_config(deployment_dict(spec, events_dir="/nonexistent"))
     except ConfigError as err:
@@ -305,7 +320,7 @@ def _set_dotted(data: dict, key: str, value: Any) -> None:
     cls: Any = ExperimentSpec
     node = data
     for i, part in enumerate(parts):
-        where = ".".join(parts[:i + 1])
+        where = ".".join(parts[: i + 1])
         if cls is not None:
             names = [f.name for f in dataclasses.fields(cls)]
             if part not in names:
@@ -385,4 +400,3 @@ def to_dict(spec: ExperimentSpec) -> dict:
 def from_dict(data: dict) -> ExperimentSpec:
     """Inverse of to_dict (analysis reads the spec back from metadata.json)."""
     return build(ExperimentSpec, data)
-

@@ -31,6 +31,7 @@ in the pcap's window.
 Fields missing from older runs read as None (unknown) in figures and 0 in
 sums; an old run without the new events analyses without error.
 """
+
 from __future__ import annotations
 
 from collections import Counter, defaultdict, deque
@@ -48,14 +49,15 @@ MB = 1e6
 @dataclass
 class Transfer:
     """One KV transfer (all its attempts): start to end event, as the sender logged it."""
+
     request_id: str
     path: str
-    outcome: str                    # ok | failed | cancelled | unfinished (no end event)
+    outcome: str  # ok | failed | cancelled | unfinished (no end event)
     t_start_ns: int | None
     t_end_ns: int | None
-    duration_ns: int | None         # the end event's own duration (used when the start is missing)
-    kv_bytes: int = 0               # delivered KV (0 unless ok)
-    wire_bytes: int = 0             # every byte every attempt wrote, headers included
+    duration_ns: int | None  # the end event's own duration (used when the start is missing)
+    kv_bytes: int = 0  # delivered KV (0 unless ok)
+    wire_bytes: int = 0  # every byte every attempt wrote, headers included
     attempts: int = 1
     resumed_kv_bytes: int = 0
     retrans_segs: int | None = None  # None: not reported (older runs) and no kv_tcp_info to derive it from
@@ -82,13 +84,21 @@ class Transfer:
 def _from_end(start: dict | None, end: dict) -> Transfer:
     used = end.get("congestion_used")
     return Transfer(
-        request_id=end.get("request_id"), path=end.get("path"), outcome=END_EVENTS[end["event"]],
-        t_start_ns=start["t_ns"] if start else None, t_end_ns=end["t_ns"], duration_ns=end.get("duration_ns"),
-        kv_bytes=end.get("kv_bytes") or 0, wire_bytes=end.get("wire_bytes") or 0,
-        attempts=end.get("attempts") or 1, resumed_kv_bytes=end.get("resumed_kv_bytes") or 0,
-        retrans_segs=end.get("retrans_segs"), bytes_retrans=end.get("bytes_retrans"),
+        request_id=end.get("request_id"),
+        path=end.get("path"),
+        outcome=END_EVENTS[end["event"]],
+        t_start_ns=start["t_ns"] if start else None,
+        t_end_ns=end["t_ns"],
+        duration_ns=end.get("duration_ns"),
+        kv_bytes=end.get("kv_bytes") or 0,
+        wire_bytes=end.get("wire_bytes") or 0,
+        attempts=end.get("attempts") or 1,
+        resumed_kv_bytes=end.get("resumed_kv_bytes") or 0,
+        retrans_segs=end.get("retrans_segs"),
+        bytes_retrans=end.get("bytes_retrans"),
         congestion_requested=end.get("congestion_requested") or (start or {}).get("congestion"),
-        congestion_used=list(used) if isinstance(used, list) else ([used] if used else []))
+        congestion_used=list(used) if isinstance(used, list) else ([used] if used else []),
+    )
 
 
 def pair_transfers(events: list[dict]) -> list[Transfer]:
@@ -102,8 +112,10 @@ def pair_transfers(events: list[dict]) -> list[Transfer]:
         elif e["event"] in END_EVENTS:
             out.append(_from_end(open_[key].popleft() if open_[key] else None, e))
     for (rid, path), starts in open_.items():
-        out += [Transfer(rid, path, "unfinished", s["t_ns"], None, None,
-                         congestion_requested=s.get("congestion")) for s in starts]
+        out += [
+            Transfer(rid, path, "unfinished", s["t_ns"], None, None, congestion_requested=s.get("congestion"))
+            for s in starts
+        ]
     return out
 
 
@@ -164,61 +176,106 @@ def path_summary(transfers: list[Transfer], samples: list[dict]) -> dict:
     rtts = [s["rtt_us"] / 1e3 for s in samples if s.get("rtt_us") is not None]
     cwnds = [s["snd_cwnd"] for s in samples if s.get("snd_cwnd") is not None]
     return {
-        "transfers": len(transfers), "ok": by["ok"], "failed": by["failed"], "cancelled": by["cancelled"],
-        "unfinished": by["unfinished"], "retried": sum(t.attempts > 1 for t in transfers),
+        "transfers": len(transfers),
+        "ok": by["ok"],
+        "failed": by["failed"],
+        "cancelled": by["cancelled"],
+        "unfinished": by["unfinished"],
+        "retried": sum(t.attempts > 1 for t in transfers),
         "time_ms": stats([t.time_ms for t in transfers if t.outcome == "ok"]),
         "wire_bytes": sum(t.wire_bytes for t in transfers),
         "kv_bytes_delivered": sum(t.kv_bytes for t in transfers if t.outcome == "ok"),
         "kv_bytes_wasted": sum(t.wasted_bytes for t in transfers),
         "kv_bytes_resumed": sum(t.resumed_kv_bytes for t in transfers),
-        "retrans_segs": segs, "bytes_retrans": _sum_known([t.bytes_retrans for t in transfers]),
+        "retrans_segs": segs,
+        "bytes_retrans": _sum_known([t.bytes_retrans for t in transfers]),
         "retrans_segs_per_mb": segs / known_mb if segs is not None and known_mb > 0 else None,
-        "tcp_info_samples": len(samples), "rtt_ms_p50": _median(rtts), "cwnd_p50": _median(cwnds),
+        "tcp_info_samples": len(samples),
+        "rtt_ms_p50": _median(rtts),
+        "cwnd_p50": _median(cwnds),
         "congestion_requested": sorted({t.congestion_requested for t in transfers if t.congestion_requested}),
-        "congestion_used": sorted({c for t in transfers for c in t.congestion_used}
-                                  | {s["cc"] for s in samples if s.get("cc")}),
+        "congestion_used": sorted(
+            {c for t in transfers for c in t.congestion_used} | {s["cc"] for s in samples if s.get("cc")}
+        ),
     }
 
 
 def kv_paths(transfers: list[Transfer], samples: list[dict]) -> dict[str, dict]:
     """path -> path_summary, for fast, wan and handoff (zeros where a path carried nothing)."""
-    return {p: path_summary([t for t in transfers if t.path == p], [s for s in samples if s.get("path") == p])
-            for p in PATHS}
+    return {
+        p: path_summary([t for t in transfers if t.path == p], [s for s in samples if s.get("path") == p])
+        for p in PATHS
+    }
 
 
 def wan_bytes(paths: dict[str, dict], on_wire_pcap: int | None, on_wire_kv_pcap: int | None) -> dict:
     """The WAN's bytes three ways (module docstring), summed over the WAN paths."""
+
     def total(key):
         return sum(paths[p][key] or 0 for p in WAN_PATHS if p in paths)
-    return {"on_wire_pcap": on_wire_pcap, "on_wire_kv_pcap": on_wire_kv_pcap,
-            "kv_wire_bytes": total("wire_bytes"), "delivered": total("kv_bytes_delivered"),
-            "wasted": total("kv_bytes_wasted"), "resumed": total("kv_bytes_resumed"),
-            "bytes_retrans": _sum_known([paths[p]["bytes_retrans"] for p in WAN_PATHS if p in paths])}
+
+    return {
+        "on_wire_pcap": on_wire_pcap,
+        "on_wire_kv_pcap": on_wire_kv_pcap,
+        "kv_wire_bytes": total("wire_bytes"),
+        "delivered": total("kv_bytes_delivered"),
+        "wasted": total("kv_bytes_wasted"),
+        "resumed": total("kv_bytes_resumed"),
+        "bytes_retrans": _sum_known([paths[p]["bytes_retrans"] for p in WAN_PATHS if p in paths]),
+    }
 
 
 def congestion_warnings(variant: str, transfers: list[Transfer], events: list[dict]) -> list[dict]:
     """A warning per (path, requested, used) where a transfer ran on another algorithm than it asked for,
     and per kv_congestion_refused cause: {variant, path, kind, requested, used, count, message}."""
-    mism = Counter((t.path, t.congestion_requested, ",".join(t.congestion_used)) for t in transfers
-                   if t.congestion_requested not in (None, "", "default") and t.congestion_used  # default: the kernel's
-                   and any(u != t.congestion_requested for u in t.congestion_used))
-    out = [{"variant": variant, "path": path, "kind": "congestion_mismatch", "requested": req, "used": used,
-            "count": n, "message": f"{variant}/{path}: {n} transfer(s) asked for {req} but ran on {used}"}
-           for (path, req, used), n in sorted(mism.items())]
-    refused = Counter((e.get("path"), e.get("requested"), e.get("used"), e.get("reason"))
-                      for e in events if e["event"] == "kv_congestion_refused")
-    out += [{"variant": variant, "path": path, "kind": "congestion_refused", "requested": req, "used": used,
-             "count": n, "message": f"{variant}/{path or '?'}: the kernel refused {req} {n} time(s), used {used}"
-                                    + (f" ({reason})" if reason else "")}
-            for (path, req, used, reason), n in sorted(refused.items(), key=str)]
+    mism = Counter(
+        (t.path, t.congestion_requested, ",".join(t.congestion_used))
+        for t in transfers
+        if t.congestion_requested not in (None, "", "default")
+        and t.congestion_used  # default: the kernel's
+        and any(u != t.congestion_requested for u in t.congestion_used)
+    )
+    out = [
+        {
+            "variant": variant,
+            "path": path,
+            "kind": "congestion_mismatch",
+            "requested": req,
+            "used": used,
+            "count": n,
+            "message": f"{variant}/{path}: {n} transfer(s) asked for {req} but ran on {used}",
+        }
+        for (path, req, used), n in sorted(mism.items())
+    ]
+    refused = Counter(
+        (e.get("path"), e.get("requested"), e.get("used"), e.get("reason"))
+        for e in events
+        if e["event"] == "kv_congestion_refused"
+    )
+    out += [
+        {
+            "variant": variant,
+            "path": path,
+            "kind": "congestion_refused",
+            "requested": req,
+            "used": used,
+            "count": n,
+            "message": f"{variant}/{path or '?'}: the kernel refused {req} {n} time(s), used {used}"
+            + (f" ({reason})" if reason else ""),
+        }
+        for (path, req, used, reason), n in sorted(refused.items(), key=str)
+    ]
     return out
 
 
-def variant_kv(variant: str, events: list[dict], on_wire_pcap: int | None = None,
-               on_wire_kv_pcap: int | None = None) -> tuple[dict, list[dict]]:
+def variant_kv(
+    variant: str, events: list[dict], on_wire_pcap: int | None = None, on_wire_kv_pcap: int | None = None
+) -> tuple[dict, list[dict]]:
     """One variant's {"kv_paths", "wan_bytes"} for summary.json, and its congestion warnings."""
     transfers, samples = pair_transfers(events), tcp_samples(events)
     complete_from_samples(transfers, samples)
     paths = kv_paths(transfers, samples)
-    return ({"kv_paths": paths, "wan_bytes": wan_bytes(paths, on_wire_pcap, on_wire_kv_pcap)},
-            congestion_warnings(variant, transfers, events))
+    return (
+        {"kv_paths": paths, "wan_bytes": wan_bytes(paths, on_wire_pcap, on_wire_kv_pcap)},
+        congestion_warnings(variant, transfers, events),
+    )

@@ -12,6 +12,7 @@ Not responsible for: the roles and the load (experiments.runner), the link
 (topology.net / topology.shaping), iperf3's command lines and JSON
 (experiments.crosstraffic).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -49,6 +50,7 @@ class Impairment:
     steps, labels: the schedule on the variant's clock and a cause per step (empty with schedule_clock: link)
     flows: the cross flows; restore: put the profile's base back when a window opens and closes
     """
+
     steps: tuple[ScheduleStep, ...] = ()
     labels: tuple[str, ...] = ()
     flows: tuple[ct.CrossFlow, ...] = ()
@@ -63,6 +65,7 @@ class Impairment:
 def impairment(spec, profile: Profile) -> Impairment:
     """The spec's impairment of each variant's window (the profile's schedule and the spec's, merged)."""
     from experiments.spec import spec_schedule
+
     if spec.schedule_clock != "variant":
         return Impairment(flows=spec.cross_traffic)
     steps, labels = merge_schedules((f"profile {profile.name}", profile.schedule), ("spec", spec_schedule(spec)))
@@ -72,6 +75,7 @@ def impairment(spec, profile: Profile) -> Impairment:
 def link_profile(spec, profile: Profile) -> Profile:
     """The profile the topology is built with: with schedule_clock link, the spec's schedule joins the profile's."""
     from experiments.spec import spec_schedule
+
     if spec.schedule_clock == "variant" or not spec.schedule:
         return profile
     steps, _ = merge_schedules(("profile", profile.schedule), ("spec", spec_schedule(spec)))
@@ -81,8 +85,17 @@ def link_profile(spec, profile: Profile) -> Profile:
 def variant_link_changes(changes: list[AppliedChange], start_ns: int, end_ns: int) -> list[dict]:
     """The link changes made in [start_ns, end_ns], as metadata.json's `variants.<v>.link_changes`
     (offset_s: seconds after start_ns, the variant's schedule start)."""
-    return [{"t_ns": c.t_ns, "offset_s": round((c.t_ns - start_ns) / 1e9, 6), "direction": c.direction,
-             "params": c.params, "cause": c.cause} for c in changes if start_ns <= c.t_ns <= end_ns]
+    return [
+        {
+            "t_ns": c.t_ns,
+            "offset_s": round((c.t_ns - start_ns) / 1e9, 6),
+            "direction": c.direction,
+            "params": c.params,
+            "cause": c.cause,
+        }
+        for c in changes
+        if start_ns <= c.t_ns <= end_ns
+    ]
 
 
 class VariantWindow:
@@ -108,8 +121,7 @@ class VariantWindow:
         if self.imp.steps:
             self._schedule = self.tb.play_schedule(self.imp.steps, start_ns, self.imp.labels)
         if self.imp.flows:
-            self._cross = CrossTraffic(self.tb, ct.expand(self.imp.flows), self.vdir / "cross", self.run_dir,
-                                       start_ns)
+            self._cross = CrossTraffic(self.tb, ct.expand(self.imp.flows), self.vdir / "cross", self.run_dir, start_ns)
             self._cross.start()
 
     def hold(self, variant: str) -> float:
@@ -119,14 +131,20 @@ class VariantWindow:
         now_ns = time.monotonic_ns()
         remaining_s = (self.start_ns + self.imp.end_s * 1e9 - now_ns) / 1e9
         if remaining_s > 0:
-            log.info("variant %s: workload done %.1f s into its window; holding the window open %.1f s more, "
-                     "until its last scheduled event at %.1f s", variant, (now_ns - self.start_ns) / 1e9,
-                     remaining_s, self.imp.end_s)
+            log.info(
+                "variant %s: workload done %.1f s into its window; holding the window open %.1f s more, "
+                "until its last scheduled event at %.1f s",
+                variant,
+                (now_ns - self.start_ns) / 1e9,
+                remaining_s,
+                self.imp.end_s,
+            )
             time.sleep(remaining_s)
             self.extended_s = round(remaining_s, 3)
         if self._schedule and not self._schedule.wait(SCHEDULE_GRACE_S):  # the last change is being made
-            log.warning("variant %s: the schedule's last change not made %.0f s after its time", variant,
-                        SCHEDULE_GRACE_S)
+            log.warning(
+                "variant %s: the schedule's last change not made %.0f s after its time", variant, SCHEDULE_GRACE_S
+            )
         return self.extended_s
 
     def close(self) -> dict:
@@ -144,10 +162,13 @@ class VariantWindow:
             if self.imp.restore:
                 self.tb.restore_profile("restore profile base (window closes)")
         end_ns = time.monotonic_ns()
-        rec.update(window_start_ns=self.start_ns, window_end_ns=end_ns,
-                   link_changes=variant_link_changes(self.tb.link.changes, self.start_ns, end_ns))
+        rec.update(
+            window_start_ns=self.start_ns,
+            window_end_ns=end_ns,
+            link_changes=variant_link_changes(self.tb.link.changes, self.start_ns, end_ns),
+        )
         health = self.tb.link.backend.health()
-        if health is not None:   # the userspace emulator: how late its frames left in this window
+        if health is not None:  # the userspace emulator: how late its frames left in this window
             rec["emulator"] = health_between(self._health0, health)
         return rec
 
@@ -182,14 +203,21 @@ class CrossTraffic:
                 server = self.tb.popen(run.receiver.name, ct.server_cmd(run), stdout=out, stderr=subprocess.STDOUT)
             self._servers.append(server)
             try:
-                wait_listening(lambda argv, h=run.receiver.name: self.tb.run(h, argv), run.port,
-                               f"iperf3 server {run.name}-{run.direction} on {run.receiver.name}",
-                               alive=lambda s=server: s.poll() is None)
+                wait_listening(
+                    lambda argv, h=run.receiver.name: self.tb.run(h, argv),
+                    run.port,
+                    f"iperf3 server {run.name}-{run.direction} on {run.receiver.name}",
+                    alive=lambda s=server: s.poll() is None,
+                )
             except RuntimeError as err:
                 raise CrossTrafficFailed(str(err)) from err
         for run in self.runs:
-            t = threading.Thread(target=self._play, args=(run, self._congestion(run)), daemon=True,
-                                 name=f"cross-{run.name}-{run.direction}")
+            t = threading.Thread(
+                target=self._play,
+                args=(run, self._congestion(run)),
+                daemon=True,
+                name=f"cross-{run.name}-{run.direction}",
+            )
             t.start()
             self._threads.append(t)
 
@@ -210,13 +238,11 @@ class CrossTraffic:
             if self._stop.is_set():
                 return
             with open(self.out_dir / f"{run.name}-{run.direction}.log", "ab") as err:
-                proc = self.tb.popen(run.sender.name, ct.client_cmd(run, path), stdout=subprocess.DEVNULL,
-                                     stderr=err)
+                proc = self.tb.popen(run.sender.name, ct.client_cmd(run, path), stdout=subprocess.DEVNULL, stderr=err)
             self._clients[run.file_name] = proc
         started_ns = time.monotonic_ns()
         code = proc.wait()
-        entry = ct.metadata_entry(run, started_ns, time.monotonic_ns(), str(path.relative_to(self.run_dir)),
-                                  congestion)
+        entry = ct.metadata_entry(run, started_ns, time.monotonic_ns(), str(path.relative_to(self.run_dir)), congestion)
         with self._lock:
             self.entries.append(entry)
             if code != 0 and not self._stop.is_set():
@@ -234,8 +260,9 @@ class CrossTraffic:
                 try:
                     proc.wait(CLIENT_GRACE_S)
                 except subprocess.TimeoutExpired:
-                    log.warning("cross flow %s-%s still running %.0f s after its end", run.name, run.direction,
-                                CLIENT_GRACE_S)
+                    log.warning(
+                        "cross flow %s-%s still running %.0f s after its end", run.name, run.direction, CLIENT_GRACE_S
+                    )
         with self._lock:
             self._stop.set()
             clients = dict(self._clients)

@@ -29,6 +29,7 @@ the previous turn's reply (closed loop, as an agent does).
 Prompts of later turns are built by the load generator (they contain the
 previous reply); `head_tokens` is what is appended after it.
 """
+
 from __future__ import annotations
 
 import json
@@ -38,7 +39,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 KINDS = ("warmup", "turn", "fresh", "singular", "trace")
-WARMUP_OUTPUT_TOKENS = 16   # above any singular output cap, so the warm-up reaches the MD in pdd
+WARMUP_OUTPUT_TOKENS = 16  # above any singular output cap, so the warm-up reaches the MD in pdd
 HIT_BUCKETS = ((0, 90), (90, 93), (93, 95), (95, 97), (97, 98), (98, 99), (99, 100))  # percent, PDD.md
 
 
@@ -60,6 +61,7 @@ class WorkloadRequest:
     prompt_len: the final prompt length (tokens)
     cached_tokens: expected DRC hit (tokens; block-aligned)
     """
+
     request_id: str
     session: str
     turn: int
@@ -126,12 +128,26 @@ class _Gen:
 
     def starter(self, kind: str, session: str) -> WorkloadRequest:
         s = self.s
-        size, out = {"turn": (s.first_turn_tokens, s.output_tokens), "fresh": (s.fresh_tokens, s.output_tokens),
-                     "singular": (s.singular_tokens, s.singular_output_tokens)}[kind]
+        size, out = {
+            "turn": (s.first_turn_tokens, s.output_tokens),
+            "fresh": (s.fresh_tokens, s.output_tokens),
+            "singular": (s.singular_tokens, s.singular_output_tokens),
+        }[kind]
         head = self.system + self.tokens(self.span(size))
         max_tokens = min(self.span(out), self.context - len(head))
-        return WorkloadRequest("", session, 1, kind, max_tokens, 0.0, None, 0.0, head, len(head),
-                               min(self.system_cached, _aligned(len(head) - 1, self.block)))
+        return WorkloadRequest(
+            "",
+            session,
+            1,
+            kind,
+            max_tokens,
+            0.0,
+            None,
+            0.0,
+            head,
+            len(head),
+            min(self.system_cached, _aligned(len(head) - 1, self.block)),
+        )
 
     def next_turn(self, prev: WorkloadRequest) -> WorkloadRequest | None:
         s = self.s
@@ -142,8 +158,19 @@ class _Gen:
         if base + len(head) + max_tokens > self.context:
             return None
         think = self.rng.expovariate(1 / s.think_s_mean) if s.think_s_mean > 0 else 0.0
-        return WorkloadRequest("", prev.session, prev.turn + 1, "turn", max_tokens, 0.0, "", round(think, 3),
-                               head, base + len(head), _aligned(_context_after(prev), self.block))
+        return WorkloadRequest(
+            "",
+            prev.session,
+            prev.turn + 1,
+            "turn",
+            max_tokens,
+            0.0,
+            "",
+            round(think, 3),
+            head,
+            base + len(head),
+            _aligned(_context_after(prev), self.block),
+        )
 
 
 def synthetic(s, vocab: int, block: int, context: int, seed: int) -> list[WorkloadRequest]:
@@ -152,8 +179,11 @@ def synthetic(s, vocab: int, block: int, context: int, seed: int) -> list[Worklo
     starters = [("turn", f"s{i + 1:02d}") for i in range(s.sessions)]
     starters += [("fresh", f"f{i + 1:02d}") for i in range(s.fresh_requests)]
     sessions_total = s.sessions * (s.turns[0] + s.turns[1]) / 2 + s.fresh_requests
-    n_singular = 0 if s.singular_fraction == 0 else max(
-        1, round(sessions_total * s.singular_fraction / (1 - s.singular_fraction)))
+    n_singular = (
+        0
+        if s.singular_fraction == 0
+        else max(1, round(sessions_total * s.singular_fraction / (1 - s.singular_fraction)))
+    )
     starters += [("singular", f"g{i + 1:02d}") for i in range(n_singular)]
     g.rng.shuffle(starters)
     out, t, n = [_warmup(g)], 0.0, 0
@@ -245,8 +275,9 @@ def load_trace(path: Path, vocab: int, block: int, context: int, seed: int) -> l
     return out
 
 
-def _trace_request(n: int, no: int, d: dict, last: dict, rng: random.Random, vocab: int, block: int,
-                   context: int, where: str) -> WorkloadRequest:
+def _trace_request(
+    n: int, no: int, d: dict, last: dict, rng: random.Random, vocab: int, block: int, context: int, where: str
+) -> WorkloadRequest:
     session, prev = d.get("session", ""), last.get(d.get("session", ""))
     rid, out = f"r{n:04d}", d["output_tokens"]
     if "token_ids" in d:
@@ -255,8 +286,10 @@ def _trace_request(n: int, no: int, d: dict, last: dict, rng: random.Random, voc
     elif prev is not None:
         base = prev.prompt_len + prev.max_tokens
         if d["input_tokens"] <= base:
-            raise TraceError(f"{where}: input_tokens={d['input_tokens']} must exceed the session's context so far "
-                             f"({prev.prompt_len} prompt + {prev.max_tokens} reply = {base})")
+            raise TraceError(
+                f"{where}: input_tokens={d['input_tokens']} must exceed the session's context so far "
+                f"({prev.prompt_len} prompt + {prev.max_tokens} reply = {base})"
+            )
         head = tuple(rng.randrange(vocab) for _ in range(d["input_tokens"] - base))
         prompt_len, after, cached = d["input_tokens"], prev.request_id, _aligned(_context_after(prev), block)
     else:
@@ -264,15 +297,28 @@ def _trace_request(n: int, no: int, d: dict, last: dict, rng: random.Random, voc
         prompt_len, after, cached = len(head), None, 0
     if prompt_len + out > context:
         raise TraceError(f"{where}: prompt {prompt_len} + output {out} tokens exceed the model's context {context}")
-    return WorkloadRequest(rid, session or f"t{n:04d}", (prev.turn + 1) if after else 1, "trace", out,
-                           float(d["t_s"]), after, 0.0, head, prompt_len, cached)
+    return WorkloadRequest(
+        rid,
+        session or f"t{n:04d}",
+        (prev.turn + 1) if after else 1,
+        "trace",
+        out,
+        float(d["t_s"]),
+        after,
+        0.0,
+        head,
+        prompt_len,
+        cached,
+    )
 
 
 # ---------------------------------------------------------------- entry points
 
+
 def build(spec) -> list[WorkloadRequest]:
     """The spec's workload (synthetic or trace); raises TraceError / ValueError before anything starts."""
     from workers.model import get_config
+
     model = get_config(spec.model)
     w = spec.workload
     context = w.synthetic.max_context_tokens or model.max_seq_len
@@ -301,9 +347,14 @@ def hit_profile(requests: list[WorkloadRequest]) -> dict:
     for h in hits:
         buckets[bucket_of(h)] += 1
     n = len(hits) or 1
-    return {"requests": len(measured), "mean_hit": sum(hits) / n, "share_above_95": sum(h > 0.95 for h in hits) / n,
-            "singular_share": sum(r.kind == "singular" for r in measured) / n, "buckets": buckets,
-            "median_uncached_tokens": _median([r.prompt_len - r.cached_tokens for r in measured])}
+    return {
+        "requests": len(measured),
+        "mean_hit": sum(hits) / n,
+        "share_above_95": sum(h > 0.95 for h in hits) / n,
+        "singular_share": sum(r.kind == "singular" for r in measured) / n,
+        "buckets": buckets,
+        "median_uncached_tokens": _median([r.prompt_len - r.cached_tokens for r in measured]),
+    }
 
 
 def _median(xs: list[float]) -> float:

@@ -2,5 +2,9 @@
 
 
 def pytest_addoption(parser):
-    parser.addoption("--backend", default="auto", choices=("auto", "tc", "userspace"),
-                     help="shaping backend for tests/emulation (default: auto)")
+    parser.addoption(
+        "--backend",
+        default="auto",
+        choices=("auto", "tc", "userspace"),
+        help="shaping backend for tests/emulation (default: auto)",
+    )

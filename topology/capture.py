@@ -5,6 +5,7 @@ knowing when it really listens, and stopping it so the pcap is complete.
 Not responsible for: reading pcaps (analysis does that with tshark/dpkt-free
 parsing in `experiments`).
 """
+
 from __future__ import annotations
 
 import logging
@@ -26,7 +27,20 @@ def tcpdump_cmd(dev: str, path: Path, snaplen_bytes: int) -> list[str]:
     --immediate-mode: libpcap otherwise holds packets in a ring block for up to a
     second, and a capture stopped within that second loses them.
     """
-    return ["tcpdump", "-i", dev, "-s", str(snaplen_bytes), "-U", "--immediate-mode", "-n", "-Z", "root", "-w", str(path)]
+    return [
+        "tcpdump",
+        "-i",
+        dev,
+        "-s",
+        str(snaplen_bytes),
+        "-U",
+        "--immediate-mode",
+        "-n",
+        "-Z",
+        "root",
+        "-w",
+        str(path),
+    ]
 
 
 class Capture:

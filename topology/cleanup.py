@@ -9,6 +9,7 @@ Not responsible for: the normal teardown (`topology.net.Testbed.stop`).
 Nothing is ever killed by name: a PID is signalled only if it is listed in a
 state file and its command line still matches what was recorded.
 """
+
 from __future__ import annotations
 
 import json
@@ -110,7 +111,9 @@ def leftovers(directory: Path = STATE_DIR) -> dict:
     """Everything a testbed could have left on this machine (all empty after a clean teardown)."""
     states = sorted(directory.glob("testbed-*.json")) if directory.exists() else []
     entries = [e for s in states for e in json.loads(s.read_text())["procs"]]
-    return {"links": prefixed_links(), "state_files": [s.name for s in states],
-            "live_recorded_pids": [e["pid"] for e in entries
-                                   if e.get("cmdline") and _cmdline(e["pid"]) == e["cmdline"]],
-            "iptables": _iptables_rules()}
+    return {
+        "links": prefixed_links(),
+        "state_files": [s.name for s in states],
+        "live_recorded_pids": [e["pid"] for e in entries if e.get("cmdline") and _cmdline(e["pid"]) == e["cmdline"]],
+        "iptables": _iptables_rules(),
+    }

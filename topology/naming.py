@@ -30,6 +30,7 @@ host list, its readiness checks and its namespaces unchanged.
 Directions: `a_to_b` is shaped on gwa-eth1's egress (tc) or wan-eth0 -> wan-eth1
 (userspace); `b_to_a` on gwb-eth1's egress or wan-eth1 -> wan-eth0.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -47,8 +48,7 @@ WAN_B_IP = "10.0.0.2"
 WAN_PREFIXLEN = 30
 MAX_PER_ROLE = 19
 # Host-number offsets inside each /24 (see the table above).
-_HOST_OFFSETS = {"gwa": 1, "client": 10, "router": 11, "p": 20, "rld": 40, "gwb": 1, "md": 60,
-                 "xa": 90, "xb": 90}
+_HOST_OFFSETS = {"gwa": 1, "client": 10, "router": 11, "p": 20, "rld": 40, "gwb": 1, "md": 60, "xa": 90, "xb": 90}
 _CLUSTER_B = ("md", "gwb", "xb")
 CLUSTER_A_ROLES = ("p", "rld")
 CLUSTER_B_ROLES = ("md",)
@@ -60,6 +60,7 @@ CROSS_ROLE = "cross"
 @dataclass(frozen=True)
 class HostSpec:
     """One host of the topology: name, cluster ('a' or 'b'), LAN address, role."""
+
     name: str
     cluster: str
     ip: str
@@ -86,8 +87,7 @@ def hosts(n_p: int = 1, n_rld: int = 1, n_md: int = 1, cross: bool = False) -> l
     for role, n in (("p", n_p), ("rld", n_rld), ("md", n_md)):
         if not 1 <= n <= MAX_PER_ROLE:
             raise ValueError(f"count of {role} hosts must be 1..{MAX_PER_ROLE}, got {n}")
-    specs = [HostSpec("client", "a", host_ip("client"), "client"),
-             HostSpec("router", "a", host_ip("router"), "router")]
+    specs = [HostSpec("client", "a", host_ip("client"), "client"), HostSpec("router", "a", host_ip("router"), "router")]
     specs += [HostSpec(host_name("p", i), "a", host_ip("p", i), "p") for i in range(1, n_p + 1)]
     specs += [HostSpec(host_name("rld", i), "a", host_ip("rld", i), "rld") for i in range(1, n_rld + 1)]
     specs += [HostSpec(host_name("md", i), "b", host_ip("md", i), "md") for i in range(1, n_md + 1)]

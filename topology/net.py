@@ -10,6 +10,7 @@ through `Testbed.popen` / `Testbed.run`).
 Mininet's global setup (`Mininet.init`, which raises root-namespace sysctls)
 and its cleanup (`mn -c`, which kills by name) are never used.
 """
+
 from __future__ import annotations
 
 import logging
@@ -28,8 +29,15 @@ from topology import capture, naming, tc
 from topology.cleanup import StateFile, prefixed_links
 from topology.proc import check_output, terminate
 from topology.profiles import DIRECTIONS, Profile, ScheduleStep, load_profile
-from topology.shaping import (AppliedChange, BackendChoice, LinkState, ScheduleRunner, TcBackend,
-                              UserspaceBackend, choose_backend)
+from topology.shaping import (
+    AppliedChange,
+    BackendChoice,
+    LinkState,
+    ScheduleRunner,
+    TcBackend,
+    UserspaceBackend,
+    choose_backend,
+)
 
 log = logging.getLogger(__name__)
 REQUIRED_TOOLS = ("mnexec", "ip", "tc", "brctl", "ifconfig", "ethtool", "iptables")
@@ -59,6 +67,7 @@ class TopologyConfig:
         plays it (`Testbed.play_schedule`) on its own clock, e.g. each variant's window
     cross_hosts: add the cross-traffic hosts xa and xb (topology.naming)
     """
+
     wan_profile: Profile
     lan_profile: Profile = field(default_factory=lambda: load_profile("lan"))
     n_p: int = 1
@@ -73,8 +82,8 @@ class TopologyConfig:
     runtime: str = "process"
     docker: Any = None
     # --- end runtime hook
-    play_schedule: bool = True     # the link's clock: calibration and the fidelity tests rely on it
-    cross_hosts: bool = False      # only experiments with cross traffic pay for two more namespaces
+    play_schedule: bool = True  # the link's clock: calibration and the fidelity tests rely on it
+    cross_hosts: bool = False  # only experiments with cross traffic pay for two more namespaces
 
 
 def preflight() -> None:
@@ -84,15 +93,19 @@ def preflight() -> None:
     try:
         import mininet.net  # noqa: F401
     except ImportError:
-        raise TestbedError("Mininet's Python library is missing: run `make setup` "
-                           "(installs Debian's mininet; the project venv sees Debian's site-packages)") from None
+        raise TestbedError(
+            "Mininet's Python library is missing: run `make setup` "
+            "(installs Debian's mininet; the project venv sees Debian's site-packages)"
+        ) from None
     missing = [t for t in REQUIRED_TOOLS if not shutil.which(t)]
     if missing:
         raise TestbedError(f"missing tools {missing}: run `make setup`")
     busy = prefixed_links()
     if busy:
-        raise TestbedError(f"name prefix {naming.PREFIX!r} is busy: {busy} exist (another run is active, "
-                           "or a crashed one left them: run `make clean`)")
+        raise TestbedError(
+            f"name prefix {naming.PREFIX!r} is busy: {busy} exist (another run is active, "
+            "or a crashed one left them: run `make clean`)"
+        )
 
 
 class _SigtermAsInterrupt:
@@ -172,9 +185,17 @@ class Testbed:
 
     def stop(self) -> None:
         """Tear down everything this testbed made, in reverse order; never raises midway."""
-        steps = [self._stop_schedule, self._stop_procs, self._stop_captures, self._stop_backend,
-                 self._stop_net, self._stop_runtime, self._remove_iptables_rules, self._remove_leftover_links,
-                 lambda: shutil.rmtree(self._workdir, ignore_errors=True)]
+        steps = [
+            self._stop_schedule,
+            self._stop_procs,
+            self._stop_captures,
+            self._stop_backend,
+            self._stop_net,
+            self._stop_runtime,
+            self._remove_iptables_rules,
+            self._remove_leftover_links,
+            lambda: shutil.rmtree(self._workdir, ignore_errors=True),
+        ]
         failed = False
         for step in steps:
             try:
@@ -193,26 +214,38 @@ class Testbed:
     def _build(self) -> None:
         from mininet.link import Link
         from mininet.net import Mininet
+
         Mininet.inited = True  # skip Mininet.init(): it raises root-namespace sysctls we would not restore
-        self.net = Mininet(topo=None, switch=_bridge_class(), controller=None, link=Link,
-                           build=False, autoSetMacs=False, autoStaticArp=False, waitConnected=False)
+        self.net = Mininet(
+            topo=None,
+            switch=_bridge_class(),
+            controller=None,
+            link=Link,
+            build=False,
+            autoSetMacs=False,
+            autoStaticArp=False,
+            waitConnected=False,
+        )
         sa = self.net.addSwitch(naming.SWITCH_A, dpid="1")
         sb = self.net.addSwitch(naming.SWITCH_B, dpid="2")
         switch = {"a": sa, "b": sb}
         for cluster, gw in (("a", naming.GATEWAY_A), ("b", naming.GATEWAY_B)):
             self.net.addLink(self.net.addHost(gw, ip=None), switch[cluster])  # gw-eth0: LAN
         for spec in self._host_specs():
-            host = self.net.addHost(spec.name, ip=f"{spec.ip}/24",
-                                    defaultRoute=f"via {naming.gateway_lan_ip(spec.cluster)}",
-                                    **(self._docker.host_params(spec.role) if self._docker else {}))
+            host = self.net.addHost(
+                spec.name,
+                ip=f"{spec.ip}/24",
+                defaultRoute=f"via {naming.gateway_lan_ip(spec.cluster)}",
+                **(self._docker.host_params(spec.role) if self._docker else {}),
+            )
             self.net.addLink(host, switch[spec.cluster])
         gwa, gwb = self.net.get(naming.GATEWAY_A), self.net.get(naming.GATEWAY_B)
         if self.backend_choice.name == "userspace":
             wire = self.net.addHost(naming.WIRE, ip=None)
-            self.net.addLink(gwa, wire)   # gwa-eth1 <-> wan-eth0
-            self.net.addLink(wire, gwb)   # wan-eth1 <-> gwb-eth1
+            self.net.addLink(gwa, wire)  # gwa-eth1 <-> wan-eth0
+            self.net.addLink(wire, gwb)  # wan-eth1 <-> gwb-eth1
         else:
-            self.net.addLink(gwa, gwb)    # gwa-eth1 <-> gwb-eth1
+            self.net.addLink(gwa, gwb)  # gwa-eth1 <-> gwb-eth1
         log.info("building topology: %d hosts", len(self.net.hosts))
         self.net.build()
         self.net.start()
@@ -221,8 +254,9 @@ class Testbed:
         gwa, gwb = self.host(naming.GATEWAY_A), self.host(naming.GATEWAY_B)
         prefix = naming.WAN_PREFIXLEN
         for gw, lan_ip, wan_ip, remote_subnet, remote_wan in (
-                (gwa, naming.gateway_lan_ip("a"), naming.WAN_A_IP, naming.SUBNET_B, naming.WAN_B_IP),
-                (gwb, naming.gateway_lan_ip("b"), naming.WAN_B_IP, naming.SUBNET_A, naming.WAN_A_IP)):
+            (gwa, naming.gateway_lan_ip("a"), naming.WAN_A_IP, naming.SUBNET_B, naming.WAN_B_IP),
+            (gwb, naming.gateway_lan_ip("b"), naming.WAN_B_IP, naming.SUBNET_A, naming.WAN_A_IP),
+        ):
             name = gw.name
             self.run(name, ["ip", "addr", "add", f"{lan_ip}/24", "dev", f"{name}-eth0"])
             self.run(name, ["ip", "addr", "add", f"{wan_ip}/{prefix}", "dev", f"{name}-eth1"])
@@ -265,8 +299,9 @@ class Testbed:
         else:
             log_dir = self.config.log_dir or self._workdir
             log_dir.mkdir(parents=True, exist_ok=True)
-            backend = UserspaceBackend(self.ns_prefix(naming.WIRE), self._workdir / "emulator.sock",
-                                       self.config.seed, log_dir / "emulator.log")
+            backend = UserspaceBackend(
+                self.ns_prefix(naming.WIRE), self._workdir / "emulator.sock", self.config.seed, log_dir / "emulator.log"
+            )
         self._offloads_off()
         backend.start(wan.a_to_b, wan.b_to_a)
         if getattr(backend, "pid", None):
@@ -286,14 +321,12 @@ class Testbed:
             if not any(_is_switch(e.node) for e in ends):
                 continue  # the WAN link
             for end in ends:
-                self.run(None if _is_switch(end.node) else end.node.name,
-                         tc.netem_cmd(end.name, lan.a_to_b, "replace"))
+                self.run(None if _is_switch(end.node) else end.node.name, tc.netem_cmd(end.name, lan.a_to_b, "replace"))
 
     def _start_captures(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         for side, (host, dev) in zip("ab", naming.wan_interfaces().values()):
-            cap = capture.Capture(self.ns_prefix(host), dev, directory / f"wan-{side}.pcap",
-                                  self.config.snaplen_bytes)
+            cap = capture.Capture(self.ns_prefix(host), dev, directory / f"wan-{side}.pcap", self.config.snaplen_bytes)
             cap.start()
             self._captures.append(cap)
             self._state.add(cap.proc.pid, f"tcpdump {dev}")
@@ -329,6 +362,7 @@ class Testbed:
             if self.config.docker is None:
                 raise TestbedError("runtime docker needs TopologyConfig.docker (docker_rt.host.DockerOptions)")
             from docker_rt.host import DockerRuntime
+
             self._docker = DockerRuntime(self.config.docker)
             self._docker.start()
 
@@ -340,14 +374,16 @@ class Testbed:
         """Raise if a worker container crashed (names the role, shows its last log lines); no-op for process."""
         if self._docker:
             self._docker.check()
+
     # ---- end runtime hook ------------------------------------------------
 
     def swap_profile(self, profile: Profile) -> None:
         """Replace the WAN profile on the live link."""
         self.link.swap_profile(profile)
 
-    def play_schedule(self, steps: tuple[ScheduleStep, ...], start_ns: int | None = None,
-                      labels: tuple[str, ...] | None = None) -> ScheduleRunner:
+    def play_schedule(
+        self, steps: tuple[ScheduleStep, ...], start_ns: int | None = None, labels: tuple[str, ...] | None = None
+    ) -> ScheduleRunner:
         """Play schedule steps on the live link with their clock at start_ns (time.monotonic_ns(); None =
         now); returns the running handle (`stop()`, `check()`, `end_ns`). Stopped at teardown."""
         runner = ScheduleRunner(self.link, steps, time.monotonic_ns() if start_ns is None else start_ns, labels)
@@ -374,12 +410,16 @@ class Testbed:
             "backend": self.backend_choice.name if self.backend_choice else None,
             "backend_requested": c.backend,
             "backend_reason": self.backend_choice.reason if self.backend_choice else None,
-            "lan_shaping": "netem" if self.backend_choice and self.backend_choice.name == "tc"
+            "lan_shaping": "netem"
+            if self.backend_choice and self.backend_choice.name == "tc"
             else "none (kernel lacks netem; veth base latency applies)",
-            "wan_profile": c.wan_profile.to_dict(), "lan_profile": c.lan_profile.to_dict(),
+            "wan_profile": c.wan_profile.to_dict(),
+            "lan_profile": c.lan_profile.to_dict(),
             "hosts": [h.__dict__ for h in self._host_specs()],
-            "seed": c.seed, "snaplen_bytes": c.snaplen_bytes,
-            "runtime": c.runtime, "docker": self._docker.metadata() if self._docker else None,  # issue 5 hook
+            "seed": c.seed,
+            "snaplen_bytes": c.snaplen_bytes,
+            "runtime": c.runtime,
+            "docker": self._docker.metadata() if self._docker else None,  # issue 5 hook
             "link_changes": [ch.__dict__ for ch in self.link.changes] if self.link else [],
         }
 
@@ -433,6 +473,7 @@ def _bridge_class():
         @classmethod
         def setup(cls):
             pass
+
     return Bridge
 
 

@@ -21,6 +21,7 @@ no visible effect; the pareto tables have mean -0.03 and sd 0.82 (x jitter).
 On `set_params` every correlation and the Gilbert-Elliott state restart,
 like a `tc qdisc replace` that names every option; queued frames are kept.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -91,8 +92,9 @@ def load_dist_table(name: str) -> tuple[int, ...]:
                 raise NetemConfigError(f"{path}: empty distribution table")
             log.debug("loaded %s (%d entries)", path, len(table))
             return table
-    raise NetemConfigError(f"distribution table {name}.dist not found in {[str(d) for d in _dist_dirs()]} "
-                           "(install iproute2)")
+    raise NetemConfigError(
+        f"distribution table {name}.dist not found in {[str(d) for d in _dist_dirs()]} (install iproute2)"
+    )
 
 
 class CorrelatedRandom:
@@ -138,6 +140,7 @@ class Lateness:
     """How late frames left against the departure time netem's algorithm gave them: a histogram of
     BUCKET_NS buckets up to BUCKETS x BUCKET_NS, one overflow bucket, and the maximum (ns). An emulator
     that falls behind (no CPU to spare) shows here, not in the link it claims to be."""
+
     BUCKET_NS = 10_000
     BUCKETS = 1000
 
@@ -153,8 +156,11 @@ class Lateness:
 
     def to_dict(self) -> dict:
         """Sparse form: {"bucket_ns", "counts": {index: frames}, "max_ns"}."""
-        return {"bucket_ns": self.BUCKET_NS, "counts": {str(i): c for i, c in enumerate(self.counts) if c},
-                "max_ns": self.max_ns}
+        return {
+            "bucket_ns": self.BUCKET_NS,
+            "counts": {str(i): c for i, c in enumerate(self.counts) if c},
+            "max_ns": self.max_ns,
+        }
 
 
 def lateness_between(before: dict | None, after: dict) -> dict:
@@ -178,19 +184,21 @@ def lateness_between(before: dict | None, after: dict) -> dict:
             if seen >= q * frames:
                 return edge_us(i)
         return edge_us(max(diff))
+
     return {"frames": frames, "p50_us": pct(0.5), "p99_us": pct(0.99), "max_us": edge_us(max(diff))}
 
 
 @dataclass
 class NetemCounters:
     """What one direction did since it started (frames)."""
-    received: int = 0       # frames offered to enqueue()
-    sent: int = 0           # frames handed out by pop_due()
-    dropped_loss: int = 0   # lost by the loss model
+
+    received: int = 0  # frames offered to enqueue()
+    sent: int = 0  # frames handed out by pop_due()
+    dropped_loss: int = 0  # lost by the loss model
     dropped_limit: int = 0  # queue overflow (qlen >= limit)
-    duplicated: int = 0     # extra copies made
-    corrupted: int = 0      # frames with one flipped bit
-    reordered: int = 0      # frames sent at once, ahead of the delayed ones
+    duplicated: int = 0  # extra copies made
+    corrupted: int = 0  # frames with one flipped bit
+    reordered: int = 0  # frames sent at once, ahead of the delayed ones
 
 
 @dataclass(frozen=True)
@@ -203,6 +211,7 @@ class Decision:
     reordered: put at the head of the queue, sent at once
     corrupt_at: (byte index, bit) flipped, or None
     """
+
     outcome: str
     time_to_send_ns: int | None = None
     duplicate: bool = False
@@ -213,6 +222,7 @@ class Decision:
 @dataclass(frozen=True)
 class _Config:
     """LinkParams in the kernel's units (u32 probabilities, ns, bytes/s)."""
+
     latency_ns: int
     jitter_ns: int
     table: tuple[int, ...] | None
@@ -239,8 +249,12 @@ def config_from_params(params: LinkParams) -> _Config:
     if params.loss_ge is not None:
         g = params.loss_ge
         # iproute2 takes "1-h" and sends the kernel h = UINT32_MAX - (1-h).
-        ge = (pct_to_u32(g.p_pct), pct_to_u32(g.r_pct),
-              U32_MAX - pct_to_u32(g.bad_loss_pct), pct_to_u32(g.good_loss_pct))
+        ge = (
+            pct_to_u32(g.p_pct),
+            pct_to_u32(g.r_pct),
+            U32_MAX - pct_to_u32(g.bad_loss_pct),
+            pct_to_u32(g.good_loss_pct),
+        )
     return _Config(
         latency_ns=ms_to_ns(params.delay_ms),
         jitter_ns=min(abs(ms_to_ns(params.jitter_ms)), JITTER_MAX_NS),
@@ -265,8 +279,8 @@ class NetemQueue:
         self._rng = random.Random(seed)
         self.counters = NetemCounters()
         self._tfifo: list[tuple[int, int, bytes]] = []  # heap of (time_to_send_ns, seq, frame)
-        self._tfifo_last_ns: int | None = None           # latest time_to_send in _tfifo
-        self._head: deque[tuple[int, bytes]] = deque()   # reordered frames: (time_to_send_ns, frame)
+        self._tfifo_last_ns: int | None = None  # latest time_to_send in _tfifo
+        self._head: deque[tuple[int, bytes]] = deque()  # reordered frames: (time_to_send_ns, frame)
         self._seq = 0
         self.set_params(params)
 
@@ -423,8 +437,7 @@ class NetemQueue:
         return out
 
 
-def periodic_delays_ns(params: LinkParams, count: int, interval_ns: int, frame_bytes: int,
-                       seed: int = 0) -> list[int]:
+def periodic_delays_ns(params: LinkParams, count: int, interval_ns: int, frame_bytes: int, seed: int = 0) -> list[int]:
     """One-way delays (ns) netem gives `count` frames arriving every `interval_ns`.
 
     What a periodic probe should measure: with a rate and jitter, each frame
@@ -437,6 +450,5 @@ def periodic_delays_ns(params: LinkParams, count: int, interval_ns: int, frame_b
     delays = []
     for i in range(count):
         now = i * interval_ns
-        delays += [d.time_to_send_ns - now for d in queue.enqueue(now, bytes(frame_bytes))
-                   if d.outcome == "queued"]
+        delays += [d.time_to_send_ns - now for d in queue.enqueue(now, bytes(frame_bytes)) if d.outcome == "queued"]
     return delays

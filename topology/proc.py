@@ -7,6 +7,7 @@ that each is done one way: by the PID we started, never by name.
 Not responsible for: where a command runs (callers prefix `ip netns exec` or
 `mnexec` themselves).
 """
+
 from __future__ import annotations
 
 import logging
@@ -17,8 +18,7 @@ from typing import Callable, Sequence
 log = logging.getLogger(__name__)
 
 
-def check_output(argv: Sequence[str], timeout_s: float | None = 60,
-                 error: type[Exception] = RuntimeError) -> str:
+def check_output(argv: Sequence[str], timeout_s: float | None = 60, error: type[Exception] = RuntimeError) -> str:
     """Run argv and return its stdout; raise `error` naming the command and its stderr when it fails."""
     argv = list(argv)
     log.debug("run: %s", " ".join(argv))
@@ -48,8 +48,13 @@ def reap(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
         terminate(proc)
 
 
-def wait_listening(run: Callable[[list[str]], str], port: int, what: str, timeout_s: float = 15.0,
-                   alive: Callable[[], bool] = lambda: True) -> None:
+def wait_listening(
+    run: Callable[[list[str]], str],
+    port: int,
+    what: str,
+    timeout_s: float = 15.0,
+    alive: Callable[[], bool] = lambda: True,
+) -> None:
     """Readiness: return once a TCP socket listens on port, as `ss` reports it where the server runs
     (`run` executes an argv there and returns its stdout). Raises RuntimeError after timeout_s or once
     alive() turns false (the server exited)."""

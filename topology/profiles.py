@@ -21,11 +21,12 @@ Schema (one file per profile; all keys optional except `name`):
 
 The semantics of every field are those of `tc-netem(8)`.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,7 @@ class GilbertElliott:
     bad_loss_pct: loss probability in the bad state, netem's 1-h (%)
     good_loss_pct: loss probability in the good state, netem's 1-k (%)
     """
+
     p_pct: float
     r_pct: float = 100.0
     bad_loss_pct: float = 100.0
@@ -85,6 +87,7 @@ class LinkParams:
     reorder_pct: packets sent at once, ahead of the delayed ones (%)
     reorder_gap: reorder only every gap-th packet; 0 = netem's default
     """
+
     rate_mbit: float = 0.0
     limit_pkts: int = 0
     delay_ms: float = 0.0
@@ -141,6 +144,7 @@ class ScheduleStep:
     direction: both | a_to_b | b_to_a
     changes: LinkParams fields to change
     """
+
     at_s: float
     changes: dict[str, Any]
     direction: str = "both"
@@ -150,6 +154,7 @@ class ScheduleStep:
 @dataclass(frozen=True)
 class Profile:
     """A named pair of link directions plus an optional schedule."""
+
     name: str
     description: str
     a_to_b: LinkParams
@@ -164,8 +169,10 @@ class Profile:
     def to_dict(self) -> dict[str, Any]:
         """Plain dict of the resolved profile (for metadata.json)."""
         return {
-            "name": self.name, "description": self.description,
-            "a_to_b": self.a_to_b.to_dict(), "b_to_a": self.b_to_a.to_dict(),
+            "name": self.name,
+            "description": self.description,
+            "a_to_b": self.a_to_b.to_dict(),
+            "b_to_a": self.b_to_a.to_dict(),
             "schedule": [dataclasses.asdict(s) for s in self.schedule],
             "path": str(self.path) if self.path else None,
         }
@@ -173,11 +180,17 @@ class Profile:
 
 # name -> (min, max) for numeric fields; None = unbounded above.
 _RANGES: dict[str, tuple[float, float | None]] = {
-    "rate_mbit": (0, 100_000), "limit_pkts": (0, 10_000_000),
-    "delay_ms": (0, 60_000), "jitter_ms": (0, 60_000),
-    "delay_correlation_pct": (0, 100), "loss_pct": (0, 100),
-    "loss_correlation_pct": (0, 100), "duplicate_pct": (0, 100),
-    "corrupt_pct": (0, 100), "reorder_pct": (0, 100), "reorder_gap": (0, 1_000_000),
+    "rate_mbit": (0, 100_000),
+    "limit_pkts": (0, 10_000_000),
+    "delay_ms": (0, 60_000),
+    "jitter_ms": (0, 60_000),
+    "delay_correlation_pct": (0, 100),
+    "loss_pct": (0, 100),
+    "loss_correlation_pct": (0, 100),
+    "duplicate_pct": (0, 100),
+    "corrupt_pct": (0, 100),
+    "reorder_pct": (0, 100),
+    "reorder_gap": (0, 1_000_000),
 }
 _INT_FIELDS = {"limit_pkts", "reorder_gap"}
 _LINK_FIELDS = tuple(f.name for f in dataclasses.fields(LinkParams))
@@ -217,11 +230,16 @@ def link_params_from_dict(data: dict[str, Any], where: str) -> LinkParams:
     for name, value in data.items():
         if name == "delay_distribution":
             if value not in DISTRIBUTIONS:
-                raise ProfileError(f"{where}.delay_distribution: {value!r} is unknown; allowed: {', '.join(DISTRIBUTIONS)}")
+                raise ProfileError(
+                    f"{where}.delay_distribution: {value!r} is unknown; allowed: {', '.join(DISTRIBUTIONS)}"
+                )
             values[name] = value
         elif name == "loss_ge":
-            values[name] = None if value is None else (
-                value if isinstance(value, GilbertElliott) else _gilbert_elliott(value, f"{where}.loss_ge"))
+            values[name] = (
+                None
+                if value is None
+                else (value if isinstance(value, GilbertElliott) else _gilbert_elliott(value, f"{where}.loss_ge"))
+            )
         else:
             lo, hi = _RANGES[name]
             values[name] = _number(value, name, where, lo, hi, name in _INT_FIELDS)
@@ -247,7 +265,9 @@ def parse_schedule(data: Any, where: str) -> tuple[ScheduleStep, ...]:
             raise ProfileError(f"{at}: 'at_s' and 'set' are required")
         at_s = _number(raw["at_s"], "at_s", at, 0, None, False)
         if at_s < last_at:
-            raise ProfileError(f"{at}.at_s: {at_s} goes back in time (previous step at {last_at}); steps must be in order")
+            raise ProfileError(
+                f"{at}.at_s: {at_s} goes back in time (previous step at {last_at}); steps must be in order"
+            )
         duration = raw.get("duration_s")
         if duration is not None:
             duration = _number(duration, "duration_s", at, 0, None, False)
@@ -271,8 +291,9 @@ def profile_from_dict(data: Any, source: str, path: Path | None = None) -> Profi
     _check_keys(base, _LINK_FIELDS, f"{source}: link")
     dirs = {d: link_params_from_dict({**base, **(data.get(d) or {})}, f"{source}: {d}") for d in DIRECTIONS}
     schedule = parse_schedule(data.get("schedule") or [], f"{source}: schedule")
-    return Profile(name=data["name"], description=str(data.get("description", "")),
-                   schedule=schedule, path=path, **dirs)
+    return Profile(
+        name=data["name"], description=str(data.get("description", "")), schedule=schedule, path=path, **dirs
+    )
 
 
 def schedule_end_s(schedule: tuple[ScheduleStep, ...]) -> float:
@@ -291,7 +312,9 @@ def load_profile(name_or_path: str | Path, directory: Path = PROFILE_DIR) -> Pro
     if path.suffix not in (".yaml", ".yml"):
         path = directory / f"{name_or_path}.yaml"
         if not path.exists():
-            raise ProfileError(f"unknown profile {str(name_or_path)!r}; available: {', '.join(available_profiles(directory))}")
+            raise ProfileError(
+                f"unknown profile {str(name_or_path)!r}; available: {', '.join(available_profiles(directory))}"
+            )
     if not path.exists():
         raise ProfileError(f"{path}: no such profile file")
     try:

@@ -8,6 +8,7 @@ or the per-packet semantics (the kernel's netem, or `topology.netem_model`).
 `auto` picks `tc` when the kernel accepts a netem qdisc and `userspace`
 otherwise; the choice and its reason are logged and recorded in run metadata.
 """
+
 from __future__ import annotations
 
 import logging
@@ -34,6 +35,7 @@ class ShapingError(RuntimeError):
 @dataclass(frozen=True)
 class BackendChoice:
     """Which backend runs and why (recorded in every run's metadata)."""
+
     name: str
     requested: str
     reason: str
@@ -58,17 +60,19 @@ def choose_backend(requested: str) -> BackendChoice:
 
 class Backend(Protocol):
     """What the topology needs from a shaping backend."""
+
     name: str
 
     def start(self, a_to_b: LinkParams, b_to_a: LinkParams) -> None: ...
     def apply(self, direction: str, params: LinkParams) -> None: ...
     def stats(self) -> dict: ...
-    def health(self) -> dict | None: ...   # the shaper's own health snapshot (userspace), None (kernel)
+    def health(self) -> dict | None: ...  # the shaper's own health snapshot (userspace), None (kernel)
     def stop(self) -> None: ...
 
 
 class TcBackend:
     """The kernel's netem as the root qdisc of each gateway's WAN interface."""
+
     name = "tc"
 
     def __init__(self, run: HostRunner):
@@ -93,8 +97,10 @@ class TcBackend:
 
     def stats(self) -> dict:
         """`tc -s qdisc` output per direction."""
-        return {d: self._run(h, ["tc", "-s", "qdisc", "show", "dev", dev])
-                for d, (h, dev) in naming.wan_interfaces().items()}
+        return {
+            d: self._run(h, ["tc", "-s", "qdisc", "show", "dev", dev])
+            for d, (h, dev) in naming.wan_interfaces().items()
+        }
 
     def stop(self) -> None:
         """Remove the qdiscs this backend installed."""
@@ -109,6 +115,7 @@ class TcBackend:
 
 class UserspaceBackend:
     """The userspace emulator forwarding frames between wan-eth0 and wan-eth1."""
+
     name = "userspace"
 
     def __init__(self, ns_prefix: list[str], control_path: Path, seed: int, log_path: Path | None = None):
@@ -126,10 +133,17 @@ class UserspaceBackend:
     def start(self, a_to_b: LinkParams, b_to_a: LinkParams) -> None:
         """Start the forwarder in the wire host and wait until it answers."""
         from topology.userspace import UserspaceEmulator
+
         self._emulator = UserspaceEmulator(
-            if_a=f"{naming.WIRE}-eth0", if_b=f"{naming.WIRE}-eth1", a_to_b=a_to_b, b_to_a=b_to_a,
-            control_path=self._control_path, seed=self._seed, prefix=self._ns_prefix,
-            log_path=self._log_path)
+            if_a=f"{naming.WIRE}-eth0",
+            if_b=f"{naming.WIRE}-eth1",
+            a_to_b=a_to_b,
+            b_to_a=b_to_a,
+            control_path=self._control_path,
+            seed=self._seed,
+            prefix=self._ns_prefix,
+            log_path=self._log_path,
+        )
         self._emulator.start()
 
     def apply(self, direction: str, params: LinkParams) -> None:
@@ -157,6 +171,7 @@ class AppliedChange:
 
     t_s: seconds after the link came up; t_ns: time.monotonic_ns() at the change (the roles' log clock)
     """
+
     t_s: float
     direction: str
     params: dict
@@ -167,6 +182,7 @@ class AppliedChange:
 @dataclass
 class LinkState:
     """The live WAN link: current parameters per direction and the log of changes."""
+
     backend: Backend
     current: dict[str, LinkParams]
     started_at: float = field(default_factory=time.monotonic)
@@ -179,8 +195,7 @@ class LinkState:
             self.backend.apply(direction, params)
             self.current[direction] = params
             now_ns = time.monotonic_ns()
-            change = AppliedChange(round(now_ns / 1e9 - self.started_at, 4), direction, params.to_dict(), cause,
-                                   now_ns)
+            change = AppliedChange(round(now_ns / 1e9 - self.started_at, 4), direction, params.to_dict(), cause, now_ns)
             self.changes.append(change)
         log.info("link %s <- %s (%s)", direction, _brief(params), cause)
         return change
@@ -197,8 +212,7 @@ class LinkState:
 
 
 def _brief(p: LinkParams) -> str:
-    return (f"rate={p.rate_mbit}Mbit delay={p.delay_ms}ms jitter={p.jitter_ms}ms "
-            f"loss={p.expected_loss_pct:.3g}%")
+    return f"rate={p.rate_mbit}Mbit delay={p.delay_ms}ms jitter={p.jitter_ms}ms loss={p.expected_loss_pct:.3g}%"
 
 
 def _step_directions(step: ScheduleStep) -> tuple[str, ...]:
@@ -223,8 +237,13 @@ class ScheduleRunner:
     when the link came up); labels: a cause per step (default "schedule step <i>")
     """
 
-    def __init__(self, state: LinkState, schedule: tuple[ScheduleStep, ...], start_ns: int | None = None,
-                 labels: tuple[str, ...] | None = None):
+    def __init__(
+        self,
+        state: LinkState,
+        schedule: tuple[ScheduleStep, ...],
+        start_ns: int | None = None,
+        labels: tuple[str, ...] | None = None,
+    ):
         self._state = state
         self.start_ns = round(state.started_at * 1e9) if start_ns is None else start_ns
         self._labels = labels or tuple(f"schedule step {i}" for i in range(len(schedule)))

@@ -10,6 +10,7 @@ without root. A single netem qdisc carries every parameter, rate included:
 netem's own rate keeps packets in order when a rate is set, which is the
 semantics the userspace backend reproduces.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -41,8 +42,7 @@ def _delay_args(p: LinkParams) -> list[str]:
 def _loss_args(p: LinkParams) -> list[str]:
     if p.loss_ge:
         ge = p.loss_ge
-        return ["loss", "gemodel", _pct(ge.p_pct), _pct(ge.r_pct),
-                _pct(ge.bad_loss_pct), _pct(ge.good_loss_pct)]
+        return ["loss", "gemodel", _pct(ge.p_pct), _pct(ge.r_pct), _pct(ge.bad_loss_pct), _pct(ge.good_loss_pct)]
     if not p.loss_pct:
         return []
     args = ["loss", "random", _pct(p.loss_pct)]
@@ -68,8 +68,7 @@ def _other_args(p: LinkParams) -> list[str]:
 
 def netem_args(p: LinkParams) -> list[str]:
     """The `netem ...` part of a qdisc command for one direction."""
-    return ["netem", "limit", str(p.effective_limit_pkts),
-            *_delay_args(p), *_loss_args(p), *_other_args(p)]
+    return ["netem", "limit", str(p.effective_limit_pkts), *_delay_args(p), *_loss_args(p), *_other_args(p)]
 
 
 def netem_cmd(dev: str, p: LinkParams, verb: str = "replace") -> list[str]:

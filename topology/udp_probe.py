@@ -12,6 +12,7 @@ the command, e.g. `ip netns exec NS python -m topology.udp_probe ...`).
     python -m topology.udp_probe recv --port P --count N --idle-timeout-s S  # prints "ready", then JSON
     python -m topology.udp_probe send --dst ADDR --port P --count N --interval-us U --size-bytes B
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,6 +41,7 @@ class ProbeResult:
     delays_ns: one-way delay of each received datagram, in arrival order (ns)
     seqs: sequence numbers in arrival order
     """
+
     sent_count: int
     delays_ns: list[int] = field(default_factory=list)
     seqs: list[int] = field(default_factory=list)
@@ -80,8 +82,9 @@ def send(dst: str, port: int, count: int, interval_us: float, size_bytes: int) -
             sock.sendto(HEADER.pack(seq, time.monotonic_ns()) + pad, (dst, port))
 
 
-def receive(port: int, count: int, idle_timeout_s: float, ready=lambda: None,
-            first_timeout_s: float = 60.0) -> ProbeResult:
+def receive(
+    port: int, count: int, idle_timeout_s: float, ready=lambda: None, first_timeout_s: float = 60.0
+) -> ProbeResult:
     """Receive until `count` probes arrived or none came for idle_timeout_s.
 
     The first probe may take up to first_timeout_s: the sender is a separate
@@ -136,9 +139,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.mode == "send":
         send(args.dst, args.port, args.count, args.interval_us, args.size_bytes)
         return 0
-    result = receive(args.port, args.count, args.idle_timeout_s,
-                     ready=lambda: (sys.stdout.write("ready\n"), sys.stdout.flush()),
-                     first_timeout_s=args.first_timeout_s)
+    result = receive(
+        args.port,
+        args.count,
+        args.idle_timeout_s,
+        ready=lambda: (sys.stdout.write("ready\n"), sys.stdout.flush()),
+        first_timeout_s=args.first_timeout_s,
+    )
     sys.stdout.write(json.dumps(asdict(result)) + "\n")
     return 0
 

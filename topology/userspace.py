@@ -36,6 +36,7 @@ Control protocol (UNIX stream socket, one JSON object per line each way):
     (health: the forwarder's own CPU seconds and how late its frames left; see netem_model.Lateness)
     {"cmd": "stop"}   -> {"ok": true}, then the process exits 0 (as on SIGTERM/SIGINT)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -101,27 +102,50 @@ def offload_off_cmds(ifnames: Sequence[str], netns: str | None = None) -> list[l
     return [[*prefix, *offload_off_cmd(name)] for name in ifnames]
 
 
-def emulator_cmd(if_a: str, if_b: str, control_path: str | Path, seed: int,
-                 a_to_b: LinkParams, b_to_a: LinkParams,
-                 prefix: Sequence[str] = (), python: str = sys.executable) -> list[str]:
+def emulator_cmd(
+    if_a: str,
+    if_b: str,
+    control_path: str | Path,
+    seed: int,
+    a_to_b: LinkParams,
+    b_to_a: LinkParams,
+    prefix: Sequence[str] = (),
+    python: str = sys.executable,
+) -> list[str]:
     """The command line that runs the forwarder (inside `prefix`, e.g. ip netns exec NS)."""
-    return [*prefix, python, "-m", "topology.userspace", "--if-a", if_a, "--if-b", if_b,
-            "--control", str(control_path), "--seed", str(seed),
-            "--params-a-to-b", json.dumps(a_to_b.to_dict()),
-            "--params-b-to-a", json.dumps(b_to_a.to_dict())]
+    return [
+        *prefix,
+        python,
+        "-m",
+        "topology.userspace",
+        "--if-a",
+        if_a,
+        "--if-b",
+        if_b,
+        "--control",
+        str(control_path),
+        "--seed",
+        str(seed),
+        "--params-a-to-b",
+        json.dumps(a_to_b.to_dict()),
+        "--params-b-to-a",
+        json.dumps(b_to_a.to_dict()),
+    ]
 
 
 @dataclass
 class DirectionStats(NetemCounters):
     """Counters of one direction, plus what the forwarder itself saw (frames)."""
-    queued: int = 0     # frames waiting in the queue now
-    rx_drops: int = 0   # frames the kernel dropped before we read them (socket buffer full)
+
+    queued: int = 0  # frames waiting in the queue now
+    rx_drops: int = 0  # frames the kernel dropped before we read them (socket buffer full)
     tx_errors: int = 0  # frames the wire refused on send (lost)
 
 
 # --------------------------------------------------------------------------
 # The forwarder process
 # --------------------------------------------------------------------------
+
 
 def _set_timer_slack_ns(slack_ns: int) -> None:
     """Ask for precise timers: the default 50 us slack would add to every delay."""
@@ -283,8 +307,9 @@ class ControlServer:
 class Forwarder:
     """Bridges two WirePorts through one NetemQueue per direction."""
 
-    def __init__(self, if_a: str, if_b: str, a_to_b: LinkParams, b_to_a: LinkParams, seed: int,
-                 spin_us: float = DEFAULT_SPIN_US):
+    def __init__(
+        self, if_a: str, if_b: str, a_to_b: LinkParams, b_to_a: LinkParams, seed: int, spin_us: float = DEFAULT_SPIN_US
+    ):
         """if_a/if_b: wire interfaces; a_to_b/b_to_a: impairments; seed: seeds both directions;
         spin_us: poll instead of sleeping this long before a departure (us)."""
         self.port_a, self.port_b = WirePort(if_a), WirePort(if_b)
@@ -300,9 +325,15 @@ class Forwarder:
         if cmd == "ping":
             return {"ok": True}
         if cmd == "stats":
-            return {"ok": True, **{d: dataclasses.asdict(self.stats(d)) for d in DIRECTIONS},
-                    "health": {"t_ns": time.monotonic_ns(), "cpu_s": time.process_time(),
-                               "lateness": {d: self.lateness[d].to_dict() for d in DIRECTIONS}}}
+            return {
+                "ok": True,
+                **{d: dataclasses.asdict(self.stats(d)) for d in DIRECTIONS},
+                "health": {
+                    "t_ns": time.monotonic_ns(),
+                    "cpu_s": time.process_time(),
+                    "lateness": {d: self.lateness[d].to_dict() for d in DIRECTIONS},
+                },
+            }
         if cmd == "stop":
             self.stopping = True
             return {"ok": True}
@@ -326,8 +357,9 @@ class Forwarder:
         """Counters of one direction."""
         queue = self.queues[direction]
         rx, tx = (self.port_a, self.port_b) if direction == "a_to_b" else (self.port_b, self.port_a)
-        return DirectionStats(**dataclasses.asdict(queue.counters), queued=len(queue),
-                              rx_drops=rx.rx_drops, tx_errors=tx.tx_errors)
+        return DirectionStats(
+            **dataclasses.asdict(queue.counters), queued=len(queue), rx_drops=rx.rx_drops, tx_errors=tx.tx_errors
+        )
 
     def run(self, control: ControlServer, wakeup: socket.socket) -> None:
         """Forward until stopped by the control socket or a signal (via `wakeup`)."""
@@ -336,8 +368,7 @@ class Forwarder:
         pa, pb = self.port_a, self.port_b
         clock = time.monotonic_ns
         while not self.stopping:
-            readable, _, _ = select.select([pa, pb, wakeup, *control.sockets()], [], [],
-                                           self._timeout_s(clock()))
+            readable, _, _ = select.select([pa, pb, wakeup, *control.sockets()], [], [], self._timeout_s(clock()))
             for sock in readable:
                 if sock is pa:
                     pa.drain(qa)
@@ -352,8 +383,11 @@ class Forwarder:
             pa.send_all(qb.pop_due(now, lb))
 
     def _timeout_s(self, now_ns: int) -> float | None:
-        due = [t for t in (self.queues["a_to_b"].next_departure_ns(),
-                           self.queues["b_to_a"].next_departure_ns()) if t is not None]
+        due = [
+            t
+            for t in (self.queues["a_to_b"].next_departure_ns(), self.queues["b_to_a"].next_departure_ns())
+            if t is not None
+        ]
         if not due:
             return None
         # Waking from a sleep costs 0.1-0.3 ms on a VM: sleep until spin_ns
@@ -385,8 +419,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="seed of the random draws")
     parser.add_argument("--params-a-to-b", type=_params_arg, default=LinkParams(), help="LinkParams JSON")
     parser.add_argument("--params-b-to-a", type=_params_arg, default=LinkParams(), help="LinkParams JSON")
-    parser.add_argument("--spin-us", type=float, default=DEFAULT_SPIN_US,
-                        help="poll instead of sleeping this long before a departure (us); 0 = never")
+    parser.add_argument(
+        "--spin-us",
+        type=float,
+        default=DEFAULT_SPIN_US,
+        help="poll instead of sleeping this long before a departure (us); 0 = never",
+    )
     parser.add_argument("--log-level", default="INFO")
     return parser.parse_args(argv)
 
@@ -394,8 +432,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the forwarder until stop/SIGTERM/SIGINT; returns the exit status."""
     args = parse_args(argv)
-    logging.basicConfig(level=args.log_level, stream=sys.stderr,
-                        format="%(asctime)s userspace-emulator[%(process)d] %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=args.log_level,
+        stream=sys.stderr,
+        format="%(asctime)s userspace-emulator[%(process)d] %(levelname)s %(message)s",
+    )
     _set_timer_slack_ns(1)
     wake_r, wake_w = socket.socketpair()
     wake_w.setblocking(False)
@@ -403,8 +444,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)  # the wakeup fd does the work
     try:
-        forwarder = Forwarder(args.if_a, args.if_b, args.params_a_to_b, args.params_b_to_a, args.seed,
-                              args.spin_us)
+        forwarder = Forwarder(args.if_a, args.if_b, args.params_a_to_b, args.params_b_to_a, args.seed, args.spin_us)
     except (OSError, NetemConfigError) as exc:
         log.error("cannot start: %s", exc)
         return 2
@@ -425,6 +465,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 # The client
 # --------------------------------------------------------------------------
 
+
 def control_request(path: str | Path, request: dict[str, Any], timeout_s: float = 5.0) -> dict[str, Any]:
     """Send one request to a control socket and return the decoded reply."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
@@ -440,7 +481,7 @@ def control_request(path: str | Path, request: dict[str, Any], timeout_s: float 
     return json.loads(reply)
 
 
-LATE_P99_US = 1000.0   # a window whose p99 lateness exceeds this measured the machinery, not the link
+LATE_P99_US = 1000.0  # a window whose p99 lateness exceeds this measured the machinery, not the link
 
 
 def health_between(before: dict[str, Any] | None, after: dict[str, Any]) -> dict[str, Any]:
@@ -463,9 +504,18 @@ def health_between(before: dict[str, Any] | None, after: dict[str, Any]) -> dict
 class UserspaceEmulator:
     """Starts the forwarder process, drives it over its control socket, stops it."""
 
-    def __init__(self, if_a: str, if_b: str, a_to_b: LinkParams, b_to_a: LinkParams,
-                 control_path: str | Path, seed: int = 0, prefix: Sequence[str] = (),
-                 log_path: str | Path | None = None, ready_timeout_s: float = 10.0):
+    def __init__(
+        self,
+        if_a: str,
+        if_b: str,
+        a_to_b: LinkParams,
+        b_to_a: LinkParams,
+        control_path: str | Path,
+        seed: int = 0,
+        prefix: Sequence[str] = (),
+        log_path: str | Path | None = None,
+        ready_timeout_s: float = 10.0,
+    ):
         """if_a/if_b: wire interfaces (in the namespace `prefix` enters);
         a_to_b/b_to_a: initial impairments; control_path: UNIX socket path;
         seed: random seed; prefix: command prefix, e.g. ["ip", "netns", "exec", "NS"]
@@ -486,11 +536,15 @@ class UserspaceEmulator:
     def start(self) -> "UserspaceEmulator":
         """Start the process and return once its control socket answers a ping."""
         self.control_path.unlink(missing_ok=True)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+        }
         self._log_file = open(self.log_path, "ab") if self.log_path else None
         log.info("starting: %s", " ".join(self.cmd))
-        self.proc = subprocess.Popen(self.cmd, env=env, cwd=REPO_ROOT, stdin=subprocess.DEVNULL,
-                                     stdout=self._log_file, stderr=self._log_file)
+        self.proc = subprocess.Popen(
+            self.cmd, env=env, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=self._log_file, stderr=self._log_file
+        )
         self._wait_ready()
         log.info("userspace emulator ready (pid %d)", self.proc.pid)
         return self
@@ -499,8 +553,10 @@ class UserspaceEmulator:
         deadline = time.monotonic() + self.ready_timeout_s
         while True:
             if self.proc.poll() is not None:
-                raise EmulatorError(f"emulator exited with status {self.proc.returncode} before it was ready "
-                                    f"(see {self.log_path or 'stderr'}): {' '.join(self.cmd)}")
+                raise EmulatorError(
+                    f"emulator exited with status {self.proc.returncode} before it was ready "
+                    f"(see {self.log_path or 'stderr'}): {' '.join(self.cmd)}"
+                )
             try:
                 if self._request({"cmd": "ping"}, timeout_s=1.0).get("ok"):
                     return
@@ -535,8 +591,10 @@ class UserspaceEmulator:
         """A snapshot of the forwarder's health (CPU seconds, lateness histograms, drops) for
         `health_between`."""
         reply = self._checked({"cmd": "stats"})
-        return {**reply["health"], "drops": {d: {"rx_drops": reply[d]["rx_drops"], "tx_errors": reply[d]["tx_errors"]}
-                                             for d in DIRECTIONS}}
+        return {
+            **reply["health"],
+            "drops": {d: {"rx_drops": reply[d]["rx_drops"], "tx_errors": reply[d]["tx_errors"]} for d in DIRECTIONS},
+        }
 
     def stop(self, grace_s: float = 5.0) -> None:
         """Ask the process to stop; SIGTERM then SIGKILL its PID if it does not."""

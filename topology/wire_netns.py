@@ -11,6 +11,7 @@ Both ends share one /24: the wire is layer 2, the emulator bridges WIRE_A and
 WIRE_B. Not responsible for: the testbed's topology (see `topology.net`) or
 the emulator itself (see `topology.userspace`). Needs root.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,6 +36,7 @@ SERVER_READY_TIMEOUT_S = 10.0
 @dataclass(frozen=True)
 class WireNames:
     """Names and addresses of one namespace triple (defaults: the tests' `pddt-` prefix)."""
+
     prefix: str = "pddt"
     if_a: str = "a0"
     wire_a: str = "wa"
@@ -82,12 +84,14 @@ def setup_cmds(n: WireNames) -> list[list[str]]:
         cmds.append(in_ns(ns, ["sysctl", "-q", "-w", f"net.ipv6.conf.{ifname}.disable_ipv6=1"]))
         cmds += offload_off_cmds([ifname], netns=ns)
     for ns, ifname, addr, mac, peer_addr, peer_mac in [
-            (n.ns_a, n.if_a, n.addr_a, n.mac_a, n.addr_b, n.mac_b),
-            (n.ns_b, n.if_b, n.addr_b, n.mac_b, n.addr_a, n.mac_a)]:
+        (n.ns_a, n.if_a, n.addr_a, n.mac_a, n.addr_b, n.mac_b),
+        (n.ns_b, n.if_b, n.addr_b, n.mac_b, n.addr_a, n.mac_a),
+    ]:
         cmds.append(in_ns(ns, ["ip", "link", "set", ifname, "address", mac]))
         cmds.append(in_ns(ns, ["ip", "addr", "add", f"{addr}/{n.prefix_len}", "dev", ifname]))
-        cmds.append(in_ns(ns, ["ip", "neigh", "replace", peer_addr, "lladdr", peer_mac,
-                               "dev", ifname, "nud", "permanent"]))
+        cmds.append(
+            in_ns(ns, ["ip", "neigh", "replace", peer_addr, "lladdr", peer_mac, "dev", ifname, "nud", "permanent"])
+        )
     for ns, ifname in [*ends, (n.ns_a, "lo"), (n.ns_b, "lo")]:
         cmds.append(in_ns(ns, ["ip", "link", "set", ifname, "up"]))
     return cmds
@@ -143,15 +147,45 @@ class NetnsWire:
 
     # -- traffic from A to B -------------------------------------------------
 
-    def udp_probe(self, count: int, interval_us: float, size_bytes: int = 64,
-                  idle_timeout_s: float = 3.0) -> ProbeResult:
+    def udp_probe(
+        self, count: int, interval_us: float, size_bytes: int = 64, idle_timeout_s: float = 3.0
+    ) -> ProbeResult:
         """Send `count` timestamped datagrams A -> B; the receiver's view of them."""
         n, py = self.names, sys.executable
-        recv_cmd = in_ns(n.ns_b, [py, "-m", "topology.udp_probe", "recv", "--port", str(PROBE_PORT),
-                                  "--count", str(count), "--idle-timeout-s", str(idle_timeout_s)])
-        send_cmd = in_ns(n.ns_a, [py, "-m", "topology.udp_probe", "send", "--dst", n.addr_b,
-                                  "--port", str(PROBE_PORT), "--count", str(count),
-                                  "--interval-us", str(interval_us), "--size-bytes", str(size_bytes)])
+        recv_cmd = in_ns(
+            n.ns_b,
+            [
+                py,
+                "-m",
+                "topology.udp_probe",
+                "recv",
+                "--port",
+                str(PROBE_PORT),
+                "--count",
+                str(count),
+                "--idle-timeout-s",
+                str(idle_timeout_s),
+            ],
+        )
+        send_cmd = in_ns(
+            n.ns_a,
+            [
+                py,
+                "-m",
+                "topology.udp_probe",
+                "send",
+                "--dst",
+                n.addr_b,
+                "--port",
+                str(PROBE_PORT),
+                "--count",
+                str(count),
+                "--interval-us",
+                str(interval_us),
+                "--size-bytes",
+                str(size_bytes),
+            ],
+        )
         log.debug("run: %s", " ".join(recv_cmd))
         receiver = subprocess.Popen(recv_cmd, stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT)
         try:
@@ -170,10 +204,16 @@ class NetnsWire:
         log.debug("run: %s", " ".join(server_cmd))
         server = subprocess.Popen(server_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            wait_listening(lambda argv: run(in_ns(n.ns_b, argv)), IPERF_PORT, f"iperf3 server in {n.ns_b}",
-                           SERVER_READY_TIMEOUT_S, lambda: server.poll() is None)
-            client = in_ns(n.ns_a, ["iperf3", "-c", n.addr_b, "-p", str(IPERF_PORT), "-J",
-                                    "-t", str(duration_s), *args])
+            wait_listening(
+                lambda argv: run(in_ns(n.ns_b, argv)),
+                IPERF_PORT,
+                f"iperf3 server in {n.ns_b}",
+                SERVER_READY_TIMEOUT_S,
+                lambda: server.poll() is None,
+            )
+            client = in_ns(
+                n.ns_a, ["iperf3", "-c", n.addr_b, "-p", str(IPERF_PORT), "-J", "-t", str(duration_s), *args]
+            )
             return json.loads(run(client))
         finally:
             reap(server)

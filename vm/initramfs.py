@@ -15,6 +15,7 @@ kernel accepts a concatenation of cpio archives, so `vm.run` appends the
 per-run archive (`/pddlab/env`, `/pddlab/cmd.sh`) to a copy of the base one
 instead of squeezing the command into the 2 KiB kernel command line.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -40,9 +41,19 @@ MODULES = (
     "virtio_pci",  # the PCI transport of vhost-user-fs
     "virtiofs",  # host root and the share directory
     "overlay",  # writable tmpfs layer over the read-only host root
-    "sch_netem", "sch_tbf", "sch_htb", "sch_prio", "sch_ingress",  # the tc backend
-    "cls_u32", "cls_matchall", "cls_basic", "act_mirred", "ifb",  # ingress shaping
-    "veth", "bridge", "tun",  # links, switches and the userspace backend's TUN
+    "sch_netem",
+    "sch_tbf",
+    "sch_htb",
+    "sch_prio",
+    "sch_ingress",  # the tc backend
+    "cls_u32",
+    "cls_matchall",
+    "cls_basic",
+    "act_mirred",
+    "ifb",  # ingress shaping
+    "veth",
+    "bridge",
+    "tun",  # links, switches and the userspace backend's TUN
 )
 
 
@@ -82,8 +93,7 @@ def parse_modules_dep(text: str) -> tuple[dict[str, list[str]], dict[str, str]]:
     return deps, paths
 
 
-def load_order(wanted: list[str] | tuple[str, ...], deps: dict[str, list[str]],
-               builtin: set[str]) -> list[str]:
+def load_order(wanted: list[str] | tuple[str, ...], deps: dict[str, list[str]], builtin: set[str]) -> list[str]:
     """Order `wanted` and their dependencies so each comes after what it needs."""
     order: list[str] = []
 
@@ -91,8 +101,9 @@ def load_order(wanted: list[str] | tuple[str, ...], deps: dict[str, list[str]],
         if name in order or name in builtin:
             return
         if name not in deps:
-            raise InitramfsError(f"module {name} (needed by {' <- '.join(chain) or 'MODULES'}) "
-                                 f"is neither in modules.dep nor built in")
+            raise InitramfsError(
+                f"module {name} (needed by {' <- '.join(chain) or 'MODULES'}) is neither in modules.dep nor built in"
+            )
         for dep in deps[name]:
             visit(dep, chain + (name,))
         order.append(name)
@@ -131,13 +142,11 @@ class CpioWriter:
         self._chunks: list[bytes] = []
         self._ino = 1
 
-    def _entry(self, name: str, mode: int, data: bytes = b"",
-               rdev: tuple[int, int] = (0, 0)) -> None:
+    def _entry(self, name: str, mode: int, data: bytes = b"", rdev: tuple[int, int] = (0, 0)) -> None:
         fields = [self._ino, mode, 0, 0, 1, 0, len(data), 0, 0, rdev[0], rdev[1], len(name) + 1, 0]
         header = b"070701" + b"".join(b"%08x" % f for f in fields)
         self._ino += 1
-        self._chunks += [header, name.encode() + b"\0", _pad(len(header) + len(name) + 1),
-                         data, _pad(len(data))]
+        self._chunks += [header, name.encode() + b"\0", _pad(len(header) + len(name) + 1), data, _pad(len(data))]
 
     def add_dir(self, name: str) -> None:
         self._entry(name, stat.S_IFDIR | 0o755)
@@ -160,8 +169,12 @@ def _pad(length: int) -> bytes:
 
 def _input_hash(kernel: Kernel, modules: ModuleSet) -> str:
     h = hashlib.sha256(_FORMAT_VERSION.encode())
-    for blob in (BUSYBOX.read_bytes(), INIT_SCRIPT.read_bytes(),
-                 f"{kernel.package} {kernel.version}".encode(), " ".join(modules.order).encode()):
+    for blob in (
+        BUSYBOX.read_bytes(),
+        INIT_SCRIPT.read_bytes(),
+        f"{kernel.package} {kernel.version}".encode(),
+        " ".join(modules.order).encode(),
+    ):
         h.update(hashlib.sha256(blob).digest())
     return h.hexdigest()[:16]
 

@@ -15,6 +15,7 @@ the directory name carries the package name and version, so a kernel update
 in the archive unpacks next to the old one. Without network, the newest kernel
 already unpacked is used (with a warning).
 """
+
 from __future__ import annotations
 
 import contextlib

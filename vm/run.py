@@ -23,6 +23,7 @@ stderr here), where /init prints PDDLAB-START when the command starts and
 PDDLAB-RC=<status> when it ends. The command travels in a small cpio
 appended to the initramfs, so any argv (spaces, quotes, newlines) is safe.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,12 +58,19 @@ SOCKET_WAIT_S = 10.0  # virtiofsd creates its socket within milliseconds
 KILL_GRACE_S = 5.0
 DAEMON_EXIT_S = 2.0  # virtiofsd exits by itself once qemu has closed its socket
 KERNEL_ARGS = (
-    "console=ttyS0", "quiet", "panic=-1", "rdinit=/init",
+    "console=ttyS0",
+    "quiet",
+    "panic=-1",
+    "rdinit=/init",
     "mitigations=off",  # page-table isolation makes every syscall slower under TCG
 )
-GUEST_ENV = {"HOME": "/root", "LANG": "C.UTF-8", "TERM": "dumb",
-             "PYTHONUNBUFFERED": "1",  # output arrives as it is printed
-             "PDDLAB_IN_VM": "1"}
+GUEST_ENV = {
+    "HOME": "/root",
+    "LANG": "C.UTF-8",
+    "TERM": "dumb",
+    "PYTHONUNBUFFERED": "1",  # output arrives as it is printed
+    "PDDLAB_IN_VM": "1",
+}
 START_MARK = "PDDLAB-START"
 RC_MARK = "PDDLAB-RC="
 ERROR_MARK = "PDDLAB-ERROR:"
@@ -104,33 +112,66 @@ def guest_script(command: list[str], cwd: Path, env: dict[str, str]) -> str:
 
 def guest_env_file(share: Path, kernel: Kernel) -> str:
     """Return /pddlab/env, the variables /init sources."""
-    return (f"PDDLAB_SHARE={shlex.quote(str(share))}\n"
-            f"PDDLAB_MODULES={shlex.quote(str(kernel.modules_dir))}\n")
+    return f"PDDLAB_SHARE={shlex.quote(str(share))}\nPDDLAB_MODULES={shlex.quote(str(kernel.modules_dir))}\n"
 
 
 def virtiofsd_command(source: Path, socket: Path, cache: str) -> list[str]:
     """Return the argv of a virtiofsd serving `source` on `socket`."""
-    return [VIRTIOFSD, f"--socket-path={socket}", "-o", f"source={source}",
-            "-o", f"cache={cache}", "-o", "log_level=warn",
-            # pivot_root (the default sandbox) fails with EBUSY when source is /
-            "-o", "sandbox=chroot"]
+    return [
+        VIRTIOFSD,
+        f"--socket-path={socket}",
+        "-o",
+        f"source={source}",
+        "-o",
+        f"cache={cache}",
+        "-o",
+        "log_level=warn",
+        # pivot_root (the default sandbox) fails with EBUSY when source is /
+        "-o",
+        "sandbox=chroot",
+    ]
 
 
-def qemu_command(kernel: Kernel, initrd: Path, sockets: dict[str, Path],
-                 memory_mb: int, cpus: int) -> list[str]:
+def qemu_command(kernel: Kernel, initrd: Path, sockets: dict[str, Path], memory_mb: int, cpus: int) -> list[str]:
     """Return the qemu argv; `sockets` maps a virtiofs tag to its virtiofsd socket."""
-    argv = [QEMU, "-accel", "tcg", "-machine", "pc,memory-backend=mem", "-cpu", "max",
-            "-smp", str(cpus), "-m", f"{memory_mb}M",
-            # vhost-user needs guest RAM that virtiofsd can map
-            "-object", f"memory-backend-memfd,id=mem,size={memory_mb}M,share=on",
-            "-kernel", str(kernel.vmlinuz), "-initrd", str(initrd),
-            "-append", " ".join(KERNEL_ARGS),
-            "-nodefaults", "-nic", "none", "-display", "none", "-no-reboot",
-            "-chardev", "file,id=console,path=/dev/stderr", "-serial", "chardev:console",
-            "-chardev", "stdio,id=output,signal=off", "-serial", "chardev:output"]
+    argv = [
+        QEMU,
+        "-accel",
+        "tcg",
+        "-machine",
+        "pc,memory-backend=mem",
+        "-cpu",
+        "max",
+        "-smp",
+        str(cpus),
+        "-m",
+        f"{memory_mb}M",
+        # vhost-user needs guest RAM that virtiofsd can map
+        "-object",
+        f"memory-backend-memfd,id=mem,size={memory_mb}M,share=on",
+        "-kernel",
+        str(kernel.vmlinuz),
+        "-initrd",
+        str(initrd),
+        "-append",
+        " ".join(KERNEL_ARGS),
+        "-nodefaults",
+        "-nic",
+        "none",
+        "-display",
+        "none",
+        "-no-reboot",
+        "-chardev",
+        "file,id=console,path=/dev/stderr",
+        "-serial",
+        "chardev:console",
+        "-chardev",
+        "stdio,id=output,signal=off",
+        "-serial",
+        "chardev:output",
+    ]
     for i, (tag, socket) in enumerate(sockets.items()):
-        argv += ["-chardev", f"socket,id=fs{i},path={socket}",
-                 "-device", f"vhost-user-fs-pci,chardev=fs{i},tag={tag}"]
+        argv += ["-chardev", f"socket,id=fs{i},path={socket}", "-device", f"vhost-user-fs-pci,chardev=fs{i},tag={tag}"]
     return argv
 
 
@@ -175,25 +216,27 @@ def _readonly_view(target: Path) -> Callable[[], None]:
 
     def enter() -> None:
         _libc_check(libc.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS)")
-        _libc_check(libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None),
-                    "make / private")
+        _libc_check(libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None), "make / private")
         _libc_check(libc.mount(b"/", dest, None, _MS_BIND | _MS_REC, None), "bind / to the view")
         for path in hidden:
             libc.umount2(path, _MNT_DETACH)  # fails harmlessly where it is not a mount
-        _libc_check(libc.syscall(_SYS_MOUNT_SETATTR, _AT_FDCWD, dest, _AT_RECURSIVE,
-                                 attr, len(attr)), "mount_setattr(MOUNT_ATTR_RDONLY)")
+        _libc_check(
+            libc.syscall(_SYS_MOUNT_SETATTR, _AT_FDCWD, dest, _AT_RECURSIVE, attr, len(attr)),
+            "mount_setattr(MOUNT_ATTR_RDONLY)",
+        )
+
     return enter
 
 
-def _start_virtiofsd(source: Path, socket: Path, cache: str, logfile: Path,
-                     preexec: Callable[[], None] | None = None) -> subprocess.Popen:
+def _start_virtiofsd(
+    source: Path, socket: Path, cache: str, logfile: Path, preexec: Callable[[], None] | None = None
+) -> subprocess.Popen:
     argv = virtiofsd_command(source, socket, cache)
     where = " (in a mount namespace where source is a read-only bind of /)" if preexec else ""
     log.info("run: %s%s", " ".join(argv), where)
     with open(logfile, "wb") as out:
         try:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                    preexec_fn=preexec)
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, preexec_fn=preexec)
         except subprocess.SubprocessError as exc:
             raise VMError(f"cannot prepare the read-only host root for virtiofsd: {exc}") from exc
     deadline = time.monotonic() + SOCKET_WAIT_S
@@ -230,7 +273,8 @@ class _Streams:
         self._t0, self._echo = t0, echo
         self._threads = [
             threading.Thread(target=self._read_output, args=(proc.stdout,), daemon=True),
-            threading.Thread(target=self._read_console, args=(proc.stderr,), daemon=True)]
+            threading.Thread(target=self._read_console, args=(proc.stderr,), daemon=True),
+        ]
         for t in self._threads:
             t.start()
 
@@ -270,10 +314,17 @@ def _echo_stdout(text: str) -> None:
     sys.stdout.flush()
 
 
-def run_in_vm(command: list[str], cwd: Path, share: Path, timeout_s: float = DEFAULT_TIMEOUT_S,
-              memory_mb: int = DEFAULT_MEMORY_MB, *, cpus: int = DEFAULT_CPUS,
-              env: dict[str, str] | None = None,
-              echo: Callable[[str], None] | None = None) -> VMResult:
+def run_in_vm(
+    command: list[str],
+    cwd: Path,
+    share: Path,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    memory_mb: int = DEFAULT_MEMORY_MB,
+    *,
+    cpus: int = DEFAULT_CPUS,
+    env: dict[str, str] | None = None,
+    echo: Callable[[str], None] | None = None,
+) -> VMResult:
     """Boot the VM, run `command` in `cwd` as root, and return its status and output.
 
     share: host directory mounted writable at the same path inside (must exist)
@@ -292,47 +343,56 @@ def run_in_vm(command: list[str], cwd: Path, share: Path, timeout_s: float = DEF
     if not kernel.vmlinuz.exists():
         raise VMError(f"kernel image {kernel.vmlinuz} missing; delete {kernel.root} to refetch it")
     base = ensure_initramfs(kernel)
-    guest_env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), **GUEST_ENV,
-                 **(env or {})}
+    guest_env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), **GUEST_ENV, **(env or {})}
     with tempfile.TemporaryDirectory(prefix="pddlab-vm-") as tmp:
         run_dir = Path(tmp)
         initrd = run_dir / "initrd.cpio"
-        _write_initrd(base, initrd, {"env": guest_env_file(share, kernel),
-                                     "cmd.sh": guest_script(command, cwd, guest_env)})
+        _write_initrd(
+            base, initrd, {"env": guest_env_file(share, kernel), "cmd.sh": guest_script(command, cwd, guest_env)}
+        )
         return _boot(kernel, initrd, run_dir, share, timeout_s, memory_mb, cpus, echo)
 
 
-def _boot(kernel: Kernel, initrd: Path, run_dir: Path, share: Path, timeout_s: float,
-          memory_mb: int, cpus: int, echo) -> VMResult:
+def _boot(
+    kernel: Kernel, initrd: Path, run_dir: Path, share: Path, timeout_s: float, memory_mb: int, cpus: int, echo
+) -> VMResult:
     daemons: list[tuple[str, subprocess.Popen]] = []
     qemu = None
     try:
         sockets = {"hostroot": run_dir / "root.sock", "share": run_dir / "share.sock"}
         root_view = run_dir / "hostroot"
         root_view.mkdir()
-        daemons.append(("virtiofsd /", _start_virtiofsd(
-            root_view, sockets["hostroot"], "always", run_dir / "virtiofsd-root.log",
-            _readonly_view(root_view))))
-        daemons.append((f"virtiofsd {share}", _start_virtiofsd(
-            share, sockets["share"], "auto", run_dir / "virtiofsd-share.log")))
+        daemons.append(
+            (
+                "virtiofsd /",
+                _start_virtiofsd(
+                    root_view, sockets["hostroot"], "always", run_dir / "virtiofsd-root.log", _readonly_view(root_view)
+                ),
+            )
+        )
+        daemons.append(
+            (f"virtiofsd {share}", _start_virtiofsd(share, sockets["share"], "auto", run_dir / "virtiofsd-share.log"))
+        )
         argv = qemu_command(kernel, initrd, sockets, memory_mb, cpus)
         log.info("run: %s", shlex.join(argv))
         t0 = time.monotonic()
-        qemu = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE)
+        qemu = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         streams = _Streams(qemu, t0, echo)
         try:
             qemu.wait(timeout_s)
         except subprocess.TimeoutExpired:
             _stop(qemu, "qemu")
             streams.join()
-            raise VMTimeout(f"command did not finish within {timeout_s:g} s; VM killed. "
-                            f"Output so far:\n{''.join(streams.output)[-2000:]}") from None
+            raise VMTimeout(
+                f"command did not finish within {timeout_s:g} s; VM killed. "
+                f"Output so far:\n{''.join(streams.output)[-2000:]}"
+            ) from None
         wall_s = time.monotonic() - t0
         streams.join()
         rc = parse_rc(streams.console)
-        return VMResult(rc, "".join(streams.output), streams.start_s or float("nan"), wall_s,
-                        "\n".join(streams.console))
+        return VMResult(
+            rc, "".join(streams.output), streams.start_s or float("nan"), wall_s, "\n".join(streams.console)
+        )
     finally:
         if qemu is not None:
             _stop(qemu, "qemu")
@@ -349,26 +409,26 @@ def _default_share() -> Path:
 def main(argv: list[str] | None = None) -> int:
     """CLI: python -m vm.run [--timeout S] [--memory MB] [--share DIR] -- COMMAND..."""
     parser = argparse.ArgumentParser(prog="python -m vm.run", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
-                        help="seconds, boot included")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds, boot included")
     parser.add_argument("--memory", type=int, default=DEFAULT_MEMORY_MB, help="guest RAM in MB")
     parser.add_argument("--cpus", type=int, default=DEFAULT_CPUS)
-    parser.add_argument("--share", type=Path, help="writable host dir at the same path inside "
-                        "(default: a fresh results/vm/<time>)")
+    parser.add_argument(
+        "--share", type=Path, help="writable host dir at the same path inside (default: a fresh results/vm/<time>)"
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log the kernel console too")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no command given (put it after --)")
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="vm: %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="vm: %(message)s", stream=sys.stderr
+    )
     share = args.share or _default_share()
     # SIGTERM unwinds like Ctrl-C, so the finally blocks stop qemu and virtiofsd
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
-        result = run_in_vm(command, Path.cwd(), share, args.timeout, args.memory,
-                           cpus=args.cpus, echo=_echo_stdout)
+        result = run_in_vm(command, Path.cwd(), share, args.timeout, args.memory, cpus=args.cpus, echo=_echo_stdout)
     except VMTimeout as exc:
         log.error("%s", exc)
         return 124

@@ -14,18 +14,19 @@ Multiplying by x^(8 n) is a fixed linear map of 32-bit words, kept as four
 256-entry byte tables per length n (few lengths occur: frames are equal-sized
 but for each layer's last one).
 """
+
 from __future__ import annotations
 
 from functools import lru_cache
 
-POLY = 0x82F63B78   # Castagnoli, bit-reflected
-_ONE = 1 << 31      # the polynomial 1 in the reflected representation
+POLY = 0x82F63B78  # Castagnoli, bit-reflected
+_ONE = 1 << 31  # the polynomial 1 in the reflected representation
 
 
 def _multmodp(a: int, b: int) -> int:
     """a * b mod P for reflected 32-bit polynomials (bitwise; used to build tables)."""
     m, p = _ONE, 0
-    while m and a & ((m << 1) - 1):   # bits of a at m or below remain
+    while m and a & ((m << 1) - 1):  # bits of a at m or below remain
         if a & m:
             p ^= b
         m >>= 1
@@ -35,7 +36,7 @@ def _multmodp(a: int, b: int) -> int:
 
 def _powers() -> list[int]:
     """x^(2^k) mod P for k = 0..31."""
-    out, p = [], 1 << 30   # x^1
+    out, p = [], 1 << 30  # x^1
     for _ in range(32):
         out.append(p)
         p = _multmodp(p, p)

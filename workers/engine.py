@@ -24,6 +24,7 @@ A request is done when it has generated max_tokens tokens. Every error is
 raised before any state changes, so a bad request leaves the engine and the
 other requests as they were.
 """
+
 from __future__ import annotations
 
 import logging
@@ -34,8 +35,18 @@ from typing import Iterable, Sequence
 
 import torch
 
-from workers.errors import (BadMaxTokens, BadRequestState, BadSampling, CapacityExceeded, DuplicateRequest,
-                            EmptyPrompt, KVRangeError, PromptTooLong, TokenOutOfVocab, UnknownRequest)
+from workers.errors import (
+    BadMaxTokens,
+    BadRequestState,
+    BadSampling,
+    CapacityExceeded,
+    DuplicateRequest,
+    EmptyPrompt,
+    KVRangeError,
+    PromptTooLong,
+    TokenOutOfVocab,
+    UnknownRequest,
+)
 from workers.kvcache import KVBlob, KVCache
 from workers.model import ModelConfig, build_model, get_config, model_fingerprint, resolve_device
 from workers.radix import RadixCache, RadixNode, RadixStats
@@ -52,6 +63,7 @@ class GenerationRequest:
     sampling: greedy by default
     use_prefix_cache: match and feed the engine's radix cache (if it has one)
     """
+
     request_id: str
     prompt_tokens: tuple[int, ...]
     max_tokens: int
@@ -63,6 +75,7 @@ class GenerationRequest:
 class OpenResult:
     """cached_tokens: prompt tokens whose KV came from the prefix cache (tokens)
     reserved_tokens: KV slots reserved for the request (tokens)"""
+
     request_id: str
     cached_tokens: int
     reserved_tokens: int
@@ -71,6 +84,7 @@ class OpenResult:
 @dataclass(frozen=True)
 class PrefillResult:
     """computed_tokens: prompt tokens run through the model (tokens)"""
+
     request_id: str
     first_token: int
     cached_tokens: int
@@ -81,6 +95,7 @@ class PrefillResult:
 class ExtendResult:
     """logits: (k, vocab) float32 on the CPU, row i predicting the token after position start_pos + i
     next_token: sampled from the last row; appended unless the request is done"""
+
     request_id: str
     start_pos: int
     logits: torch.Tensor
@@ -90,6 +105,7 @@ class ExtendResult:
 @dataclass(frozen=True)
 class ImportResult:
     """Positions start..end were in the blob; written_tokens of them were new to this engine."""
+
     request_id: str
     start: int
     end: int
@@ -111,10 +127,10 @@ class _Request:
     request: GenerationRequest
     tokens: list[int]
     kv_len: int
-    block_ids: list[int]         # block table: shared prefix blocks, then private ones
-    shared_blocks: int           # leading blocks owned by the radix tree
-    node: RadixNode | None       # pinned radix node, if any
-    slot_map: torch.Tensor       # (reserved_tokens,) slot of each position
+    block_ids: list[int]  # block table: shared prefix blocks, then private ones
+    shared_blocks: int  # leading blocks owned by the radix tree
+    node: RadixNode | None  # pinned radix node, if any
+    slot_map: torch.Tensor  # (reserved_tokens,) slot of each position
     cached_tokens: int
     generator: torch.Generator | None = field(default=None)
 
@@ -147,9 +163,16 @@ class Engine:
     weights_dir: where weights files live (default workers.model.default_weights_dir())
     """
 
-    def __init__(self, model: str | ModelConfig = "tiny", seed: int = 0, capacity_tokens: int = 8192,
-                 block_size: int = 16, device: str = "auto", prefix_cache: bool = True,
-                 weights_dir: Path | None = None):
+    def __init__(
+        self,
+        model: str | ModelConfig = "tiny",
+        seed: int = 0,
+        capacity_tokens: int = 8192,
+        block_size: int = 16,
+        device: str = "auto",
+        prefix_cache: bool = True,
+        weights_dir: Path | None = None,
+    ):
         self.config = get_config(model) if isinstance(model, str) else model
         self.device = resolve_device(device)
         self.model, weights = build_model(self.config, seed, str(self.device), weights_dir)
@@ -158,9 +181,16 @@ class Engine:
         self.kv = KVCache(self.config, capacity_tokens, block_size, self.device, self.fingerprint)
         self.radix = RadixCache(block_size) if prefix_cache else None
         self._requests: dict[str, _Request] = {}
-        log.info("engine %s seed %d on %s: %d KV blocks of %d tokens, %d B/token, prefix cache %s",
-                 self.config.name, seed, self.device, self.kv.num_blocks, block_size,
-                 self.config.kv_bytes_per_token, prefix_cache)
+        log.info(
+            "engine %s seed %d on %s: %d KV blocks of %d tokens, %d B/token, prefix cache %s",
+            self.config.name,
+            seed,
+            self.device,
+            self.kv.num_blocks,
+            block_size,
+            self.config.kv_bytes_per_token,
+            prefix_cache,
+        )
 
     # ------------------------------------------------------------ queries
 
@@ -226,9 +256,11 @@ class Engine:
 
     def _check_room(self, req: _Request, n_more: int, operation: str) -> None:
         if req.generated + n_more > req.request.max_tokens:
-            raise BadRequestState(req.request.request_id, operation,
-                                  f"{n_more} more tokens would exceed max_tokens={req.request.max_tokens} "
-                                  f"({req.generated} generated)")
+            raise BadRequestState(
+                req.request.request_id,
+                operation,
+                f"{n_more} more tokens would exceed max_tokens={req.request.max_tokens} ({req.generated} generated)",
+            )
 
     # ------------------------------------------------------------ open / finish
 
@@ -248,9 +280,16 @@ class Engine:
             raise
         blocks = shared + private
         self._requests[rid] = _Request(
-            request=request, tokens=prompt, kv_len=len(shared) * self.block_size, block_ids=blocks,
-            shared_blocks=len(shared), node=node, slot_map=self.kv.slot_map(blocks, reserved_tokens),
-            cached_tokens=len(shared) * self.block_size, generator=make_generator(request.sampling))
+            request=request,
+            tokens=prompt,
+            kv_len=len(shared) * self.block_size,
+            block_ids=blocks,
+            shared_blocks=len(shared),
+            node=node,
+            slot_map=self.kv.slot_map(blocks, reserved_tokens),
+            cached_tokens=len(shared) * self.block_size,
+            generator=make_generator(request.sampling),
+        )
         return OpenResult(rid, len(shared) * self.block_size, reserved_tokens)
 
     def _match(self, request: GenerationRequest) -> tuple[RadixNode | None, list[int]]:
@@ -266,8 +305,9 @@ class Engine:
         """n_blocks private blocks, evicting cached prefixes if needed; raise before evicting if impossible."""
         available = self.available_blocks()
         if n_blocks > available:
-            raise CapacityExceeded(request_id, n_blocks + shared_blocks, available + shared_blocks,
-                                   self.kv.num_blocks, self.block_size)
+            raise CapacityExceeded(
+                request_id, n_blocks + shared_blocks, available + shared_blocks, self.kv.num_blocks, self.block_size
+            )
         if n_blocks > self.kv.free_blocks:
             self.kv.free(self.radix.evict(n_blocks - self.kv.free_blocks))
         return self.kv.alloc(n_blocks, request_id)
@@ -286,20 +326,25 @@ class Engine:
 
     def _release(self, req: _Request, cache: bool) -> None:
         del self._requests[req.request.request_id]
-        private = req.block_ids[req.shared_blocks:]
+        private = req.block_ids[req.shared_blocks :]
         if self.radix is not None and cache and req.request.use_prefix_cache:
             n_full = req.kv_len // self.block_size
             result = self.radix.insert(req.tokens, req.block_ids[:n_full])
             self.kv.free(list(result.duplicate_block_ids) + list(result.evicted_block_ids))
-            private = req.block_ids[max(n_full, req.shared_blocks):]
+            private = req.block_ids[max(n_full, req.shared_blocks) :]
         self.kv.free(private)
         if req.node is not None:
             self.radix.unpin(req.node)
 
     @staticmethod
     def _result(req: _Request, reason: str) -> GenerationResult:
-        return GenerationResult(req.request.request_id, req.request.prompt_tokens,
-                                tuple(req.tokens[req.prompt_len:]), req.cached_tokens, reason)
+        return GenerationResult(
+            req.request.request_id,
+            req.request.prompt_tokens,
+            tuple(req.tokens[req.prompt_len :]),
+            req.cached_tokens,
+            reason,
+        )
 
     # ------------------------------------------------------------ compute
 
@@ -307,8 +352,11 @@ class Engine:
         """Compute the prompt's KV beyond the cached prefix; sample and append the first token."""
         req = self._get(request_id)
         if req.generated > 0 or req.kv_len >= req.prompt_len:
-            raise BadRequestState(request_id, "prefill", f"prompt KV already present ({req.kv_len} of "
-                                  f"{req.prompt_len} positions, {req.generated} generated)")
+            raise BadRequestState(
+                request_id,
+                "prefill",
+                f"prompt KV already present ({req.kv_len} of {req.prompt_len} positions, {req.generated} generated)",
+            )
         start = req.kv_len
         logits = self._forward_one(req, last_only=True)  # (1, V)
         token = self._sample_append(req, logits[-1])
@@ -362,8 +410,9 @@ class Engine:
         if req.done:
             raise BadRequestState(rid, "decode", f"already generated max_tokens={req.request.max_tokens}")
         if pending != 1:
-            raise BadRequestState(rid, "decode", f"needs exactly 1 token without KV, has {pending} "
-                                  "(prefill, import or extend first)")
+            raise BadRequestState(
+                rid, "decode", f"needs exactly 1 token without KV, has {pending} (prefill, import or extend first)"
+            )
 
     def _sample_append(self, req: _Request, logits: torch.Tensor) -> int:
         token = sample_token(logits, req.request.sampling, req.generator)
@@ -373,7 +422,7 @@ class Engine:
     @torch.inference_mode()
     def _forward_one(self, req: _Request, last_only: bool) -> torch.Tensor:
         """Forward over tokens[kv_len:] of one request; logits (T or 1, V)."""
-        start, new = req.kv_len, req.tokens[req.kv_len:]
+        start, new = req.kv_len, req.tokens[req.kv_len :]
         idx = torch.tensor([new], dtype=torch.int64, device=self.device)  # (1, T)
         positions = torch.arange(start, start + len(new), device=self.device)[None]  # (1, T)
         binding = self.kv.bind([req.slot_map], [start], len(new))
@@ -400,8 +449,9 @@ class Engine:
         req = self._get(request_id)
         end = req.kv_len if end is None else end
         if not 0 <= start <= end <= req.kv_len:
-            raise BadRequestState(request_id, "export KV", f"range [{start}, {end}) not within the "
-                                  f"{req.kv_len} positions that have KV")
+            raise BadRequestState(
+                request_id, "export KV", f"range [{start}, {end}) not within the {req.kv_len} positions that have KV"
+            )
         return self.kv.export_blob(req.slot_map[start:end], req.tokens[start:end], start)
 
     def import_kv(self, request_id: str, blob: bytes) -> ImportResult:
@@ -414,7 +464,7 @@ class Engine:
         first = max(parsed.start, req.kv_len)
         if parsed.end > first:
             offset = first - parsed.start
-            self.kv.write_kv(req.slot_map[first:parsed.end], parsed.kv[:, :, offset:])
+            self.kv.write_kv(req.slot_map[first : parsed.end], parsed.kv[:, :, offset:])
         req.tokens.extend(appended)
         written = max(0, parsed.end - first)
         req.kv_len = max(req.kv_len, parsed.end)
@@ -425,12 +475,12 @@ class Engine:
         rid = req.request.request_id
         if blob.start > req.kv_len:
             raise KVRangeError(rid, f"blob starts at position {blob.start} but KV exists only up to {req.kv_len}")
-        known = req.tokens[blob.start:blob.end]
-        if list(blob.token_ids[:len(known)]) != known:
+        known = req.tokens[blob.start : blob.end]
+        if list(blob.token_ids[: len(known)]) != known:
             raise KVRangeError(rid, f"token IDs of positions [{blob.start}, {blob.end}) differ from the request's")
         if blob.end > req.reserved_tokens:
             raise KVRangeError(rid, f"blob ends at {blob.end}, beyond the {req.reserved_tokens} reserved positions")
-        appended = list(blob.token_ids[len(known):])
+        appended = list(blob.token_ids[len(known) :])
         self._check_vocab(rid, appended, offset=len(req.tokens))
         return appended
 

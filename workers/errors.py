@@ -19,6 +19,7 @@ Hierarchy:
       CapacityExceeded      not enough free KV blocks (now, or ever)
       QueueFull             a bounded waiting queue is full
 """
+
 from __future__ import annotations
 
 
@@ -47,7 +48,8 @@ class PromptTooLong(BadRequest):
         self.max_seq_len = max_seq_len
         super().__init__(
             f"request {request_id!r}: prompt has {prompt_tokens} tokens; "
-            f"the context holds {max_seq_len}, so a prompt may have at most {max_seq_len - 1}")
+            f"the context holds {max_seq_len}, so a prompt may have at most {max_seq_len - 1}"
+        )
 
 
 class TokenOutOfVocab(BadRequest):
@@ -59,8 +61,8 @@ class TokenOutOfVocab(BadRequest):
         self.token_id = token_id
         self.vocab_size = vocab_size
         super().__init__(
-            f"request {request_id!r}: token {token_id} at index {position} is outside "
-            f"the vocabulary [0, {vocab_size})")
+            f"request {request_id!r}: token {token_id} at index {position} is outside the vocabulary [0, {vocab_size})"
+        )
 
 
 class BadMaxTokens(BadRequest):
@@ -71,7 +73,8 @@ class BadMaxTokens(BadRequest):
         self.max_tokens = max_tokens
         super().__init__(
             f"request {request_id!r}: max_tokens={max_tokens} is invalid; it must be in "
-            f"[1, {max_seq_len - prompt_tokens}] (context {max_seq_len} - prompt {prompt_tokens})")
+            f"[1, {max_seq_len - prompt_tokens}] (context {max_seq_len} - prompt {prompt_tokens})"
+        )
 
 
 class BadSampling(BadRequest):
@@ -146,8 +149,7 @@ class CapacityExceeded(EngineError):
     waiting cannot help.
     """
 
-    def __init__(self, request_id: str, needed_blocks: int, available_blocks: int,
-                 total_blocks: int, block_size: int):
+    def __init__(self, request_id: str, needed_blocks: int, available_blocks: int, total_blocks: int, block_size: int):
         self.request_id = request_id
         self.needed_blocks = needed_blocks
         self.available_blocks = available_blocks
@@ -157,7 +159,8 @@ class CapacityExceeded(EngineError):
         super().__init__(
             f"request {request_id!r}: needs {needed_blocks} KV blocks "
             f"({needed_blocks * block_size} tokens), only {available_blocks} of "
-            f"{total_blocks} can be freed {when}")
+            f"{total_blocks} can be freed {when}"
+        )
 
 
 class QueueFull(EngineError):

@@ -22,6 +22,7 @@ The crc32c (Castagnoli, hardware-accelerated: ~9 GB/s here, 3x zlib's crc32)
 covers tokens and kv. The fingerprint names model + weights
 (`workers.model.model_fingerprint`): KV is portable only between equal ones.
 """
+
 from __future__ import annotations
 
 import logging
@@ -39,10 +40,10 @@ from workers.model import ModelConfig
 log = logging.getLogger(__name__)
 
 BLOB_MAGIC = b"PDKV"
-BLOB_VERSION = 2   # 2: crc32c instead of zlib's crc32
+BLOB_VERSION = 2  # 2: crc32c instead of zlib's crc32
 # magic, version, dtype code, fingerprint, n_layer, n_kv_head, head_dim, start, end, crc32c, kv bytes
 BLOB_HEADER = struct.Struct("<4sHH16sIIIIIIQ")
-DTYPE_CODE_BY_NAME = {"float32": 0, "bfloat16": 1, "float16": 2}   # the one dtype table of the format
+DTYPE_CODE_BY_NAME = {"float32": 0, "bfloat16": 1, "float16": 2}  # the one dtype table of the format
 DTYPE_CODES = {getattr(torch, name): code for name, code in DTYPE_CODE_BY_NAME.items()}
 DTYPE_BY_CODE = {code: dtype for dtype, code in DTYPE_CODES.items()}
 TOKEN_ID_BYTES = 4  # int32
@@ -57,19 +58,44 @@ def blob_kv_view(blob, n_layer: int, n_tokens: int, row_bytes: int) -> np.ndarra
     """A blob's KV region as a (n_layer, 2, n_tokens, row_bytes) uint8 view (K then V rows; no copy)."""
     offset = blob_kv_offset(n_tokens)
     return np.frombuffer(blob, np.uint8, n_layer * 2 * n_tokens * row_bytes, offset).reshape(
-        n_layer, 2, n_tokens, row_bytes)
+        n_layer, 2, n_tokens, row_bytes
+    )
 
 
-def pack_blob_header(blob, dtype: str, fingerprint: bytes, n_layer: int, n_kv_head: int, head_dim: int,
-                     start: int, end: int, crc: int, kv_bytes: int) -> None:
+def pack_blob_header(
+    blob,
+    dtype: str,
+    fingerprint: bytes,
+    n_layer: int,
+    n_kv_head: int,
+    head_dim: int,
+    start: int,
+    end: int,
+    crc: int,
+    kv_bytes: int,
+) -> None:
     """Write the header into a writable blob buffer (dtype by name: float32 | bfloat16 | float16)."""
-    BLOB_HEADER.pack_into(blob, 0, BLOB_MAGIC, BLOB_VERSION, DTYPE_CODE_BY_NAME[dtype], fingerprint, n_layer,
-                          n_kv_head, head_dim, start, end, crc, kv_bytes)
+    BLOB_HEADER.pack_into(
+        blob,
+        0,
+        BLOB_MAGIC,
+        BLOB_VERSION,
+        DTYPE_CODE_BY_NAME[dtype],
+        fingerprint,
+        n_layer,
+        n_kv_head,
+        head_dim,
+        start,
+        end,
+        crc,
+        kv_bytes,
+    )
 
 
 @dataclass(frozen=True)
 class KVBlob:
     """A parsed, verified blob. kv: (n_layer, 2, end - start, n_kv_head, head_dim) on the CPU."""
+
     start: int
     end: int
     token_ids: tuple[int, ...]
@@ -90,8 +116,14 @@ class KVCache:
     fingerprint: 16 bytes naming model + weights, written into and checked on blobs
     """
 
-    def __init__(self, config: ModelConfig, capacity_tokens: int, block_size: int = 16,
-                 device: torch.device | str = "cpu", fingerprint: bytes = bytes(16)):
+    def __init__(
+        self,
+        config: ModelConfig,
+        capacity_tokens: int,
+        block_size: int = 16,
+        device: torch.device | str = "cpu",
+        fingerprint: bytes = bytes(16),
+    ):
         if block_size < 1 or capacity_tokens < block_size:
             raise ValueError(f"capacity_tokens {capacity_tokens} must hold at least one block of {block_size}")
         self.config = config
@@ -100,8 +132,15 @@ class KVCache:
         self.device = torch.device(device)
         self.fingerprint = fingerprint
         # zeros, not empty: padded gathers read slot 0, and garbage NaNs would leak through 0-weights
-        self._kv = torch.zeros(config.n_layer, 2, self.num_blocks * block_size, config.n_kv_head,
-                               config.head_dim, dtype=config.torch_dtype, device=self.device)  # (nl, 2, S, nkv, hs)
+        self._kv = torch.zeros(
+            config.n_layer,
+            2,
+            self.num_blocks * block_size,
+            config.n_kv_head,
+            config.head_dim,
+            dtype=config.torch_dtype,
+            device=self.device,
+        )  # (nl, 2, S, nkv, hs)
         self._free: deque[int] = deque(range(self.num_blocks))
         self._in_use = [False] * self.num_blocks
         self._scratch = torch.empty(0, dtype=config.torch_dtype, device=self.device)
@@ -160,7 +199,7 @@ class KVCache:
         row = c.n_kv_head * c.head_dim
         if self._scratch.numel() < 2 * n_rows * row:
             self._scratch = torch.empty(2 * n_rows * row, dtype=c.torch_dtype, device=self.device)
-        k, v = self._scratch[:2 * n_rows * row].view(2, n_rows, c.n_kv_head, c.head_dim)
+        k, v = self._scratch[: 2 * n_rows * row].view(2, n_rows, c.n_kv_head, c.head_dim)
         return k, v
 
     def bind(self, slot_maps: list[torch.Tensor], starts: list[int], n_new: int) -> BatchKV:
@@ -179,22 +218,38 @@ class KVCache:
         tok_bytes = np.asarray(token_ids, dtype="<i4").tobytes()
         crc = crc32c(kv_bytes, crc32c(tok_bytes))
         c = self.config
-        header = BLOB_HEADER.pack(BLOB_MAGIC, BLOB_VERSION, DTYPE_CODES[c.torch_dtype], self.fingerprint,
-                                  c.n_layer, c.n_kv_head, c.head_dim, start, start + len(token_ids), crc, len(kv_bytes))
+        header = BLOB_HEADER.pack(
+            BLOB_MAGIC,
+            BLOB_VERSION,
+            DTYPE_CODES[c.torch_dtype],
+            self.fingerprint,
+            c.n_layer,
+            c.n_kv_head,
+            c.head_dim,
+            start,
+            start + len(token_ids),
+            crc,
+            len(kv_bytes),
+        )
         return b"".join((header, tok_bytes, kv_bytes))
 
     def parse_blob(self, blob: bytes) -> KVBlob:
         """Parse and verify a blob against this cache's model; raise a KVImportError subclass on mismatch."""
         if len(blob) < BLOB_HEADER.size:
             raise KVHeaderError("length", len(blob), f">= {BLOB_HEADER.size}")
-        (magic, version, dtype_code, fingerprint, n_layer, n_kv_head, head_dim,
-         start, end, crc, kv_len) = BLOB_HEADER.unpack_from(blob)
+        (magic, version, dtype_code, fingerprint, n_layer, n_kv_head, head_dim, start, end, crc, kv_len) = (
+            BLOB_HEADER.unpack_from(blob)
+        )
         c = self.config
-        for field, got, expected in (("magic", magic, BLOB_MAGIC), ("version", version, BLOB_VERSION),
-                                     ("dtype", DTYPE_BY_CODE.get(dtype_code, dtype_code), c.torch_dtype),
-                                     ("fingerprint", fingerprint.hex(), self.fingerprint.hex()),
-                                     ("n_layer", n_layer, c.n_layer), ("n_kv_head", n_kv_head, c.n_kv_head),
-                                     ("head_dim", head_dim, c.head_dim)):
+        for field, got, expected in (
+            ("magic", magic, BLOB_MAGIC),
+            ("version", version, BLOB_VERSION),
+            ("dtype", DTYPE_BY_CODE.get(dtype_code, dtype_code), c.torch_dtype),
+            ("fingerprint", fingerprint.hex(), self.fingerprint.hex()),
+            ("n_layer", n_layer, c.n_layer),
+            ("n_kv_head", n_kv_head, c.n_kv_head),
+            ("head_dim", head_dim, c.head_dim),
+        ):
             if got != expected:
                 raise KVHeaderError(field, got, expected)
         if end < start:
@@ -205,11 +260,11 @@ class KVCache:
         expected_len = BLOB_HEADER.size + n * TOKEN_ID_BYTES + kv_len
         if len(blob) != expected_len:
             raise KVHeaderError("length", len(blob), expected_len)
-        return self._decode_body(memoryview(blob)[BLOB_HEADER.size:], start, end, crc)
+        return self._decode_body(memoryview(blob)[BLOB_HEADER.size :], start, end, crc)
 
     def _decode_body(self, body: memoryview, start: int, end: int, crc: int) -> KVBlob:
         n = end - start
-        tok_bytes, kv_bytes = body[:n * TOKEN_ID_BYTES], body[n * TOKEN_ID_BYTES:]
+        tok_bytes, kv_bytes = body[: n * TOKEN_ID_BYTES], body[n * TOKEN_ID_BYTES :]
         got = crc32c(kv_bytes, crc32c(tok_bytes))
         if got != crc:
             raise KVChecksumError(got, crc)
@@ -241,11 +296,12 @@ class BatchKV:
             raise ValueError("a batch of several requests must write exactly one position each")
         self.cache = cache
         device = cache.device
-        self.write_slots = torch.stack([m[s:s + n_new] for m, s in zip(slot_maps, starts)])  # (B, T)
+        self.write_slots = torch.stack([m[s : s + n_new] for m, s in zip(slot_maps, starts)])  # (B, T)
         lengths = [s + n_new for s in starts]
         self.only_new = len(starts) == 1 and starts[0] == 0  # plain causal prefill: attend to this pass's k, v
         self.gather_slots = torch.nn.utils.rnn.pad_sequence(
-            [m[:n] for m, n in zip(slot_maps, lengths)], batch_first=True)  # (B, L); padding reads slot 0
+            [m[:n] for m, n in zip(slot_maps, lengths)], batch_first=True
+        )  # (B, L); padding reads slot 0
         self.mask = self._mask(starts, n_new, lengths, device)
 
     @staticmethod
@@ -261,8 +317,9 @@ class BatchKV:
         valid = torch.arange(L, device=device)[None, :] < torch.tensor(lengths, device=device)[:, None]  # (B, L)
         return valid[:, None, None, :]  # (B, 1, 1, L)
 
-    def attend(self, layer: int, k: torch.Tensor, v: torch.Tensor
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, bool]:
+    def attend(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, bool]:
         B, T, nkv, hs = k.shape
         k_store, v_store = self.cache.layer_kv(layer)  # (S, nkv, hs)
         flat_write = self.write_slots.reshape(-1)  # (B*T,)

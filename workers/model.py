@@ -13,6 +13,7 @@ weights_dir defaults to `$PDDLAB_CACHE_DIR/weights` or `<repo>/.cache/weights`.
 The file holds the config, the seed, the state dict and the SHA-256 of the
 tensors; loading recomputes the hash and refuses a mismatch.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -58,6 +59,7 @@ class ModelConfig:
     rope_theta: rotary base
     norm_eps: RMSNorm epsilon
     """
+
     name: str
     vocab_size: int
     n_layer: int
@@ -100,8 +102,9 @@ class ModelConfig:
 
 # tiny: for unit tests; GQA (4 query heads over 2 KV heads) so that path is tested.
 # KV per token: 2 layers * 2 (K,V) * 2 kv heads * 16 dims * 4 B = 512 B.
-TINY = ModelConfig(name="tiny", vocab_size=256, n_layer=2, n_head=4, n_kv_head=2, head_dim=16,
-                   d_model=64, d_ff=128, max_seq_len=128)
+TINY = ModelConfig(
+    name="tiny", vocab_size=256, n_layer=2, n_head=4, n_kv_head=2, head_dim=16, d_model=64, d_ff=128, max_seq_len=128
+)
 
 # default: KV per token in the range of production ~1T-parameter models (PDD.md: 10-80 KB,
 # ~50 KB typical): 12 layers * 2 (K,V) * 8 kv heads * 64 dims * 4 B (fp32) = 49,152 B = 48 KiB,
@@ -109,8 +112,17 @@ TINY = ModelConfig(name="tiny", vocab_size=256, n_layer=2, n_head=4, n_kv_head=2
 # Weights: 12 * (4*512^2 attn + 3*512*1536 MLP) = 40.9M + 2 * 32768*512 (embedding, untied
 # head) = 33.6M -> 74.5M params, 298 MB in fp32: one CPU thread prefills ~1K tokens in about
 # a second and reads the weights once per decode step in tens of ms.
-DEFAULT = ModelConfig(name="default", vocab_size=32768, n_layer=12, n_head=8, n_kv_head=8, head_dim=64,
-                      d_model=512, d_ff=1536, max_seq_len=4096)
+DEFAULT = ModelConfig(
+    name="default",
+    vocab_size=32768,
+    n_layer=12,
+    n_head=8,
+    n_kv_head=8,
+    head_dim=64,
+    d_model=512,
+    d_ff=1536,
+    max_seq_len=4096,
+)
 
 CONFIGS: dict[str, ModelConfig] = {c.name: c for c in (TINY, DEFAULT)}
 
@@ -133,8 +145,9 @@ def resolve_device(device: str = "auto") -> torch.device:
 class KVBinding(Protocol):
     """Where attention keeps its KV; implemented by `workers.kvcache.BatchKV`."""
 
-    def attend(self, layer: int, k: torch.Tensor, v: torch.Tensor
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, bool]:
+    def attend(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, bool]:
         """Store this step's k, v (B, T, n_kv_head, head_dim); return all keys and values
         (B, L, n_kv_head, head_dim), a boolean mask (B, 1, T, L) or None, and is_causal."""
         ...
@@ -170,16 +183,21 @@ class Attention(nn.Module):
         B, T, C = x.shape
         nh, nkv, hs = self.n_head, self.n_kv_head, self.head_dim
         q, k, v = self.c_attn(x).split([nh * hs, nkv * hs, nkv * hs], dim=2)
-        q = apply_rope(q.view(B, T, nh, hs), rot)   # (B, T, nh, hs)
+        q = apply_rope(q.view(B, T, nh, hs), rot)  # (B, T, nh, hs)
         k = apply_rope(k.view(B, T, nkv, hs), rot)  # (B, T, nkv, hs)
-        v = v.view(B, T, nkv, hs)                   # (B, T, nkv, hs)
+        v = v.view(B, T, nkv, hs)  # (B, T, nkv, hs)
         if kv is None:
             mask, is_causal = None, True
         else:
             k, v, mask, is_causal = kv.attend(self.layer, k, v)  # (B, L, nkv, hs)
         y = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),  # (B, nh|nkv, T|L, hs)
-            attn_mask=mask, is_causal=is_causal, enable_gqa=nh != nkv)  # (B, nh, T, hs)
+            q.transpose(1, 2),
+            k.transpose(1, 2),
+            v.transpose(1, 2),  # (B, nh|nkv, T|L, hs)
+            attn_mask=mask,
+            is_causal=is_causal,
+            enable_gqa=nh != nkv,
+        )  # (B, nh, T, hs)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
         return self.c_proj(y)
 
@@ -230,8 +248,13 @@ class Transformer(nn.Module):
             self._rope = torch.polar(torch.ones_like(angles), angles).to(device)
         return self._rope
 
-    def forward(self, idx: torch.Tensor, positions: torch.Tensor | None = None, kv: KVBinding | None = None,
-                last_only: bool = False) -> torch.Tensor:
+    def forward(
+        self,
+        idx: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        kv: KVBinding | None = None,
+        last_only: bool = False,
+    ) -> torch.Tensor:
         """idx, positions: (B, T) int64. kv None = plain causal forward over idx alone.
         Returns logits (B, T, V), or (B, 1, V) when last_only, in float32."""
         B, T = idx.shape
@@ -300,8 +323,13 @@ def get_or_create_weights(config: ModelConfig, seed: int = 0, weights_dir: Path 
     path.parent.mkdir(parents=True, exist_ok=True)
     log.info("generating weights %s (seed %d) -> %s", config.name, seed, path)
     state = generate_state(config, seed)
-    payload = {"format": WEIGHTS_FORMAT_VERSION, "config": dataclasses.asdict(config), "seed": seed,
-               "sha256": state_sha256(state), "state_dict": state}
+    payload = {
+        "format": WEIGHTS_FORMAT_VERSION,
+        "config": dataclasses.asdict(config),
+        "seed": seed,
+        "sha256": state_sha256(state),
+        "state_dict": state,
+    }
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
@@ -316,6 +344,7 @@ def get_or_create_weights(config: ModelConfig, seed: int = 0, weights_dir: Path 
 @dataclass(frozen=True)
 class LoadedWeights:
     """A verified state dict. sha256: content hash, part of every KV fingerprint."""
+
     config: ModelConfig
     seed: int
     sha256: str
@@ -328,16 +357,19 @@ def load_weights(path: Path, config: ModelConfig, seed: int) -> LoadedWeights:
     if payload.get("format") != WEIGHTS_FORMAT_VERSION:
         raise WeightsError(f"{path}: format {payload.get('format')!r}, expected {WEIGHTS_FORMAT_VERSION}")
     if payload["config"] != dataclasses.asdict(config) or payload["seed"] != seed:
-        raise WeightsError(f"{path}: made for config {payload['config'].get('name')!r} seed {payload['seed']}, "
-                           f"not {config.name!r} seed {seed} (or the config changed: delete the file)")
+        raise WeightsError(
+            f"{path}: made for config {payload['config'].get('name')!r} seed {payload['seed']}, "
+            f"not {config.name!r} seed {seed} (or the config changed: delete the file)"
+        )
     sha = state_sha256(payload["state_dict"])
     if sha != payload["sha256"]:
         raise WeightsError(f"{path}: content hash {sha[:16]} != recorded {payload['sha256'][:16]}: file is corrupt")
     return LoadedWeights(config, seed, sha, payload["state_dict"])
 
 
-def build_model(config: ModelConfig, seed: int = 0, device: str = "auto",
-                weights_dir: Path | None = None) -> tuple[Transformer, LoadedWeights]:
+def build_model(
+    config: ModelConfig, seed: int = 0, device: str = "auto", weights_dir: Path | None = None
+) -> tuple[Transformer, LoadedWeights]:
     """The model with the (config, seed) weights on device, in eval mode, without autograd."""
     weights = load_weights(get_or_create_weights(config, seed, weights_dir), config, seed)
     with torch.device("meta"):

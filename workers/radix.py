@@ -14,6 +14,7 @@ block_size tokens, and nodes split only at block boundaries. Children are
 keyed by their first block of tokens. "Time" is a logical clock bumped on
 every match and insert, so eviction order is deterministic.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -24,18 +25,20 @@ from dataclasses import dataclass, field
 @dataclass(eq=False)
 class RadixNode:
     """One edge of the tree: the tokens from its parent to here and their blocks."""
+
     key: tuple[int, ...]
     blocks: list[int]
     parent: RadixNode | None
     children: dict[tuple[int, ...], RadixNode] = field(default_factory=dict)
-    lock_ref: int = 0       # requests pinning this node or a descendant
-    last_access: int = 0    # logical clock of the last match/insert through here
-    node_id: int = 0        # tie-breaker for equal last_access
+    lock_ref: int = 0  # requests pinning this node or a descendant
+    last_access: int = 0  # logical clock of the last match/insert through here
+    node_id: int = 0  # tie-breaker for equal last_access
 
 
 @dataclass(frozen=True)
 class MatchResult:
     """Longest cached prefix: its blocks, its length (tokens) and the node to pin."""
+
     block_ids: tuple[int, ...]
     matched_tokens: int
     node: RadixNode
@@ -49,6 +52,7 @@ class InsertResult:
     duplicate_block_ids: caller's blocks for content the tree already held under other ids
     evicted_block_ids: blocks evicted to stay within capacity_blocks
     """
+
     new_tokens: int
     duplicate_block_ids: tuple[int, ...]
     evicted_block_ids: tuple[int, ...]
@@ -57,6 +61,7 @@ class InsertResult:
 @dataclass(frozen=True)
 class RadixStats:
     """Prefix hits since the last reset (tokens) and the tree's size now (blocks)."""
+
     lookups: int
     hit_tokens: int
     total_tokens: int
@@ -100,8 +105,7 @@ class RadixCache:
         return self._cached_blocks - self._pinned_blocks
 
     def stats(self) -> RadixStats:
-        return RadixStats(self._lookups, self._hit_tokens, self._total_tokens,
-                          self._cached_blocks, self._pinned_blocks)
+        return RadixStats(self._lookups, self._hit_tokens, self._total_tokens, self._cached_blocks, self._pinned_blocks)
 
     def reset_stats(self) -> None:
         self._lookups = self._hit_tokens = self._total_tokens = 0
@@ -112,12 +116,13 @@ class RadixCache:
 
     def _blocks_of(self, tokens: tuple[int, ...] | list[int], n_blocks: int) -> list[tuple[int, ...]]:
         bs = self.block_size
-        return [tuple(tokens[i * bs:(i + 1) * bs]) for i in range(n_blocks)]
+        return [tuple(tokens[i * bs : (i + 1) * bs]) for i in range(n_blocks)]
 
     # ------------------------------------------------------------ match
 
-    def match_prefix(self, tokens: list[int] | tuple[int, ...], max_match_tokens: int | None = None,
-                     record: bool = True) -> MatchResult:
+    def match_prefix(
+        self, tokens: list[int] | tuple[int, ...], max_match_tokens: int | None = None, record: bool = True
+    ) -> MatchResult:
         """Longest cached prefix of tokens (whole blocks, at most max_match_tokens).
         record counts len(tokens) lookups tokens and the hit in the statistics."""
         limit = len(tokens) if max_match_tokens is None else min(len(tokens), max_match_tokens)
@@ -149,11 +154,17 @@ class RadixCache:
     def _split(self, node: RadixNode, m: int) -> RadixNode:
         """Cut node after m blocks; return the new upper node (which inherits node's pins)."""
         cut = m * self.block_size
-        upper = RadixNode(key=node.key[:cut], blocks=node.blocks[:m], parent=node.parent,
-                          lock_ref=node.lock_ref, last_access=node.last_access, node_id=next(self._ids))
-        node.parent.children[upper.key[:self.block_size]] = upper
+        upper = RadixNode(
+            key=node.key[:cut],
+            blocks=node.blocks[:m],
+            parent=node.parent,
+            lock_ref=node.lock_ref,
+            last_access=node.last_access,
+            node_id=next(self._ids),
+        )
+        node.parent.children[upper.key[: self.block_size]] = upper
         node.key, node.blocks, node.parent = node.key[cut:], node.blocks[m:], upper
-        upper.children[node.key[:self.block_size]] = node
+        upper.children[node.key[: self.block_size]] = node
         return upper
 
     # ------------------------------------------------------------ insert
@@ -174,7 +185,7 @@ class RadixCache:
             m = self._common_blocks(child, want[i:])
             if m < len(child.blocks):
                 child = self._split(child, m)
-            duplicates.extend(b for b, mine in zip(block_ids[i:i + m], child.blocks) if b != mine)
+            duplicates.extend(b for b, mine in zip(block_ids[i : i + m], child.blocks) if b != mine)
             child.last_access = now
             node, i = child, i + m
         evicted = self._enforce_capacity()
@@ -183,7 +194,7 @@ class RadixCache:
     def _add_leaf(self, parent: RadixNode, key_blocks: list[tuple[int, ...]], blocks: list[int], now: int) -> None:
         key = tuple(t for blk in key_blocks for t in blk)
         leaf = RadixNode(key=key, blocks=list(blocks), parent=parent, last_access=now, node_id=next(self._ids))
-        parent.children[key[:self.block_size]] = leaf
+        parent.children[key[: self.block_size]] = leaf
         self._cached_blocks += len(blocks)
 
     def _enforce_capacity(self) -> list[int]:
@@ -221,7 +232,7 @@ class RadixCache:
             _, _, leaf = heapq.heappop(heap)
             freed.extend(leaf.blocks)
             parent = leaf.parent
-            del parent.children[leaf.key[:self.block_size]]
+            del parent.children[leaf.key[: self.block_size]]
             self._cached_blocks -= len(leaf.blocks)
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
                 heapq.heappush(heap, (parent.last_access, parent.node_id, parent))

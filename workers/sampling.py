@@ -8,6 +8,7 @@ legitimately pick different tokens (only at a near-tie).
 Not responsible for: computing logits (`workers.model`) or request state
 (`workers.engine`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ class SamplingParams:
     top_k: sample among the k most likely tokens; 0 = all
     seed: seed of the request's own generator (used when temperature > 0)
     """
+
     temperature: float = 0.0
     top_k: int = 0
     seed: int = 0
@@ -63,6 +65,7 @@ TIE_MARGIN = 1e-4
 class Divergence:
     """First place two greedy streams differ. margin: top-2 margin of the reference logits there
     (inf when the streams differ only in length)."""
+
     index: int
     got: int | None
     want: int | None
@@ -73,8 +76,9 @@ class Divergence:
         return self.margin < TIE_MARGIN
 
 
-def greedy_divergence(got: Sequence[int], want: Sequence[int],
-                      logits_at: Callable[[int], torch.Tensor]) -> Divergence | None:
+def greedy_divergence(
+    got: Sequence[int], want: Sequence[int], logits_at: Callable[[int], torch.Tensor]
+) -> Divergence | None:
     """None if the streams are equal, else their first difference; logits_at(i) returns the
     reference logits (V,) that predict token i of want."""
     for i, (g, w) in enumerate(zip(got, want)):

@@ -5,6 +5,7 @@ pdd- links, iptables rules, state files or recorded processes
 (`topology.cleanup.leftovers`), and no container carrying the testbed's run
 label. `test_builders.py` needs nothing and always runs.
 """
+
 import os
 import shutil
 
@@ -44,6 +45,7 @@ def pytest_collection_modifyitems(config, items):
 def labelled_containers() -> list[str]:
     from docker_rt import LABEL_RUN
     from docker_rt.engine import docker
+
     return docker(["ps", "-aq", "--filter", f"label={LABEL_RUN}"], quiet=True).stdout.split()
 
 
@@ -52,6 +54,7 @@ def worker_image():
     """The worker image for the current tree (built on a fresh machine, cached after)."""
     from docker_rt import DockerError
     from docker_rt.image import ensure_image
+
     try:
         return ensure_image()
     except DockerError as exc:  # root and Mininet are here: a missing Docker is a real failure
@@ -62,6 +65,7 @@ def worker_image():
 def tiny_weights():
     """The tiny model's weights on the host: containers mount them read-only."""
     from workers.model import get_config, get_or_create_weights
+
     return get_or_create_weights(get_config("tiny"), 0)
 
 

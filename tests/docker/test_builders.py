@@ -1,4 +1,5 @@
 """Docker runtime command builders and error messages: no root, no Docker needed."""
+
 import subprocess
 import sys
 from pathlib import Path
@@ -9,8 +10,13 @@ from docker_rt import DockerError, engine, holder_name, image
 from docker_rt.base import BaseImage, debootstrap_cmd
 from docker_rt.host import DockerOptions, RoleLimits, container_argv, holder_run_args, proc_run_args
 
-OPTS = DockerOptions(image="pddlab-worker:abc", limits={"md": RoleLimits(1.5, 3000)}, mounts=(Path("/runs/r1"),),
-                     weights_dir=Path("/w"), env={"K": "V"})
+OPTS = DockerOptions(
+    image="pddlab-worker:abc",
+    limits={"md": RoleLimits(1.5, 3000)},
+    mounts=(Path("/runs/r1"),),
+    weights_dir=Path("/w"),
+    env={"K": "V"},
+)
 
 
 def _pairs(args: list[str], flag: str) -> list[str]:
@@ -104,7 +110,10 @@ def test_dockerd_that_fails_to_start_shows_its_log(tmp_path, monkeypatch):
 def test_docker_not_installable_says_what_to_do(monkeypatch):
     monkeypatch.setattr(engine, "missing_debs", lambda pkgs: list(pkgs))
     monkeypatch.setattr(engine.os, "geteuid", lambda: 0)
-    monkeypatch.setattr(engine.subprocess, "run", lambda argv, **kw: subprocess.CompletedProcess(
-        argv, 100, "", "E: Unable to locate package docker.io"))
+    monkeypatch.setattr(
+        engine.subprocess,
+        "run",
+        lambda argv, **kw: subprocess.CompletedProcess(argv, 100, "", "E: Unable to locate package docker.io"),
+    )
     with pytest.raises(DockerError, match=r"(?s)could not install \['docker.io'\].*Unable to locate.*make setup"):
         engine.ensure_debs(["docker.io"])

@@ -1,4 +1,5 @@
 """Docker hosts in the live topology: isolation, reachability, crashes, teardown, parity with plain processes."""
+
 import json
 import re
 import signal
@@ -21,7 +22,8 @@ ENGINE_CODE = (
     "from workers.engine import Engine, GenerationRequest; "
     "e = Engine('tiny', seed=0, capacity_tokens=512, block_size=16, device='cpu', prefix_cache=False); "
     "r = e.generate(GenerationRequest('r', tuple(range(3, 43)), 16)); "
-    "print(json.dumps(list(r.output_tokens)))")
+    "print(json.dumps(list(r.output_tokens)))"
+)
 
 
 def config(image: str, tmp_path, runtime: str = "docker") -> TopologyConfig:
@@ -40,8 +42,9 @@ def run_containers(run_id: str) -> list[str]:
     return docker(["ps", "-aq", "--filter", f"label={LABEL_RUN}={run_id}"], quiet=True).stdout.split()
 
 
-def test_container_sees_only_its_interfaces_and_reaches_across_the_wan(worker_image, tiny_weights, tmp_path,
-                                                                       nothing_left_behind):
+def test_container_sees_only_its_interfaces_and_reaches_across_the_wan(
+    worker_image, tiny_weights, tmp_path, nothing_left_behind
+):
     with Testbed(config(worker_image.ref, tmp_path)) as tb:
         addrs = output(tb, "md1", ["ip", "-o", "-4", "addr"])
         links = output(tb, "md1", ["ip", "-o", "link"])
@@ -57,15 +60,15 @@ def test_container_sees_only_its_interfaces_and_reaches_across_the_wan(worker_im
     assert run_containers(run_id) == []
 
 
-def test_crashed_container_names_the_role_and_its_last_lines(worker_image, tiny_weights, tmp_path,
-                                                             nothing_left_behind):
-    crash = ("import sys, time; print('md1: loading', flush=True); time.sleep(0.3); "
-             "print('md1: fatal: simulated crash', file=sys.stderr, flush=True); sys.exit(3)")
+def test_crashed_container_names_the_role_and_its_last_lines(worker_image, tiny_weights, tmp_path, nothing_left_behind):
+    crash = (
+        "import sys, time; print('md1: loading', flush=True); time.sleep(0.3); "
+        "print('md1: fatal: simulated crash', file=sys.stderr, flush=True); sys.exit(3)"
+    )
     with pytest.raises(WorkerCrashed) as err:
         with Testbed(config(worker_image.ref, tmp_path)) as tb:
             run_id = tb.metadata()["docker"]["run_id"]
-            proc = tb.popen("md1", [sys.executable, "-c", crash], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+            proc = tb.popen("md1", [sys.executable, "-c", crash], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             assert proc.wait(60) == 3  # the docker client exits with the container's code
             tb.check_workers()
     message = str(err.value)
@@ -76,8 +79,7 @@ def test_crashed_container_names_the_role_and_its_last_lines(worker_image, tiny_
     assert logs and "simulated crash" in logs[0].read_text()
 
 
-def test_teardown_after_exception_removes_every_container(worker_image, tiny_weights, tmp_path,
-                                                          nothing_left_behind):
+def test_teardown_after_exception_removes_every_container(worker_image, tiny_weights, tmp_path, nothing_left_behind):
     with pytest.raises(RuntimeError, match="boom"):
         with Testbed(config(worker_image.ref, tmp_path)) as tb:
             run_id = tb.metadata()["docker"]["run_id"]
@@ -111,8 +113,7 @@ with Testbed(cfg) as tb:
 
 def test_make_clean_removes_containers_of_a_killed_run(worker_image, tiny_weights, nothing_left_behind):
     """A testbed killed with SIGKILL (no teardown at all): `make clean` removes its containers by label."""
-    proc = subprocess.Popen([sys.executable, "-c", KILLED_SCRIPT, worker_image.ref], stdout=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_SCRIPT, worker_image.ref], stdout=subprocess.PIPE, text=True)
     run_id = proc.stdout.readline().strip()
     proc.kill()
     proc.wait()
@@ -124,11 +125,13 @@ def test_make_clean_removes_containers_of_a_killed_run(worker_image, tiny_weight
 
 
 def test_sigterm_tears_down_every_container(worker_image, tiny_weights, nothing_left_behind):
-    script = ("import sys\n"
-              "try:\n"
-              + "".join(f"    {line}\n" for line in KILLED_SCRIPT.strip().splitlines()) +
-              "except KeyboardInterrupt:\n"
-              "    sys.exit(42)\n")
+    script = (
+        "import sys\n"
+        "try:\n"
+        + "".join(f"    {line}\n" for line in KILLED_SCRIPT.strip().splitlines())
+        + "except KeyboardInterrupt:\n"
+        "    sys.exit(42)\n"
+    )
     proc = subprocess.Popen([sys.executable, "-c", script, worker_image.ref], stdout=subprocess.PIPE, text=True)
     run_id = proc.stdout.readline().strip()
     assert len(run_containers(run_id)) == 4 + 1

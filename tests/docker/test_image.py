@@ -1,4 +1,5 @@
 """The worker image: builds with no registry, is cached while its inputs do not change, refuses a bad BASE_IMAGE."""
+
 import time
 
 import pytest
@@ -16,8 +17,9 @@ def test_image_builds_then_is_cached(worker_image):
     assert not again.built, "second build with the same inputs ran docker build"
     assert time.monotonic() - start < CACHED_BUILD_MAX_S
     assert again.ref == worker_image.ref and again.image_id == worker_image.image_id
-    label = docker(["image", "inspect", "--format", f'{{{{index .Config.Labels "{LABEL_INPUTS}"}}}}',
-                    again.ref]).stdout.strip()
+    label = docker(
+        ["image", "inspect", "--format", f'{{{{index .Config.Labels "{LABEL_INPUTS}"}}}}', again.ref]
+    ).stdout.strip()
     assert label == again.inputs_hash
 
 

@@ -6,6 +6,7 @@ role as a plain process in its host's namespace and once in containers: both
 must give the colocated greedy reference tokens (a difference is allowed only
 where the reference logits nearly tie, as in tests/e2e).
 """
+
 import json
 import subprocess
 import sys
@@ -24,7 +25,7 @@ from workers.sampling import greedy_divergence
 # 5 ms each way: the RLD streams eager tokens while the MD's KV is in flight, and the MD takes over
 # well before the tiny model's context (128 tokens) runs out.
 PROFILE = "wan-regional"
-ROLE_HOSTS = deploy.worker_names()       # role -> host (= worker name)
+ROLE_HOSTS = deploy.worker_names()  # role -> host (= worker name)
 PROMPT_TOKENS, MAX_TOKENS = 32, 90
 HEALTH_TIMEOUT_S = 180  # four roles import torch and build their engines on two cores
 CLIENT_CODE = """
@@ -42,8 +43,9 @@ print(json.dumps({"ids": g.ids, "workers": g.workers}))
 def deployment(run_dir) -> dict:
     """Every worker at its topology address; events in the run dir (mounted into the containers)."""
     # Route P->RLD->MD (the default would send this small transfer P->MD directly).
-    return deploy.roles_config(str(run_dir / "events"), capacity_tokens={"md": 8192},
-                               policy={"mode": "pdd", "direct_max_transfer_ms": 0.2})
+    return deploy.roles_config(
+        str(run_dir / "events"), capacity_tokens={"md": 8192}, policy={"mode": "pdd", "direct_max_transfer_ms": 0.2}
+    )
 
 
 def serve_one(runtime: str, image: str, run_dir, prompt: list[int]) -> dict:
@@ -55,19 +57,28 @@ def serve_one(runtime: str, image: str, run_dir, prompt: list[int]) -> dict:
     # Half a core for the RLD (PDD's RLD is the small pool): the tiny model decodes a token in about a
     # millisecond, and at full speed the RLD may finish all tokens before the MD holds the KV (legitimate
     # PDD, finished_first, but then this test would not see the handoff between containers).
-    opts = DockerOptions(image=image, mounts=(run_dir,), log_dir=run_dir / "containers",
-                         limits={"rld": RoleLimits(0.5, 2048)})
+    opts = DockerOptions(
+        image=image, mounts=(run_dir,), log_dir=run_dir / "containers", limits={"rld": RoleLimits(0.5, 2048)}
+    )
     topo = TopologyConfig(wan_profile=load_profile(PROFILE), runtime=runtime, docker=opts)
     with Testbed(topo) as tb:
         for role, host in ROLE_HOSTS.items():
             log = open(run_dir / f"{host}.log", "wb")
-            tb.popen(host, [sys.executable, "-m", deploy.ROLE_MODULES[role], "--config", str(cfg_path),
-                            "--worker", host],
-                     stdout=log, stderr=subprocess.STDOUT)
+            tb.popen(
+                host,
+                [sys.executable, "-m", deploy.ROLE_MODULES[role], "--config", str(cfg_path), "--worker", host],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
             log.close()
         addrs = ",".join(deploy.grpc_address(r) for r in ("router", "p", "rld", "md"))
-        client = tb.popen("client", [sys.executable, "-c", CLIENT_CODE, addrs, json.dumps(prompt), str(MAX_TOKENS),
-                                     str(HEALTH_TIMEOUT_S)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        client = tb.popen(
+            "client",
+            [sys.executable, "-c", CLIENT_CODE, addrs, json.dumps(prompt), str(MAX_TOKENS), str(HEALTH_TIMEOUT_S)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         out, err = client.communicate(timeout=HEALTH_TIMEOUT_S + 120)
         if client.returncode != 0:
             tb.check_workers()  # a crashed role is the better message

@@ -3,6 +3,7 @@
 Needs nothing but loopback and the venv (no root); every process is started
 and stopped by the fixture, by PID (tests/e2e/pdd_harness.py).
 """
+
 import sys
 from pathlib import Path
 
@@ -35,5 +36,6 @@ def reference():
 
     def ref(prompt: list[int], max_tokens: int, rid: str = "ref") -> list[int]:
         return list(engine.generate(GenerationRequest(rid, tuple(prompt), max_tokens)).output_tokens)
+
     ref.engine = engine
     return ref

@@ -5,6 +5,7 @@ router, P, RLD and MD as `python -m workers.roles.<role>`, waiting for each
 one's gRPC health SERVING, a WAN proxy in front of the MD's KV listener, and
 stopping every process it started (SIGTERM, then SIGKILL) by its own PID.
 """
+
 from __future__ import annotations
 
 import logging
@@ -26,8 +27,12 @@ from workers.roles.events import read_events
 
 log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[2]
-ROLE_MODULES = {"router": "workers.roles.router", "p": "workers.roles.prefill", "rld": "workers.roles.decode",
-                "md": "workers.roles.decode"}
+ROLE_MODULES = {
+    "router": "workers.roles.router",
+    "p": "workers.roles.prefill",
+    "rld": "workers.roles.decode",
+    "md": "workers.roles.decode",
+}
 
 
 def free_port() -> int:
@@ -39,19 +44,41 @@ def free_port() -> int:
 def deployment_yaml(run_dir: Path, wan_proxy_port: int, **overrides) -> dict:
     """The deployment config as data: every port free, the MD's KV reached through the WAN proxy."""
     cfg = {
-        "model": "tiny", "seed": 0, "block_size": 16, "events_dir": str(run_dir / "events"),
+        "model": "tiny",
+        "seed": 0,
+        "block_size": 16,
+        "events_dir": str(run_dir / "events"),
         "router": {"name": "router", "grpc_port": free_port()},
         "p": {"name": "p1", "grpc_port": free_port(), "capacity_tokens": 4096},
         "rld": {"name": "rld1", "grpc_port": free_port(), "kv_port": free_port(), "capacity_tokens": 4096},
-        "md": {"name": "md1", "grpc_port": free_port(), "kv_port": free_port(), "capacity_tokens": 8192,
-               "kv_connect": f"127.0.0.1:{wan_proxy_port}"},
-        "kv": {"fast": {"connections": 1, "congestion": "cubic"},
-               # a new connection per transfer: the proxy's faults (cut, stall, rate ...) act per connection
-               "wan": {"connections": 2, "congestion": "bbr", "stall_timeout_ms": 500, "max_retries": 3,
-                       "frame_bytes": 4096, "persistent": False}},
-        "policy": {"mode": "pdd", "handoff": "oneshot", "chunk_tokens": 8, "wan_rate_mbit": 200,
-                   "direct_max_transfer_ms": 0.2, "singular_min_uncached_tokens": 48,
-                   "singular_max_output_tokens": 4},
+        "md": {
+            "name": "md1",
+            "grpc_port": free_port(),
+            "kv_port": free_port(),
+            "capacity_tokens": 8192,
+            "kv_connect": f"127.0.0.1:{wan_proxy_port}",
+        },
+        "kv": {
+            "fast": {"connections": 1, "congestion": "cubic"},
+            # a new connection per transfer: the proxy's faults (cut, stall, rate ...) act per connection
+            "wan": {
+                "connections": 2,
+                "congestion": "bbr",
+                "stall_timeout_ms": 500,
+                "max_retries": 3,
+                "frame_bytes": 4096,
+                "persistent": False,
+            },
+        },
+        "policy": {
+            "mode": "pdd",
+            "handoff": "oneshot",
+            "chunk_tokens": 8,
+            "wan_rate_mbit": 200,
+            "direct_max_transfer_ms": 0.2,
+            "singular_min_uncached_tokens": 48,
+            "singular_max_output_tokens": 4,
+        },
         "decode": {"kv_wait_ms": 4000, "handoff_timeout_ms": 3000},
     }
     for key, value in overrides.items():
@@ -87,8 +114,9 @@ class Deployment:
         cmd = [sys.executable, "-m", ROLE_MODULES[role], "--config", str(self.config_path), "--worker", worker.name]
         log.info("starting %s", " ".join(cmd))
         out = open(self.run_dir / f"{worker.name}.log", "ab")
-        self.procs[role] = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                                            env={**os.environ, "PYTHONPATH": str(REPO)})
+        self.procs[role] = subprocess.Popen(
+            cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(REPO)}
+        )
         out.close()
 
     def kill(self, role: str) -> None:

@@ -6,6 +6,7 @@ warning); every index arrives exactly once, in order. Timing-dependent
 mechanisms (handoff after eager tokens, chunking) are made deterministic by
 slowing the WAN proxy, not by sleeps.
 """
+
 import socket
 import threading
 import time
@@ -20,8 +21,8 @@ from workers.roles.client import generate, stats, wait_healthy
 from workers.roles.kvwire import BEGIN, FRAME_HEADER, pack_frame
 from workers.sampling import greedy_divergence
 
-KV_BYTES_PER_TOKEN = 512        # tiny: 2 layers x 2 x 2 kv heads x 16 dims x 4 B
-SLOW_WAN_MBIT = 8.0             # 50 tokens x 512 B = 25.6 KB -> ~26 ms: the RLD decodes tens of tokens meanwhile
+KV_BYTES_PER_TOKEN = 512  # tiny: 2 layers x 2 x 2 kv heads x 16 dims x 4 B
+SLOW_WAN_MBIT = 8.0  # 50 tokens x 512 B = 25.6 KB -> ~26 ms: the RLD decodes tens of tokens meanwhile
 _seed = iter(range(1000, 100000))
 
 
@@ -84,8 +85,18 @@ def baseline(dep):
 # ---------------------------------------------------------------- modes
 
 
-@pytest.mark.parametrize("mode,handoff", [("colocated", ""), ("pd-intra", ""), ("pd-cross", ""),
-                                          ("pdd", "oneshot"), ("pdd", "chunked"), ("pdd", "auto"), ("pdd", "kv")])
+@pytest.mark.parametrize(
+    "mode,handoff",
+    [
+        ("colocated", ""),
+        ("pd-intra", ""),
+        ("pd-cross", ""),
+        ("pdd", "oneshot"),
+        ("pdd", "chunked"),
+        ("pdd", "auto"),
+        ("pdd", "kv"),
+    ],
+)
 def test_mode_matches_colocated_reference(dep, reference, slow_wan, baseline, mode, handoff):
     # 40 prompt tokens cross the slow WAN in ~20 ms (8 Mbit/s) while the RLD decodes ~1 token/ms: the MD
     # takes over well before the 80th token. chunked needs more tokens to hand over than one chunk (8):
@@ -123,8 +134,10 @@ def test_p_sends_on_both_paths_concurrently(dep, reference, slow_wan):
     for path in ("fast", "wan"):
         start = [e for e in events_of(dep, "p1", rid, "kv_send_start") if e.fields["path"] == path]
         # the request may end (the RLD decodes fast) before the slow WAN copy does: it finishes anyway
-        end = wait_for(lambda: [e for e in events_of(dep, "p1", rid, "kv_send_end") if e.fields["path"] == path],
-                       what=f"the {path} transfer to complete")
+        end = wait_for(
+            lambda: [e for e in events_of(dep, "p1", rid, "kv_send_end") if e.fields["path"] == path],
+            what=f"the {path} transfer to complete",
+        )
         assert start and end, f"no complete {path} transfer"
         span[path] = (start[0].t_ns, end[0].t_ns)
     (fs, fe), (ws, we) = span["fast"], span["wan"]
@@ -134,11 +147,11 @@ def test_p_sends_on_both_paths_concurrently(dep, reference, slow_wan):
 
 
 def test_warm_drc_sends_only_the_suffix_over_the_wan(dep, reference):
-    shared = fresh_prompt(64)               # 4 whole blocks of 16
+    shared = fresh_prompt(64)  # 4 whole blocks of 16
     first = generate(dep.channel, shared + fresh_prompt(8), 8, mode="pdd")
     check_stream(first, 8)
     dep.proxy.reset_counters()
-    prompt = shared + fresh_prompt(24)      # 88 tokens; the DRC holds the first 64
+    prompt = shared + fresh_prompt(24)  # 88 tokens; the DRC holds the first 64
     gen = generate(dep.channel, prompt, 8, mode="pdd")
     check_stream(gen, 8)
     check_reference(reference, prompt, gen.ids, 8, "warm DRC")
@@ -148,7 +161,7 @@ def test_warm_drc_sends_only_the_suffix_over_the_wan(dep, reference):
     wan = [e for e in events_of(dep, "p1", rid, "kv_send_end") if e.fields["path"] == "wan"][0]
     assert wan.fields["kv_bytes"] == KV_BYTES_PER_TOKEN * (len(prompt) - 64)
     framing = wan.fields["wire_bytes"] - wan.fields["kv_bytes"]
-    assert 0 < framing < 2048, f"framing {framing} bytes"      # headers + the JSON BEGIN/END
+    assert 0 < framing < 2048, f"framing {framing} bytes"  # headers + the JSON BEGIN/END
     assert dep.proxy.bytes_forwarded == wan.fields["wire_bytes"]  # what really crossed the WAN
 
 
@@ -187,7 +200,7 @@ def test_wan_connection_cut_mid_transfer_is_retried(dep, reference):
 def test_stalled_wan_transfer_is_retried(dep, reference):
     dep.proxy.faults.stall_after_bytes = 1000
     prompt, n = fresh_prompt(60), 20
-    gen = generate(dep.channel, prompt, n, mode="pd-cross")   # no RLD to finish first: only a retry saves it
+    gen = generate(dep.channel, prompt, n, mode="pd-cross")  # no RLD to finish first: only a retry saves it
     check_stream(gen, n)
     check_reference(reference, prompt, gen.ids, n, "WAN stall")
     rid = gen.done.request_id
@@ -207,11 +220,11 @@ def test_wan_down_past_the_deadline_completes_on_the_rld(dep, reference):
     rid = gen.done.request_id
     assert set(gen.workers) == {"p1", "rld1"}
     done = wait_for(lambda: events_of(dep, "rld1", rid, "completed_on_rld"), what="completed_on_rld")  # written
-    assert done[0].fields["reason"] == "md_never_ready"                              # just after the last token
+    assert done[0].fields["reason"] == "md_never_ready"  # just after the last token
 
 
 def test_corrupted_kv_frame_is_refused_and_retried(dep, reference):
-    dep.proxy.faults.corrupt_at_byte = 1500   # inside the first LAYER payload
+    dep.proxy.faults.corrupt_at_byte = 1500  # inside the first LAYER payload
     prompt, n = fresh_prompt(60), 20
     gen = generate(dep.channel, prompt, n, mode="pd-cross")
     check_stream(gen, n)
@@ -231,20 +244,23 @@ def rpc_error(fn) -> grpc.RpcError:
     return info.value
 
 
-@pytest.mark.parametrize("prompt,max_tokens,mode,needle", [
-    ([], 4, "", "prompt is empty"),
-    ([1, 2, 300], 4, "", "outside the vocabulary"),
-    ([1, 2, 3], 0, "", "max_tokens=0"),
-    (list(range(1, 128)) * 2, 4, "", "at most 127"),
-    ([1, 2, 3], 4, "warp", "mode 'warp'"),
-])
+@pytest.mark.parametrize(
+    "prompt,max_tokens,mode,needle",
+    [
+        ([], 4, "", "prompt is empty"),
+        ([1, 2, 300], 4, "", "outside the vocabulary"),
+        ([1, 2, 3], 0, "", "max_tokens=0"),
+        (list(range(1, 128)) * 2, 4, "", "at most 127"),
+        ([1, 2, 3], 4, "warp", "mode 'warp'"),
+    ],
+)
 def test_malformed_requests_get_invalid_argument(dep, prompt, max_tokens, mode, needle):
     err = rpc_error(lambda: generate(dep.channel, prompt, max_tokens, mode=mode))
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and needle in err.details(), err.details()
 
 
 def test_oversized_request_gets_resource_exhausted(dep):
-    err = rpc_error(lambda: generate(dep.channel, [1] * (5 << 20), 4))   # 5 MiB of packed varints > the 4 MiB limit
+    err = rpc_error(lambda: generate(dep.channel, [1] * (5 << 20), 4))  # 5 MiB of packed varints > the 4 MiB limit
     assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
@@ -268,19 +284,24 @@ def raw_kv(dep, data: bytes) -> bytes:
             return b""
 
 
-@pytest.mark.parametrize("data,needle", [
-    (b"GET / HTTP/1.1\r\n\r\n" + bytes(32), "bad magic"),
-    (pack_frame(BEGIN, 7, payload_len=100, crc=0) + b"{", "truncated payload"),
-    (pack_frame(BEGIN, 8, payload_len=2, crc=0) + b"{}", "checksum"),
-    (pack_frame(BEGIN, 9, payload_len=1 << 30, crc=0), "exceeds the limit"),
-    (pack_frame(BEGIN, 10)[:FRAME_HEADER.size - 5], "truncated frame header"),
-])
+@pytest.mark.parametrize(
+    "data,needle",
+    [
+        (b"GET / HTTP/1.1\r\n\r\n" + bytes(32), "bad magic"),
+        (pack_frame(BEGIN, 7, payload_len=100, crc=0) + b"{", "truncated payload"),
+        (pack_frame(BEGIN, 8, payload_len=2, crc=0) + b"{}", "checksum"),
+        (pack_frame(BEGIN, 9, payload_len=1 << 30, crc=0), "exceeds the limit"),
+        (pack_frame(BEGIN, 10)[: FRAME_HEADER.size - 5], "truncated frame header"),
+    ],
+)
 def test_bad_kv_frames_are_refused_with_an_error_event(dep, reference, data, needle):
     before = len(dep.events("md1"))
     assert raw_kv(dep, data) == b""
-    wait_for(lambda: any(e.event == "kv_frame_error" and needle in e.fields["reason"]
-                         for e in dep.events("md1")[before:]), what=f"kv_frame_error with {needle!r}")
-    prompt = fresh_prompt(30)   # the other requests carry on
+    wait_for(
+        lambda: any(e.event == "kv_frame_error" and needle in e.fields["reason"] for e in dep.events("md1")[before:]),
+        what=f"kv_frame_error with {needle!r}",
+    )
+    prompt = fresh_prompt(30)  # the other requests carry on
     gen = generate(dep.channel, prompt, 6, mode="pd-cross")
     check_reference(reference, prompt, gen.ids, 6, "after a bad frame")
 
@@ -291,9 +312,19 @@ def test_bad_kv_frames_are_refused_with_an_error_event(dep, reference, data, nee
 def test_nothing_leaked(dep, baseline):
     def clean():
         now = {w: stats(getattr(dep.cfg, w).grpc_address) for w in ("p", "rld", "md")}
-        return all(s.open_requests == 0 and s.sessions == 0 and s.active_transfers == 0
-                   and s.free_blocks == s.total_blocks and s.threads <= baseline[w].threads
-                   and s.sockets <= baseline[w].sockets for w, s in now.items()) and now
+        return (
+            all(
+                s.open_requests == 0
+                and s.sessions == 0
+                and s.active_transfers == 0
+                and s.free_blocks == s.total_blocks
+                and s.threads <= baseline[w].threads
+                and s.sockets <= baseline[w].sockets
+                for w, s in now.items()
+            )
+            and now
+        )
+
     try:
         wait_for(clean, 10, "workers back to their baseline")
     except AssertionError:
@@ -316,12 +347,16 @@ def test_rld_disappearing_after_kv_ready_completes_on_the_md(dep, reference, slo
             result["gen"] = generate(dep.channel, prompt, n, mode="pdd", handoff="kv", request_id="kill-rld")
         except Exception as exc:  # surfaced below, with the request's fate
             result["error"] = exc
+
     t0 = time.monotonic()
     t = threading.Thread(target=run)
     t.start()
     try:
-        wait_for(lambda: [e for e in events_of(dep, "rld1", "kill-rld", "kv_send_start")
-                          if e.fields["path"] == "handoff"], timeout_s=30, what="the RLD's KV handoff to start")
+        wait_for(
+            lambda: [e for e in events_of(dep, "rld1", "kill-rld", "kv_send_start") if e.fields["path"] == "handoff"],
+            timeout_s=30,
+            what="the RLD's KV handoff to start",
+        )
         assert events_of(dep, "md1", "kill-rld", "kv_ready_sent")
         dep.kill("rld")
         t.join(60)
@@ -331,7 +366,7 @@ def test_rld_disappearing_after_kv_ready_completes_on_the_md(dep, reference, slo
         wait_healthy(dep.cfg.rld.grpc_address, timeout_s=90)
     assert "gen" in result, f"the request failed after the RLD was killed: {result.get('error')!r}"
     gen = result["gen"]
-    check_stream(gen, n, repeats_allowed=True)   # the MD decodes from P's first token: the RLD's are repeats
+    check_stream(gen, n, repeats_allowed=True)  # the MD decodes from P's first token: the RLD's are repeats
     check_reference(reference, prompt, gen.ids, n, "RLD killed after KVReady")
     assert "md1" in gen.workers
     lost = events_of(dep, "md1", "kill-rld", "relay_lost")
@@ -356,7 +391,7 @@ def _serves(dep, mode: str) -> bool:
 def test_md_disappearing_mid_request_completes_on_the_rld(dep, reference, slow_wan):
     prompt, n = fresh_prompt(50), 60
     result = {}
-    warm = fresh_prompt(64)                 # ends at the MD: the router's DRC mirror then routes P->MD
+    warm = fresh_prompt(64)  # ends at the MD: the router's DRC mirror then routes P->MD
     check_stream(generate(dep.channel, warm + fresh_prompt(8), 8, mode="pdd"), 8)
     # Hold the WAN copy back, so the MD dies before any handoff (deterministically, however
     # busy the machine); an MD dying after it took over ends the request with UNAVAILABLE.
@@ -367,10 +402,13 @@ def test_md_disappearing_mid_request_completes_on_the_rld(dep, reference, slow_w
             result["gen"] = generate(dep.channel, prompt, n, mode="pdd", request_id="kill-md")
         except Exception as exc:  # surfaced below, with the request's fate
             result["error"] = exc
+
     t = threading.Thread(target=run)
     t.start()
-    wait_for(lambda: [e for e in events_of(dep, "p1", "kill-md", "kv_send_start") if e.fields["path"] == "wan"],
-             what="the WAN transfer to start")
+    wait_for(
+        lambda: [e for e in events_of(dep, "p1", "kill-md", "kv_send_start") if e.fields["path"] == "wan"],
+        what="the WAN transfer to start",
+    )
     dep.kill("md")
     t.join(60)
     dep.proxy.faults.blackhole = False
@@ -384,8 +422,11 @@ def test_md_disappearing_mid_request_completes_on_the_rld(dep, reference, slow_w
     gen = generate(dep.channel, fresh_prompt(50), 20, mode="pdd", request_id="after-md")
     check_stream(gen, 20)
     assert "md1" not in gen.workers
-    assert [e for e in dep.events("router") if e.event == "source_failed" and e.fields["source"] == "md"
-            and e.request_id == "after-md"]
+    assert [
+        e
+        for e in dep.events("router")
+        if e.event == "source_failed" and e.fields["source"] == "md" and e.request_id == "after-md"
+    ]
     err = rpc_error(lambda: generate(dep.channel, fresh_prompt(50), 20, mode="pd-cross"))
     assert err.code() == grpc.StatusCode.UNAVAILABLE, err
     # a pdd request routed P->MD (its prefix is in the mirror) falls back to the RLD, recorded

@@ -7,6 +7,7 @@ next connection (holding its bytes), corrupting one byte of the next
 connection's stream, holding every connection past the first N. Counts the bytes that went through towards the MD.
 Not responsible for: emulating delay/loss (topology/ does that for real).
 """
+
 from __future__ import annotations
 
 import socket
@@ -17,13 +18,13 @@ from dataclasses import dataclass, replace
 
 @dataclass
 class Faults:
-    rate_mbit: float = 0.0            # 0 = unlimited
-    cut_after_bytes: int = -1         # next connection: close both sides after this many bytes (once)
-    stall_after_bytes: int = -1       # next connection: stop forwarding after this many bytes (once)
-    corrupt_at_byte: int = -1         # next connection: flip a byte at this offset (once)
-    blackhole: bool = False           # every connection: forward nothing until switched off (persistent)
-    blackhole_after: int = -1         # connections past this many (since reset_counters) forward nothing
-                                      # (persistent): lets a transfer through and holds the next one
+    rate_mbit: float = 0.0  # 0 = unlimited
+    cut_after_bytes: int = -1  # next connection: close both sides after this many bytes (once)
+    stall_after_bytes: int = -1  # next connection: stop forwarding after this many bytes (once)
+    corrupt_at_byte: int = -1  # next connection: flip a byte at this offset (once)
+    blackhole: bool = False  # every connection: forward nothing until switched off (persistent)
+    blackhole_after: int = -1  # connections past this many (since reset_counters) forward nothing
+    # (persistent): lets a transfer through and holds the next one
 
 
 class WanProxy:
@@ -74,8 +75,14 @@ class WanProxy:
                 continue
             with self._lock:
                 self.connections += 1
-                f, self.faults = self.faults, Faults(rate_mbit=self.faults.rate_mbit, blackhole=self.faults.blackhole,
-                                                     blackhole_after=self.faults.blackhole_after)
+                f, self.faults = (
+                    self.faults,
+                    Faults(
+                        rate_mbit=self.faults.rate_mbit,
+                        blackhole=self.faults.blackhole,
+                        blackhole_after=self.faults.blackhole_after,
+                    ),
+                )
                 if 0 <= f.blackhole_after < self.connections:
                     f = replace(f, blackhole=True)
             self._socks += [client, upstream]
@@ -94,14 +101,14 @@ class WanProxy:
                     break
                 if 0 <= f.corrupt_at_byte < sent + len(data) and f.corrupt_at_byte >= sent:
                     i = f.corrupt_at_byte - sent
-                    data = data[:i] + bytes([data[i] ^ 0xFF]) + data[i + 1:]
+                    data = data[:i] + bytes([data[i] ^ 0xFF]) + data[i + 1 :]
                     self.events.append("corrupted")
                 if 0 <= f.cut_after_bytes <= sent + len(data):
-                    dst.sendall(data[:max(0, f.cut_after_bytes - sent)])
+                    dst.sendall(data[: max(0, f.cut_after_bytes - sent)])
                     self.events.append("cut")
                     break
                 if f.blackhole or 0 <= f.stall_after_bytes <= sent + len(data):
-                    dst.sendall(data[:max(0, f.stall_after_bytes - sent)])
+                    dst.sendall(data[: max(0, f.stall_after_bytes - sent)])
                     self.events.append("stalled")
                     while not self._stop and src.recv(65536):  # swallow everything, forward nothing
                         pass

@@ -1,4 +1,5 @@
 """Emulation tier: needs root, Mininet and the topology; every test checks that teardown left nothing."""
+
 import os
 import shutil
 

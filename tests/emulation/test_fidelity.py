@@ -22,6 +22,7 @@ as independent noise, its spread (tiny here, milliseconds under qemu TCG).
 Run with `--backend tc` inside the stock-kernel VM (`make vm-test`) and with
 the default backend here, on the same profiles and tolerances.
 """
+
 import dataclasses
 
 import pytest

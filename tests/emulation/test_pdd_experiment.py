@@ -14,6 +14,7 @@ results directory and checks the JSON results, not log text:
 - every plot is a valid PNG; the roles stopped cleanly; nothing is left behind
   (the autouse fixture in conftest.py).
 """
+
 import json
 
 import pytest
@@ -40,8 +41,11 @@ def test_every_variant_completes_every_request(smoke_run):
         assert w["status"] == "ok" and all(c == 0 for c in w["exit_codes"].values()), (v, w)
     recs = records.read(out)
     assert {r.variant for r in recs} == set(spec.variants)
-    bad = [(r.variant, r.request_id, r.error, r.output_tokens, r.max_tokens) for r in recs
-           if not r.ok or r.output_tokens != r.max_tokens]
+    bad = [
+        (r.variant, r.request_id, r.error, r.output_tokens, r.max_tokens)
+        for r in recs
+        if not r.ok or r.output_tokens != r.max_tokens
+    ]
     assert not bad, bad
 
 
@@ -49,8 +53,11 @@ def test_token_streams_equal_across_variants(smoke_run):
     _, out = smoke_run
     summary = json.loads((out / "summary.json").read_text())
     for v, s in summary["streams"]["variants"].items():
-        print(v, {k: s[k] for k in ("equal", "diverged", "near_ties", "unexplained", "prompt_differs", "unjudged")},
-              s["divergences"][:3])
+        print(
+            v,
+            {k: s[k] for k in ("equal", "diverged", "near_ties", "unexplained", "prompt_differs", "unjudged")},
+            s["divergences"][:3],
+        )
         assert s["equal"] + s["diverged"] > 0, v
         assert s["unexplained"] == 0, s["divergences"]
         assert s["near_ties"] + s["prompt_differs"] + s["unjudged"] == s["diverged"], s
@@ -63,9 +70,11 @@ def test_pdd_hides_the_wan_that_pd_cross_pays(smoke_run):
     pdd, cross = s["variants"]["pdd"], s["variants"]["pd-cross"]
     need_ms = s["reference"]["wan_estimate_ms_median_uncached"]
     gap_ms = cross["ttft_ms"]["p50"] - pdd["ttft_ms"]["p50"]
-    print(f"TTFT p50: pd-cross {cross['ttft_ms']['p50']:.1f} ms, pdd {pdd['ttft_ms']['p50']:.1f} ms "
-          f"(gap {gap_ms:.1f} ms, WAN estimate {need_ms:.2f} ms); TTFT-decode p50: pd-cross "
-          f"{cross['ttft_decode_ms']['p50']:.1f} ms, pdd {pdd['ttft_decode_ms']['p50']:.1f} ms")
+    print(
+        f"TTFT p50: pd-cross {cross['ttft_ms']['p50']:.1f} ms, pdd {pdd['ttft_ms']['p50']:.1f} ms "
+        f"(gap {gap_ms:.1f} ms, WAN estimate {need_ms:.2f} ms); TTFT-decode p50: pd-cross "
+        f"{cross['ttft_decode_ms']['p50']:.1f} ms, pdd {pdd['ttft_decode_ms']['p50']:.1f} ms"
+    )
     assert gap_ms >= need_ms
     assert pdd["wan_bytes_total"] < cross["wan_bytes_total"]
     # With the tiny model the RLD often finishes before the MD holds the KV (no handoff): both are PDD.
@@ -85,6 +94,7 @@ def test_plots_are_valid_pngs(smoke_run):
 def _sigint_default() -> None:
     """A terminal's foreground job has SIGINT's default action; a background job of a script ignores it."""
     import signal
+
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
@@ -96,10 +106,26 @@ def test_ctrl_c_keeps_results_marks_incomplete_and_leaves_nothing(tmp_path):
     import sys
     import time
     from experiments.deploy import REPO
-    proc = subprocess.Popen([sys.executable, "-m", "experiments.cli", "run", "pdd-smoke", "--results", str(tmp_path),
-                             "--set", "variants=[pd-intra, pdd]"],
-                            cwd=REPO, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, preexec_fn=_sigint_default)
+
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "experiments.cli",
+            "run",
+            "pdd-smoke",
+            "--results",
+            str(tmp_path),
+            "--set",
+            "variants=[pd-intra, pdd]",
+        ],
+        cwd=REPO,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=_sigint_default,
+    )
     deadline = time.monotonic() + 150
     meta_path = None
     while time.monotonic() < deadline and proc.poll() is None:

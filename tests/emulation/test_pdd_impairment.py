@@ -10,6 +10,7 @@ first 7 s (10% loss) and 100% loss both ways at 8-18 s of the variant's own cloc
 - TCP_INFO is plausible: the WAN KV connections' smoothed RTT is at least the profile's round trip
   (within the jitter), retransmissions appear on the WAN (the outage) and not on the intra-cluster path.
 """
+
 import json
 import statistics
 
@@ -21,9 +22,9 @@ from topology.profiles import load_profile
 
 pytestmark = [pytest.mark.emulation, pytest.mark.slow]
 
-OUTAGE = (8, 18)          # s into the variant's window: 100% loss both ways
-CROSS = (0, 6)            # s: 2 reno streams a_to_b
-LOSSY = (0, 7)            # s: 10% loss both ways (tiny-model transfers are ~10 segments: 3 lose one at 96%)
+OUTAGE = (8, 18)  # s into the variant's window: 100% loss both ways
+CROSS = (0, 6)  # s: 2 reno streams a_to_b
+LOSSY = (0, 7)  # s: 10% loss both ways (tiny-model transfers are ~10 segments: 3 lose one at 96%)
 LOSSY_PCT = 10
 # Smoothed RTT of a WAN KV connection: two one-way delays of 30 ms, normal jitter of 5 ms each way.
 # Its median over the samples stays above 90% of the 60 ms round trip (2 sigma of the sum is 14 ms,
@@ -33,17 +34,26 @@ RTT_FLOOR_FRACTION = 0.9
 
 @pytest.fixture(scope="module")
 def impaired(tmp_path_factory):
-    spec = load_spec("pdd-smoke", [
-        "variants=[pdd]", "runtime=process", "profile=wan-cross-country",
-        "workload.synthetic.sessions=3", "workload.synthetic.turns=[6, 7]",
-        "workload.synthetic.session_rate_per_s=0.5", "workload.synthetic.think_s_mean=3",
-        f"schedule=[{{at_s: {LOSSY[0]}, duration_s: {LOSSY[1] - LOSSY[0]}, direction: both, set: {{loss_pct: {LOSSY_PCT}}}}}, "
-        f"{{at_s: {OUTAGE[0]}, duration_s: {OUTAGE[1] - OUTAGE[0]}, direction: both, set: {{loss_pct: 100}}}}]",
-        f"cross_traffic=[{{name: bulk, kind: tcp, direction: a_to_b, streams: 2, congestion: reno, "
-        f"start_s: {CROSS[0]}, duration_s: {CROSS[1] - CROSS[0]}}}]",
-        "deployment.kv.wan={congestion: bbr, stall_timeout_ms: 1000, deadline_ms: 40000}",
-        "deployment.decode={kv_wait_ms: 40000, handoff_timeout_ms: 10000}",
-        "timeouts={ready_s: 60, request_s: 60, variant_s: 150}"])
+    spec = load_spec(
+        "pdd-smoke",
+        [
+            "variants=[pdd]",
+            "runtime=process",
+            "profile=wan-cross-country",
+            "workload.synthetic.sessions=3",
+            "workload.synthetic.turns=[6, 7]",
+            "workload.synthetic.session_rate_per_s=0.5",
+            "workload.synthetic.think_s_mean=3",
+            f"schedule=[{{at_s: {LOSSY[0]}, duration_s: {LOSSY[1] - LOSSY[0]}, direction: both, "
+            f"set: {{loss_pct: {LOSSY_PCT}}}}}, "
+            f"{{at_s: {OUTAGE[0]}, duration_s: {OUTAGE[1] - OUTAGE[0]}, direction: both, set: {{loss_pct: 100}}}}]",
+            f"cross_traffic=[{{name: bulk, kind: tcp, direction: a_to_b, streams: 2, congestion: reno, "
+            f"start_s: {CROSS[0]}, duration_s: {CROSS[1] - CROSS[0]}}}]",
+            "deployment.kv.wan={congestion: bbr, stall_timeout_ms: 1000, deadline_ms: 40000}",
+            "deployment.decode={kv_wait_ms: 40000, handoff_timeout_ms: 10000}",
+            "timeouts={ready_s: 60, request_s: 60, variant_s: 150}",
+        ],
+    )
     out = runner.run(spec, results=tmp_path_factory.mktemp("results"))
     meta = json.loads((out / "metadata.json").read_text())
     summary = json.loads((out / "summary.json").read_text())
@@ -92,6 +102,6 @@ def test_tcp_info_is_plausible(impaired):
     assert rtt_ms >= RTT_FLOOR_FRACTION * round_trip_ms
     paths = summary["variants"]["pdd"]["kv_paths"]
     print("retransmitted segments: wan", paths["wan"]["retrans_segs"], "fast", paths["fast"]["retrans_segs"])
-    assert paths["wan"]["retrans_segs"] > 0           # the lossy seconds (and any transfer the outage caught)
-    assert paths["fast"]["retrans_segs"] == 0          # intra-cluster: nothing lost
-    assert {e["cc"] for e in wan} == {"bbr"}           # the spec asks for bbr; read back from the socket
+    assert paths["wan"]["retrans_segs"] > 0  # the lossy seconds (and any transfer the outage caught)
+    assert paths["fast"]["retrans_segs"] == 0  # intra-cluster: nothing lost
+    assert {e["cc"] for e in wan} == {"bbr"}  # the spec asks for bbr; read back from the socket

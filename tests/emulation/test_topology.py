@@ -1,6 +1,6 @@
 """The live topology: addressing, reachability, captures, live profile changes, teardown in every case."""
+
 import dataclasses
-import json
 import signal
 import subprocess
 import sys
@@ -54,8 +54,24 @@ def test_pcap_on_both_ends_of_the_wan(backend, tmp_path):
         _mean_delay(tb, tmp_path, count=50)
     for side in "ab":
         path = pcap_dir / f"wan-{side}.pcap"
-        out = subprocess.run(["tshark", "-r", str(path), "-Y", "udp.port == 9000", "-T", "fields",
-                              "-e", "frame.cap_len", "-e", "frame.len"], capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [
+                "tshark",
+                "-r",
+                str(path),
+                "-Y",
+                "udp.port == 9000",
+                "-T",
+                "fields",
+                "-e",
+                "frame.cap_len",
+                "-e",
+                "frame.len",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         rows = [tuple(map(int, line.split())) for line in out.stdout.splitlines()]
         assert len(rows) >= 90, (side, len(rows))  # 50 probes each way, minus the profile's rare loss
         # Headers only: a 106-byte probe frame (64 B payload + 42 B of headers) is cut at the snaplen.
@@ -70,8 +86,10 @@ def test_live_profile_swap_and_schedule(backend, tmp_path):
         after, back = _mean_delay(tb, tmp_path / "2")
         assert abs(after.delay_p50_ms - 5) < COARSE_DELAY_TOL_MS
         assert abs(back.delay_p50_ms - 5) < COARSE_DELAY_TOL_MS
-    profile = dataclasses.replace(load_profile("wan-regional"), schedule=(
-        ScheduleStep(at_s=0, changes={"delay_ms": 40, "jitter_ms": 0}, direction="a_to_b", duration_s=3),))
+    profile = dataclasses.replace(
+        load_profile("wan-regional"),
+        schedule=(ScheduleStep(at_s=0, changes={"delay_ms": 40, "jitter_ms": 0}, direction="a_to_b", duration_s=3),),
+    )
     with Testbed(TopologyConfig(wan_profile=profile, backend=backend)) as tb:
         during, other = _mean_delay(tb, tmp_path / "3", count=50)
         time.sleep(max(0.0, 3.5 - 50 * 0.005))
@@ -141,8 +159,11 @@ def test_make_clean_removes_a_crashed_run(backend):
 
 
 def test_not_root_is_a_clear_error(tmp_path):
-    out = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                          sys.executable, "-m", "experiments.cli", "run"],
-                         capture_output=True, text=True, cwd=tmp_path)
+    out = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m", "experiments.cli", "run"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert out.returncode == 2
     assert "needs root" in out.stderr and "Traceback" not in out.stderr

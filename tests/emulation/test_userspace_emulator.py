@@ -8,6 +8,7 @@ the 99% binomial interval; TCP goodput 90-101% of the rate; zero reordering
 with a rate set. Namespaces are deleted by name and processes stopped by PID
 in fixture teardown, also when a test fails.
 """
+
 from __future__ import annotations
 
 import math
@@ -69,9 +70,16 @@ def emulator(wire, tmp_path):
     started: list[UserspaceEmulator] = []
 
     def start(a_to_b: LinkParams, b_to_a: LinkParams | None = None, seed: int = 1) -> UserspaceEmulator:
-        emu = UserspaceEmulator(NAMES.wire_a, NAMES.wire_b, a_to_b, b_to_a or a_to_b,
-                                tmp_path / f"ctl{len(started)}.sock", seed=seed,
-                                prefix=in_ns(NAMES.ns_w, []), log_path=tmp_path / "emulator.log")
+        emu = UserspaceEmulator(
+            NAMES.wire_a,
+            NAMES.wire_b,
+            a_to_b,
+            b_to_a or a_to_b,
+            tmp_path / f"ctl{len(started)}.sock",
+            seed=seed,
+            prefix=in_ns(NAMES.ns_w, []),
+            log_path=tmp_path / "emulator.log",
+        )
         started.append(emu)
         return emu.start()
 
@@ -124,8 +132,11 @@ def test_tcp_goodput(wire, emulator, rate_mbit):
     emu = emulator(params)
     report = wire.iperf3(["-O", "1"], duration_s=5)
     goodput = report["end"]["sum_received"]["bits_per_second"] / 1e6
-    assert GOODPUT_MIN * rate_mbit <= goodput <= GOODPUT_MAX * rate_mbit, \
-        (goodput, f"ceiling {TCP_PAYLOAD_SHARE * rate_mbit:.1f}", emu.stats())
+    assert GOODPUT_MIN * rate_mbit <= goodput <= GOODPUT_MAX * rate_mbit, (
+        goodput,
+        f"ceiling {TCP_PAYLOAD_SHARE * rate_mbit:.1f}",
+        emu.stats(),
+    )
     stats = emu.stats()["a_to_b"]
     assert stats.rx_drops == 0 and stats.tx_errors == 0  # no self-induced loss
 
@@ -158,8 +169,9 @@ def test_bad_set_is_refused_and_emulator_survives(wire, emulator):
 
 
 def test_stop_is_clean(wire, tmp_path):
-    emu = UserspaceEmulator(NAMES.wire_a, NAMES.wire_b, LinkParams(), LinkParams(), tmp_path / "c.sock",
-                            prefix=in_ns(NAMES.ns_w, []))
+    emu = UserspaceEmulator(
+        NAMES.wire_a, NAMES.wire_b, LinkParams(), LinkParams(), tmp_path / "c.sock", prefix=in_ns(NAMES.ns_w, [])
+    )
     with emu:
         proc = emu.proc
     assert proc.returncode == 0 and not (tmp_path / "c.sock").exists()
@@ -169,8 +181,9 @@ def test_stop_is_clean(wire, tmp_path):
 
 
 def test_sigterm_is_clean(wire, tmp_path):
-    emu = UserspaceEmulator(NAMES.wire_a, NAMES.wire_b, LinkParams(), LinkParams(), tmp_path / "t.sock",
-                            prefix=in_ns(NAMES.ns_w, [])).start()
+    emu = UserspaceEmulator(
+        NAMES.wire_a, NAMES.wire_b, LinkParams(), LinkParams(), tmp_path / "t.sock", prefix=in_ns(NAMES.ns_w, [])
+    ).start()
     try:
         emu.proc.terminate()
         assert emu.proc.wait(5) == 0

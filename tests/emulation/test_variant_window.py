@@ -6,6 +6,7 @@
 - A TCP cross flow xa -> xb on wan-cross-country: its iperf3 JSON is kept, its throughput is above zero and
   below the link's rate, and its metadata entry has the keys the analysis reads.
 """
+
 import dataclasses
 import json
 import time
@@ -20,14 +21,26 @@ from topology.profiles import DIRECTIONS, ScheduleStep, load_profile
 OFFSET_TOL_S = 0.5
 # The offset of the window's closing restore is the hold's end plus the restore itself.
 CLOSE_TOL_S = 1.0
-ENTRY_KEYS = {"name", "kind", "direction", "start_ns", "end_ns", "port", "iperf_json", "streams",
-              "congestion", "rate_mbit"}
+ENTRY_KEYS = {
+    "name",
+    "kind",
+    "direction",
+    "start_ns",
+    "end_ns",
+    "port",
+    "iperf_json",
+    "streams",
+    "congestion",
+    "rate_mbit",
+}
 CHANGE_KEYS = {"t_ns", "offset_s", "direction", "params", "cause"}
 
 
 def test_each_variant_meets_the_schedule_on_its_own_clock(backend, tmp_path):
-    steps = (ScheduleStep(at_s=0.5, changes={"loss_pct": 5}, direction="both", duration_s=1.0),
-             ScheduleStep(at_s=2.0, changes={"delay_ms": 40}, direction="a_to_b"))  # kept: the close restores it
+    steps = (
+        ScheduleStep(at_s=0.5, changes={"loss_pct": 5}, direction="both", duration_s=1.0),
+        ScheduleStep(at_s=2.0, changes={"delay_ms": 40}, direction="a_to_b"),
+    )  # kept: the close restores it
     profile = dataclasses.replace(load_profile("wan-regional"), schedule=steps)
     imp = Impairment(steps, ("profile step 0", "profile step 1"), restore=True)
     records = []
@@ -46,9 +59,14 @@ def test_each_variant_meets_the_schedule_on_its_own_clock(backend, tmp_path):
         assert all(set(c) == CHANGE_KEYS for c in changes)
         assert all(rec["window_start_ns"] <= c["t_ns"] <= rec["window_end_ns"] for c in changes)
         got = [(c["cause"], c["direction"]) for c in changes]
-        assert got == [("profile step 0", "a_to_b"), ("profile step 0", "b_to_a"),
-                       ("profile step 0 ends", "a_to_b"), ("profile step 0 ends", "b_to_a"),
-                       ("profile step 1", "a_to_b"), ("restore profile base (window closes)", "a_to_b")], got
+        assert got == [
+            ("profile step 0", "a_to_b"),
+            ("profile step 0", "b_to_a"),
+            ("profile step 0 ends", "a_to_b"),
+            ("profile step 0 ends", "b_to_a"),
+            ("profile step 1", "a_to_b"),
+            ("restore profile base (window closes)", "a_to_b"),
+        ], got
         due = [0.5, 0.5, 1.5, 1.5, 2.0]
         for c, at_s in zip(changes, due):
             assert at_s <= c["offset_s"] < at_s + OFFSET_TOL_S, (c["cause"], c["offset_s"], at_s)
@@ -60,8 +78,9 @@ def test_each_variant_meets_the_schedule_on_its_own_clock(backend, tmp_path):
 
 def test_tcp_cross_flow_on_the_wan(backend, tmp_path):
     profile = load_profile("wan-cross-country")
-    flow = ct.CrossFlow(kind="tcp", duration_s=4, direction="a_to_b", start_s=0.5, name="bulk", streams=2,
-                        congestion="reno")
+    flow = ct.CrossFlow(
+        kind="tcp", duration_s=4, direction="a_to_b", start_s=0.5, name="bulk", streams=2, congestion="reno"
+    )
     imp = Impairment(flows=(flow,))
     vdir = tmp_path / "variants" / "v1"
     with Testbed(TopologyConfig(wan_profile=profile, backend=backend, cross_hosts=True)) as tb:
@@ -75,13 +94,17 @@ def test_tcp_cross_flow_on_the_wan(backend, tmp_path):
     [entry] = rec["cross_traffic"]
     assert set(entry) == ENTRY_KEYS
     assert entry["iperf_json"] == "variants/v1/cross/bulk-a_to_b.json"
-    assert (entry["name"], entry["kind"], entry["direction"], entry["streams"], entry["congestion"]) == \
-        ("bulk", "tcp", "a_to_b", 2, "reno")
+    assert (entry["name"], entry["kind"], entry["direction"], entry["streams"], entry["congestion"]) == (
+        "bulk",
+        "tcp",
+        "a_to_b",
+        2,
+        "reno",
+    )
     assert t0 + 0.5e9 <= entry["start_ns"] < entry["end_ns"]
     doc = json.loads((tmp_path / entry["iperf_json"]).read_text())
     assert "error" not in doc, doc.get("error")
     result = ct.parse_result(doc, "tcp")
-    print(f"cross flow: {result.mean_mbit:.1f} Mbit/s, streams {result.stream_mbit}, "
-          f"retransmits {result.retransmits}")
+    print(f"cross flow: {result.mean_mbit:.1f} Mbit/s, streams {result.stream_mbit}, retransmits {result.retransmits}")
     assert 0 < result.mean_mbit < profile.a_to_b.rate_mbit
     assert len(result.intervals) >= 3 and len(result.stream_mbit) == 2

@@ -1,4 +1,5 @@
 """Pure tests of the serving experiment (no root, no topology): specs, workload, analysis."""
+
 import sys
 from pathlib import Path
 

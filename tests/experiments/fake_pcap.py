@@ -5,6 +5,7 @@ one (LOST_INDEX) is lost between the gateways and retransmitted, ACKs ONE_WAY_S 
 cross-traffic stream to port CROSS_PORT; a gRPC exchange (port 50053). The expected figures are the
 constants below.
 """
+
 import struct
 from pathlib import Path
 
@@ -13,11 +14,11 @@ from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 
 SNAPLEN = 128
-ONE_WAY_S = 0.015            # gwa <-> gwb, each way
-HANDSHAKE_RTT_MS = 31.0      # SYN at gwa .. SYN-ACK back at gwa: 2 x 15 ms + 1 ms at the server
-DATA_RTT_MS = 40.0           # data at gwa .. its ACK back at gwa
+ONE_WAY_S = 0.015  # gwa <-> gwb, each way
+HANDSHAKE_RTT_MS = 31.0  # SYN at gwa .. SYN-ACK back at gwa: 2 x 15 ms + 1 ms at the server
+DATA_RTT_MS = 40.0  # data at gwa .. its ACK back at gwa
 MSS = 1448
-KV_SEGMENTS = 12             # data segments first sent (one more is the retransmission)
+KV_SEGMENTS = 12  # data segments first sent (one more is the retransmission)
 LOST_INDEX = 3
 CROSS_PORT, CROSS_DATAGRAMS, CROSS_PAYLOAD = 5201, 5, 1000
 A, B, GRPC_A = "10.1.0.21", "10.2.0.61", "10.1.0.11"
@@ -25,8 +26,12 @@ ISN_A, ISN_B = 1_000_000, 7_000_000
 
 
 def _tcp(src, sport, dst, dport, flags, seq, ack, payload=0):
-    return Ether() / IP(src=src, dst=dst) / TCP(sport=sport, dport=dport, flags=flags, seq=seq, ack=ack) / \
-        Raw(b"k" * payload)
+    return (
+        Ether()
+        / IP(src=src, dst=dst)
+        / TCP(sport=sport, dport=dport, flags=flags, seq=seq, ack=ack)
+        / Raw(b"k" * payload)
+    )
 
 
 def _kv_frames(t0: float) -> tuple[list, list]:
@@ -49,7 +54,7 @@ def _kv_frames(t0: float) -> tuple[list, list]:
     for t, k in sends:
         s = seq + k * MSS
         a_to_b(t, _tcp(A, 40000, B, 50063, "A", s, ISN_B + 1, MSS), lost=k == LOST_INDEX)
-        acked = s + MSS if k < LOST_INDEX or k >= 10 else seq + LOST_INDEX * MSS   # duplicate ACKs after the hole
+        acked = s + MSS if k < LOST_INDEX or k >= 10 else seq + LOST_INDEX * MSS  # duplicate ACKs after the hole
         b_to_a(t + DATA_RTT_MS / 1e3 - ONE_WAY_S, _tcp(B, 50063, A, 40000, "A", ISN_B + 1, acked))
     t_re = t0 + 0.100
     a_to_b(t_re, _tcp(A, 40000, B, 50063, "A", seq + LOST_INDEX * MSS, ISN_B + 1, MSS))
@@ -60,8 +65,12 @@ def _kv_frames(t0: float) -> tuple[list, list]:
 def _other_frames(t0: float) -> tuple[list, list]:
     at_a, at_b = [], []
     for k in range(CROSS_DATAGRAMS):
-        pkt = Ether() / IP(src="10.1.0.10", dst="10.2.0.62") / UDP(sport=40001, dport=CROSS_PORT) / \
-            Raw(b"u" * CROSS_PAYLOAD)
+        pkt = (
+            Ether()
+            / IP(src="10.1.0.10", dst="10.2.0.62")
+            / UDP(sport=40001, dport=CROSS_PORT)
+            / Raw(b"u" * CROSS_PAYLOAD)
+        )
         at_a.append((t0 + 0.2 + k * 0.01, pkt))
         at_b.append((t0 + 0.2 + k * 0.01 + ONE_WAY_S, pkt))
     grpc = _tcp(GRPC_A, 40002, B, 50053, "PA", 5, 9, 200)
@@ -71,7 +80,7 @@ def _other_frames(t0: float) -> tuple[list, list]:
 
 
 def _write(path: Path, frames: list) -> None:
-    out = bytearray(struct.pack("<IHHiIII", 0xa1b2c3d4, 2, 4, 0, 0, SNAPLEN, 1))
+    out = bytearray(struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, SNAPLEN, 1))
     for t, pkt in sorted(frames, key=lambda f: f[0]):
         data = bytes(pkt)
         usec = round(t * 1e6)

@@ -1,4 +1,5 @@
 """The analysis reads only the run directory: records, metrics, summary, plots, pcap."""
+
 import json
 import math
 
@@ -30,7 +31,7 @@ def test_summary_has_every_metric_per_variant(run):
     assert p["wan_bytes_total"] < x["wan_bytes_total"]
     assert p["handoff"]["count"] == 9 and p["handoff"]["latency_ms"]["mean"] == pytest.approx(70)
     assert p["handoff"]["extend_ms"]["mean"] == pytest.approx(2)
-    assert p["decode_batch"]["mean"] == pytest.approx(1.5, abs=1e-5)   # (4 x 2 + 12 x 4/3) / 16 steps
+    assert p["decode_batch"]["mean"] == pytest.approx(1.5, abs=1e-5)  # (4 x 2 + 12 x 4/3) / 16 steps
     assert 0 < p["rld_token_share"] < 0.5 and p["hit_rate"]["drc_mean"] > 0
     assert x["ttft_ms"]["p50"] == pytest.approx(90) and p["ttft_ms"]["p50"] == pytest.approx(20)
     assert s["streams"]["reference"] == "colocated"
@@ -43,7 +44,7 @@ def test_requests_and_events_files(run):
     r = next(r for r in recs if r.variant == "pdd" and r.kind == "turn" and r.turn > 1)
     assert r.route == "p-rld-md" and r.drc_hit == pytest.approx(r.md_cached_tokens / r.prompt_tokens)
     assert r.wan_bytes == r.wan_kv_bytes + 40 and r.spans["wan_kv"][0] <= r.spans["wan_kv"][1]
-    evs = [json.loads(l) for l in (run / "events.jsonl").read_text().splitlines()]
+    evs = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
     assert all(a["t_ns"] <= b["t_ns"] for a, b in zip(evs, evs[1:])) and {e["variant"] for e in evs} >= {"pdd"}
 
 
@@ -51,7 +52,7 @@ def test_summary_md_and_plots(run):
     md = (run / "summary.md").read_text()
     assert "| pdd |" in md and "TTFT-decode" in md and "## PDD" in md
     row = next(line for line in md.splitlines() if line.startswith("| pdd |"))
-    assert row.split(" | ")[5] == "1.5"                                 # the decode batch column
+    assert row.split(" | ")[5] == "1.5"  # the decode batch column
     for name in plots.PLOTS:
         data = (run / "plots" / name).read_bytes()
         assert data.startswith(PNG_MAGIC) and len(data) > 2000, name
@@ -70,8 +71,7 @@ def test_not_a_run_directory(tmp_path):
 
 def test_pcap_parser(run):
     frames = pcap.read_frames(run / "pcap" / "wan-a.pcap")
-    assert [(f.wire_bytes, f.direction) for f in frames] == [(1500, "a_to_b"), (1500, "a_to_b"),
-                                                                        (66, "b_to_a")]
+    assert [(f.wire_bytes, f.direction) for f in frames] == [(1500, "a_to_b"), (1500, "a_to_b"), (66, "b_to_a")]
     assert pcap.bytes_between(frames, 1000.0, 1000.25) == {"a_to_b": 3000}
     assert pcap.direction("10.1.0.21") == "a_to_b" and pcap.direction("10.2.0.61") == "b_to_a"
     assert len(pcap.delivered(frames, frames)) == 3
@@ -87,6 +87,7 @@ def test_pcap_rejects_other_files(tmp_path):
 
 def test_percentiles_match_numpy():
     import numpy as np
+
     xs = [5, 1, 9, 3, 7, 2]
     for p in (50, 90, 95, 99):
         assert metrics.percentile(xs, p) == pytest.approx(np.percentile(xs, p))
@@ -105,18 +106,38 @@ def test_stream_divergence_is_reported(run):
 def test_divergences_get_a_near_tie_verdict(tmp_path):
     from workers.engine import Engine
     from workers.sampling import TIE_MARGIN, top2_margin
+
     prompt, toks = [5, 9, 17, 33, 2], [40, 41, 42, 43]
 
     def line(variant, rid, prompt, toks):
-        return json.dumps({"variant": variant, "request_id": rid, "prompt": prompt,
-                           "tokens": [[i, t, "w", 0, 0] for i, t in enumerate(toks)]})
-    for v, lines in {"colocated": [line("colocated", "a", prompt, toks), line("colocated", "b", prompt, toks)],
-                     "pdd": [line("pdd", "a", prompt, toks[:2] + [7, 8]), line("pdd", "b", prompt[:4], toks)]}.items():
+        return json.dumps(
+            {
+                "variant": variant,
+                "request_id": rid,
+                "prompt": prompt,
+                "tokens": [[i, t, "w", 0, 0] for i, t in enumerate(toks)],
+            }
+        )
+
+    for v, lines in {
+        "colocated": [line("colocated", "a", prompt, toks), line("colocated", "b", prompt, toks)],
+        "pdd": [line("pdd", "a", prompt, toks[:2] + [7, 8]), line("pdd", "b", prompt[:4], toks)],
+    }.items():
         (tmp_path / "variants" / v).mkdir(parents=True)
         (tmp_path / "variants" / v / "client.jsonl").write_text("\n".join(lines) + "\n")
-    streams = {"reference": "colocated", "variants": {"pdd": {"equal": 0, "diverged": 3, "divergences": [
-        {"request_id": "a", "index": 2, "prompt_differs": False},
-        {"request_id": "b", "index": 0, "prompt_differs": False}]}}}
+    streams = {
+        "reference": "colocated",
+        "variants": {
+            "pdd": {
+                "equal": 0,
+                "diverged": 3,
+                "divergences": [
+                    {"request_id": "a", "index": 2, "prompt_differs": False},
+                    {"request_id": "b", "index": 0, "prompt_differs": False},
+                ],
+            }
+        },
+    }
     analyze.judge_divergences(tmp_path, streams, {"model": "tiny", "weights_seed": 0})
     s = streams["variants"]["pdd"]
     want = top2_margin(Engine("tiny", seed=0, prefix_cache=False).reference_logits(prompt + toks[:2])[-1])

@@ -1,6 +1,7 @@
 """The load generator's turn chaining: a failed turn's successors go out with the reference reply, and
 nothing is sent past the issue deadline (the rest is recorded as not issued). Pure logic: a recording
 client stands in for the gRPC one."""
+
 import json
 import threading
 import time
@@ -15,15 +16,20 @@ def req(rid, turn, after=None, head=(1, 2), arrival_s=0.0, think_s=0.0):
 
 def test_a_failed_turn_is_followed_with_the_reference_reply(tmp_path):
     ref = tmp_path / "colocated.jsonl"
-    ref.write_text(json.dumps({"request_id": "r1", "error": None, "prompt": [1, 2],
-                               "tokens": [[1, 8, "rld1", 0, 0], [0, 7, "p1", 0, 0]]}) + "\n"
-                   + json.dumps({"request_id": "r9", "error": "UNAVAILABLE", "prompt": [5], "tokens": []}) + "\n")
+    ref.write_text(
+        json.dumps(
+            {"request_id": "r1", "error": None, "prompt": [1, 2], "tokens": [[1, 8, "rld1", 0, 0], [0, 7, "p1", 0, 0]]}
+        )
+        + "\n"
+        + json.dumps({"request_id": "r9", "error": "UNAVAILABLE", "prompt": [5], "tokens": []})
+        + "\n"
+    )
     reference = read_reference(ref)
     assert reference == {"r1": ((1, 2), (7, 8))}
     client = Client.__new__(Client)
     client.outputs, client.reference = {}, reference
     assert client.prompt_of(req("r2", 2, after="r1", head=(3,))) == ((1, 2, 7, 8, 3), "reference")
-    client.outputs["r1"] = ((1, 2), (7, 9))      # this variant's own reply wins when it has one
+    client.outputs["r1"] = ((1, 2), (7, 9))  # this variant's own reply wins when it has one
     assert client.prompt_of(req("r2", 2, after="r1", head=(3,))) == ((1, 2, 7, 9, 3), "previous")
     assert client.prompt_of(req("r3", 3, after="r2")) == (None, "none")
 

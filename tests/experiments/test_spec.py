@@ -1,4 +1,5 @@
 """Experiment specs: validated at the edge, overrides checked against the schema, errors name the field."""
+
 import pytest
 
 from experiments import spec
@@ -18,8 +19,15 @@ def test_default_spec_compares_the_four_variants_on_cross_country():
 
 
 def test_overrides_are_yaml_typed():
-    s = load_spec("pdd-vs-baselines", ["workload.synthetic.sessions=2", "workload.synthetic.turns=[2, 3]",
-                                       "slo.ttft_ms=500", "variants=[pd-cross, pdd]"])
+    s = load_spec(
+        "pdd-vs-baselines",
+        [
+            "workload.synthetic.sessions=2",
+            "workload.synthetic.turns=[2, 3]",
+            "slo.ttft_ms=500",
+            "variants=[pd-cross, pdd]",
+        ],
+    )
     assert s.workload.synthetic.sessions == 2 and s.workload.synthetic.turns == (2, 3)
     assert s.slo.ttft_ms == 500.0 and s.variants == ("pd-cross", "pdd")
 
@@ -29,22 +37,25 @@ def test_top_level_arguments_override_the_spec():
     assert s.profile == "wan-lossy" and s.backend == "userspace"
 
 
-@pytest.mark.parametrize("override, needle", [
-    ("workload.synthetic.sessionz=3", "workload.synthetic has no field 'sessionz'; allowed: ['sessions'"),
-    ("nope=1", "spec has no field 'nope'; allowed: ['name'"),
-    ("workload.synthetic.sessions=many", "workload.synthetic.sessions: expected int, got 'many'"),
-    ("workload.synthetic.turns=[3]", "workload.synthetic.turns: expected 2 values"),
-    ("variants=[pdd, warp]", "each once, from ['colocated', 'pd-intra', 'pd-cross', 'pdd']"),
-    ("handoff=teleport", "handoff='teleport'; allowed: ['oneshot', 'chunked', 'auto', 'kv']"),
-    ("runtime=vm", "runtime='vm'; allowed: ['process', 'docker']"),
-    ("model=huge", "model='huge'; allowed: ['default', 'tiny']"),
-    ("workload.synthetic.singular_fraction=0.9", "singular_fraction=0.9 out of range [0, 0.5]"),
-    ("deployment.policy.modez=pdd", "deployment: policy: unknown key(s) ['modez']"),
-    ("deployment.policy.chunk_tokens=0", "policy.chunk_tokens=0 out of range"),
-    ("profile=no-such", "unknown profile 'no-such'; available:"),
-    ("workload.source=trace", "workload.trace: required"),
-    ("sessions", "expected dotted.key=value"),
-])
+@pytest.mark.parametrize(
+    "override, needle",
+    [
+        ("workload.synthetic.sessionz=3", "workload.synthetic has no field 'sessionz'; allowed: ['sessions'"),
+        ("nope=1", "spec has no field 'nope'; allowed: ['name'"),
+        ("workload.synthetic.sessions=many", "workload.synthetic.sessions: expected int, got 'many'"),
+        ("workload.synthetic.turns=[3]", "workload.synthetic.turns: expected 2 values"),
+        ("variants=[pdd, warp]", "each once, from ['colocated', 'pd-intra', 'pd-cross', 'pdd']"),
+        ("handoff=teleport", "handoff='teleport'; allowed: ['oneshot', 'chunked', 'auto', 'kv']"),
+        ("runtime=vm", "runtime='vm'; allowed: ['process', 'docker']"),
+        ("model=huge", "model='huge'; allowed: ['default', 'tiny']"),
+        ("workload.synthetic.singular_fraction=0.9", "singular_fraction=0.9 out of range [0, 0.5]"),
+        ("deployment.policy.modez=pdd", "deployment: policy: unknown key(s) ['modez']"),
+        ("deployment.policy.chunk_tokens=0", "policy.chunk_tokens=0 out of range"),
+        ("profile=no-such", "unknown profile 'no-such'; available:"),
+        ("workload.source=trace", "workload.trace: required"),
+        ("sessions", "expected dotted.key=value"),
+    ],
+)
 def test_bad_overrides_fail_with_the_field_and_allowed_values(override, needle):
     with pytest.raises(SpecError) as err:
         load_spec("pdd-vs-baselines", [override])
@@ -76,6 +87,7 @@ def test_resolved_spec_round_trips():
 def test_deployment_follows_the_profile_rate():
     from experiments.deploy import deployment_dict
     from workers.roles.config import parse_config
+
     s = load_spec("pdd-smoke", profile="wan-lossy")
     cfg = parse_config(deployment_dict(s, "/tmp/ev", mode="pd-cross"))
     assert cfg.policy.wan_rate_mbit == 100.0 and cfg.policy.mode == "pd-cross"

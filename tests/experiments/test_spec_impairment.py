@@ -1,4 +1,5 @@
 """Spec fields of the network impairment: schedule_clock, schedule, cross_traffic — refused at the edge."""
+
 import pytest
 
 from experiments.spec import SpecError, from_dict, load_spec, to_dict
@@ -20,22 +21,32 @@ def test_defaults_play_the_schedule_on_each_variant_clock_without_cross_traffic(
     assert s.schedule_clock == "variant" and s.schedule == () and s.cross_traffic == ()
 
 
-@pytest.mark.parametrize("overrides, needle", [
-    (["timeouts.variant_s=30"], "profile wan-flaky's schedule: its last event at 42 s lies beyond "
-                                "timeouts.variant_s=30; allowed: events within [0, 30] s"),
-    (["schedule=[{at_s: 530, duration_s: 20, set: {loss_pct: 100}}]"], "schedule: its last event at 550 s"),
-    (["schedule=[{at_s: 5, set: {loss_pcx: 1}}]"], "schedule[0].set: unknown key(s) ['loss_pcx']"),
-    (["schedule=[{at_s: 5, set: {loss_pct: 101}}]"], "schedule[0].set.loss_pct: 101 is out of range"),
-    (["schedule=[{at_s: 5, direction: up, set: {loss_pct: 1}}]"], "schedule[0].direction: 'up' is unknown"),
-    (["schedule_clock=wall"], "schedule_clock='wall'; allowed: ['link', 'variant']"),
-    (["cross_traffic=[{kind: tcp}]"], "cross_traffic[0]: required field(s) ['duration_s'] missing"),
-    (["cross_traffic=[{kind: tcp, duration_s: 5, colour: red}]"], "cross_traffic[0]: unknown key(s) ['colour']"),
-    (["cross_traffic=[{kind: udp, duration_s: 5, rate_mbit: 250}]"],
-     "cross_traffic[0].rate_mbit=250 exceeds the link's a_to_b rate; allowed: (0, 200] Mbit/s"),
-    (["cross_traffic=[{kind: tcp, duration_s: 20, start_s: 15}]", "timeouts.variant_s=30"],
-     "start_s + duration_s = 35 s lies beyond timeouts.variant_s=30"),
-    (["cross_traffic=[{kind: tcp, duration_s: 5, congestion: nope}]"], "congestion='nope' is not offered"),
-])
+@pytest.mark.parametrize(
+    "overrides, needle",
+    [
+        (
+            ["timeouts.variant_s=30"],
+            "profile wan-flaky's schedule: its last event at 42 s lies beyond "
+            "timeouts.variant_s=30; allowed: events within [0, 30] s",
+        ),
+        (["schedule=[{at_s: 530, duration_s: 20, set: {loss_pct: 100}}]"], "schedule: its last event at 550 s"),
+        (["schedule=[{at_s: 5, set: {loss_pcx: 1}}]"], "schedule[0].set: unknown key(s) ['loss_pcx']"),
+        (["schedule=[{at_s: 5, set: {loss_pct: 101}}]"], "schedule[0].set.loss_pct: 101 is out of range"),
+        (["schedule=[{at_s: 5, direction: up, set: {loss_pct: 1}}]"], "schedule[0].direction: 'up' is unknown"),
+        (["schedule_clock=wall"], "schedule_clock='wall'; allowed: ['link', 'variant']"),
+        (["cross_traffic=[{kind: tcp}]"], "cross_traffic[0]: required field(s) ['duration_s'] missing"),
+        (["cross_traffic=[{kind: tcp, duration_s: 5, colour: red}]"], "cross_traffic[0]: unknown key(s) ['colour']"),
+        (
+            ["cross_traffic=[{kind: udp, duration_s: 5, rate_mbit: 250}]"],
+            "cross_traffic[0].rate_mbit=250 exceeds the link's a_to_b rate; allowed: (0, 200] Mbit/s",
+        ),
+        (
+            ["cross_traffic=[{kind: tcp, duration_s: 20, start_s: 15}]", "timeouts.variant_s=30"],
+            "start_s + duration_s = 35 s lies beyond timeouts.variant_s=30",
+        ),
+        (["cross_traffic=[{kind: tcp, duration_s: 5, congestion: nope}]"], "congestion='nope' is not offered"),
+    ],
+)
 def test_bad_impairments_are_refused_before_any_topology(overrides, needle):
     with pytest.raises(SpecError) as err:
         load_spec("pdd-vs-baselines", overrides, profile="wan-flaky" if "variant_s=30" in overrides[0] else None)

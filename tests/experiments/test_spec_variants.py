@@ -1,5 +1,6 @@
 """Variants of one mode side by side (variant_defs) and the issue deadline: refused at the edge when wrong,
 and what the runner derives from them."""
+
 import pytest
 
 from experiments.deployment import deployment_dict
@@ -10,22 +11,28 @@ from workers.roles.config import parse_config
 def test_a_defined_variant_runs_its_mode_with_its_own_overrides():
     s = load_spec("pdd-congestion")
     assert variant_mode(s, "pdd-measured") == "pdd" and variant_mode(s, "pd-cross") == "pd-cross"
-    cfg = parse_config(deployment_dict(s, "/tmp/ev", variant_mode(s, "pdd-measured"),
-                                       variant_overrides(s, "pdd-measured")))
+    cfg = parse_config(
+        deployment_dict(s, "/tmp/ev", variant_mode(s, "pdd-measured"), variant_overrides(s, "pdd-measured"))
+    )
     assert cfg.policy.mode == "pdd" and cfg.policy.wan_estimate == "measured"
     plain = parse_config(deployment_dict(s, "/tmp/ev", "pdd", variant_overrides(s, "pdd")))
     assert plain.policy.wan_estimate == "static" and plain.policy.direct_max_transfer_ms == 40
 
 
-@pytest.mark.parametrize("overrides, needle", [
-    (["variants=[pdd, pdd-x]"], "variants=['pdd', 'pdd-x']: each once, from"),
-    (["variant_defs={pdd: {mode: pdd}}"], "variant_defs.pdd: a defined variant needs a name of its own"),
-    (["variant_defs={x: {mode: fast}}"], "variant_defs.x.mode='fast'; allowed:"),
-    (["variant_defs={x: {mode: pdd, colour: red}}"], "variant_defs.x: expected {mode, deployment}"),
-    (["variant_defs={x: {mode: pdd, deployment: {policy: {wan_estimate: guess}}}}"],
-     "variant_defs.x.deployment: policy.wan_estimate='guess'; allowed: ['static', 'measured']"),
-    (["timeouts.issue_s=-1"], "timeouts.issue_s=-1"),
-])
+@pytest.mark.parametrize(
+    "overrides, needle",
+    [
+        (["variants=[pdd, pdd-x]"], "variants=['pdd', 'pdd-x']: each once, from"),
+        (["variant_defs={pdd: {mode: pdd}}"], "variant_defs.pdd: a defined variant needs a name of its own"),
+        (["variant_defs={x: {mode: fast}}"], "variant_defs.x.mode='fast'; allowed:"),
+        (["variant_defs={x: {mode: pdd, colour: red}}"], "variant_defs.x: expected {mode, deployment}"),
+        (
+            ["variant_defs={x: {mode: pdd, deployment: {policy: {wan_estimate: guess}}}}"],
+            "variant_defs.x.deployment: policy.wan_estimate='guess'; allowed: ['static', 'measured']",
+        ),
+        (["timeouts.issue_s=-1"], "timeouts.issue_s=-1"),
+    ],
+)
 def test_bad_variants_are_refused_before_any_topology(overrides, needle):
     with pytest.raises(SpecError) as err:
         load_spec("pdd-vs-baselines", overrides)

@@ -1,5 +1,6 @@
 """What TCP did on the WAN: KV transfers per path, congestion warnings, WAN bytes three ways, fallbacks,
 RLD occupancy, flows.json and the TCP plot, on a synthetic run of the newer data plane and on an old one."""
+
 import json
 
 import matplotlib
@@ -12,7 +13,7 @@ from experiments.records import fallback_cause
 from fake_run import make_run
 
 matplotlib.use("Agg")
-KV_BPT = 512    # fake_run's KV bytes per token
+KV_BPT = 512  # fake_run's KV bytes per token
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +37,7 @@ def old(tmp_path_factory):
 
 def _pdd_kv_bytes():
     from experiments import spec as specmod, workload as wl
+
     reqs = wl.build(specmod.load_spec("pdd-smoke", []))
     return sum((r.prompt_len - r.cached_tokens) * KV_BPT for r in reqs)
 
@@ -46,10 +48,10 @@ def test_kv_transfers_per_path(summary):
     times = sorted(fr._wan_time_ms(i) for i in range(10))
     assert wan["time_ms"]["p50"] == pytest.approx((times[4] + times[5]) / 2)
     assert wan["time_ms"]["max"] == max(times) and wan["time_ms"]["n"] == 10
-    assert wan["retrans_segs"] == 40                                    # 4 reported by each ok transfer
+    assert wan["retrans_segs"] == 40  # 4 reported by each ok transfer
     known_mb = (_pdd_kv_bytes() + 10 * fr.HEADER_BYTES + fr.RETRY_EXTRA_BYTES) / 1e6
     assert wan["retrans_segs_per_mb"] == pytest.approx(40 / known_mb)
-    assert (wan["rtt_ms_p50"], wan["cwnd_p50"]) == (40.0, 20)           # samples 30/40/50 ms, 10/20/30 segments
+    assert (wan["rtt_ms_p50"], wan["cwnd_p50"]) == (40.0, 20)  # samples 30/40/50 ms, 10/20/30 segments
     assert wan["congestion_used"] == ["bbr"] and wan["congestion_requested"] == ["bbr"]
     fast, handoff = (summary["variants"]["pdd"]["kv_paths"][p] for p in ("fast", "handoff"))
     assert fast["ok"] == 10 and fast["rtt_ms_p50"] is None and fast["retrans_segs"] is None
@@ -58,7 +60,7 @@ def test_kv_transfers_per_path(summary):
 
 def test_retransmissions_from_samples_when_the_end_event_lacks_them(summary):
     wan = summary["variants"]["pd-cross"]["kv_paths"]["wan"]
-    assert wan["retrans_segs"] == 10 * 2 * 2                            # per transfer: 2 connections, each +2
+    assert wan["retrans_segs"] == 10 * 2 * 2  # per transfer: 2 connections, each +2
     assert wan["congestion_used"] == ["cubic"]
 
 
@@ -76,11 +78,12 @@ def test_wan_bytes_three_ways(summary):
     assert b["delivered"] == _pdd_kv_bytes()
     assert b["wasted"] == fr.FAILED_WIRE_BYTES + fr.HEADER_BYTES + fr.RETRY_EXTRA_BYTES
     assert b["resumed"] == fr.RESUMED_BYTES
-    kv_on_wire = fp.frame_len(0) + fp.KV_SEGMENTS * fp.frame_len(fp.MSS)   # SYN + 11 first sends + 1 retransmission
+    kv_on_wire = fp.frame_len(0) + fp.KV_SEGMENTS * fp.frame_len(fp.MSS)  # SYN + 11 first sends + 1 retransmission
     assert b["on_wire_kv_pcap"] == kv_on_wire
-    assert b["on_wire_pcap"] == kv_on_wire + fp.CROSS_DATAGRAMS * fp.frame_len(fp.CROSS_PAYLOAD, udp=True) + \
-        fp.frame_len(200)
-    assert summary["variants"]["pd-cross"]["wan_bytes"]["on_wire_pcap"] == 0   # captured, nothing in its window
+    assert b["on_wire_pcap"] == kv_on_wire + fp.CROSS_DATAGRAMS * fp.frame_len(
+        fp.CROSS_PAYLOAD, udp=True
+    ) + fp.frame_len(200)
+    assert summary["variants"]["pd-cross"]["wan_bytes"]["on_wire_pcap"] == 0  # captured, nothing in its window
 
 
 def test_fallbacks_by_cause_and_rld_occupancy(run, summary):
@@ -98,7 +101,11 @@ def test_flows_json(run, summary):
     doc = json.loads((run / "flows.json").read_text())
     kv = next(r for r in doc["flows"] if r["class"] == "kv" and r["direction"] == "a_to_b")
     assert (kv["src"], kv["sport"], kv["dst"], kv["dport"], kv["variant"]) == (fp.A, 40000, fp.B, 50063, "pdd")
-    assert (kv["packets_sent"], kv["packets_delivered"], kv["retrans_segs"]) == (fp.KV_SEGMENTS + 2, fp.KV_SEGMENTS + 1, 1)
+    assert (kv["packets_sent"], kv["packets_delivered"], kv["retrans_segs"]) == (
+        fp.KV_SEGMENTS + 2,
+        fp.KV_SEGMENTS + 1,
+        1,
+    )
     assert kv["rtt_handshake_ms"] == pytest.approx(fp.HANDSHAKE_RTT_MS, abs=0.01)
     assert kv["rtt_data_ms"]["n"] == 5 and kv["rtt_data_ms"]["p50"] == pytest.approx(fp.DATA_RTT_MS, abs=0.01)
     classes = {(r["class"], r["proto"], r["dport"]) for r in doc["flows"] if r["direction"] == "a_to_b"}
@@ -111,9 +118,9 @@ def test_sequence_numbers_wrap_without_false_retransmissions():
     f = flows.Flow(flows.TCP, b"\x0a\x01\x00\x15", 1, b"\x0a\x02\x00\x3d", 2, "a_to_b")
     isn = (1 << 32) - 3000
     f.sent(0.0, 60, isn, flows.SYN, 0)
-    for k in range(5):                                                  # crosses 2^32 at the third segment
+    for k in range(5):  # crosses 2^32 at the third segment
         f.sent(0.001 * k, 1500, (isn + 1 + k * 1448) % (1 << 32), flows.ACK, 1448)
-    f.sent(0.01, 1500, (isn + 1 + 2 * 1448) % (1 << 32), flows.ACK, 1448)   # one real retransmission
+    f.sent(0.01, 1500, (isn + 1 + 2 * 1448) % (1 << 32), flows.ACK, 1448)  # one real retransmission
     assert f.retrans_segs == 1 and f.high == 1 + 5 * 1448
 
 
@@ -125,29 +132,39 @@ def test_old_run_reports_unknowns_not_errors(old):
 
 
 def test_pairing_in_order_and_unfinished():
-    ev = [{"t_ns": 1, "event": "kv_send_start", "request_id": "a", "path": "wan", "congestion": "bbr"},
-          {"t_ns": 5, "event": "kv_send_end", "request_id": "a", "path": "wan", "kv_bytes": 10, "wire_bytes": 12},
-          {"t_ns": 6, "event": "kv_send_start", "request_id": "a", "path": "wan"},
-          {"t_ns": 9, "event": "kv_send_cancelled_end", "request_id": "a", "path": "wan", "wire_bytes": 3},
-          {"t_ns": 10, "event": "kv_send_start", "request_id": "a", "path": "wan"},
-          {"t_ns": 20, "event": "kv_send_failed", "request_id": "b", "path": "wan", "duration_ns": 4_000_000}]
+    ev = [
+        {"t_ns": 1, "event": "kv_send_start", "request_id": "a", "path": "wan", "congestion": "bbr"},
+        {"t_ns": 5, "event": "kv_send_end", "request_id": "a", "path": "wan", "kv_bytes": 10, "wire_bytes": 12},
+        {"t_ns": 6, "event": "kv_send_start", "request_id": "a", "path": "wan"},
+        {"t_ns": 9, "event": "kv_send_cancelled_end", "request_id": "a", "path": "wan", "wire_bytes": 3},
+        {"t_ns": 10, "event": "kv_send_start", "request_id": "a", "path": "wan"},
+        {"t_ns": 20, "event": "kv_send_failed", "request_id": "b", "path": "wan", "duration_ns": 4_000_000},
+    ]
     ts = transfers.pair_transfers(ev)
-    assert [(t.outcome, t.time_ms) for t in ts] == [("ok", 4e-6), ("cancelled", 3e-6), ("failed", 4.0),
-                                                   ("unfinished", None)]
+    assert [(t.outcome, t.time_ms) for t in ts] == [
+        ("ok", 4e-6),
+        ("cancelled", 3e-6),
+        ("failed", 4.0),
+        ("unfinished", None),
+    ]
     assert [t.wasted_bytes for t in ts] == [0, 3, 0, 0]
 
 
 def test_fallback_cause_cuts_failure_text():
-    assert fallback_cause({"event": "completed_on_rld", "reason": "md_never_ready"}) == "completed_on_rld:md_never_ready"
+    assert (
+        fallback_cause({"event": "completed_on_rld", "reason": "md_never_ready"}) == "completed_on_rld:md_never_ready"
+    )
     long = {"event": "completed_on_rld", "reason": "KV ship failed: failed: deadline 20000 ms passed"}
     assert fallback_cause(long) == "completed_on_rld:KV ship failed"
     assert fallback_cause({"event": "kv_timeout", "reason": "x"}) == "kv_timeout"
 
 
 def test_occupancy_closes_open_sessions_at_the_window_end():
-    ev = [{"t_ns": 0, "event": "decode_open", "worker": "rld1", "request_id": "a"},
-          {"t_ns": 5, "event": "decode_open", "worker": "md1", "request_id": "a"},
-          {"t_ns": 50, "event": "decode_open", "worker": "rld1", "request_id": "b"}]
+    ev = [
+        {"t_ns": 0, "event": "decode_open", "worker": "rld1", "request_id": "a"},
+        {"t_ns": 5, "event": "decode_open", "worker": "md1", "request_id": "a"},
+        {"t_ns": 50, "event": "decode_open", "worker": "rld1", "request_id": "b"},
+    ]
     occ = occupancy.rld_occupancy(ev, {"t_ready_ns": 0, "t_end_ns": 100})
     assert occ == {"sessions": 2, "mean": pytest.approx(1.5), "max": 2}
 
@@ -156,7 +173,7 @@ def test_the_plots_clock_and_link_change_markers(run):
     meta = json.loads((run / "metadata.json").read_text())
     rm = runmeta.load(run, meta)
     (change,) = rm.link_changes
-    assert rm.change_s(change) == pytest.approx(22.0)                  # pd-cross starts at 20 s, change 1 s after T0
+    assert rm.change_s(change) == pytest.approx(22.0)  # pd-cross starts at 20 s, change 1 s after T0
     assert rm.axis_s("pd-cross", fr.T0 + 3 * fr.MS) == pytest.approx(21.003)
     fig, ax = plots.plt.subplots()
     plots._decorate(ax, rm)
@@ -168,19 +185,26 @@ def test_the_plots_clock_and_link_change_markers(run):
 
 def test_asking_for_the_kernel_default_is_not_a_mismatch():
     from experiments.transfers import Transfer, congestion_warnings
-    ran = lambda asked, used: Transfer("r1", "fast", "ok", 0, 1, 1, congestion_requested=asked, congestion_used=used)
+
+    def ran(asked, used):
+        return Transfer("r1", "fast", "ok", 0, 1, 1, congestion_requested=asked, congestion_used=used)
+
     assert congestion_warnings("pdd", [ran("default", ["bbr"]), ran("bbr", ["bbr"])], []) == []
     assert [w["kind"] for w in congestion_warnings("pdd", [ran("cubic", ["bbr"])], [])] == ["congestion_mismatch"]
 
 
 def test_a_late_emulator_is_a_warning_and_a_quiet_one_is_not():
     from experiments.analyze import emulator_health
-    quiet = {"a_to_b": {"frames": 100, "p50_us": 20, "p99_us": 60, "max_us": 90, "rx_drops": 0, "tx_errors": 0},
-             "b_to_a": {"frames": 50, "p50_us": 20, "p99_us": 40, "max_us": 50, "rx_drops": 0, "tx_errors": 0},
-             "cpu_share": 0.2, "late": False}
+
+    quiet = {
+        "a_to_b": {"frames": 100, "p50_us": 20, "p99_us": 60, "max_us": 90, "rx_drops": 0, "tx_errors": 0},
+        "b_to_a": {"frames": 50, "p50_us": 20, "p99_us": 40, "max_us": 50, "rx_drops": 0, "tx_errors": 0},
+        "cpu_share": 0.2,
+        "late": False,
+    }
     s = {}
     assert emulator_health("pdd", s, {"emulator": quiet}) == [] and s["emulator"] == quiet
     late = {**quiet, "a_to_b": {**quiet["a_to_b"], "p99_us": 4000, "max_us": 9000, "rx_drops": 3}, "late": True}
     [w] = emulator_health("pdd", {}, {"emulator": late})
     assert w["kind"] == "emulator_late" and "p99 lateness 4000 us" in w["message"] and w["count"] == 3
-    assert emulator_health("pdd", {}, {}) == []          # the tc backend, or a run before the record
+    assert emulator_health("pdd", {}, {}) == []  # the tc backend, or a run before the record

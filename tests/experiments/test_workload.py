@@ -1,4 +1,5 @@
 """The workload generator: the published hit skew, seeded, context-safe; trace lines checked with line numbers."""
+
 import json
 
 import pytest
@@ -58,8 +59,18 @@ def test_singular_requests_are_long_input_short_output(default_requests):
     assert s and all(r.prompt_len - r.cached_tokens >= 384 and r.max_tokens <= 6 for r in s)
 
 
-@pytest.mark.parametrize("hit, bucket", [(0.0, "0-90"), (0.8999, "0-90"), (0.9, "90-93"), (0.95, "95-97"),
-                                         (0.985, "98-99"), (0.995, "99-100"), (1.0, "99-100")])
+@pytest.mark.parametrize(
+    "hit, bucket",
+    [
+        (0.0, "0-90"),
+        (0.8999, "0-90"),
+        (0.9, "90-93"),
+        (0.95, "95-97"),
+        (0.985, "98-99"),
+        (0.995, "99-100"),
+        (1.0, "99-100"),
+    ],
+)
 def test_buckets(hit, bucket):
     assert wl.bucket_of(hit) == bucket
 
@@ -71,25 +82,37 @@ def _trace(tmp_path, lines):
 
 
 def test_trace_replay(tmp_path):
-    p = _trace(tmp_path, ['{"t_s": 0.5, "session": "a", "input_tokens": 40, "output_tokens": 8}',
-                          '# a comment', '{"t_s": 0.1, "token_ids": [1, 2, 3], "output_tokens": 2}',
-                          '{"t_s": 2, "session": "a", "input_tokens": 60, "output_tokens": 4}'])
+    p = _trace(
+        tmp_path,
+        [
+            '{"t_s": 0.5, "session": "a", "input_tokens": 40, "output_tokens": 8}',
+            "# a comment",
+            '{"t_s": 0.1, "token_ids": [1, 2, 3], "output_tokens": 2}',
+            '{"t_s": 2, "session": "a", "input_tokens": 60, "output_tokens": 4}',
+        ],
+    )
     reqs = load_trace(p, vocab=256, block=8, context=128, seed=1)
     assert [r.prompt_len for r in reqs] == [3, 40, 60]
     assert reqs[2].after == reqs[1].request_id and reqs[2].cached_tokens == 40  # (40 + 8 - 1) // 8 * 8
     assert len(reqs[2].head_tokens) == 60 - 48 and reqs[0].head_tokens == (1, 2, 3)
 
 
-@pytest.mark.parametrize("line, needle", [
-    ('not json', "t.jsonl:2: not JSON"),
-    ('{"t_s": -1, "input_tokens": 4, "output_tokens": 1}', "t.jsonl:2: t_s must be a number >= 0"),
-    ('{"t_s": 1, "input_tokens": 4}', "t.jsonl:2: output_tokens must be an int"),
-    ('{"t_s": 1, "output_tokens": 2}', "t.jsonl:2: exactly one of input_tokens or token_ids"),
-    ('{"t_s": 1, "token_ids": [1, 999], "output_tokens": 2}', "t.jsonl:2: token_ids must be"),
-    ('{"t_s": 1, "input_tokens": 4, "output_tokens": 2, "colour": 1}', "t.jsonl:2: unknown key(s) ['colour']"),
-    ('{"t_s": 1, "input_tokens": 200, "output_tokens": 2}', "t.jsonl:2: prompt 200 + output 2 tokens exceed"),
-    ('{"t_s": 1, "session": "a", "input_tokens": 20, "output_tokens": 2}', "t.jsonl:2: input_tokens=20 must exceed"),
-])
+@pytest.mark.parametrize(
+    "line, needle",
+    [
+        ("not json", "t.jsonl:2: not JSON"),
+        ('{"t_s": -1, "input_tokens": 4, "output_tokens": 1}', "t.jsonl:2: t_s must be a number >= 0"),
+        ('{"t_s": 1, "input_tokens": 4}', "t.jsonl:2: output_tokens must be an int"),
+        ('{"t_s": 1, "output_tokens": 2}', "t.jsonl:2: exactly one of input_tokens or token_ids"),
+        ('{"t_s": 1, "token_ids": [1, 999], "output_tokens": 2}', "t.jsonl:2: token_ids must be"),
+        ('{"t_s": 1, "input_tokens": 4, "output_tokens": 2, "colour": 1}', "t.jsonl:2: unknown key(s) ['colour']"),
+        ('{"t_s": 1, "input_tokens": 200, "output_tokens": 2}', "t.jsonl:2: prompt 200 + output 2 tokens exceed"),
+        (
+            '{"t_s": 1, "session": "a", "input_tokens": 20, "output_tokens": 2}',
+            "t.jsonl:2: input_tokens=20 must exceed",
+        ),
+    ],
+)
 def test_bad_trace_lines_name_the_line(tmp_path, line, needle):
     p = _trace(tmp_path, ['{"t_s": 0, "session": "a", "input_tokens": 30, "output_tokens": 4}', line])
     with pytest.raises(TraceError) as err:
@@ -99,6 +122,7 @@ def test_bad_trace_lines_name_the_line(tmp_path, line, needle):
 
 def test_trace_spec_fails_before_the_topology(tmp_path):
     from experiments import runner
+
     p = _trace(tmp_path, ['{"t_s": 0, "input_tokens": 30, "output_tokens": 4}', '{"t_s": "soon"}'])
     s = load_spec("pdd-smoke", ["workload.source=trace", f"workload.trace={p}"])
     with pytest.raises(TraceError, match=r"t.jsonl:2: t_s must be"):

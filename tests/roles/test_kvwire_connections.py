@@ -5,6 +5,7 @@ the path's connections once; a transfer after the receiver restarted finds the k
 and opens new ones without a retry; persistent=false opens new ones every time. A chunk that overtakes
 its transfer's BEGIN (hand-made frames on two connections) waits for it and is sealed into the blob.
 """
+
 import time
 
 import numpy as np
@@ -18,8 +19,7 @@ N_LAYER, N_KV_HEAD, HEAD_DIM, N_TOKENS = 2, 2, 8, 40
 
 
 def send(port: int, pool: ConnectionPool, rid: str, inbox: Inbox, settings: PathConfig):
-    meta = TransferMeta(rid, "prompt", 0, N_TOKENS, tuple(range(N_TOKENS)), FP, N_LAYER, N_KV_HEAD, HEAD_DIM,
-                        "float32")
+    meta = TransferMeta(rid, "prompt", 0, N_TOKENS, tuple(range(N_TOKENS)), FP, N_LAYER, N_KV_HEAD, HEAD_DIM, "float32")
     inbox.expect(rid, "prompt")
     rng = np.random.default_rng(len(rid))
     layers = [rng.integers(0, 255, (2, N_TOKENS, meta.row_bytes), dtype=np.uint8) for _ in range(N_LAYER)]
@@ -80,15 +80,16 @@ def test_chunks_before_begin_are_kept_verified_and_sealed():
     from workers.kvcache import BLOB_HEADER
     from workers.roles.kvwire import ACK, BEGIN, END, FRAME_HEADER, LAYER, pack_frame
 
-    meta = TransferMeta("early", "prompt", 0, N_TOKENS, tuple(range(N_TOKENS)), FP, N_LAYER, N_KV_HEAD, HEAD_DIM,
-                        "float32")
+    meta = TransferMeta(
+        "early", "prompt", 0, N_TOKENS, tuple(range(N_TOKENS)), FP, N_LAYER, N_KV_HEAD, HEAD_DIM, "float32"
+    )
     rng = np.random.default_rng(7)
     layers = [rng.integers(0, 255, (2, N_TOKENS, meta.row_bytes), dtype=np.uint8) for _ in range(N_LAYER)]
     half = N_TOKENS // 2
     chunks = [(layer, off) for layer in range(N_LAYER) for off in (0, half)]
 
     def layer_frame(layer, off):
-        payload = layers[layer][0, off:off + half].tobytes() + layers[layer][1, off:off + half].tobytes()
+        payload = layers[layer][0, off : off + half].tobytes() + layers[layer][1, off : off + half].tobytes()
         return pack_frame(LAYER, 5, layer, off, half, len(payload), crc32c(payload)) + payload
 
     inbox = Inbox()
@@ -97,8 +98,8 @@ def test_chunks_before_begin_are_kept_verified_and_sealed():
         c0 = socket.create_connection(("127.0.0.1", receiver.port))
         c1 = socket.create_connection(("127.0.0.1", receiver.port))
         try:
-            c1.sendall(layer_frame(*chunks[-1]))            # before BEGIN exists anywhere
-            for _ in range(100):                             # until the receiver holds it
+            c1.sendall(layer_frame(*chunks[-1]))  # before BEGIN exists anywhere
+            for _ in range(100):  # until the receiver holds it
                 with receiver._lock:
                     if receiver._assemblies.get(5) is not None and receiver._assemblies[5].early:
                         break
@@ -107,9 +108,13 @@ def test_chunks_before_begin_are_kept_verified_and_sealed():
                 raise AssertionError("the early chunk never arrived")
             begin = meta.to_json()
             end = json.dumps({"next_token": -1, "chunks": len(chunks)}).encode()
-            c0.sendall(pack_frame(BEGIN, 5, payload_len=len(begin), crc=crc32c(begin)) + begin
-                       + b"".join(layer_frame(*c) for c in chunks[:-1])
-                       + pack_frame(END, 5, payload_len=len(end), crc=crc32c(end)) + end)
+            c0.sendall(
+                pack_frame(BEGIN, 5, payload_len=len(begin), crc=crc32c(begin))
+                + begin
+                + b"".join(layer_frame(*c) for c in chunks[:-1])
+                + pack_frame(END, 5, payload_len=len(end), crc=crc32c(end))
+                + end
+            )
             c0.settimeout(10)
             ack = c0.recv(FRAME_HEADER.size, socket.MSG_WAITALL)
             assert FRAME_HEADER.unpack(ack)[2] == ACK
@@ -119,4 +124,4 @@ def test_chunks_before_begin_are_kept_verified_and_sealed():
             c1.close()
     body = np.frombuffer(got.blob, np.uint8, offset=len(got.blob) - meta.kv_bytes).reshape(N_LAYER, 2, N_TOKENS, -1)
     assert all((body[i] == layers[i]).all() for i in range(N_LAYER))
-    assert BLOB_HEADER.unpack_from(got.blob)[9] == crc32c(got.blob[BLOB_HEADER.size:])
+    assert BLOB_HEADER.unpack_from(got.blob)[9] == crc32c(got.blob[BLOB_HEADER.size :])

@@ -5,6 +5,7 @@ than the stall timeout's worth of buffered bytes is not a stall (the old rule fa
 a producer that takes its time is not a stall; TCP_INFO is read from a live socket and recorded per
 connection; the congestion control in effect is read back.
 """
+
 from __future__ import annotations
 
 import socket
@@ -20,7 +21,7 @@ from workers.roles.kvwire.tcpinfo import TCP_INFO_STRUCT, congestion_of, parse_t
 from workers.roles.kvwire.watch import STALL_RTO_FACTOR, stall_limit_ns
 
 FP = "22" * 16
-N_LAYER, N_KV_HEAD, HEAD_DIM = 2, 2, 8       # 64 B per token per layer for K (and V)
+N_LAYER, N_KV_HEAD, HEAD_DIM = 2, 2, 8  # 64 B per token per layer for K (and V)
 
 
 class Recorder(NullLog):
@@ -38,11 +39,11 @@ class Recorder(NullLog):
         return [f for e, _, f in self.events if e == name]
 
 
-def transfer(address: str, rid: str, n_tokens: int, settings: PathConfig, inbox: Inbox, events: Recorder,
-             pause_s: float = 0.0):
+def transfer(
+    address: str, rid: str, n_tokens: int, settings: PathConfig, inbox: Inbox, events: Recorder, pause_s: float = 0.0
+):
     """Send n_tokens of random KV; return (SendResult, delivered blob matches)."""
-    meta = TransferMeta(rid, "prompt", 0, n_tokens, tuple(range(n_tokens)), FP, N_LAYER, N_KV_HEAD, HEAD_DIM,
-                        "float32")
+    meta = TransferMeta(rid, "prompt", 0, n_tokens, tuple(range(n_tokens)), FP, N_LAYER, N_KV_HEAD, HEAD_DIM, "float32")
     inbox.expect(rid, "prompt")
     rng = np.random.default_rng(n_tokens)
     layers = [rng.integers(0, 255, (2, n_tokens, meta.row_bytes), dtype=np.uint8) for _ in range(N_LAYER)]
@@ -64,7 +65,7 @@ def transfer(address: str, rid: str, n_tokens: int, settings: PathConfig, inbox:
 
 def test_cut_connection_resumes_and_sends_only_what_is_missing():
     inbox, rx_events, tx_events = Inbox(), Recorder(), Recorder()
-    n_tokens = 400                                   # 102,400 KV bytes in 26 chunks of 32 tokens
+    n_tokens = 400  # 102,400 KV bytes in 26 chunks of 32 tokens
     kv_bytes = N_LAYER * 2 * n_tokens * 64
     with KVReceiver("127.0.0.1", 0, FP, inbox, rx_events) as receiver:
         proxy = WanProxy(("127.0.0.1", receiver.port))
@@ -86,13 +87,14 @@ def test_slow_path_with_bytes_in_flight_is_not_a_stall():
     """1 MB through an 8 Mbit/s proxy takes ~1 s after the sender's last write; with a 300 ms stall timeout
     the old rule ("no ACK 300 ms after the last byte") gave up on this working path."""
     inbox, events = Inbox(), Recorder()
-    n_tokens = 4000                                  # 1,024,000 KV bytes
+    n_tokens = 4000  # 1,024,000 KV bytes
     with KVReceiver("127.0.0.1", 0, FP, inbox, NullLog()) as receiver:
         proxy = WanProxy(("127.0.0.1", receiver.port))
         try:
             proxy.faults.rate_mbit = 8
-            settings = PathConfig(connections=1, frame_bytes=65536, stall_timeout_ms=300, max_retries=0,
-                                  congestion="reno")
+            settings = PathConfig(
+                connections=1, frame_bytes=65536, stall_timeout_ms=300, max_retries=0, congestion="reno"
+            )
             result, same = transfer(f"127.0.0.1:{proxy.port}", "slow", n_tokens, settings, inbox, events)
         finally:
             proxy.close()
@@ -138,15 +140,16 @@ def test_tcp_info_of_a_live_connection_and_the_congestion_read_back():
 
 def test_short_tcp_info_from_an_older_kernel_reads_zeros():
     raw = bytearray(TCP_INFO_STRUCT.size)
-    raw[8:12] = (300_000).to_bytes(4, "little")      # tcpi_rto
-    info = parse_tcp_info(bytes(raw[:104]))          # up to tcpi_total_retrans: Linux 2.6-era length
+    raw[8:12] = (300_000).to_bytes(4, "little")  # tcpi_rto
+    info = parse_tcp_info(bytes(raw[:104]))  # up to tcpi_total_retrans: Linux 2.6-era length
     assert info.rto_us == 300_000 and info.bytes_acked == 0 and info.delivery_rate == 0
 
 
 def test_stall_limit_follows_the_backed_off_rto():
     class Info:
-        rto_us, rtt_us = 3_200_000, 80_000          # four timeouts in a row from 200 ms
+        rto_us, rtt_us = 3_200_000, 80_000  # four timeouts in a row from 200 ms
+
     assert stall_limit_ns(2000, None) == 2_000_000_000
     assert stall_limit_ns(2000, Info) == STALL_RTO_FACTOR * 3_200_000_000 + 80_000_000
     Info.rto_us = 200_000
-    assert stall_limit_ns(2000, Info) == 2_000_000_000   # never below the configured floor
+    assert stall_limit_ns(2000, Info) == 2_000_000_000  # never below the configured floor

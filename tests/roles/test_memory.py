@@ -3,6 +3,7 @@
 Each case runs in a fresh interpreter (the allocator's state is per process): 64 blocks of ~4 MiB with
 small live allocations between them are freed; without the setting glibc keeps them in its heap.
 """
+
 import subprocess
 import sys
 from pathlib import Path
@@ -29,11 +30,12 @@ print(rss_mb() - base)
 
 
 def _retained_mb(mode: str) -> float:
-    out = subprocess.run([sys.executable, "-c", SCRIPT, mode], cwd=ROOT, capture_output=True, text=True,
-                         check=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT, mode], cwd=ROOT, capture_output=True, text=True, check=True, timeout=60
+    )
     return float(out.stdout.strip())
 
 
 def test_freed_big_blocks_leave_the_process():
-    assert _retained_mb("off") > 128          # the fragmentation this guards against, still there
-    assert _retained_mb("on") < 40            # 64 x 4 MiB freed: only the small blocks remain
+    assert _retained_mb("off") > 128  # the fragmentation this guards against, still there
+    assert _retained_mb("on") < 40  # 64 x 4 MiB freed: only the small blocks remain

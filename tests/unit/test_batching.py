@@ -3,6 +3,7 @@
 The pure-logic tests drive it with a recording fake of engine.decode_step; the last test decodes real
 requests of the tiny model from threads and compares them with decoding each alone.
 """
+
 import threading
 import time
 
@@ -54,8 +55,9 @@ def _run_sessions(batcher, rids, steps, register=True):
             else:
                 for _ in range(steps):
                     out[rid].append(batcher.step(rid)[0])
-        except Exception as err:   # noqa: BLE001 - reported below
+        except Exception as err:  # noqa: BLE001 - reported below
             errors.append((rid, err))
+
     threads = [threading.Thread(target=session, args=(r,)) for r in rids]
     for t in threads:
         t.start()
@@ -107,7 +109,7 @@ def test_a_request_cannot_wait_twice_and_max_batch_must_be_positive():
     with pytest.raises(ValueError):
         StepBatcher(eng.step, eng.lock, max_batch=0)
     batcher = StepBatcher(eng.step, eng.lock)
-    batcher._waiting.append("a")          # as if another thread of the same request waited
+    batcher._waiting.append("a")  # as if another thread of the same request waited
     with pytest.raises(ValueError, match="already waiting"):
         batcher.step("a")
 
@@ -122,6 +124,7 @@ def test_batched_real_decoding_equals_decoding_each_alone():
             eng.open(GenerationRequest(rid, p, n_steps + 1))
             eng.prefill(rid)
         return eng
+
     alone = fresh()
     for rid in prompts:
         for _ in range(n_steps):

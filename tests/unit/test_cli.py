@@ -1,14 +1,18 @@
 """The pddlab command line: bad input fails before anything starts, with one clear line."""
+
 import pytest
 
 from experiments.cli import main
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["run", "no-such-experiment"], "unknown experiment 'no-such-experiment'; available: link-calibration"),
-    (["run", "--profile", "no-such-profile"], "unknown profile 'no-such-profile'; available:"),
-    (["check-profile", "/nonexistent/x.yaml"], "no such profile file"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["run", "no-such-experiment"], "unknown experiment 'no-such-experiment'; available: link-calibration"),
+        (["run", "--profile", "no-such-profile"], "unknown profile 'no-such-profile'; available:"),
+        (["check-profile", "/nonexistent/x.yaml"], "no such profile file"),
+    ],
+)
 def test_bad_input_is_one_clear_error(capsys, argv, needle):
     assert main(argv) == 2
     err = capsys.readouterr().err

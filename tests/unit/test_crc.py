@@ -1,4 +1,5 @@
 """crc32c_combine: the checksum of a concatenation from its parts' checksums, for every length shape."""
+
 import random
 
 import pytest

@@ -1,4 +1,5 @@
 """Cross traffic, pure parts: validation, runs and ports, iperf3 command lines, JSON reading, Jain's index."""
+
 import json
 import math
 
@@ -24,22 +25,29 @@ def test_jain_index_equal_shares_and_one_hog():
         ct.jain_index([1.0, -1.0])
 
 
-@pytest.mark.parametrize("flow, needle", [
-    (CrossFlow("tcp", 5, congestion="vegas"), "[0].congestion='vegas' is not offered by this kernel; "
-                                              "allowed: ['reno', 'bbr']"),
-    (CrossFlow("udp", 5), "[0].rate_mbit: required for udp flows"),
-    (CrossFlow("udp", 5, rate_mbit=30), "[0].rate_mbit=30 exceeds the link's a_to_b rate; allowed: (0, 20]"),
-    (CrossFlow("udp", 5, rate_mbit=30, direction="both"), "exceeds the link's a_to_b rate"),
-    (CrossFlow("udp", 5, rate_mbit=5, congestion="bbr"), "only for tcp flows"),
-    (CrossFlow("tcp", 30, start_s=40), "start_s + duration_s = 70 s lies beyond timeouts.variant_s=60; "
-                                       "allowed: start_s + duration_s <= 60"),
-    (CrossFlow("tcp", 2.5), "[0].duration_s=2.5: allowed: a whole number of seconds >= 1"),
-    (CrossFlow("tcp", 5, streams=0), "[0].streams=0 out of range [1, 128]"),
-    (CrossFlow("tcp", 5, start_s=-1), "[0].start_s=-1 out of range [0, 60.0]"),
-    (CrossFlow("tcp", 5, name="a b"), "[0].name='a b': allowed: 1-40 letters"),
-    (CrossFlow("sctp", 5), "[0].kind='sctp'; allowed: ['tcp', 'udp']"),
-    (CrossFlow("tcp", 5, direction="up"), "[0].direction='up'; allowed: ['a_to_b', 'b_to_a', 'both']"),
-])
+@pytest.mark.parametrize(
+    "flow, needle",
+    [
+        (
+            CrossFlow("tcp", 5, congestion="vegas"),
+            "[0].congestion='vegas' is not offered by this kernel; allowed: ['reno', 'bbr']",
+        ),
+        (CrossFlow("udp", 5), "[0].rate_mbit: required for udp flows"),
+        (CrossFlow("udp", 5, rate_mbit=30), "[0].rate_mbit=30 exceeds the link's a_to_b rate; allowed: (0, 20]"),
+        (CrossFlow("udp", 5, rate_mbit=30, direction="both"), "exceeds the link's a_to_b rate"),
+        (CrossFlow("udp", 5, rate_mbit=5, congestion="bbr"), "only for tcp flows"),
+        (
+            CrossFlow("tcp", 30, start_s=40),
+            "start_s + duration_s = 70 s lies beyond timeouts.variant_s=60; allowed: start_s + duration_s <= 60",
+        ),
+        (CrossFlow("tcp", 2.5), "[0].duration_s=2.5: allowed: a whole number of seconds >= 1"),
+        (CrossFlow("tcp", 5, streams=0), "[0].streams=0 out of range [1, 128]"),
+        (CrossFlow("tcp", 5, start_s=-1), "[0].start_s=-1 out of range [0, 60.0]"),
+        (CrossFlow("tcp", 5, name="a b"), "[0].name='a b': allowed: 1-40 letters"),
+        (CrossFlow("sctp", 5), "[0].kind='sctp'; allowed: ['tcp', 'udp']"),
+        (CrossFlow("tcp", 5, direction="up"), "[0].direction='up'; allowed: ['a_to_b', 'b_to_a', 'both']"),
+    ],
+)
 def test_bad_flows_are_refused_with_the_field_and_allowed_values(flow, needle):
     with pytest.raises(CrossTrafficError) as err:
         _validate(flow)
@@ -57,17 +65,37 @@ def test_expand_gives_each_direction_its_own_port_and_hosts():
     assert [(r.name, r.direction, r.port, r.sender.name, r.receiver.name, r.file_name) for r in runs] == [
         ("bulk", "a_to_b", 5301, "xa", "xb", "bulk-a_to_b.json"),
         ("bulk", "b_to_a", 5302, "xb", "xa", "bulk-b_to_a.json"),
-        ("udp1", "a_to_b", 5303, "xa", "xb", "udp1-a_to_b.json")]
+        ("udp1", "a_to_b", 5303, "xa", "xb", "udp1-a_to_b.json"),
+    ]
     assert ct.last_event_s((CrossFlow("tcp", 5, start_s=20), CrossFlow("tcp", 3))) == 25
 
 
 def test_command_lines():
-    tcp, udp = ct.expand((CrossFlow("tcp", 20, streams=2, congestion="bbr"),
-                          CrossFlow("udp", 4, direction="b_to_a", rate_mbit=10, streams=4)))
+    tcp, udp = ct.expand(
+        (
+            CrossFlow("tcp", 20, streams=2, congestion="bbr"),
+            CrossFlow("udp", 4, direction="b_to_a", rate_mbit=10, streams=4),
+        )
+    )
     assert ct.server_cmd(tcp) == ["iperf3", "-s", "-1", "-B", "10.2.0.90", "-p", "5301"]
     assert ct.client_cmd(tcp, "/r/x.json") == [
-        "iperf3", "-c", "10.2.0.90", "-B", "10.1.0.90", "-p", "5301", "-t", "20", "-P", "2", "-J",
-        "--logfile", "/r/x.json", "-C", "bbr"]
+        "iperf3",
+        "-c",
+        "10.2.0.90",
+        "-B",
+        "10.1.0.90",
+        "-p",
+        "5301",
+        "-t",
+        "20",
+        "-P",
+        "2",
+        "-J",
+        "--logfile",
+        "/r/x.json",
+        "-C",
+        "bbr",
+    ]
     # iperf3's -b is per stream: 10 Mbit/s over 4 streams is 2.5 each.
     argv = ct.client_cmd(udp, "u.json")
     assert argv[:4] == ["iperf3", "-c", "10.1.0.90", "-B"] and argv[argv.index("-b") + 1] == "2.5M"
@@ -75,12 +103,19 @@ def test_command_lines():
 
 
 def _iperf_doc(kind, received_mbit, sent_intervals, streams=(), error=None):
-    end = {"sum_sent": {"bytes": 1, "bits_per_second": 1e6, "retransmits": 7},
-           "sum_received": {"bytes": int(received_mbit * 1e5), "bits_per_second": received_mbit * 1e6,
-                            "lost_percent": 1.5},
-           "streams": [{"receiver": {"bytes": 1, "bits_per_second": m * 1e6}, "sender": {}} for m in streams]}
-    doc = {"intervals": [{"sum": {"start": s, "end": e, "bits_per_second": m * 1e6}} for s, e, m in sent_intervals],
-           "end": end}
+    end = {
+        "sum_sent": {"bytes": 1, "bits_per_second": 1e6, "retransmits": 7},
+        "sum_received": {
+            "bytes": int(received_mbit * 1e5),
+            "bits_per_second": received_mbit * 1e6,
+            "lost_percent": 1.5,
+        },
+        "streams": [{"receiver": {"bytes": 1, "bits_per_second": m * 1e6}, "sender": {}} for m in streams],
+    }
+    doc = {
+        "intervals": [{"sum": {"start": s, "end": e, "bits_per_second": m * 1e6}} for s, e, m in sent_intervals],
+        "end": end,
+    }
     if error:
         doc["error"] = error
     return doc
@@ -120,14 +155,24 @@ def test_summarize_a_run_directory(tmp_path):
     assert flows["a-a_to_b"]["mean_mbit"] == 30.0 and flows["a-a_to_b"]["retransmits"] == 7
     assert flows["a-a_to_b"]["streams_jain_index"] == pytest.approx(1.0)
     assert flows["gone-a_to_b"]["mean_mbit"] is None and "no iperf3 output" in flows["gone-a_to_b"]["error"]
-    assert s["pdd"]["jain_index"]["a_to_b"] == pytest.approx(40 ** 2 / (2 * (900 + 100)))
+    assert s["pdd"]["jain_index"]["a_to_b"] == pytest.approx(40**2 / (2 * (900 + 100)))
 
 
 def test_metadata_entry_has_exactly_the_keys_the_analysis_reads():
     [run] = ct.expand((CrossFlow("udp", 3, rate_mbit=4),))
     e = ct.metadata_entry(run, 1, 2, "variants/v/cross/udp0-a_to_b.json", None)
-    assert set(e) == {"name", "kind", "direction", "start_ns", "end_ns", "port", "iperf_json", "streams",
-                      "congestion", "rate_mbit"}
+    assert set(e) == {
+        "name",
+        "kind",
+        "direction",
+        "start_ns",
+        "end_ns",
+        "port",
+        "iperf_json",
+        "streams",
+        "congestion",
+        "rate_mbit",
+    }
     assert (e["congestion"], e["rate_mbit"]) == (None, 4)
 
 

@@ -4,15 +4,28 @@ Greedy streams are compared with `greedy_divergence`: two numerically different
 paths may pick different tokens only where the reference logits' top-2 margin
 is below TIE_MARGIN (1e-4); such a near-tie is reported as a warning.
 """
+
 import warnings
 
 import pytest
 import torch
 
 from workers.engine import Engine, GenerationRequest
-from workers.errors import (BadMaxTokens, BadRequestState, BadSampling, CapacityExceeded, DuplicateRequest,
-                            EmptyPrompt, KVChecksumError, KVHeaderError, KVImportError, KVRangeError,
-                            PromptTooLong, TokenOutOfVocab, UnknownRequest)
+from workers.errors import (
+    BadMaxTokens,
+    BadRequestState,
+    BadSampling,
+    CapacityExceeded,
+    DuplicateRequest,
+    EmptyPrompt,
+    KVChecksumError,
+    KVHeaderError,
+    KVImportError,
+    KVRangeError,
+    PromptTooLong,
+    TokenOutOfVocab,
+    UnknownRequest,
+)
 from workers.kvcache import BLOB_HEADER
 from workers.model import TINY
 from workers.sampling import TIE_MARGIN, SamplingParams, greedy_divergence, top2_margin
@@ -29,8 +42,16 @@ def weights_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def make_engine(weights_dir):
     def make(capacity_tokens=2048, prefix_cache=True, seed=0):
-        return Engine("tiny", seed=seed, capacity_tokens=capacity_tokens, block_size=BS, device="cpu",
-                      prefix_cache=prefix_cache, weights_dir=weights_dir)
+        return Engine(
+            "tiny",
+            seed=seed,
+            capacity_tokens=capacity_tokens,
+            block_size=BS,
+            device="cpu",
+            prefix_cache=prefix_cache,
+            weights_dir=weights_dir,
+        )
+
     return make
 
 
@@ -52,16 +73,16 @@ def reference_greedy(engine: Engine, tokens, n: int) -> list[int]:
     seq = list(tokens)
     for _ in range(n):
         seq.append(int(engine.reference_logits(seq)[-1].argmax()))
-    return seq[len(tokens):]
+    return seq[len(tokens) :]
 
 
 def assert_greedy_match(engine: Engine, tokens, got, want, what: str) -> None:
-    d = greedy_divergence(list(got), list(want),
-                          lambda i: engine.reference_logits(list(tokens) + list(want[:i]))[-1])
+    d = greedy_divergence(list(got), list(want), lambda i: engine.reference_logits(list(tokens) + list(want[:i]))[-1])
     if d is None:
         return
-    assert d.is_tie, (f"{what}: token {d.index} is {d.got}, expected {d.want}; "
-                      f"top-2 margin {d.margin:.3g} >= {TIE_MARGIN}")
+    assert d.is_tie, (
+        f"{what}: token {d.index} is {d.got}, expected {d.want}; top-2 margin {d.margin:.3g} >= {TIE_MARGIN}"
+    )
     warnings.warn(f"{what}: near-tie at token {d.index} (margin {d.margin:.2e}), streams diverge after it")
 
 
@@ -103,7 +124,7 @@ def test_extend_equals_k_decode_steps(make_engine, k):
     prompt_kv = rld.export_kv("h", 0, len(p))
     for _ in range(k):
         rld.decode_step(["h"])
-    eager = list(rld.tokens("h")[len(p):])  # t1..t(k+1): the RLD computed KV for t1..tk
+    eager = list(rld.tokens("h")[len(p) :])  # t1..t(k+1): the RLD computed KV for t1..tk
     md.open(r)
     md.import_kv("h", prompt_kv)
     out = md.extend("h", eager[:k])
@@ -122,7 +143,7 @@ def test_extend_equals_k_decode_steps(make_engine, k):
     for e in (rld, md):
         while not e.is_done("h"):
             e.decode_step(["h"])
-    assert_greedy_match(md, p, md.tokens("h")[len(p):], rld.tokens("h")[len(p):], f"after extend k={k}")
+    assert_greedy_match(md, p, md.tokens("h")[len(p) :], rld.tokens("h")[len(p) :], f"after extend k={k}")
 
 
 def test_export_import_into_another_engine_continues_to_same_tokens(make_engine):
@@ -161,7 +182,7 @@ def test_import_of_a_suffix_on_top_of_a_cached_prefix(make_engine):
     md.append_tokens("y", [first])
     while not md.is_done("y"):
         md.decode_step(["y"])
-    assert_greedy_match(md, p, md.tokens("y")[len(p):], reference_greedy(md, p, 10), "suffix import")
+    assert_greedy_match(md, p, md.tokens("y")[len(p) :], reference_greedy(md, p, 10), "suffix import")
 
 
 def test_importing_incremental_kv_appends_its_tokens(make_engine):
@@ -189,9 +210,11 @@ def test_prefix_cache_hit_gives_same_output_as_no_cache(make_engine):
     base = prompt(11, 40)
     first = cached.generate(req("c0", base, max_tokens=12))
     assert first.cached_tokens == 0
-    turns = [base,                                          # same prompt: at most len-1 tokens may hit
-             base[:35] + prompt(12, 9),                     # shares 35 tokens: 4 whole blocks
-             base + first.output_tokens + prompt(13, 5)]    # next turn: prompt + answer were cached
+    turns = [
+        base,  # same prompt: at most len-1 tokens may hit
+        base[:35] + prompt(12, 9),  # shares 35 tokens: 4 whole blocks
+        base + first.output_tokens + prompt(13, 5),
+    ]  # next turn: prompt + answer were cached
     hits = []
     for i, p in enumerate(turns):
         got = cached.generate(req(f"c{i + 1}", p, max_tokens=12))
@@ -205,8 +228,10 @@ def test_prefix_cache_hit_gives_same_output_as_no_cache(make_engine):
 
 def test_batched_decode_equals_one_at_a_time(make_engine):
     batched, single = make_engine(), make_engine()
-    reqs = [req(f"b{i}", prompt(20 + i, n), max_tokens=m, use_prefix_cache=False)
-            for i, (n, m) in enumerate([(5, 20), (17, 12), (30, 20), (44, 8)])]
+    reqs = [
+        req(f"b{i}", prompt(20 + i, n), max_tokens=m, use_prefix_cache=False)
+        for i, (n, m) in enumerate([(5, 20), (17, 12), (30, 20), (44, 8)])
+    ]
     for r in reqs:
         batched.open(r)
         batched.prefill(r.request_id)
@@ -226,8 +251,10 @@ def test_batched_decode_equals_one_at_a_time(make_engine):
 def test_seeded_sampling_is_reproducible_and_independent_of_batching(make_engine):
     e = make_engine()
     p = prompt(30, 16)
-    sampled = lambda rid, seed: req(rid, p, max_tokens=16, sampling=SamplingParams(temperature=1.0, seed=seed),
-                                    use_prefix_cache=False)
+
+    def sampled(rid, seed):
+        return req(rid, p, max_tokens=16, sampling=SamplingParams(temperature=1.0, seed=seed), use_prefix_cache=False)
+
     alone = e.generate(sampled("s1", 7)).output_tokens
     assert e.generate(sampled("s2", 7)).output_tokens == alone
     assert e.generate(sampled("s3", 8)).output_tokens != alone
@@ -295,7 +322,7 @@ def test_bad_extend_leaves_the_request_intact(make_engine, good_reference):
     e.extend("good", want[1:4])
     while not e.is_done("good"):
         e.decode_step()
-    assert_greedy_match(e, p, e.tokens("good")[len(p):], want, "after bad extend")
+    assert_greedy_match(e, p, e.tokens("good")[len(p) :], want, "after bad extend")
 
 
 def test_bad_kv_imports_are_refused_and_a_good_one_still_works(make_engine):
@@ -311,11 +338,13 @@ def test_bad_kv_imports_are_refused_and_a_good_one_still_works(make_engine):
     corrupt[BLOB_HEADER.size + 26 * 4 + 5] ^= 0xFF
     src.open(req("k2", prompt(51, 26), max_tokens=6))
     src.prefill("k2")
-    cases = [(other_weights.export_kv("k"), KVHeaderError, "fingerprint"),
-             (bytes(corrupt), KVChecksumError, "checksum"),
-             (src.export_kv("k2"), KVRangeError, "token IDs"),
-             (good[:-8], KVHeaderError, "length"),
-             (b"", KVHeaderError, "length")]
+    cases = [
+        (other_weights.export_kv("k"), KVHeaderError, "fingerprint"),
+        (bytes(corrupt), KVChecksumError, "checksum"),
+        (src.export_kv("k2"), KVRangeError, "token IDs"),
+        (good[:-8], KVHeaderError, "length"),
+        (b"", KVHeaderError, "length"),
+    ]
     for blob, error, message in cases:
         with pytest.raises(error, match=message) as err:
             dst.import_kv("k", blob)
@@ -325,7 +354,7 @@ def test_bad_kv_imports_are_refused_and_a_good_one_still_works(make_engine):
     dst.append_tokens("k", [first])
     while not dst.is_done("k"):
         dst.decode_step(["k"])
-    assert_greedy_match(dst, p, dst.tokens("k")[len(p):], reference_greedy(dst, p, 6), "after bad imports")
+    assert_greedy_match(dst, p, dst.tokens("k")[len(p) :], reference_greedy(dst, p, 6), "after bad imports")
 
 
 def test_state_errors_are_typed(engine):
@@ -356,9 +385,9 @@ def test_state_errors_are_typed(engine):
 def test_capacity_rejection_frees_everything_it_held(make_engine):
     e = make_engine(capacity_tokens=96)  # 12 blocks of 8
     shared = prompt(70, 24)
-    e.generate(req("c", shared, max_tokens=4))        # caches 3 blocks of prefix (27 tokens with KV)
+    e.generate(req("c", shared, max_tokens=4))  # caches 3 blocks of prefix (27 tokens with KV)
     assert e.radix.cached_blocks == 3 and e.kv.free_blocks == 9
-    e.open(req("a", prompt(71, 40), max_tokens=20))   # 60 tokens: 8 blocks
+    e.open(req("a", prompt(71, 40), max_tokens=20))  # 60 tokens: 8 blocks
     assert e.kv.free_blocks == 1
     b = req("b", shared + prompt(72, 10), max_tokens=20)  # 54 tokens: 7 blocks, 3 of them cached
     with pytest.raises(CapacityExceeded, match="needs 7 KV blocks") as err:
@@ -391,7 +420,7 @@ def test_no_blocks_leak(make_engine):
     e = make_engine(capacity_tokens=512)
     base = prompt(95, 30)
     for i in range(4):
-        e.generate(req(f"l{i}", base[:20 + i] + prompt(96 + i, 7), max_tokens=5 + i))
+        e.generate(req(f"l{i}", base[: 20 + i] + prompt(96 + i, 7), max_tokens=5 + i))
     e.open(req("ab", base, max_tokens=4))
     e.prefill("ab")
     e.abort("ab")
@@ -420,4 +449,4 @@ def test_cuda_engine_matches_cpu_and_its_kv_moves_to_cpu(make_engine, weights_di
     cpu.append_tokens("h", [first])
     while not cpu.is_done("h"):
         cpu.decode_step(["h"])
-    assert_greedy_match(cpu, p, cpu.tokens("h")[len(p):], want, "cuda KV continued on cpu")
+    assert_greedy_match(cpu, p, cpu.tokens("h")[len(p) :], want, "cuda KV continued on cpu")

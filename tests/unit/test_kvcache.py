@@ -1,4 +1,5 @@
 """Paged KV cache: blocks, slot mapping, attention binding, blob export/import and its refusals."""
+
 import dataclasses
 
 import pytest
@@ -18,8 +19,9 @@ def make_cache(capacity_tokens=64, block_size=4, config=TINY, fingerprint=FP) ->
 
 def fill_random(cache: KVCache, slots: torch.Tensor, seed: int = 0) -> torch.Tensor:
     c = cache.config
-    kv = torch.randn(c.n_layer, 2, slots.numel(), c.n_kv_head, c.head_dim,
-                     generator=torch.Generator().manual_seed(seed))
+    kv = torch.randn(
+        c.n_layer, 2, slots.numel(), c.n_kv_head, c.head_dim, generator=torch.Generator().manual_seed(seed)
+    )
     cache.write_kv(slots, kv)
     return kv
 
@@ -84,19 +86,22 @@ def _blob(cache: KVCache) -> bytes:
 def _patch_header(blob: bytes, index: int, value) -> bytes:
     fields = list(BLOB_HEADER.unpack_from(blob))
     fields[index] = value
-    return BLOB_HEADER.pack(*fields) + blob[BLOB_HEADER.size:]
+    return BLOB_HEADER.pack(*fields) + blob[BLOB_HEADER.size :]
 
 
-@pytest.mark.parametrize("index, value, field", [
-    (0, b"XXXX", "magic"),
-    (1, 1, "version"),         # version 1 (zlib crc32) blobs are refused
-    (2, 1, "dtype"),
-    (3, bytes(16), "fingerprint"),
-    (4, 3, "n_layer"),
-    (5, 4, "n_kv_head"),
-    (6, 8, "head_dim"),
-    (8, 5, "kv bytes"),        # end moved: token count no longer matches the payload
-])
+@pytest.mark.parametrize(
+    "index, value, field",
+    [
+        (0, b"XXXX", "magic"),
+        (1, 1, "version"),  # version 1 (zlib crc32) blobs are refused
+        (2, 1, "dtype"),
+        (3, bytes(16), "fingerprint"),
+        (4, 3, "n_layer"),
+        (5, 4, "n_kv_head"),
+        (6, 8, "head_dim"),
+        (8, 5, "kv bytes"),  # end moved: token count no longer matches the payload
+    ],
+)
 def test_header_mismatch_is_refused(index, value, field):
     cache = make_cache()
     with pytest.raises(KVHeaderError, match=field) as err:
@@ -161,7 +166,7 @@ def test_prefix_binding_mask_is_causal_with_offset():
     assert binding.mask[0, 0].int().tolist() == [
         [1, 1, 1, 1, 1, 1, 0, 0],
         [1, 1, 1, 1, 1, 1, 1, 0],
-        [1, 1, 1, 1, 1, 1, 1, 1]]
+        [1, 1, 1, 1, 1, 1, 1, 1],
+    ]
     with pytest.raises(ValueError):
         cache.bind([slot_map, slot_map], starts=[0, 0], n_new=2)
-

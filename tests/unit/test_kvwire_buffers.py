@@ -5,6 +5,7 @@ A blob built by blob_buffer + seal_blob must be the very blob the engine exports
 from the chunks' checksums; chunks that do not tile every layer are refused; the pool must hand out a
 buffer to one owner at a time.
 """
+
 import numpy as np
 import pytest
 
@@ -23,9 +24,9 @@ def test_pool_reuses_a_given_back_buffer_of_fitting_size():
     base = a.base
     pool.give(a)
     assert pool.free_bytes == base.nbytes
-    b = pool.take(9 * MB)              # fits and wastes less than half: the same memory
+    b = pool.take(9 * MB)  # fits and wastes less than half: the same memory
     assert b.base is base and b.nbytes == 9 * MB and pool.free_bytes == 0
-    c = pool.take(9 * MB)              # in use by b: a new buffer
+    c = pool.take(9 * MB)  # in use by b: a new buffer
     assert c.base is not base
 
 
@@ -33,13 +34,13 @@ def test_pool_refuses_waste_duplicates_and_overflow():
     pool = BufferPool(max_bytes=24 * MB, min_bytes=4 * MB)
     big = pool.take(20 * MB)
     pool.give(big)
-    pool.give(big)                     # given back twice: kept once
+    pool.give(big)  # given back twice: kept once
     assert pool.free_bytes == 20 * MB
-    small = pool.take(5 * MB)          # would waste 3/4 of the free 20 MB one
+    small = pool.take(5 * MB)  # would waste 3/4 of the free 20 MB one
     assert small.base is not big.base and pool.free_bytes == 20 * MB
-    pool.give(small)                   # 20 + 8 > 24: not kept
+    pool.give(small)  # 20 + 8 > 24: not kept
     assert pool.free_bytes == 20 * MB
-    tiny = pool.take(1000)             # below min_bytes: plain memory, never pooled
+    tiny = pool.take(1000)  # below min_bytes: plain memory, never pooled
     pool.give(tiny)
     assert pool.free_bytes == 20 * MB
 
@@ -65,7 +66,7 @@ def test_sealed_blob_equals_the_engines_export_and_imports():
     eng.open(GenerationRequest("b", tuple(prompt), 4))
     eng.import_kv("b", eng.export_kv("a", 0, 5))
     assert eng.import_kv("b", got).written_tokens == 25
-    kv[0, 0, 0, 0] ^= 0xFF             # a byte flipped after sealing: the engine refuses the blob
+    kv[0, 0, 0, 0] ^= 0xFF  # a byte flipped after sealing: the engine refuses the blob
     eng.abort("b")
     eng.open(GenerationRequest("b", tuple(prompt), 4))
     eng.import_kv("b", eng.export_kv("a", 0, 5))
@@ -87,10 +88,10 @@ def test_checksum_folded_from_chunks_equals_the_export_and_gaps_are_refused():
     chunks = _chunk_crcs(kv, [0, 7, 8, 20, 31])
     assert bytes(seal_blob(meta, blob, dict(reversed(list(chunks.items()))))) == bytes(want)
     overlapping = _chunk_crcs(kv, [0, 7, 8, 20, 31])
-    overlapping[1, 8] = (13, *overlapping[1, 8][1:])        # layer 1: [8, 21) overlaps [20, 31)
+    overlapping[1, 8] = (13, *overlapping[1, 8][1:])  # layer 1: [8, 21) overlaps [20, 31)
     with pytest.raises(FrameError, match="layer 1"):
         seal_blob(meta, blob, overlapping)
     short = _chunk_crcs(kv, [0, 7, 8, 20, 31])
-    del short[0, 20]                                        # layer 0 ends at token 20
+    del short[0, 20]  # layer 0 ends at token 20
     with pytest.raises(FrameError, match="layer 0: chunks cover 20 of 31"):
         seal_blob(meta, blob, short)

@@ -1,17 +1,23 @@
 """Probe statistics and fidelity verdicts on synthetic records (pure logic)."""
+
 import math
 
 import pytest
 
-from experiments.linkstats import (Expected, _binomial_interval, _interval_of, fidelity_checks, goodput_check,
-                                   probe_stats)
+from experiments.linkstats import (
+    Expected,
+    _binomial_interval,
+    _interval_of,
+    fidelity_checks,
+    goodput_check,
+    probe_stats,
+)
 from topology.udp_probe import ProbeResult
 
 
 def _result(arrivals, sent):
     """arrivals: (seq, one-way delay ms) in arrival order."""
-    return ProbeResult(sent_count=sent, seqs=[s for s, _ in arrivals],
-                       delays_ns=[int(d * 1e6) for _, d in arrivals])
+    return ProbeResult(sent_count=sent, seqs=[s for s, _ in arrivals], delays_ns=[int(d * 1e6) for _, d in arrivals])
 
 
 def test_loss_duplicates_reordering():
@@ -37,8 +43,9 @@ def test_binomial_interval_brackets_the_mean():
 
 
 def test_fidelity_checks_catch_each_deviation():
-    exp = Expected(delay_mean_ms=30, delay_std_ms=5, loss_pct=0.1, loss_lo_pct=0, loss_hi_pct=0.5,
-                   reordering_expected=False)
+    exp = Expected(
+        delay_mean_ms=30, delay_std_ms=5, loss_pct=0.1, loss_lo_pct=0, loss_hi_pct=0.5, reordering_expected=False
+    )
     good = probe_stats(_result([(i, 30 + (5 if i % 2 else -5)) for i in range(1000)], 1000))
     assert all(c.ok for c in fidelity_checks(exp, good))
     slow = probe_stats(_result([(i, 31 + (5 if i % 2 else -5)) for i in range(1000)], 1000))
@@ -67,6 +74,7 @@ def test_rare_spikes_do_not_move_the_trimmed_mean_and_std():
 def test_gilbert_elliott_distribution_is_exact_against_the_model():
     from experiments.linkstats import ProbePlan, _simulate, gilbert_elliott_loss_distribution
     from topology.profiles import GilbertElliott, LinkParams
+
     params = LinkParams(loss_ge=GilbertElliott(p_pct=2, r_pct=20, bad_loss_pct=60, good_loss_pct=1))
     dist = gilbert_elliott_loss_distribution(params, 500)
     assert sum(dist) == pytest.approx(1)
@@ -81,8 +89,15 @@ def test_gilbert_elliott_distribution_is_exact_against_the_model():
 
 
 def test_machinery_spread_widens_only_the_mean_check():
-    exp = Expected(delay_mean_ms=30, delay_std_ms=5, loss_pct=0.1, loss_lo_pct=0, loss_hi_pct=0.5,
-                   reordering_expected=False, machinery_std_ms=0.4)
+    exp = Expected(
+        delay_mean_ms=30,
+        delay_std_ms=5,
+        loss_pct=0.1,
+        loss_lo_pct=0,
+        loss_hi_pct=0.5,
+        reordering_expected=False,
+        machinery_std_ms=0.4,
+    )
     late = probe_stats(_result([(i, 30.8 + (5 if i % 2 else -5)) for i in range(1000)], 1000))
     assert all(c.ok for c in fidelity_checks(exp, late))  # 0.8 ms off: inside 0.6 + 0.4
     later = probe_stats(_result([(i, 31.1 + (5 if i % 2 else -5)) for i in range(1000)], 1000))
@@ -91,9 +106,23 @@ def test_machinery_spread_widens_only_the_mean_check():
 
 def test_jitter_below_the_machinery_noise_is_not_judged():
     # link spread 0.5 ms, machinery 0.4 ms: hypot = 0.64 ms expected, not separable
-    exp = Expected(delay_mean_ms=6, delay_std_ms=0.64, loss_pct=0, loss_lo_pct=0, loss_hi_pct=0,
-                   reordering_expected=False, machinery_std_ms=0.4)
+    exp = Expected(
+        delay_mean_ms=6,
+        delay_std_ms=0.64,
+        loss_pct=0,
+        loss_lo_pct=0,
+        loss_hi_pct=0,
+        reordering_expected=False,
+        machinery_std_ms=0.4,
+    )
     assert "delay_std_ms" not in {c.name for c in fidelity_checks(exp, probe_stats(_result([(0, 6)], 1)))}
-    clear = Expected(delay_mean_ms=6, delay_std_ms=math.hypot(2.0, 0.4), loss_pct=0, loss_lo_pct=0,
-                     loss_hi_pct=0, reordering_expected=False, machinery_std_ms=0.4)
+    clear = Expected(
+        delay_mean_ms=6,
+        delay_std_ms=math.hypot(2.0, 0.4),
+        loss_pct=0,
+        loss_lo_pct=0,
+        loss_hi_pct=0,
+        reordering_expected=False,
+        machinery_std_ms=0.4,
+    )
     assert "delay_std_ms" in {c.name for c in fidelity_checks(clear, probe_stats(_result([(0, 6)], 1)))}

@@ -1,4 +1,5 @@
 """Model: configs, KV size arithmetic, deterministic weights file, forward-pass properties."""
+
 import dataclasses
 import os
 import subprocess
@@ -7,9 +8,20 @@ import sys
 import pytest
 import torch
 
-from workers.model import (DEFAULT, TINY, WeightsError, build_model, generate_state, get_config,
-                           REPO_ROOT, get_or_create_weights, load_weights, model_fingerprint, resolve_device,
-                           state_sha256)
+from workers.model import (
+    DEFAULT,
+    TINY,
+    WeightsError,
+    build_model,
+    generate_state,
+    get_config,
+    REPO_ROOT,
+    get_or_create_weights,
+    load_weights,
+    model_fingerprint,
+    resolve_device,
+    state_sha256,
+)
 
 torch.set_num_threads(1)
 
@@ -71,12 +83,15 @@ def test_weights_file_is_created_once_and_loads_identically(weights_dir, tiny):
 
 
 def test_another_process_generates_the_same_weights(tmp_path, tiny):
-    code = ("import sys; from pathlib import Path; from workers.model import TINY, get_or_create_weights, "
-            "load_weights; p = get_or_create_weights(TINY, 0, Path(sys.argv[1])); "
-            "print(load_weights(p, TINY, 0).sha256)")
+    code = (
+        "import sys; from pathlib import Path; from workers.model import TINY, get_or_create_weights, "
+        "load_weights; p = get_or_create_weights(TINY, 0, Path(sys.argv[1])); "
+        "print(load_weights(p, TINY, 0).sha256)"
+    )
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), OMP_NUM_THREADS="1")
-    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
-                         env=env, check=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=env, check=True, timeout=120
+    )
     assert out.stdout.strip() == tiny[1].sha256
 
 
@@ -114,10 +129,10 @@ def test_forward_is_causal_and_position_aware(tiny):
     changed = idx.clone()
     changed[0, 8] = (changed[0, 8] + 1) % TINY.vocab_size
     a, b = model(idx), model(changed)
-    torch.testing.assert_close(a[0, :8], b[0, :8])      # the future does not leak backwards
-    assert not torch.allclose(a[0, 8:], b[0, 8:])       # but the change is seen from position 8 on
+    torch.testing.assert_close(a[0, :8], b[0, :8])  # the future does not leak backwards
+    assert not torch.allclose(a[0, 8:], b[0, 8:])  # but the change is seen from position 8 on
     shifted = model(idx, positions=torch.arange(5, 17)[None])
-    assert not torch.allclose(a, shifted)                # rotary positions matter
+    assert not torch.allclose(a, shifted)  # rotary positions matter
 
 
 def test_logits_are_not_degenerate(tiny):

@@ -4,6 +4,7 @@ Statistical checks use fixed seeds and tolerances named below, each sized from
 the sampling error of the sample size (so a correct model passes for any seed
 with overwhelming probability, and a wrong formula fails).
 """
+
 from __future__ import annotations
 
 import math
@@ -11,8 +12,16 @@ import statistics
 
 import pytest
 
-from topology.netem_model import (NS_PER_MS, CorrelatedRandom, NetemConfigError, NetemQueue,
-                                  load_dist_table, pct_to_u32, periodic_delays_ns, tabledist)
+from topology.netem_model import (
+    NS_PER_MS,
+    CorrelatedRandom,
+    NetemConfigError,
+    NetemQueue,
+    load_dist_table,
+    pct_to_u32,
+    periodic_delays_ns,
+    tabledist,
+)
 from topology.profiles import GilbertElliott, LinkParams
 
 N = 20_000
@@ -261,6 +270,7 @@ def lag1(values: list[float]) -> float:
 
 def test_correlated_source_is_ar1_with_rho():
     import random
+
     src = CorrelatedRandom(random.Random(1), 75)
     assert abs(lag1([src.next() for _ in range(20_000)]) - 0.75) < 0.03
 
@@ -278,8 +288,7 @@ def test_delay_correlation_vanishes_in_tabledist_like_the_kernel():
     # netem 6.1 reduces the correlated u32 modulo 2*jitter (uniform) or the
     # table size, which scrambles it: successive delays stay uncorrelated.
     for dist in ("uniform", "normal"):
-        d = delays_ms(LinkParams(delay_ms=30, jitter_ms=5, delay_correlation_pct=75,
-                                 delay_distribution=dist), n=5000)
+        d = delays_ms(LinkParams(delay_ms=30, jitter_ms=5, delay_correlation_pct=75, delay_distribution=dist), n=5000)
         assert abs(lag1(d)) < 0.06
 
 
@@ -304,7 +313,9 @@ def test_same_seed_same_decisions():
 
 def test_periodic_delays_model():
     # No jitter: every 106-byte frame at 100 Mbit/s takes delay + 106e9/12.5e6 ns = delay + 8480 ns.
-    assert set(periodic_delays_ns(LinkParams(rate_mbit=100, delay_ms=10), 100, NS_PER_MS, 106)) == {10 * NS_PER_MS + 8480}
+    assert set(periodic_delays_ns(LinkParams(rate_mbit=100, delay_ms=10), 100, NS_PER_MS, 106)) == {
+        10 * NS_PER_MS + 8480
+    }
     # Rate + jitter: frames queue behind slower predecessors, so the mean grows and the spread shrinks.
     d = periodic_delays_ns(LinkParams(rate_mbit=200, delay_ms=30, jitter_ms=5), 5000, NS_PER_MS, 106)
     assert statistics.fmean(d) > 31 * NS_PER_MS and statistics.pstdev(d) < 2 * NS_PER_MS

@@ -1,10 +1,10 @@
 """Profile loading and validation: every shipped profile loads; bad input names file, field and allowed values."""
+
 import textwrap
 
 import pytest
 
-from topology.profiles import (LinkParams, ProfileError, available_profiles, load_profile,
-                               profile_from_dict)
+from topology.profiles import LinkParams, ProfileError, available_profiles, load_profile, profile_from_dict
 
 WAN_PROFILES = ["wan-congested", "wan-cross-country", "wan-flaky", "wan-lossy", "wan-regional"]
 
@@ -54,20 +54,26 @@ def _write(tmp_path, text, name="bad"):
     return path
 
 
-@pytest.mark.parametrize("body, needle", [
-    ("link: {delay_ms: -1}", "delay_ms: -1"),
-    ("link: {loss_pct: 150}", "loss_pct: 150"),
-    ("link: {delay_ms: 5, jitter_ms: 1, delay_distribution: cauchy}", "allowed: uniform, normal, pareto, paretonormal"),
-    ("link: {dealy_ms: 5}", "unknown key(s) ['dealy_ms']"),
-    ("link: {rate_mbit: fast}", "expected a number"),
-    ("link: {reorder_pct: 5}", "needs delay_ms"),
-    ("link: {delay_ms: 5, reorder_gap: 3}", "reorder_gap: needs reorder_pct"),
-    ("link: {loss_pct: 1, loss_ge: {p_pct: 1}}", "exclusive"),
-    ("schedule: [{at_s: 10, set: {loss_pct: 1}}, {at_s: 5, set: {loss_pct: 2}}]", "goes back in time"),
-    ("schedule: [{at_s: 1, direction: up, set: {loss_pct: 1}}]", "allowed: both, a_to_b, b_to_a"),
-    ("schedule: [{at_s: 1, set: {loss_pct: 101}}]", "schedule[0].set.loss_pct"),
-    ("bogus: 1", "unknown key(s) ['bogus']"),
-])
+@pytest.mark.parametrize(
+    "body, needle",
+    [
+        ("link: {delay_ms: -1}", "delay_ms: -1"),
+        ("link: {loss_pct: 150}", "loss_pct: 150"),
+        (
+            "link: {delay_ms: 5, jitter_ms: 1, delay_distribution: cauchy}",
+            "allowed: uniform, normal, pareto, paretonormal",
+        ),
+        ("link: {dealy_ms: 5}", "unknown key(s) ['dealy_ms']"),
+        ("link: {rate_mbit: fast}", "expected a number"),
+        ("link: {reorder_pct: 5}", "needs delay_ms"),
+        ("link: {delay_ms: 5, reorder_gap: 3}", "reorder_gap: needs reorder_pct"),
+        ("link: {loss_pct: 1, loss_ge: {p_pct: 1}}", "exclusive"),
+        ("schedule: [{at_s: 10, set: {loss_pct: 1}}, {at_s: 5, set: {loss_pct: 2}}]", "goes back in time"),
+        ("schedule: [{at_s: 1, direction: up, set: {loss_pct: 1}}]", "allowed: both, a_to_b, b_to_a"),
+        ("schedule: [{at_s: 1, set: {loss_pct: 101}}]", "schedule[0].set.loss_pct"),
+        ("bogus: 1", "unknown key(s) ['bogus']"),
+    ],
+)
 def test_bad_profiles_name_file_field_and_allowed(tmp_path, body, needle):
     path = _write(tmp_path, f"name: bad\n{body}\n")
     with pytest.raises(ProfileError) as err:

@@ -1,4 +1,5 @@
 """Radix prefix cache: match, insert, split, pin, eviction order, capacity, statistics (pure logic)."""
+
 import pytest
 
 from workers.radix import RadixCache
@@ -167,8 +168,8 @@ def test_capacity_never_evicts_pinned_blocks():
 def test_hit_statistics_count_tokens():
     tree = RadixCache(BS)
     tree.insert(seq(1, 2), [100, 101])
-    tree.match_prefix(seq(1, 2, 3))        # 8 of 12 tokens hit
-    tree.match_prefix(seq(9))              # 0 of 4
+    tree.match_prefix(seq(1, 2, 3))  # 8 of 12 tokens hit
+    tree.match_prefix(seq(9))  # 0 of 4
     tree.match_prefix(seq(1), record=False)
     s = tree.stats()
     assert (s.lookups, s.hit_tokens, s.total_tokens) == (2, 8, 16)

@@ -1,4 +1,5 @@
 """Timed schedules on a live link, played against a recording backend (pure logic, short real time)."""
+
 import time
 
 import pytest
@@ -18,8 +19,7 @@ class RecordingBackend:
 
 
 def test_expand_orders_steps_and_reverts():
-    steps = (ScheduleStep(at_s=1, changes={"loss_pct": 5}, duration_s=2),
-             ScheduleStep(at_s=3, changes={"delay_ms": 9}))
+    steps = (ScheduleStep(at_s=1, changes={"loss_pct": 5}, duration_s=2), ScheduleStep(at_s=3, changes={"delay_ms": 9}))
     assert [(t, i, rev) for t, i, _, rev in _expand(steps)] == [(1, 0, False), (3, 0, True), (3, 1, False)]
 
 
@@ -60,12 +60,17 @@ def _base_state(backend, params=LinkParams(delay_ms=10)):
 
 
 def test_timeline_puts_the_schedule_on_a_variant_clock():
-    steps = (ScheduleStep(at_s=1.5, changes={"loss_pct": 5}, duration_s=2),
-             ScheduleStep(at_s=3.5, changes={"delay_ms": 9}))
+    steps = (
+        ScheduleStep(at_s=1.5, changes={"loss_pct": 5}, duration_s=2),
+        ScheduleStep(at_s=3.5, changes={"delay_ms": 9}),
+    )
     start_ns = 7_000_000_000
     got = [(due, i, rev) for due, i, _, rev in timeline(steps, start_ns)]
-    assert got == [(start_ns + 1_500_000_000, 0, False), (start_ns + 3_500_000_000, 0, True),
-                   (start_ns + 3_500_000_000, 1, False)]
+    assert got == [
+        (start_ns + 1_500_000_000, 0, False),
+        (start_ns + 3_500_000_000, 0, True),
+        (start_ns + 3_500_000_000, 1, False),
+    ]
 
 
 def test_merge_keeps_each_source_label_and_start_order():
@@ -82,8 +87,12 @@ def test_schedule_starts_at_the_given_clock_and_records_monotonic_times():
     backend = RecordingBackend()
     state = _base_state(backend)
     start_ns = time.monotonic_ns() + 100_000_000  # the variant's window opens 0.1 s from now
-    runner = ScheduleRunner(state, (ScheduleStep(at_s=0.05, changes={"loss_pct": 5}, direction="b_to_a"),),
-                            start_ns=start_ns, labels=("spec step 0",)).start()
+    runner = ScheduleRunner(
+        state,
+        (ScheduleStep(at_s=0.05, changes={"loss_pct": 5}, direction="b_to_a"),),
+        start_ns=start_ns,
+        labels=("spec step 0",),
+    ).start()
     assert runner.wait(2)
     [change] = state.changes
     assert change.cause == "spec step 0" and change.direction == "b_to_a"

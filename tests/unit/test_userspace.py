@@ -1,4 +1,5 @@
 """Unit tests of topology.userspace that need no root: command builders, CLI parsing, control protocol."""
+
 from __future__ import annotations
 
 import json
@@ -12,16 +13,25 @@ from topology.userspace import ControlServer, control_request, emulator_cmd, off
 
 
 def test_offload_off_cmds():
-    assert offload_off_cmds(["wa"]) == [["ethtool", "-K", "wa", "tso", "off", "gso", "off", "gro", "off",
-                                         "tx", "off", "rx", "off"]]
+    assert offload_off_cmds(["wa"]) == [
+        ["ethtool", "-K", "wa", "tso", "off", "gso", "off", "gro", "off", "tx", "off", "rx", "off"]
+    ]
     (cmd,) = offload_off_cmds(["b0"], netns="pddt-b")
     assert cmd[:4] == ["ip", "netns", "exec", "pddt-b"] and cmd[4:7] == ["ethtool", "-K", "b0"]
 
 
 def test_emulator_cmd_round_trips_through_the_cli():
     a_to_b = LinkParams(rate_mbit=200, delay_ms=30, jitter_ms=5, loss_pct=0.1)
-    cmd = emulator_cmd("wa", "wb", "/tmp/x.sock", 7, a_to_b, LinkParams(delay_ms=30),
-                       prefix=["ip", "netns", "exec", "w"], python="python3")
+    cmd = emulator_cmd(
+        "wa",
+        "wb",
+        "/tmp/x.sock",
+        7,
+        a_to_b,
+        LinkParams(delay_ms=30),
+        prefix=["ip", "netns", "exec", "w"],
+        python="python3",
+    )
     assert cmd[:6] == ["ip", "netns", "exec", "w", "python3", "-m"]
     args = parse_args(cmd[7:])
     assert (args.if_a, args.if_b, args.control, args.seed) == ("wa", "wb", "/tmp/x.sock", 7)

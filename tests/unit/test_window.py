@@ -3,6 +3,7 @@
 Pure logic and short real time: the schedule on each window's own clock, the base restored at the close,
 the hold until the last event, the per-variant link changes, and a failed change raised into the run.
 """
+
 import tempfile
 import time
 
@@ -16,8 +17,13 @@ from topology.profiles import DIRECTIONS, LinkParams, Profile, ScheduleStep, loa
 from topology.shaping import AppliedChange, LinkState
 
 BASE = LinkParams(rate_mbit=100, delay_ms=10)
-PROFILE = Profile("p", "", BASE, BASE, schedule=(
-    ScheduleStep(at_s=0.05, changes={"loss_pct": 100}, direction="both", duration_s=0.1),))
+PROFILE = Profile(
+    "p",
+    "",
+    BASE,
+    BASE,
+    schedule=(ScheduleStep(at_s=0.05, changes={"loss_pct": 100}, direction="both", duration_s=0.1),),
+)
 LABELS = ("profile p step 0",)
 
 
@@ -33,16 +39,18 @@ class RecordingBackend:
         self.applied.append((direction, params))
 
     def health(self):
-        return None   # as the kernel's netem: no lateness record
+        return None  # as the kernel's netem: no lateness record
 
 
 @pytest.fixture
 def testbed(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
     def make(fail=False):
         tb = Testbed(TopologyConfig(wan_profile=PROFILE, lan_profile=PROFILE, play_schedule=False))
         tb.link = LinkState(backend=RecordingBackend(fail), current={d: BASE for d in DIRECTIONS})
         return tb
+
     return make
 
 
@@ -62,8 +70,12 @@ def test_each_window_replays_the_schedule_from_its_own_start(testbed, tmp_path):
     assert recs[0]["window_end_ns"] < recs[1]["window_start_ns"]
     for rec in recs:
         causes = [(c["cause"], c["direction"]) for c in rec["link_changes"]]
-        assert causes == [("profile p step 0", "a_to_b"), ("profile p step 0", "b_to_a"),
-                          ("profile p step 0 ends", "a_to_b"), ("profile p step 0 ends", "b_to_a")]
+        assert causes == [
+            ("profile p step 0", "a_to_b"),
+            ("profile p step 0", "b_to_a"),
+            ("profile p step 0 ends", "a_to_b"),
+            ("profile p step 0 ends", "b_to_a"),
+        ]
         offsets = [c["offset_s"] for c in rec["link_changes"]]
         assert 0.05 <= offsets[0] < 0.15 and 0.15 <= offsets[2] < 0.25
         assert rec["window_extended_s"] > 0.1
@@ -106,28 +118,36 @@ def test_a_window_that_never_opened_records_nothing(testbed, tmp_path):
 
 
 def test_variant_link_changes_keep_the_window_and_use_its_offsets():
-    changes = [AppliedChange(0.0, "a_to_b", {"loss_pct": 1}, "before", t_ns=900),
-               AppliedChange(0.0, "b_to_a", {"loss_pct": 2}, "inside", t_ns=1_500_000_000),
-               AppliedChange(0.0, "a_to_b", {"loss_pct": 3}, "after", t_ns=9_000_000_000)]
+    changes = [
+        AppliedChange(0.0, "a_to_b", {"loss_pct": 1}, "before", t_ns=900),
+        AppliedChange(0.0, "b_to_a", {"loss_pct": 2}, "inside", t_ns=1_500_000_000),
+        AppliedChange(0.0, "a_to_b", {"loss_pct": 3}, "after", t_ns=9_000_000_000),
+    ]
     assert variant_link_changes(changes, 1_000_000_000, 2_000_000_000) == [
-        {"t_ns": 1_500_000_000, "offset_s": 0.5, "direction": "b_to_a", "params": {"loss_pct": 2},
-         "cause": "inside"}]
+        {"t_ns": 1_500_000_000, "offset_s": 0.5, "direction": "b_to_a", "params": {"loss_pct": 2}, "cause": "inside"}
+    ]
 
 
 def test_the_variant_clock_merges_the_profile_and_the_spec_schedules():
-    spec = load_spec("pdd-vs-baselines", ["schedule=[{at_s: 12, duration_s: 1, set: {loss_pct: 100}}]"],
-                     profile="wan-flaky")
+    spec = load_spec(
+        "pdd-vs-baselines", ["schedule=[{at_s: 12, duration_s: 1, set: {loss_pct: 100}}]"], profile="wan-flaky"
+    )
     profile = load_profile("wan-flaky")
     imp = winmod.impairment(spec, profile)
-    assert imp.restore and imp.labels == ("profile wan-flaky step 0", "spec step 0", "profile wan-flaky step 1",
-                                          "profile wan-flaky step 2")
+    assert imp.restore and imp.labels == (
+        "profile wan-flaky step 0",
+        "spec step 0",
+        "profile wan-flaky step 1",
+        "profile wan-flaky step 2",
+    )
     assert imp.end_s == 42
     assert winmod.link_profile(spec, profile) is profile  # the topology plays nothing itself
 
 
 def test_the_link_clock_hands_both_schedules_to_the_topology():
-    spec = load_spec("pdd-vs-baselines", ["schedule_clock=link", "schedule=[{at_s: 12, set: {loss_pct: 1}}]"],
-                     profile="wan-flaky")
+    spec = load_spec(
+        "pdd-vs-baselines", ["schedule_clock=link", "schedule=[{at_s: 12, set: {loss_pct: 1}}]"], profile="wan-flaky"
+    )
     profile = load_profile("wan-flaky")
     imp = winmod.impairment(spec, profile)
     assert imp.steps == () and not imp.restore
@@ -149,6 +169,7 @@ class FakeRuntime:
 
 def test_a_failed_schedule_marks_its_variant_failed_and_keeps_its_record(testbed, tmp_path, monkeypatch):
     from experiments import runner
+
     tb = testbed(fail=True)
     spec = load_spec("pdd-smoke", ["runtime=process", "variants=[pd-cross, pdd]"])
     monkeypatch.setattr(runner.deploy, "Runtime", FakeRuntime)
@@ -157,6 +178,7 @@ def test_a_failed_schedule_marks_its_variant_failed_and_keeps_its_record(testbed
     def drive(tb, spec, variant, out, vdir, runtime, win):
         win.open(time.monotonic_ns())
         return "ok"
+
     monkeypatch.setattr(runner, "_drive", drive)
     meta = {"variants": {}}
     runner._run_variants(tb, spec, tmp_path, meta, Impairment(PROFILE.schedule, LABELS, restore=True))
@@ -168,6 +190,7 @@ def test_a_failed_schedule_marks_its_variant_failed_and_keeps_its_record(testbed
 
 def test_a_window_that_never_opened_fails_a_variant_with_impairments(testbed, tmp_path, monkeypatch):
     from experiments import runner
+
     spec = load_spec("pdd-smoke", ["runtime=process", "variants=[pdd]"])
     monkeypatch.setattr(runner.deploy, "Runtime", FakeRuntime)
     monkeypatch.setattr(runner, "_wait_ready", lambda *args: None)

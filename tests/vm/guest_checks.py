@@ -9,6 +9,7 @@ Not responsible for: judging the results; the host-side test asserts on the JSON
 Uses only the standard library and host tools, so it does not depend on the
 project's venv working inside the VM.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,24 +44,43 @@ def lo_checks() -> dict:
     add = sh("tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", f"{NETEM_DELAY_MS}ms")
     rtt = ping_rtts_ms(dest="127.0.0.1")
     sh("tc", "qdisc", "del", "dev", "lo", "root")
-    return {"lo_rtt_ms": baseline, "netem_add_rc": add.returncode, "netem_add_err": add.stderr,
-            "lo_netem_rtt_ms": rtt}
+    return {"lo_rtt_ms": baseline, "netem_add_rc": add.returncode, "netem_add_err": add.stderr, "lo_netem_rtt_ms": rtt}
 
 
 def netns_checks() -> dict:
     a, b = NETNS
-    steps = [("ip", "netns", "add", a), ("ip", "netns", "add", b),
-             ("ip", "link", "add", VETH[0], "netns", a, "type", "veth",
-              "peer", "name", VETH[1], "netns", b)]
+    steps = [
+        ("ip", "netns", "add", a),
+        ("ip", "netns", "add", b),
+        ("ip", "link", "add", VETH[0], "netns", a, "type", "veth", "peer", "name", VETH[1], "netns", b),
+    ]
     for ns, dev, addr in zip(NETNS, VETH, ADDRS):
-        steps += [("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", dev),
-                  ("ip", "-n", ns, "link", "set", dev, "up"),
-                  ("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "netem",
-                   "delay", f"{NETEM_DELAY_MS}ms")]
+        steps += [
+            ("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", dev),
+            ("ip", "-n", ns, "link", "set", dev, "up"),
+            (
+                "ip",
+                "netns",
+                "exec",
+                ns,
+                "tc",
+                "qdisc",
+                "add",
+                "dev",
+                dev,
+                "root",
+                "netem",
+                "delay",
+                f"{NETEM_DELAY_MS}ms",
+            ),
+        ]
     failed = [" ".join(s) + ": " + r.stderr for s in steps if (r := sh(*s)).returncode]
     listed = sh("ip", "netns", "list").stdout
-    return {"netns_errors": failed, "netns_listed": listed,
-            "veth_netem_rtt_ms": ping_rtts_ms("ip", "netns", "exec", a, dest=ADDRS[1])}
+    return {
+        "netns_errors": failed,
+        "netns_listed": listed,
+        "veth_netem_rtt_ms": ping_rtts_ms("ip", "netns", "exec", a, dest=ADDRS[1]),
+    }
 
 
 def readonly_checks(share: Path) -> dict:
@@ -75,8 +95,12 @@ def readonly_checks(share: Path) -> dict:
     direct = sh("touch", str(mnt / str(share.parent).lstrip("/") / OUTSIDE_MARKER))
     if mounted:
         sh("umount", str(mnt))
-    return {"outside_write_ok_in_guest": outside_ok, "direct_mount_ok": mounted,
-            "direct_write_rc": direct.returncode, "direct_write_err": direct.stderr}
+    return {
+        "outside_write_ok_in_guest": outside_ok,
+        "direct_mount_ok": mounted,
+        "direct_write_rc": direct.returncode,
+        "direct_write_err": direct.stderr,
+    }
 
 
 def main() -> int:

@@ -6,6 +6,7 @@ JSON and on what `run_in_vm` returns. Needs root (virtiofsd), qemu and the
 kernel package (fetched by apt on first use); skips where root or qemu is
 missing.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -40,15 +41,15 @@ EXPECTED_RTT_MS = 2 * guest.NETEM_DELAY_MS
 if os.geteuid() != 0:
     pytest.skip("needs root: virtiofsd serves the host root to the VM", allow_module_level=True)
 if not shutil.which(QEMU) or not os.path.exists(VIRTIOFSD):
-    pytest.skip(f"needs {QEMU} and {VIRTIOFSD} (apt-get install qemu-system-x86)",
-                allow_module_level=True)
+    pytest.skip(f"needs {QEMU} and {VIRTIOFSD} (apt-get install qemu-system-x86)", allow_module_level=True)
 
 
 @pytest.fixture(scope="module")
 def booted(tmp_path_factory):
     share = tmp_path_factory.mktemp("vmshare")
-    result = run_in_vm(["/usr/bin/python3", str(GUEST_SCRIPT), str(share)], REPO_ROOT, share,
-                       timeout_s=BOOT_TIMEOUT_S, memory_mb=3072)
+    result = run_in_vm(
+        ["/usr/bin/python3", str(GUEST_SCRIPT), str(share)], REPO_ROOT, share, timeout_s=BOOT_TIMEOUT_S, memory_mb=3072
+    )
     sys.stderr.write(result.output)
     checks_file = share / "guest_checks.json"
     assert checks_file.exists(), f"no results from the guest:\n{result.output}\n{result.console}"
@@ -108,7 +109,7 @@ def test_debian_mininet_imports_inside(booted):
 def test_output_is_streamed_completely(booted):
     # the guest's last act is printing the JSON it saved; a truncated stream would lose its tail
     result, _, checks = booted
-    printed = result.output[result.output.index("{\n"):]
+    printed = result.output[result.output.index("{\n") :]
     assert json.loads(printed) == checks
 
 

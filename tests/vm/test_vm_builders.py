@@ -1,4 +1,5 @@
 """No-root unit tests of the VM harness's pure builders (argv, scripts, cpio, module order)."""
+
 from __future__ import annotations
 
 import gzip
@@ -56,8 +57,7 @@ def test_cpio_archive_is_readable_by_cpio(tmp_path):
     cpio.add_dir("d")
     cpio.add_file("d/f", b"hello", 0o755)
     data = gzip.compress(cpio.finish())
-    listing = subprocess.run(["cpio", "-t"], input=gzip.decompress(data),
-                             capture_output=True).stdout
+    listing = subprocess.run(["cpio", "-t"], input=gzip.decompress(data), capture_output=True).stdout
     assert listing.split() == [b"d", b"d/f"]
 
 

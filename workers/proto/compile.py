@@ -8,6 +8,7 @@ Not responsible for: the services themselves (workers/roles/).
 
 Usage: python -m workers.proto.compile [--check]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,19 +23,26 @@ PROTO_DIR = Path(__file__).resolve().parent
 REPO_ROOT = PROTO_DIR.parent.parent
 PROTO = PROTO_DIR / "pdd.proto"
 OUTPUTS = [PROTO_DIR / n for n in ("pdd_pb2.py", "pdd_pb2_grpc.py", "pdd_pb2.pyi")]
-STAMP = PROTO_DIR / "pdd.proto.sha256"   # the .proto the stubs were made from (mtimes do not survive git)
+STAMP = PROTO_DIR / "pdd.proto.sha256"  # the .proto the stubs were made from (mtimes do not survive git)
 
 
 def protoc_args() -> list[str]:
     """The protoc command line (pure: no side effects)."""
     rel = PROTO.relative_to(REPO_ROOT)
-    return ["grpc_tools.protoc", f"-I{REPO_ROOT}", f"--python_out={REPO_ROOT}", f"--pyi_out={REPO_ROOT}",
-            f"--grpc_python_out={REPO_ROOT}", str(rel)]
+    return [
+        "grpc_tools.protoc",
+        f"-I{REPO_ROOT}",
+        f"--python_out={REPO_ROOT}",
+        f"--pyi_out={REPO_ROOT}",
+        f"--grpc_python_out={REPO_ROOT}",
+        str(rel),
+    ]
 
 
 def compile_stubs() -> None:
     """Run protoc; raise RuntimeError if it fails."""
     from grpc_tools import protoc  # build-time dependency only
+
     args = protoc_args()
     log.info("running %s", " ".join(args))
     rc = protoc.main(args)

@@ -17,6 +17,7 @@ sessions import KV, extend and hand off between steps on their own threads,
 so only their steps are shared here (an engine-level scheduler that owned
 requests from admission to finish was removed: nothing used it).
 """
+
 from __future__ import annotations
 
 import threading
@@ -32,8 +33,9 @@ GATHER_MAX_S = 0.002
 class StepBatcher:
     """engine_step(request_ids) -> {request_id: token} (the engine's decode_step); lock: the engine's."""
 
-    def __init__(self, engine_step: Callable[[Sequence[str]], dict[str, int]], lock: threading.Lock,
-                 max_batch: int = 32):
+    def __init__(
+        self, engine_step: Callable[[Sequence[str]], dict[str, int]], lock: threading.Lock, max_batch: int = 32
+    ):
         if max_batch < 1:
             raise ValueError(f"max_batch={max_batch}; must be at least 1")
         self._engine_step, self._lock, self.max_batch = engine_step, lock, max_batch
@@ -43,8 +45,8 @@ class StepBatcher:
         self._results: dict[str, tuple[int, int] | Exception] = {}
         self._leading = False
         self._last_step_s = 0.0
-        self.steps = 0            # engine steps run
-        self.stepped = 0          # request-steps in them (stepped / steps = mean batch)
+        self.steps = 0  # engine steps run
+        self.stepped = 0  # request-steps in them (stepped / steps = mean batch)
 
     @contextmanager
     def decoding(self, rid: str) -> Iterator[None]:
@@ -64,7 +66,7 @@ class StepBatcher:
             if rid in self._waiting or rid in self._results:
                 raise ValueError(f"request {rid!r} is already waiting for a step")
             self._waiting.append(rid)
-            self._cond.notify_all()   # a gathering leader counts it
+            self._cond.notify_all()  # a gathering leader counts it
             while True:
                 if rid in self._results:
                     return self._take(rid)
@@ -75,7 +77,7 @@ class StepBatcher:
             batch = self._gather(rid)
         try:
             results = self._run(batch)
-        except Exception as err:   # a bug or a torch error: every request of the batch gets it
+        except Exception as err:  # a bug or a torch error: every request of the batch gets it
             results = {r: err for r in batch}
         with self._cond:
             self._leading = False
@@ -95,8 +97,8 @@ class StepBatcher:
             self._cond.wait(left)
             want = min(max(len(self._decoding), 1), self.max_batch)
         self._waiting.remove(rid)
-        batch = [rid] + self._waiting[:self.max_batch - 1]
-        del self._waiting[:self.max_batch - 1]
+        batch = [rid] + self._waiting[: self.max_batch - 1]
+        del self._waiting[: self.max_batch - 1]
         return batch
 
     def _take(self, rid: str) -> tuple[int, int]:

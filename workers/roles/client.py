@@ -4,6 +4,7 @@ Responsible for: readiness by the gRPC health service (never a sleep) and a
 typed result of a Generate stream (tests, benchmarks, experiments).
 Not responsible for: anything a role does.
 """
+
 from __future__ import annotations
 
 import time
@@ -38,6 +39,7 @@ def wait_healthy(address: str, timeout_s: float = 60.0) -> None:
 @dataclass(frozen=True)
 class Generation:
     """tokens: in stream order; done: the router's summary; wall_ns: call duration"""
+
     tokens: tuple[pdd_pb2.Token, ...]
     done: pdd_pb2.GenerateDone | None
     wall_ns: int
@@ -51,15 +53,25 @@ class Generation:
         return [t.worker for t in self.tokens]
 
 
-def generate(channel: grpc.Channel, prompt: list[int], max_tokens: int, mode: str = "", handoff: str = "",
-             request_id: str = "", timeout_s: float = 120.0) -> Generation:
+def generate(
+    channel: grpc.Channel,
+    prompt: list[int],
+    max_tokens: int,
+    mode: str = "",
+    handoff: str = "",
+    request_id: str = "",
+    timeout_s: float = 120.0,
+) -> Generation:
     """One Generate call to the end; raises grpc.RpcError on a failed status."""
     t0 = time.monotonic_ns()
     stub = pdd_pb2_grpc.RouterStub(channel)
     tokens, done = [], None
-    for ev in stub.Generate(pdd_pb2.GenerateRequest(request_id=request_id, prompt_tokens=prompt,
-                                                    max_tokens=max_tokens, mode=mode, handoff=handoff),
-                            timeout=timeout_s):
+    for ev in stub.Generate(
+        pdd_pb2.GenerateRequest(
+            request_id=request_id, prompt_tokens=prompt, max_tokens=max_tokens, mode=mode, handoff=handoff
+        ),
+        timeout=timeout_s,
+    ):
         if ev.WhichOneof("kind") == "token":
             tokens.append(ev.token)
         else:

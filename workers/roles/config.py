@@ -14,6 +14,7 @@ on `host:grpc_port` (control) and, for decode roles, `host:kv_port` (KV data
 plane); `kv_connect` (host:port), when set, is where peers connect instead of
 `host:kv_port` (an emulated WAN or a proxy in front of the listener).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -34,12 +35,12 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    name: str                      # tags tokens, events and stats: role + index (p1, rld1, md1)
-    host: str = "127.0.0.1"        # listen address
-    grpc_port: int = 0             # control plane
-    kv_port: int = 0               # KV data plane listener (decode roles); 0 = none
-    kv_connect: str = ""           # host:port peers use for KV instead of host:kv_port (e.g. a WAN proxy)
-    capacity_tokens: int = 4096    # KV slots of this worker's engine (tokens)
+    name: str  # tags tokens, events and stats: role + index (p1, rld1, md1)
+    host: str = "127.0.0.1"  # listen address
+    grpc_port: int = 0  # control plane
+    kv_port: int = 0  # KV data plane listener (decode roles); 0 = none
+    kv_connect: str = ""  # host:port peers use for KV instead of host:kv_port (e.g. a WAN proxy)
+    capacity_tokens: int = 4096  # KV slots of this worker's engine (tokens)
 
     @property
     def grpc_address(self) -> str:
@@ -53,50 +54,51 @@ class WorkerConfig:
 @dataclass(frozen=True)
 class PathConfig:
     """Settings of one KV path (fast: P->RLD in cluster A; wan: P->MD across the WAN)."""
-    connections: int = 1           # parallel TCP connections per transfer
-    congestion: str = "default"    # TCP_CONGESTION per socket; default = the kernel's
-    frame_bytes: int = 1 << 20     # target KV payload per frame (bytes): bounds memory and interleaves connections
-    stall_timeout_ms: int = 2000   # no ACK/progress for this long = stalled: drop the connections and retry
-    max_retries: int = 2           # new attempts after a broken or stalled connection
-    deadline_ms: int = 20000       # give up on the transfer after this long (ms)
-    progress_interval_ms: int = 50 # at most one progress event per transfer per interval
-    persistent: bool = True        # keep connections open for the next transfer to the same peer (no new
-                                   # handshake per transfer); false: a new connection per transfer
+
+    connections: int = 1  # parallel TCP connections per transfer
+    congestion: str = "default"  # TCP_CONGESTION per socket; default = the kernel's
+    frame_bytes: int = 1 << 20  # target KV payload per frame (bytes): bounds memory and interleaves connections
+    stall_timeout_ms: int = 2000  # no ACK/progress for this long = stalled: drop the connections and retry
+    max_retries: int = 2  # new attempts after a broken or stalled connection
+    deadline_ms: int = 20000  # give up on the transfer after this long (ms)
+    progress_interval_ms: int = 50  # at most one progress event per transfer per interval
+    persistent: bool = True  # keep connections open for the next transfer to the same peer (no new
+    # handshake per transfer); false: a new connection per transfer
 
 
 @dataclass(frozen=True)
 class KVConfig:
     fast: PathConfig = PathConfig()
     wan: PathConfig = PathConfig(connections=2)
-    max_transfer_bytes: int = 1 << 30   # receivers refuse larger transfers (memory bound)
-    max_frame_bytes: int = 64 << 20     # receivers refuse larger frames (bytes)
+    max_transfer_bytes: int = 1 << 30  # receivers refuse larger transfers (memory bound)
+    max_frame_bytes: int = 64 << 20  # receivers refuse larger frames (bytes)
 
 
 @dataclass(frozen=True)
 class RouterPolicy:
-    mode: str = "pdd"                      # default mode; GenerateRequest.mode overrides per request
-    handoff: str = "oneshot"               # default handoff; GenerateRequest.handoff overrides
-    chunk_tokens: int = 64                 # chunked: tokens per handoff chunk (PDD.md's example threshold)
-    wan_rate_mbit: float = 200.0           # WAN goodput assumed by the route decision (Mbit/s)
-    direct_max_transfer_ms: float = 20.0   # P->MD directly when the estimated WAN transfer is at most this
-    singular_min_uncached_tokens: int = 48 # singular: at least this many uncached prompt tokens ...
-    singular_max_output_tokens: int = 8    # ... and at most this many output tokens (PDD.md: ~500 at scale)
-    ablation_local_rld: bool = False       # ablation only: let non-singular requests finish on the RLD
-    max_prompt_tokens: int = 0             # 0 = the model's context limit
-    drc_estimate: str = "mirror"           # route on the MD's hit as the router's mirror of its DRC expects
-                                           # (no WAN round trip), or "lookup": ask the MD (one WAN RTT)
-    wan_estimate: str = "static"           # the WAN transfer estimate: "static" (wan_rate_mbit) or "measured"
-                                           # (P's WAN KV connections' TCP_INFO: delivery rate + RTT, and
-                                           # P->RLD->MD while the line looks congested)
+    mode: str = "pdd"  # default mode; GenerateRequest.mode overrides per request
+    handoff: str = "oneshot"  # default handoff; GenerateRequest.handoff overrides
+    chunk_tokens: int = 64  # chunked: tokens per handoff chunk (PDD.md's example threshold)
+    wan_rate_mbit: float = 200.0  # WAN goodput assumed by the route decision (Mbit/s)
+    direct_max_transfer_ms: float = 20.0  # P->MD directly when the estimated WAN transfer is at most this
+    singular_min_uncached_tokens: int = 48  # singular: at least this many uncached prompt tokens ...
+    singular_max_output_tokens: int = 8  # ... and at most this many output tokens (PDD.md: ~500 at scale)
+    ablation_local_rld: bool = False  # ablation only: let non-singular requests finish on the RLD
+    max_prompt_tokens: int = 0  # 0 = the model's context limit
+    drc_estimate: str = "mirror"  # route on the MD's hit as the router's mirror of its DRC expects
+    # (no WAN round trip), or "lookup": ask the MD (one WAN RTT)
+    wan_estimate: str = "static"  # the WAN transfer estimate: "static" (wan_rate_mbit) or "measured"
+    # (P's WAN KV connections' TCP_INFO: delivery rate + RTT, and
+    # P->RLD->MD while the line looks congested)
 
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    kv_wait_ms: int = 30000          # hard deadline for the prompt KV to arrive; past it the request ends here
+    kv_wait_ms: int = 30000  # hard deadline for the prompt KV to arrive; past it the request ends here
     handoff_timeout_ms: int = 10000  # a handoff RPC slower than this failed; the RLD keeps decoding
-    auto_oneshot_load: int = 2       # auto handoff: oneshot when the RLD has at least this many sessions
-    max_sessions: int = 64           # concurrent decode sessions per worker; more get RESOURCE_EXHAUSTED
-    max_batch: int = 32              # sessions decoded in one batched engine step at most (1: each alone)
+    auto_oneshot_load: int = 2  # auto handoff: oneshot when the RLD has at least this many sessions
+    max_sessions: int = 64  # concurrent decode sessions per worker; more get RESOURCE_EXHAUSTED
+    max_batch: int = 32  # sessions decoded in one batched engine step at most (1: each alone)
 
 
 @dataclass(frozen=True)
@@ -105,13 +107,13 @@ class DeploymentConfig:
     p: WorkerConfig
     rld: WorkerConfig
     md: WorkerConfig
-    model: str = "tiny"              # workers.model config name
-    seed: int = 0                    # weights seed: every worker must agree
-    block_size: int = 16             # KV block and DRC granularity (tokens)
-    events_dir: str = "events"       # one <worker>.jsonl per worker
-    weights_dir: str = ""            # "" = workers.model.default_weights_dir()
-    max_message_bytes: int = 4 << 20 # gRPC message limit: larger requests get RESOURCE_EXHAUSTED
-    grpc_threads: int = 32           # server thread pool per worker (each open stream holds one)
+    model: str = "tiny"  # workers.model config name
+    seed: int = 0  # weights seed: every worker must agree
+    block_size: int = 16  # KV block and DRC granularity (tokens)
+    events_dir: str = "events"  # one <worker>.jsonl per worker
+    weights_dir: str = ""  # "" = workers.model.default_weights_dir()
+    max_message_bytes: int = 4 << 20  # gRPC message limit: larger requests get RESOURCE_EXHAUSTED
+    grpc_threads: int = 32  # server thread pool per worker (each open stream holds one)
     kv: KVConfig = KVConfig()
     policy: RouterPolicy = RouterPolicy()
     decode: DecodeConfig = DecodeConfig()
@@ -121,11 +123,22 @@ class DeploymentConfig:
         for w in (self.router, self.p, self.rld, self.md):
             if w.name == name:
                 return w
-        raise ConfigError(f"no worker named {name!r}; workers: {[w.name for w in (self.router, self.p, self.rld, self.md)]}")
+        raise ConfigError(
+            f"no worker named {name!r}; workers: {[w.name for w in (self.router, self.p, self.rld, self.md)]}"
+        )
 
 
-_NESTED = {"router": WorkerConfig, "p": WorkerConfig, "rld": WorkerConfig, "md": WorkerConfig,
-           "kv": KVConfig, "fast": PathConfig, "wan": PathConfig, "policy": RouterPolicy, "decode": DecodeConfig}
+_NESTED = {
+    "router": WorkerConfig,
+    "p": WorkerConfig,
+    "rld": WorkerConfig,
+    "md": WorkerConfig,
+    "kv": KVConfig,
+    "fast": PathConfig,
+    "wan": PathConfig,
+    "policy": RouterPolicy,
+    "decode": DecodeConfig,
+}
 
 
 def _build(cls: type, data: Any, where: str) -> Any:
@@ -171,6 +184,7 @@ def _check_choice(path: str, value: str, allowed: tuple[str, ...]) -> None:
 def validate(cfg: DeploymentConfig) -> DeploymentConfig:
     """Check ranges and cross-field rules; return cfg unchanged or raise ConfigError."""
     from workers.model import CONFIGS
+
     _check_choice("model", cfg.model, tuple(CONFIGS))
     _check_range("block_size", cfg.block_size, 1, 4096)
     _check_range("max_message_bytes", cfg.max_message_bytes, 1024, 1 << 30)

@@ -22,6 +22,7 @@ when colocated). The MD's "pending" token is its last token without KV; a
 handoff starting at index s must carry the MD's pending token first (the MD
 checks it: a mismatch is a greedy divergence and refuses the handoff).
 """
+
 from __future__ import annotations
 
 import logging
@@ -39,22 +40,31 @@ from workers.roles.events import EventLog
 from workers.roles.handoff import MDHandoff, RelayHandoff
 from workers.roles.kvwire import CONNECTIONS, Inbox, KVReceiver, KVSender
 from workers.roles.session import HANDOFF_NAMES, H, Session, end_msg, token_msg
-from workers.roles.server import (Channels, RoleServer, StatsSource, build_engine, engine_stats, event_log,
-                                  role_main, status_of)
+from workers.roles.server import (
+    Channels,
+    RoleServer,
+    StatsSource,
+    build_engine,
+    engine_stats,
+    event_log,
+    role_main,
+    status_of,
+)
 
 log = logging.getLogger(__name__)
 
-SESSION_WAIT_S = 4.0   # PrefixLength for a request whose session is not open yet waits this long
+SESSION_WAIT_S = 4.0  # PrefixLength for a request whose session is not open yet waits this long
 
 
 class DecodeServicer(MDHandoff, pdd_pb2_grpc.DecodeServicer):
     """cfg: deployment; me: this worker; role: rld | md; engine, inbox, events: this worker's"""
 
-    def __init__(self, cfg: DeploymentConfig, me: WorkerConfig, role: str, engine: Engine, inbox: Inbox,
-                 events: EventLog):
+    def __init__(
+        self, cfg: DeploymentConfig, me: WorkerConfig, role: str, engine: Engine, inbox: Inbox, events: EventLog
+    ):
         self.cfg, self.me, self.role = cfg, me, role
         self.engine, self.inbox, self.events = engine, inbox, events
-        self.lock = threading.Lock()    # the engine is single-threaded
+        self.lock = threading.Lock()  # the engine is single-threaded
         self.batcher = StepBatcher(engine.decode_step, self.lock, cfg.decode.max_batch)
         self._sessions: dict[str, Session] = {}
         self._sessions_lock = threading.Lock()
@@ -67,26 +77,35 @@ class DecodeServicer(MDHandoff, pdd_pb2_grpc.DecodeServicer):
         session = self._open(request, context)
         context.add_callback(session.cancel)
         try:
-            yield pdd_pb2.DecodeEvent(accepted=pdd_pb2.Accepted(worker=self.me.name,
-                                                                cached_tokens=session.cached_tokens))
+            yield pdd_pb2.DecodeEvent(
+                accepted=pdd_pb2.Accepted(worker=self.me.name, cached_tokens=session.cached_tokens)
+            )
             yield from self._run(session, context)
         finally:
             self._close(session)
 
     def _open(self, request, context) -> Session:
         rid = request.request_id
-        self.events.emit("decode_arrival", rid, prompt_tokens=len(request.prompt_tokens),
-                         max_tokens=request.max_tokens, handoff=HANDOFF_NAMES.get(request.handoff, "?"))
+        self.events.emit(
+            "decode_arrival",
+            rid,
+            prompt_tokens=len(request.prompt_tokens),
+            max_tokens=request.max_tokens,
+            handoff=HANDOFF_NAMES.get(request.handoff, "?"),
+        )
         if not rid:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request_id is empty")
         if request.handoff != H.HANDOFF_NONE and not request.handoff_grpc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a handoff mode needs handoff_grpc (the MD's address)")
-        gen = GenerationRequest(rid, tuple(request.prompt_tokens), request.max_tokens,
-                                use_prefix_cache=request.use_prefix_cache)
+        gen = GenerationRequest(
+            rid, tuple(request.prompt_tokens), request.max_tokens, use_prefix_cache=request.use_prefix_cache
+        )
         with self._sessions_lock:
             if len(self._sessions) >= self.cfg.decode.max_sessions:
-                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                              f"{self.me.name} has {len(self._sessions)} sessions (max_sessions)")
+                context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"{self.me.name} has {len(self._sessions)} sessions (max_sessions)",
+                )
             if rid in self._sessions:
                 context.abort(grpc.StatusCode.ALREADY_EXISTS, f"request {rid!r} already has a session here")
             with self.lock:
@@ -95,11 +114,15 @@ class DecodeServicer(MDHandoff, pdd_pb2_grpc.DecodeServicer):
                 except EngineError as err:
                     context.abort(status_of(err), str(err))
             session = self._sessions[rid] = Session(request, opened.cached_tokens)
-        self.channels.warm(request.relay_grpc, request.handoff_grpc)   # KVReady / handoff: ready when needed
+        self.channels.warm(request.relay_grpc, request.handoff_grpc)  # KVReady / handoff: ready when needed
         for kind in ("prompt", "handoff"):
             self.inbox.expect(rid, kind)
-        self.events.emit("decode_open", rid, cached_tokens=opened.cached_tokens,
-                         source="local" if request.kv_source == H.KV_SOURCE_LOCAL else "peer")
+        self.events.emit(
+            "decode_open",
+            rid,
+            cached_tokens=opened.cached_tokens,
+            source="local" if request.kv_source == H.KV_SOURCE_LOCAL else "peer",
+        )
         return session
 
     def _close(self, session: Session) -> None:
@@ -159,16 +182,23 @@ class DecodeServicer(MDHandoff, pdd_pb2_grpc.DecodeServicer):
         finally:
             got.release()
         session.kv_ready = True
-        self.events.emit("kv_imported", rid, start=got.meta.start, end=got.meta.end, kv_bytes=got.meta.kv_bytes,
-                         wait_ns=time.monotonic_ns() - t0)
+        self.events.emit(
+            "kv_imported",
+            rid,
+            start=got.meta.start,
+            end=got.meta.end,
+            kv_bytes=got.meta.kv_bytes,
+            wait_ns=time.monotonic_ns() - t0,
+        )
         return True
 
     # ------------------------------------------------------------ decode loop (both roles)
 
     def _decode_loop(self, session: Session):
         rid = session.request_id
-        handoff = RelayHandoff(self, session) if self.role == "rld" and session.request.handoff != H.HANDOFF_NONE \
-            else None
+        handoff = (
+            RelayHandoff(self, session) if self.role == "rld" and session.request.handoff != H.HANDOFF_NONE else None
+        )
         with self.batcher.decoding(rid):
             yield from self._decode_steps(session, handoff)
 
@@ -177,7 +207,7 @@ class DecodeServicer(MDHandoff, pdd_pb2_grpc.DecodeServicer):
         emitted, steps, batched = session.emit_from, 0, 0
         while True:
             with self.lock:
-                toks = self.engine.tokens(rid)[session.prompt_len:]
+                toks = self.engine.tokens(rid)[session.prompt_len :]
                 done = self.engine.is_done(rid)
             for i in range(emitted, len(toks)):
                 if i == 0 or (i == emitted and i == session.emit_from):
@@ -192,14 +222,19 @@ class DecodeServicer(MDHandoff, pdd_pb2_grpc.DecodeServicer):
             if done:
                 if handoff is not None:
                     handoff.record_local_completion()
-                self.events.emit("decode_done", rid, generated_tokens=len(toks), steps=steps,
-                                 mean_batch=round(batched / steps, 2) if steps else 0)
+                self.events.emit(
+                    "decode_done",
+                    rid,
+                    generated_tokens=len(toks),
+                    steps=steps,
+                    mean_batch=round(batched / steps, 2) if steps else 0,
+                )
                 yield end_msg("length")
                 return
             if handoff is not None and handoff.step(toks):
                 yield end_msg("handed_off")
                 return
-            _, batch = self.batcher.step(rid)   # one step batched with this worker's other sessions
+            _, batch = self.batcher.step(rid)  # one step batched with this worker's other sessions
             steps, batched = steps + 1, batched + batch
 
     # ------------------------------------------------------------ small RPCs
@@ -216,8 +251,9 @@ class DecodeServicer(MDHandoff, pdd_pb2_grpc.DecodeServicer):
         hit = 0
         if self.engine.radix is not None and len(prompt) > 1:
             with self.lock:
-                hit = self.engine.radix.match_prefix(prompt, max_match_tokens=len(prompt) - 1,
-                                                     record=False).matched_tokens
+                hit = self.engine.radix.match_prefix(
+                    prompt, max_match_tokens=len(prompt) - 1, record=False
+                ).matched_tokens
         return pdd_pb2.LookupReply(cached_tokens=hit, active_requests=self.sessions)
 
     def KVReady(self, request, context):
@@ -255,27 +291,36 @@ class DecodeServicer(MDHandoff, pdd_pb2_grpc.DecodeServicer):
         self.channels.close()
 
 
-
 def build(cfg: DeploymentConfig, worker: WorkerConfig) -> RoleServer:
     """An RLD or MD server (the role follows from which config entry the worker is), ready to start."""
     role = "md" if worker is cfg.md else "rld"
     engine = build_engine(cfg, worker, prefix_cache=(role == "md"))
     events = event_log(cfg, worker, role)
     inbox = Inbox()
-    receiver = KVReceiver(worker.host, worker.kv_port, engine.fingerprint.hex(), inbox, events,
-                          cfg.kv.max_transfer_bytes, cfg.kv.max_frame_bytes).start()
+    receiver = KVReceiver(
+        worker.host,
+        worker.kv_port,
+        engine.fingerprint.hex(),
+        inbox,
+        events,
+        cfg.kv.max_transfer_bytes,
+        cfg.kv.max_frame_bytes,
+    ).start()
     servicer = DecodeServicer(cfg, worker, role, engine, inbox, events)
     open_requests, blocks = engine_stats(engine, servicer.lock)
-    stats = StatsSource(open_requests, blocks, lambda: receiver.active_transfers + inbox.pending,
-                        lambda: servicer.sessions)
+    stats = StatsSource(
+        open_requests, blocks, lambda: receiver.active_transfers + inbox.pending, lambda: servicer.sessions
+    )
 
     def on_stop() -> None:
         servicer.close()
         CONNECTIONS.close()
         receiver.stop()
         events.close()
-    return RoleServer(cfg, worker, role, lambda s: pdd_pb2_grpc.add_DecodeServicer_to_server(servicer, s), stats,
-                      on_stop)
+
+    return RoleServer(
+        cfg, worker, role, lambda s: pdd_pb2_grpc.add_DecodeServicer_to_server(servicer, s), stats, on_stop
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,6 +10,7 @@ CLOCK_MONOTONIC is shared by every process and network namespace of a host,
 so events of different workers order correctly. Fields carry units in their
 names (kv_bytes, duration_ns).
 """
+
 from __future__ import annotations
 
 import json
@@ -47,8 +48,10 @@ class EventLog:
     def emit(self, event: str, request_id: str | None = None, t_ns: int | None = None, **fields: Any) -> int:
         """Append one event; returns its t_ns."""
         t = time.monotonic_ns() if t_ns is None else t_ns
-        line = json.dumps({"t_ns": t, "worker": self.worker, "role": self.role, "event": event,
-                           "request_id": request_id, **fields}, separators=(",", ":"))
+        line = json.dumps(
+            {"t_ns": t, "worker": self.worker, "role": self.role, "event": event, "request_id": request_id, **fields},
+            separators=(",", ":"),
+        )
         with self._lock:
             if not self._file.closed:
                 self._file.write(line + "\n")

@@ -8,6 +8,7 @@ probing the RLD, recomputing handed-over IDs in one extend step or importing
 their KV).
 Not responsible for: decoding (decode.py) or the wire (kvwire).
 """
+
 from __future__ import annotations
 
 import time
@@ -23,7 +24,7 @@ from workers.roles.session import HANDOFF_NAMES, H, Session
 
 RELAY_TIMEOUT_S = 5.0
 RELAY_RECONNECT_S = 2.0  # see _call_relay
-RELAY_PROBE_S = 1.0    # MD waiting for a handoff: ask the RLD this often whether it still holds the request
+RELAY_PROBE_S = 1.0  # MD waiting for a handoff: ask the RLD this often whether it still holds the request
 
 
 def _call_relay(method, request):
@@ -36,7 +37,6 @@ def _call_relay(method, request):
         if err.code() != grpc.StatusCode.UNAVAILABLE:
             raise
     return method(request, timeout=RELAY_RECONNECT_S, wait_for_ready=True)
-
 
 
 class MDHandoff:
@@ -55,7 +55,7 @@ class MDHandoff:
                 self.events.emit("relay_done", rid, reason=err.details())
                 return False
             self.events.emit("relay_lost", rid, reason=f"{err.code().name}: {err.details()}")
-            session.relay_lost, session.emit_from = True, 1   # decode alone; the router drops repeats
+            session.relay_lost, session.emit_from = True, 1  # decode alone; the router drops repeats
             return True
         while True:
             with session.cond:
@@ -64,14 +64,14 @@ class MDHandoff:
             verdict = self._probe_relay(stub, session)
             if verdict == "alive":
                 continue
-            with session.handoff_lock:   # a handoff being applied right now wins
+            with session.handoff_lock:  # a handoff being applied right now wins
                 if session.handed_final or session.cancelled:
                     return not session.cancelled
                 if verdict == "done":
                     self.events.emit("relay_done", rid, reason="the relay closed its session without a handoff")
                     return False
                 self.events.emit("relay_lost", rid, reason=verdict, after_kv_ready=True)
-                session.relay_lost, session.emit_from = True, 1   # decode alone; the router drops repeats
+                session.relay_lost, session.emit_from = True, 1  # decode alone; the router drops repeats
                 return True
 
     def _probe_relay(self, stub, session: Session) -> str:
@@ -90,17 +90,29 @@ class MDHandoff:
     def Handoff(self, request, context):
         session = self._session(request.request_id, context)
         t0 = time.monotonic_ns()
-        self.events.emit("handoff_recv_start", request.request_id, start_index=request.start_index,
-                         tokens=len(request.token_ids), final=request.final, kv=request.kv)
+        self.events.emit(
+            "handoff_recv_start",
+            request.request_id,
+            start_index=request.start_index,
+            tokens=len(request.token_ids),
+            final=request.final,
+            kv=request.kv,
+        )
         with session.handoff_lock:
             if not session.kv_ready:
-                context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"request {request.request_id!r}: the prompt KV "
-                              "has not arrived here yet")
+                context.abort(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"request {request.request_id!r}: the prompt KV has not arrived here yet",
+                )
             if session.handed_final:
-                context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"request {request.request_id!r}: already handed off")
+                context.abort(
+                    grpc.StatusCode.FAILED_PRECONDITION, f"request {request.request_id!r}: already handed off"
+                )
             if session.relay_lost:
-                context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"request {request.request_id!r}: this worker "
-                              "declared its relay lost and decodes alone")
+                context.abort(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"request {request.request_id!r}: this worker declared its relay lost and decodes alone",
+                )
             if not request.token_ids:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, "token_ids is empty")
             if request.kv:
@@ -110,16 +122,26 @@ class MDHandoff:
             extend_ns = time.monotonic_ns() - t0
             with self.lock:
                 toks = self.engine.tokens(request.request_id)
-            next_token = toks[session.prompt_len + session.pending_index] \
-                if session.prompt_len + session.pending_index < len(toks) else -1
+            next_token = (
+                toks[session.prompt_len + session.pending_index]
+                if session.prompt_len + session.pending_index < len(toks)
+                else -1
+            )
             if request.final:
                 with session.cond:
                     session.handed_final = True
                     session.emit_from = request.start_index + len(request.token_ids)
                     session.cond.notify_all()
-        self.events.emit("handoff_recv_end", request.request_id, start_index=request.start_index,
-                         tokens=len(request.token_ids), final=request.final, kv=request.kv, extend_ns=extend_ns,
-                         payload_bytes=request.ByteSize())
+        self.events.emit(
+            "handoff_recv_end",
+            request.request_id,
+            start_index=request.start_index,
+            tokens=len(request.token_ids),
+            final=request.final,
+            kv=request.kv,
+            extend_ns=extend_ns,
+            payload_bytes=request.ByteSize(),
+        )
         return pdd_pb2.HandoffReply(pending_index=session.pending_index, next_token=next_token, extend_ns=extend_ns)
 
     def _absorb_ids(self, session: Session, request, context) -> None:
@@ -127,16 +149,22 @@ class MDHandoff:
         rid, start, ids = request.request_id, request.start_index, list(request.token_ids)
         pend = session.pending_index
         if not start <= pend < start + len(ids):
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"request {rid!r}: handoff covers indices "
-                          f"[{start}, {start + len(ids)}) but this worker's next token without KV is index {pend}")
+            context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"request {rid!r}: handoff covers indices "
+                f"[{start}, {start + len(ids)}) but this worker's next token without KV is index {pend}",
+            )
         with self.lock:
-            have = self.engine.tokens(rid)[session.prompt_len:]
-            overlap = ids[:pend - start + 1]
-            if list(have[start:pend + 1]) != overlap:
+            have = self.engine.tokens(rid)[session.prompt_len :]
+            overlap = ids[: pend - start + 1]
+            if list(have[start : pend + 1]) != overlap:
                 self.events.emit("handoff_diverged", rid, index=pend, mine=have[pend], theirs=ids[pend - start])
-                context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"request {rid!r}: token at index {pend} is "
-                              f"{have[pend]} here but {ids[pend - start]} in the handoff (greedy divergence)")
-            rest = ids[pend - start + 1:]
+                context.abort(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"request {rid!r}: token at index {pend} is "
+                    f"{have[pend]} here but {ids[pend - start]} in the handoff (greedy divergence)",
+                )
+            rest = ids[pend - start + 1 :]
             if rest:
                 try:
                     self.engine.extend(rid, rest)
@@ -149,8 +177,9 @@ class MDHandoff:
         """KV handoff: import the generated tokens' KV from the data plane, then the one token without KV."""
         rid, start = request.request_id, request.start_index
         if start > session.pending_index:
-            got = self.inbox.wait(rid, "handoff", self.cfg.decode.handoff_timeout_ms / 1000,
-                                  stop=lambda: session.cancelled)
+            got = self.inbox.wait(
+                rid, "handoff", self.cfg.decode.handoff_timeout_ms / 1000, stop=lambda: session.cancelled
+            )
             if got is None:
                 context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"request {rid!r}: handoff KV did not arrive")
             with self.lock:
@@ -163,8 +192,11 @@ class MDHandoff:
         with self.lock:
             have = len(self.engine.tokens(rid)) - session.prompt_len
             if have != start:
-                context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"request {rid!r}: after the KV import this "
-                              f"worker has {have} tokens, the handoff continues at index {start}")
+                context.abort(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"request {rid!r}: after the KV import this "
+                    f"worker has {have} tokens, the handoff continues at index {start}",
+                )
             self.engine.append_tokens(rid, [request.token_ids[0]])
         session.pending_index = start
 
@@ -176,7 +208,7 @@ class RelayHandoff:
         """servicer: the RLD's DecodeServicer (its engine, lock, config, events, channels)"""
         self.s, self.session = servicer, session
         self.mode = session.request.handoff
-        self.md_pending = 0            # the MD's token without KV: P's first token at first
+        self.md_pending = 0  # the MD's token without KV: P's first token at first
         self.inflight: grpc.Future | None = None
         self.inflight_t0 = 0
         self.failed_reason = ""
@@ -195,7 +227,7 @@ class RelayHandoff:
         mode = self._effective_mode()
         chunk = self.session.request.chunk_tokens or self.s.cfg.policy.chunk_tokens
         if mode == H.HANDOFF_CHUNKED and len(toks) - self.md_pending > chunk + 1:
-            self._send_chunk(list(toks[self.md_pending:self.md_pending + chunk + 1]))
+            self._send_chunk(list(toks[self.md_pending : self.md_pending + chunk + 1]))
             return False
         return self._final(mode, toks)
 
@@ -206,13 +238,26 @@ class RelayHandoff:
         return H.HANDOFF_ONESHOT if loaded else H.HANDOFF_CHUNKED
 
     def _request(self, start: int, ids: list[int], final: bool, kv: bool = False) -> pdd_pb2.HandoffRequest:
-        return pdd_pb2.HandoffRequest(request_id=self.session.request_id, start_index=start, token_ids=ids,
-                                      final=final, kv=kv, worker=self.s.me.name)
+        return pdd_pb2.HandoffRequest(
+            request_id=self.session.request_id,
+            start_index=start,
+            token_ids=ids,
+            final=final,
+            kv=kv,
+            worker=self.s.me.name,
+        )
 
     def _send_chunk(self, ids: list[int]) -> None:
         req = self._request(self.md_pending, ids, final=False)
-        self.s.events.emit("handoff_start", self.session.request_id, mode="chunked", final=False,
-                           start_index=self.md_pending, tokens=len(ids), payload_bytes=req.ByteSize())
+        self.s.events.emit(
+            "handoff_start",
+            self.session.request_id,
+            mode="chunked",
+            final=False,
+            start_index=self.md_pending,
+            tokens=len(ids),
+            payload_bytes=req.ByteSize(),
+        )
         self.inflight_t0 = time.monotonic_ns()
         self.inflight = self.stub.Handoff.future(req, timeout=self.s.cfg.decode.handoff_timeout_ms / 1000)
 
@@ -223,9 +268,15 @@ class RelayHandoff:
         except grpc.RpcError as err:
             self._fail(f"chunk: {err.code().name}: {err.details()}")
             return
-        self.s.events.emit("handoff_end", self.session.request_id, mode="chunked", final=False,
-                           duration_ns=time.monotonic_ns() - self.inflight_t0, extend_ns=reply.extend_ns,
-                           md_pending_index=reply.pending_index)
+        self.s.events.emit(
+            "handoff_end",
+            self.session.request_id,
+            mode="chunked",
+            final=False,
+            duration_ns=time.monotonic_ns() - self.inflight_t0,
+            extend_ns=reply.extend_ns,
+            md_pending_index=reply.pending_index,
+        )
         self.md_pending = reply.pending_index
 
     def _final(self, mode: int, toks: tuple[int, ...]) -> bool:
@@ -235,9 +286,16 @@ class RelayHandoff:
             if mode == H.HANDOFF_KV:
                 req, kv_bytes = self._ship_kv(toks)
             else:
-                req, kv_bytes = self._request(self.md_pending, list(toks[self.md_pending:]), final=True), 0
-            self.s.events.emit("handoff_start", rid, mode=name, final=True, start_index=req.start_index,
-                               tokens=len(toks) - self.md_pending, payload_bytes=req.ByteSize() + kv_bytes)
+                req, kv_bytes = self._request(self.md_pending, list(toks[self.md_pending :]), final=True), 0
+            self.s.events.emit(
+                "handoff_start",
+                rid,
+                mode=name,
+                final=True,
+                start_index=req.start_index,
+                tokens=len(toks) - self.md_pending,
+                payload_bytes=req.ByteSize() + kv_bytes,
+            )
             reply = self.stub.Handoff(req, timeout=self.s.cfg.decode.handoff_timeout_ms / 1000)
         except grpc.RpcError as err:
             self._fail(f"{name}: {err.code().name}: {err.details()}")
@@ -245,9 +303,16 @@ class RelayHandoff:
         except _KVShipFailed as err:
             self._fail(f"{name}: {err}")
             return False
-        self.s.events.emit("handoff_end", rid, mode=name, final=True, duration_ns=time.monotonic_ns() - t0,
-                           extend_ns=reply.extend_ns, tokens=len(toks) - self.md_pending,
-                           payload_bytes=req.ByteSize() + kv_bytes)
+        self.s.events.emit(
+            "handoff_end",
+            rid,
+            mode=name,
+            final=True,
+            duration_ns=time.monotonic_ns() - t0,
+            extend_ns=reply.extend_ns,
+            tokens=len(toks) - self.md_pending,
+            payload_bytes=req.ByteSize() + kv_bytes,
+        )
         return True
 
     def _ship_kv(self, toks: tuple[int, ...]) -> tuple[pdd_pb2.HandoffRequest, int]:
@@ -257,10 +322,11 @@ class RelayHandoff:
         if n > 1:
             with self.s.lock:
                 blob = self.s.engine.export_kv(rid, L, L + n - 1)
-            meta = meta_for(self.s.engine, rid, "handoff", L, L + n - 1, toks[:n - 1])
-            layers = blob_kv_view(blob, meta.n_layer, n - 1, meta.row_bytes)   # (nl, 2, n-1, row)
-            result = send_blob(self.session.request.handoff_kv, meta, layers, self.s.cfg.kv.wan, "handoff",
-                               self.s.events)
+            meta = meta_for(self.s.engine, rid, "handoff", L, L + n - 1, toks[: n - 1])
+            layers = blob_kv_view(blob, meta.n_layer, n - 1, meta.row_bytes)  # (nl, 2, n-1, row)
+            result = send_blob(
+                self.session.request.handoff_kv, meta, layers, self.s.cfg.kv.wan, "handoff", self.s.events
+            )
             if not result.ok:
                 raise _KVShipFailed(result.reason)
             kv_bytes = result.wire_bytes

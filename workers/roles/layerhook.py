@@ -11,6 +11,7 @@ returned binding's `attend` (the model calls it once per layer, after which
 that layer's KV of every position is in the cache). The wrapper is set on
 the KVCache instance only and removed on exit, so nothing else changes.
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -38,6 +39,7 @@ def layer_tap(kv: KVCache, on_layer: LayerCallback) -> Iterator[None]:
             out = attend(layer, k, v)
             on_layer(layer, slots)
             return out
+
         binding.attend = tapped
         return binding
 

@@ -14,6 +14,7 @@ Every reply carries what P's WAN KV connections have measured of the line
 so far (TCP_INFO: delivery rate, RTT, retransmissions; wanestimate.py), for
 the router's `policy.wan_estimate: measured`.
 """
+
 from __future__ import annotations
 
 import logging
@@ -29,8 +30,16 @@ from workers.roles.config import DeploymentConfig, PathConfig, WorkerConfig
 from workers.roles.events import EventLog
 from workers.roles.kvwire import CONNECTIONS, KVSender, SendResult, meta_for
 from workers.roles.layerhook import layer_tap, read_layer
-from workers.roles.server import (Channels, RoleServer, StatsSource, build_engine, engine_stats, event_log,
-                                  role_main, status_of)
+from workers.roles.server import (
+    Channels,
+    RoleServer,
+    StatsSource,
+    build_engine,
+    engine_stats,
+    event_log,
+    role_main,
+    status_of,
+)
 from workers.roles.wanestimate import WanEstimator
 
 log = logging.getLogger(__name__)
@@ -59,7 +68,7 @@ class PrefillServicer(pdd_pb2_grpc.PrefillServicer):
         self.cfg = cfg
         self.engine = engine
         self.events = events
-        self.lock = threading.Lock()       # the engine is single-threaded
+        self.lock = threading.Lock()  # the engine is single-threaded
         self._senders: dict[str, list[KVSender]] = {}
         self._senders_lock = threading.Lock()
         self.channels = Channels(cfg)
@@ -81,26 +90,46 @@ class PrefillServicer(pdd_pb2_grpc.PrefillServicer):
             if t.path not in ("fast", "wan"):
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"target path {t.path!r}; allowed: fast, wan")
             if not t.drc_address and not 0 <= t.start_tokens < len(prompt):
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                              f"target {t.path}: start {t.start_tokens} outside [0, {len(prompt)})")
+                context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"target {t.path}: start {t.start_tokens} outside [0, {len(prompt)})",
+                )
         plans = [_Target(t, None if t.drc_address else t.start_tokens) for t in request.targets]
         for plan in plans:
             if plan.start is None:
-                threading.Thread(target=self._ask_drc, args=(rid, plan, len(prompt)), name=f"drc-{rid}",
-                                 daemon=True).start()
+                threading.Thread(
+                    target=self._ask_drc, args=(rid, plan, len(prompt)), name=f"drc-{rid}", daemon=True
+                ).start()
         first, t_first, opened = self._prefill(gen, plans, context)
         sent = [p for p in plans if p.sender is not None]
         if plans and not sent:
-            context.abort(grpc.StatusCode.UNAVAILABLE, f"request {rid!r}: no KV target is reachable "
-                          f"({'; '.join(p.failed for p in plans if p.failed)})")
-        self.events.emit("prefill_done", rid, duration_ns=t_first - arrival, cached_tokens=opened[0],
-                         computed_tokens=opened[1], first_token=first)
+            context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                f"request {rid!r}: no KV target is reachable ({'; '.join(p.failed for p in plans if p.failed)})",
+            )
+        self.events.emit(
+            "prefill_done",
+            rid,
+            duration_ns=t_first - arrival,
+            cached_tokens=opened[0],
+            computed_tokens=opened[1],
+            first_token=first,
+        )
         w = self.wan.estimate()
-        return pdd_pb2.PrefillReply(first_token=first, t_ns=t_first, cached_tokens=opened[0],
-                                    computed_tokens=opened[1], sent_from_tokens=[p.start for p in sent],
-                                    wan=pdd_pb2.WanEstimate(rate_mbit=w.rate_mbit, rtt_ms=w.rtt_ms,
-                                                            min_rtt_ms=w.min_rtt_ms, retrans_pct=w.retrans_pct,
-                                                            samples=w.samples))
+        return pdd_pb2.PrefillReply(
+            first_token=first,
+            t_ns=t_first,
+            cached_tokens=opened[0],
+            computed_tokens=opened[1],
+            sent_from_tokens=[p.start for p in sent],
+            wan=pdd_pb2.WanEstimate(
+                rate_mbit=w.rate_mbit,
+                rtt_ms=w.rtt_ms,
+                min_rtt_ms=w.min_rtt_ms,
+                retrans_pct=w.retrans_pct,
+                samples=w.samples,
+            ),
+        )
 
     def Cancel(self, request, context):
         with self._senders_lock:
@@ -166,7 +195,7 @@ class PrefillServicer(pdd_pb2_grpc.PrefillServicer):
             if plan.sender is None and plan.answered.is_set() and not plan.failed:
                 self._open_sender(gen, plan)
             if plan.sender is not None:
-                plan.sender.put_layer(layer, read_layer(self.engine.kv, layer, slots[plan.start:n]))
+                plan.sender.put_layer(layer, read_layer(self.engine.kv, layer, slots[plan.start : n]))
             elif not plan.failed:
                 plan.stash.append((layer, read_layer(self.engine.kv, layer, slots[:n])))
 
@@ -174,16 +203,22 @@ class PrefillServicer(pdd_pb2_grpc.PrefillServicer):
         """The target's start is known: its sender starts with the layers computed so far."""
         plan.sender = self._sender(gen.request_id, plan.target, plan.start, gen.prompt_tokens)
         for layer, kv in plan.stash:
-            plan.sender.put_layer(layer, kv[:, plan.start:])
+            plan.sender.put_layer(layer, kv[:, plan.start :])
         plan.stash = []
 
     def _sender(self, rid: str, target, start: int, prompt: tuple[int, ...]) -> KVSender:
         path_cfg: PathConfig = getattr(self.cfg.kv, target.path)
         meta = meta_for(self.engine, rid, "prompt", start, len(prompt), prompt[start:])
         wan = target.path == "wan"
-        sender = KVSender(target.kv_address, meta, path_cfg, target.path, self.events,
-                          on_done=lambda result, rid=rid: self._forget(rid, result, wan),
-                          observe=self.wan.observe if wan else None)
+        sender = KVSender(
+            target.kv_address,
+            meta,
+            path_cfg,
+            target.path,
+            self.events,
+            on_done=lambda result, rid=rid: self._forget(rid, result, wan),
+            observe=self.wan.observe if wan else None,
+        )
         with self._senders_lock:
             self._senders.setdefault(rid, []).append(sender)
         return sender.start()
@@ -225,8 +260,10 @@ def build(cfg: DeploymentConfig, worker: WorkerConfig) -> RoleServer:
         servicer.close()
         CONNECTIONS.close()
         events.close()
-    return RoleServer(cfg, worker, "p", lambda s: pdd_pb2_grpc.add_PrefillServicer_to_server(servicer, s), stats,
-                      on_stop)
+
+    return RoleServer(
+        cfg, worker, "p", lambda s: pdd_pb2_grpc.add_PrefillServicer_to_server(servicer, s), stats, on_stop
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,6 +19,7 @@ the MD's DRC, the MD's stream ends without a token) is re-routed here to the
 RLD (p-rld-fallback): PDD keeps serving while the WAN struggles; pd-cross, the
 naive baseline, has no such fallback.
 """
+
 from __future__ import annotations
 
 import logging
@@ -41,15 +42,20 @@ from workers.roles.wanestimate import WanEstimate
 
 log = logging.getLogger(__name__)
 
-SETUP_TIMEOUT_S = 10.0       # a worker must accept a session this fast
-REQUEST_TIMEOUT_S = 300.0    # longest a request may take end to end
-HANDOFF_ENUM = {"oneshot": pdd_pb2.HANDOFF_ONESHOT, "chunked": pdd_pb2.HANDOFF_CHUNKED,
-                "auto": pdd_pb2.HANDOFF_AUTO, "kv": pdd_pb2.HANDOFF_KV}
+SETUP_TIMEOUT_S = 10.0  # a worker must accept a session this fast
+REQUEST_TIMEOUT_S = 300.0  # longest a request may take end to end
+HANDOFF_ENUM = {
+    "oneshot": pdd_pb2.HANDOFF_ONESHOT,
+    "chunked": pdd_pb2.HANDOFF_CHUNKED,
+    "auto": pdd_pb2.HANDOFF_AUTO,
+    "kv": pdd_pb2.HANDOFF_KV,
+}
 
 
 @dataclass
 class _Merge:
     """Tokens from every source, released in index order."""
+
     max_tokens: int
     next_index: int = 0
     buffered: dict[int, pdd_pb2.Token] = field(default_factory=dict)
@@ -62,8 +68,9 @@ class _Merge:
         if tok.index in self.seen or tok.index >= self.max_tokens or tok.index < 0:
             self.duplicates += 1
             if self.seen.get(tok.index, tok.token) != tok.token:
-                self.notes.append(f"divergence at index {tok.index}: kept {self.seen[tok.index]}, "
-                                  f"{tok.worker} said {tok.token}")
+                self.notes.append(
+                    f"divergence at index {tok.index}: kept {self.seen[tok.index]}, {tok.worker} said {tok.token}"
+                )
             return []
         self.seen[tok.index] = tok.token
         self.buffered[tok.index] = tok
@@ -84,11 +91,11 @@ class RouterServicer(pdd_pb2_grpc.RouterServicer):
         self.events = events
         self.model = get_config(cfg.model)
         self.kv_bytes_per_token = self.model.kv_bytes_per_token
-        self.channels = Channels(cfg)   # not warmed at start: peers may still be starting (refused, backoff)
+        self.channels = Channels(cfg)  # not warmed at start: peers may still be starting (refused, backoff)
         self._lock = threading.Lock()
         self._active = 0
         self.drc = DRCMirror(cfg.block_size, cfg.md.capacity_tokens // cfg.block_size)
-        self.wan: WanEstimate | None = None   # the latest of P's WAN measurements (PrefillReply.wan)
+        self.wan: WanEstimate | None = None  # the latest of P's WAN measurements (PrefillReply.wan)
 
     def _stub(self, cls, worker: WorkerConfig):
         return cls(self.channels.get(worker.grpc_address))
@@ -101,17 +108,26 @@ class RouterServicer(pdd_pb2_grpc.RouterServicer):
     def Generate(self, request, context):
         rid = request.request_id or uuid.uuid4().hex[:16]
         prompt, max_tokens = list(request.prompt_tokens), request.max_tokens
-        self.events.emit("arrival", rid, prompt_tokens=len(prompt), max_tokens=max_tokens, mode=request.mode,
-                         handoff=request.handoff)
+        self.events.emit(
+            "arrival", rid, prompt_tokens=len(prompt), max_tokens=max_tokens, mode=request.mode, handoff=request.handoff
+        )
         mode, handoff = self._validate(request, context)
         decision = self._decide(mode, prompt, max_tokens, context)
         wan = self.wan
-        self.events.emit("route", rid, route=decision.route, mode=mode, handoff=handoff,
-                         md_cached_tokens=decision.md_cached_tokens,
-                         wan_estimate_ms=None if math.isinf(decision.wan_estimate_ms) else decision.wan_estimate_ms,
-                         wan_source=decision.wan_source, wan_congested=bool(wan and wan.congested),
-                         wan_rate_mbit=wan.rate_mbit if wan else None, wan_rtt_ms=wan.rtt_ms if wan else None,
-                         drc_estimate=self.cfg.policy.drc_estimate if mode == "pdd" else None)
+        self.events.emit(
+            "route",
+            rid,
+            route=decision.route,
+            mode=mode,
+            handoff=handoff,
+            md_cached_tokens=decision.md_cached_tokens,
+            wan_estimate_ms=None if math.isinf(decision.wan_estimate_ms) else decision.wan_estimate_ms,
+            wan_source=decision.wan_source,
+            wan_congested=bool(wan and wan.congested),
+            wan_rate_mbit=wan.rate_mbit if wan else None,
+            wan_rtt_ms=wan.rtt_ms if wan else None,
+            drc_estimate=self.cfg.policy.drc_estimate if mode == "pdd" else None,
+        )
         if decision.singular:
             saved = (len(prompt) - decision.md_cached_tokens) * self.kv_bytes_per_token
             self.events.emit("wan_blocked", rid, kv_bytes_saved=saved, reason="singular")
@@ -156,8 +172,11 @@ class RouterServicer(pdd_pb2_grpc.RouterServicer):
             hit = self.drc.match(prompt)
         elif mode == "pdd":
             try:
-                hit = self._stub(pdd_pb2_grpc.DecodeStub, self.cfg.md).Lookup(
-                    pdd_pb2.LookupRequest(prompt_tokens=prompt), timeout=SETUP_TIMEOUT_S).cached_tokens
+                hit = (
+                    self._stub(pdd_pb2_grpc.DecodeStub, self.cfg.md)
+                    .Lookup(pdd_pb2.LookupRequest(prompt_tokens=prompt), timeout=SETUP_TIMEOUT_S)
+                    .cached_tokens
+                )
             except grpc.RpcError as err:
                 self.events.emit("drc_lookup_failed", None, reason=f"{err.code().name}: {err.details()}")
         return decide_route(mode, len(prompt), max_tokens, hit, self.kv_bytes_per_token, self.cfg.policy, self.wan)
@@ -170,8 +189,16 @@ DRAIN_MARGIN_S = 5.0
 class _RequestRun:
     """One request in flight at the router: sessions, prefill, merged stream, cleanup."""
 
-    def __init__(self, servicer: RouterServicer, rid: str, prompt: list[int], max_tokens: int,
-                 decision: RouteDecision, handoff: str, context):
+    def __init__(
+        self,
+        servicer: RouterServicer,
+        rid: str,
+        prompt: list[int],
+        max_tokens: int,
+        decision: RouteDecision,
+        handoff: str,
+        context,
+    ):
         self.s, self.cfg, self.rid = servicer, servicer.cfg, rid
         self.prompt, self.max_tokens, self.decision, self.handoff = prompt, max_tokens, decision, handoff
         self.context = context
@@ -182,7 +209,7 @@ class _RequestRun:
         self.p_used = False
         self.merge = _Merge(max_tokens)
         self.first_error: grpc.StatusCode | None = None
-        self.md_cached_tokens: int | None = None   # the MD's DRC hit as its session pinned it (Accepted)
+        self.md_cached_tokens: int | None = None  # the MD's DRC hit as its session pinned it (Accepted)
         self.fell_back = False
 
     def stream(self):
@@ -192,27 +219,40 @@ class _RequestRun:
             if self.live == 0 and self._can_fall_back():
                 self._fall_back("; ".join(self.merge.notes) or "every worker stream ended")
             if self.live == 0:
-                self._fail(self.first_error or grpc.StatusCode.UNAVAILABLE, f"request {self.rid}: every worker "
-                           "stream ended after "
-                           f"{self.merge.next_index} of {self.max_tokens} tokens ({'; '.join(self.merge.notes)})")
+                self._fail(
+                    self.first_error or grpc.StatusCode.UNAVAILABLE,
+                    f"request {self.rid}: every worker "
+                    "stream ended after "
+                    f"{self.merge.next_index} of {self.max_tokens} tokens ({'; '.join(self.merge.notes)})",
+                )
             try:
                 item = self.queue.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
-                self._fail(grpc.StatusCode.DEADLINE_EXCEEDED, f"request {self.rid}: no completion in "
-                           f"{REQUEST_TIMEOUT_S} s")
+                self._fail(
+                    grpc.StatusCode.DEADLINE_EXCEEDED, f"request {self.rid}: no completion in {REQUEST_TIMEOUT_S} s"
+                )
             for tok in self._take(item):
                 if tok.index == 0:
                     self.s.events.emit("first_token", self.rid, worker=tok.worker)
                 yield pdd_pb2.GenerateEvent(token=tok)
-        self.s.events.emit("complete", self.rid, route=self.decision.route, duplicates=self.merge.duplicates,
-                           notes=self.merge.notes)
+        self.s.events.emit(
+            "complete", self.rid, route=self.decision.route, duplicates=self.merge.duplicates, notes=self.merge.notes
+        )
         if self.decision.use_drc and self.decision.route in ENDS_AT_MD:
             out = [self.merge.seen[i] for i in range(self.max_tokens)]
-            self.s.drc.insert(self.prompt + out[:-1])   # what the MD's cache keeps: every token with KV
-        yield pdd_pb2.GenerateEvent(done=pdd_pb2.GenerateDone(
-            request_id=self.rid, route=self.decision.route, finish_reason="length", duplicates=self.merge.duplicates,
-            md_cached_tokens=self.decision.md_cached_tokens if self.md_cached_tokens is None
-            else self.md_cached_tokens, notes=self.merge.notes))
+            self.s.drc.insert(self.prompt + out[:-1])  # what the MD's cache keeps: every token with KV
+        yield pdd_pb2.GenerateEvent(
+            done=pdd_pb2.GenerateDone(
+                request_id=self.rid,
+                route=self.decision.route,
+                finish_reason="length",
+                duplicates=self.merge.duplicates,
+                md_cached_tokens=self.decision.md_cached_tokens
+                if self.md_cached_tokens is None
+                else self.md_cached_tokens,
+                notes=self.merge.notes,
+            )
+        )
 
     def _take(self, item) -> list[pdd_pb2.Token]:
         source, kind, payload = item
@@ -247,13 +287,23 @@ class _RequestRun:
             relay = cfg.rld.grpc_address if route == Route.P_RLD_MD else ""
             drc = self.decision.use_drc
             self._open_stream("md", cfg.md, self._decode_request(use_prefix_cache=drc, relay_grpc=relay))
-            targets.append(pdd_pb2.KVTarget(path="wan", kv_address=cfg.md.kv_address,
-                                            drc_address=cfg.md.grpc_address if drc else ""))
+            targets.append(
+                pdd_pb2.KVTarget(
+                    path="wan", kv_address=cfg.md.kv_address, drc_address=cfg.md.grpc_address if drc else ""
+                )
+            )
         if route != Route.P_MD:
             hand = HANDOFF_ENUM[self.handoff] if route == Route.P_RLD_MD else pdd_pb2.HANDOFF_NONE
-            self._open_stream("rld", cfg.rld, self._decode_request(
-                handoff=hand, handoff_grpc=cfg.md.grpc_address if route == Route.P_RLD_MD else "",
-                handoff_kv=cfg.md.kv_address, chunk_tokens=cfg.policy.chunk_tokens))
+            self._open_stream(
+                "rld",
+                cfg.rld,
+                self._decode_request(
+                    handoff=hand,
+                    handoff_grpc=cfg.md.grpc_address if route == Route.P_RLD_MD else "",
+                    handoff_kv=cfg.md.kv_address,
+                    chunk_tokens=cfg.policy.chunk_tokens,
+                ),
+            )
             targets.insert(0, pdd_pb2.KVTarget(path="fast", kv_address=cfg.rld.kv_address, start_tokens=0))
         self._prefill(targets)
 
@@ -264,8 +314,9 @@ class _RequestRun:
         call = self.s._stub(pdd_pb2_grpc.DecodeStub, worker).Decode(req, timeout=REQUEST_TIMEOUT_S)
         self.calls.append(call)
         self.live += 1
-        t = threading.Thread(target=self._pump, args=(source, worker, call), name=f"pump-{source}-{self.rid}",
-                             daemon=True)
+        t = threading.Thread(
+            target=self._pump, args=(source, worker, call), name=f"pump-{source}-{self.rid}", daemon=True
+        )
         self.threads.append(t)
         t.start()
 
@@ -278,8 +329,9 @@ class _RequestRun:
                 elif kind == "accepted":
                     if source == "md":
                         self.md_cached_tokens = ev.accepted.cached_tokens
-                    self.s.events.emit("session_open", self.rid, worker=worker.name,
-                                       cached_tokens=ev.accepted.cached_tokens)
+                    self.s.events.emit(
+                        "session_open", self.rid, worker=worker.name, cached_tokens=ev.accepted.cached_tokens
+                    )
                 elif kind == "end":
                     self.queue.put((source, "end", ev.end.reason))
                     return
@@ -294,9 +346,12 @@ class _RequestRun:
         self.p_used = True
         stub = self.s._stub(pdd_pb2_grpc.PrefillStub, self.cfg.p)
         try:
-            reply = stub.Prefill(pdd_pb2.PrefillRequest(request_id=self.rid, prompt_tokens=self.prompt,
-                                                        targets=targets, use_prefix_cache=True),
-                                 timeout=REQUEST_TIMEOUT_S)
+            reply = stub.Prefill(
+                pdd_pb2.PrefillRequest(
+                    request_id=self.rid, prompt_tokens=self.prompt, targets=targets, use_prefix_cache=True
+                ),
+                timeout=REQUEST_TIMEOUT_S,
+            )
         except grpc.RpcError as err:
             if self._can_fall_back():
                 self._fall_back(f"{self.cfg.p.name}: {err.code().name}: {err.details()}")
@@ -310,15 +365,20 @@ class _RequestRun:
 
     def _can_fall_back(self) -> bool:
         """A pdd P->MD request with no token yet may still be served from cluster A."""
-        return (self.decision.route == Route.P_MD and self.decision.use_drc and not self.fell_back
-                and self.merge.next_index == 0)
+        return (
+            self.decision.route == Route.P_MD
+            and self.decision.use_drc
+            and not self.fell_back
+            and self.merge.next_index == 0
+        )
 
     def _fall_back(self, reason: str) -> None:
         """The WAN target failed: drop the MD's session, prefill again (P's prefix cache holds the prompt)
         and let the RLD decode the request to the end."""
         self.fell_back = True
-        self.s.events.emit("route_fallback", self.rid, from_route=self.decision.route, to_route=Route.P_RLD_FALLBACK,
-                           reason=reason)
+        self.s.events.emit(
+            "route_fallback", self.rid, from_route=self.decision.route, to_route=Route.P_RLD_FALLBACK, reason=reason
+        )
         self.decision = replace(self.decision, route=Route.P_RLD_FALLBACK)
         for call in self.calls:
             call.cancel()
@@ -349,7 +409,8 @@ class _RequestRun:
         if self.p_used:
             try:
                 self.s._stub(pdd_pb2_grpc.PrefillStub, self.cfg.p).Cancel(
-                    pdd_pb2.CancelRequest(request_id=self.rid), timeout=2.0)
+                    pdd_pb2.CancelRequest(request_id=self.rid), timeout=2.0
+                )
             except grpc.RpcError as err:
                 self.s.events.emit("cancel_failed", self.rid, worker=self.cfg.p.name, reason=err.code().name)
         for t in self.threads:
@@ -364,8 +425,15 @@ def build(cfg: DeploymentConfig, worker: WorkerConfig) -> RoleServer:
     def on_stop() -> None:
         servicer.close()
         events.close()
-    return RoleServer(cfg, worker, "router", lambda s: pdd_pb2_grpc.add_RouterServicer_to_server(servicer, s),
-                      StatsSource(sessions=lambda: servicer._active), on_stop)
+
+    return RoleServer(
+        cfg,
+        worker,
+        "router",
+        lambda s: pdd_pb2_grpc.add_RouterServicer_to_server(servicer, s),
+        StatsSource(sessions=lambda: servicer._active),
+        on_stop,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,6 +12,7 @@ Routes: colocated (RLD prefills and decodes), p-rld (pd-intra), p-md
 p-rld-ablation, p-rld-fallback (a pdd P->MD request whose WAN target failed
 before its first token, re-routed to the RLD by the router).
 """
+
 from __future__ import annotations
 
 import math
@@ -33,18 +34,19 @@ class Route(StrEnum):
     P_RLD_FALLBACK = "p-rld-fallback"
 
 
-ENDS_AT_MD = (Route.P_MD, Route.P_RLD_MD)   # the pipelines whose sequence the MD's DRC keeps
+ENDS_AT_MD = (Route.P_MD, Route.P_RLD_MD)  # the pipelines whose sequence the MD's DRC keeps
 
 
 @dataclass(frozen=True)
 class RouteDecision:
     """route: see the module docstring; md_cached_tokens: DRC hit (tokens); wan_estimate_ms: the estimate used
     (inf: the measured line is congested); wan_source: static | measured"""
+
     route: Route
     md_cached_tokens: int
     wan_estimate_ms: float
     singular: bool
-    use_drc: bool = True       # False in pd-cross: the naive baseline sends the whole prompt
+    use_drc: bool = True  # False in pd-cross: the naive baseline sends the whole prompt
     wan_source: str = "static"
 
 
@@ -56,8 +58,15 @@ def wan_transfer_ms(kv_bytes: int, policy, wan: WanEstimate | None) -> tuple[flo
     return kv_bytes * 8 / (policy.wan_rate_mbit * 1e3), "static"
 
 
-def decide_route(mode: str, prompt_tokens: int, max_tokens: int, md_cached_tokens: int, kv_bytes_per_token: int,
-                 policy, wan: WanEstimate | None = None) -> RouteDecision:
+def decide_route(
+    mode: str,
+    prompt_tokens: int,
+    max_tokens: int,
+    md_cached_tokens: int,
+    kv_bytes_per_token: int,
+    policy,
+    wan: WanEstimate | None = None,
+) -> RouteDecision:
     """Pure route decision for one request."""
     if mode == "colocated":
         return RouteDecision(Route.COLOCATED, 0, 0.0, False)
@@ -91,7 +100,7 @@ class DRCMirror:
     def _chain(self, tokens: list[int]) -> list[int]:
         bs, h, out = self.block_size, 0, []
         for i in range(0, len(tokens) - len(tokens) % bs, bs):
-            h = hash((h, tuple(tokens[i:i + bs])))
+            h = hash((h, tuple(tokens[i : i + bs])))
             out.append(h)
         return out
 
@@ -99,7 +108,7 @@ class DRCMirror:
         """Tokens of prompt the MD is expected to hold (whole blocks, at most len - 1, as the MD matches)."""
         n = 0
         with self._lock:
-            for h in self._chain(prompt[:len(prompt) - 1]):
+            for h in self._chain(prompt[: len(prompt) - 1]):
                 if h not in self._blocks:
                     break
                 self._blocks.move_to_end(h)

@@ -7,6 +7,7 @@ service; serving until SIGTERM/SIGINT and then stopping gracefully; mapping
 engine errors to gRPC status codes.
 Not responsible for: what a role does (prefill, decode, router modules).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,8 +25,16 @@ import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from workers.engine import Engine
-from workers.errors import (BadRequest, BadRequestState, CapacityExceeded, DuplicateRequest, EngineError,
-                            KVImportError, QueueFull, UnknownRequest)
+from workers.errors import (
+    BadRequest,
+    BadRequestState,
+    CapacityExceeded,
+    DuplicateRequest,
+    EngineError,
+    KVImportError,
+    QueueFull,
+    UnknownRequest,
+)
 from workers.proto import pdd_pb2, pdd_pb2_grpc
 from workers.roles.config import DeploymentConfig, WorkerConfig, load_config
 from workers.roles.events import EventLog
@@ -38,12 +47,15 @@ STOP_GRACE_S = 2.0
 
 def grpc_options(cfg: DeploymentConfig) -> list[tuple[str, int]]:
     """Channel/server options: message limits from the config (larger requests get RESOURCE_EXHAUSTED)."""
-    return [("grpc.max_receive_message_length", cfg.max_message_bytes),
-            ("grpc.max_send_message_length", cfg.max_message_bytes),
-            # a peer that restarts is reachable again within a second (gRPC's default backoff grows to 120 s,
-            # failing every call on the channel meanwhile). Not grpc.min_reconnect_backoff_ms: gRPC takes it
-            # as the connect timeout too, and a connection across the WAN needs its round trips.
-            ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.max_reconnect_backoff_ms", 1000)]
+    return [
+        ("grpc.max_receive_message_length", cfg.max_message_bytes),
+        ("grpc.max_send_message_length", cfg.max_message_bytes),
+        # a peer that restarts is reachable again within a second (gRPC's default backoff grows to 120 s,
+        # failing every call on the channel meanwhile). Not grpc.min_reconnect_backoff_ms: gRPC takes it
+        # as the connect timeout too, and a connection across the WAN needs its round trips.
+        ("grpc.initial_reconnect_backoff_ms", 100),
+        ("grpc.max_reconnect_backoff_ms", 1000),
+    ]
 
 
 class Channels:
@@ -64,7 +76,7 @@ class Channels:
             ch = self._channels.get(address)
             if ch is None:
                 ch = self._channels[address] = grpc.insecure_channel(address, options=grpc_options(self.cfg))
-                grpc.channel_ready_future(ch)   # starts connecting; nobody waits on it
+                grpc.channel_ready_future(ch)  # starts connecting; nobody waits on it
             return ch
 
     def warm(self, *addresses: str) -> None:
@@ -97,9 +109,15 @@ def status_of(err: EngineError) -> grpc.StatusCode:
 def build_engine(cfg: DeploymentConfig, worker: WorkerConfig, prefix_cache: bool) -> Engine:
     """This worker's engine on the CPU with one torch thread (workers share cores)."""
     torch.set_num_threads(1)
-    return Engine(cfg.model, seed=cfg.seed, capacity_tokens=worker.capacity_tokens, block_size=cfg.block_size,
-                  device="cpu", prefix_cache=prefix_cache,
-                  weights_dir=Path(cfg.weights_dir) if cfg.weights_dir else None)
+    return Engine(
+        cfg.model,
+        seed=cfg.seed,
+        capacity_tokens=worker.capacity_tokens,
+        block_size=cfg.block_size,
+        device="cpu",
+        prefix_cache=prefix_cache,
+        weights_dir=Path(cfg.weights_dir) if cfg.weights_dir else None,
+    )
 
 
 def event_log(cfg: DeploymentConfig, worker: WorkerConfig, role: str) -> EventLog:
@@ -109,6 +127,7 @@ def event_log(cfg: DeploymentConfig, worker: WorkerConfig, role: str) -> EventLo
 @dataclass
 class StatsSource:
     """Callables a role provides for Worker.Stats."""
+
     open_requests: Callable[[], int] = lambda: 0
     blocks: Callable[[], tuple[int, int]] = lambda: (0, 0)
     active_transfers: Callable[[], int] = lambda: 0
@@ -126,15 +145,22 @@ class WorkerServicer(pdd_pb2_grpc.WorkerServicer):
 
     def Stats(self, request, context):
         free, total = self.source.blocks()
-        return pdd_pb2.StatsReply(worker=self.worker, role=self.role, open_requests=self.source.open_requests(),
-                                  free_blocks=free, total_blocks=total,
-                                  active_transfers=self.source.active_transfers(),
-                                  threads=role_threads(), sockets=count_socket_fds(),
-                                  sessions=self.source.sessions())
+        return pdd_pb2.StatsReply(
+            worker=self.worker,
+            role=self.role,
+            open_requests=self.source.open_requests(),
+            free_blocks=free,
+            total_blocks=total,
+            active_transfers=self.source.active_transfers(),
+            threads=role_threads(),
+            sockets=count_socket_fds(),
+            sessions=self.source.sessions(),
+        )
 
 
 def engine_stats(engine: Engine, lock: threading.Lock) -> tuple[Callable[[], int], Callable[[], tuple[int, int]]]:
     """Stats callables over an engine guarded by lock."""
+
     def open_requests() -> int:
         with lock:
             return len(engine.open_requests)
@@ -142,6 +168,7 @@ def engine_stats(engine: Engine, lock: threading.Lock) -> tuple[Callable[[], int
     def blocks() -> tuple[int, int]:
         with lock:
             return engine.available_blocks(), engine.kv.num_blocks
+
     return open_requests, blocks
 
 
@@ -154,13 +181,20 @@ class RoleServer:
     on_stop: releases the role's own resources (KV listener, event log) after the server stopped
     """
 
-    def __init__(self, cfg: DeploymentConfig, worker: WorkerConfig, role: str,
-                 register: Callable[[grpc.Server], None], stats: StatsSource,
-                 on_stop: Callable[[], None] = lambda: None):
+    def __init__(
+        self,
+        cfg: DeploymentConfig,
+        worker: WorkerConfig,
+        role: str,
+        register: Callable[[grpc.Server], None],
+        stats: StatsSource,
+        on_stop: Callable[[], None] = lambda: None,
+    ):
         self.worker, self.role, self.on_stop = worker, role, on_stop
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=cfg.grpc_threads,
-                                                             thread_name_prefix=f"grpc-{worker.name}"),
-                                  options=grpc_options(cfg))
+        self.server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=cfg.grpc_threads, thread_name_prefix=f"grpc-{worker.name}"),
+            options=grpc_options(cfg),
+        )
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         pdd_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(worker.name, role, stats), self.server)
@@ -188,7 +222,7 @@ class RoleServer:
         self.stop()
 
 
-M_MMAP_THRESHOLD = -3          # glibc mallopt parameter
+M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
 BIG_BLOCK_BYTES = 1 << 20
 
 
@@ -206,8 +240,12 @@ def give_big_blocks_back() -> bool:
         return False
 
 
-def role_main(role: str, build: Callable[[DeploymentConfig, WorkerConfig], RoleServer], default_worker: str,
-              argv: list[str] | None = None) -> int:
+def role_main(
+    role: str,
+    build: Callable[[DeploymentConfig, WorkerConfig], RoleServer],
+    default_worker: str,
+    argv: list[str] | None = None,
+) -> int:
     """Command line of a role: --config FILE [--worker NAME]; serve until SIGTERM/SIGINT."""
     parser = argparse.ArgumentParser(description=f"PDD {role} worker")
     parser.add_argument("--config", required=True, help="deployment YAML (workers/roles/config.py)")

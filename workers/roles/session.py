@@ -4,6 +4,7 @@ Responsible for: the Session record, the stream messages a session yields, and
 the names of the handoff modes.
 Not responsible for: what a session does (decode.py, handoff.py).
 """
+
 from __future__ import annotations
 
 import threading
@@ -13,26 +14,30 @@ from dataclasses import dataclass, field
 from workers.proto import pdd_pb2
 
 H = pdd_pb2  # enum values: H.HANDOFF_ONESHOT, ...
-HANDOFF_NAMES = {H.HANDOFF_NONE: "none", H.HANDOFF_ONESHOT: "oneshot", H.HANDOFF_CHUNKED: "chunked",
-                 H.HANDOFF_AUTO: "auto", H.HANDOFF_KV: "kv"}
-
-
+HANDOFF_NAMES = {
+    H.HANDOFF_NONE: "none",
+    H.HANDOFF_ONESHOT: "oneshot",
+    H.HANDOFF_CHUNKED: "chunked",
+    H.HANDOFF_AUTO: "auto",
+    H.HANDOFF_KV: "kv",
+}
 
 
 @dataclass
 class Session:
     """One request on this decode worker."""
+
     request: pdd_pb2.DecodeRequest
     cached_tokens: int
     cond: threading.Condition = field(default_factory=threading.Condition)
     handoff_lock: threading.Lock = field(default_factory=threading.Lock)
     cancelled: bool = False
-    kv_ready: bool = False        # this worker holds the prompt KV
-    md_ready: bool = False        # RLD: the MD holds the prompt KV
-    pending_index: int = 0        # MD: index of its token without KV
-    handed_final: bool = False    # MD: the final handoff is applied
-    emit_from: int = 1            # first index this worker streams
-    relay_lost: bool = False      # MD: the RLD is unreachable
+    kv_ready: bool = False  # this worker holds the prompt KV
+    md_ready: bool = False  # RLD: the MD holds the prompt KV
+    pending_index: int = 0  # MD: index of its token without KV
+    handed_final: bool = False  # MD: the final handoff is applied
+    emit_from: int = 1  # first index this worker streams
+    relay_lost: bool = False  # MD: the RLD is unreachable
 
     @property
     def request_id(self) -> str:

@@ -16,20 +16,22 @@ smoothed likewise. Congested: smoothed RTT > QUEUE_RTT_FACTOR x min RTT +
 QUEUE_RTT_SLACK_MS (PrfaaS, arXiv 2604.15039, backs off on queue build-up or
 loss the same way), or loss above CONGESTED_RETRANS_PCT.
 """
+
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
 
-ALPHA = 0.3                  # weight of a new sample: a few transfers follow a change of the line
-QUEUE_RTT_FACTOR = 1.5       # RTT this far above its minimum: a queue is building on the line
-QUEUE_RTT_SLACK_MS = 5.0     # ... beyond the jitter a quiet WAN shows
+ALPHA = 0.3  # weight of a new sample: a few transfers follow a change of the line
+QUEUE_RTT_FACTOR = 1.5  # RTT this far above its minimum: a queue is building on the line
+QUEUE_RTT_SLACK_MS = 5.0  # ... beyond the jitter a quiet WAN shows
 CONGESTED_RETRANS_PCT = 2.0  # or this share of segments retransmitted
 
 
 @dataclass(frozen=True)
 class WanEstimate:
     """rate_mbit: path delivery rate (0 = none measured yet); rtt_ms, min_rtt_ms; retrans_pct; samples"""
+
     rate_mbit: float = 0.0
     rtt_ms: float = 0.0
     min_rtt_ms: float = 0.0
@@ -86,8 +88,9 @@ class WanEstimator:
         with self._lock:
             e = self._e
             pct = 100.0 * segments_retransmitted / segments_sent
-            self._e = WanEstimate(e.rate_mbit, e.rtt_ms, e.min_rtt_ms,
-                                  _ewma(e.retrans_pct, pct, self._loss_samples == 0), e.samples)
+            self._e = WanEstimate(
+                e.rate_mbit, e.rtt_ms, e.min_rtt_ms, _ewma(e.retrans_pct, pct, self._loss_samples == 0), e.samples
+            )
             self._loss_samples += 1
 
     def estimate(self) -> WanEstimate:

@@ -35,17 +35,67 @@ receiver lacks (BEGIN too when it never arrived), so a retry under loss does
 not start over. A chunk that arrives twice (its first copy raced the
 connection's death) is checked and not counted again.
 """
+
 from workers.roles.kvwire.blob import BufferPool, ChunkCrcs, blob_buffer, fold_chunk_crcs, seal_blob
-from workers.roles.kvwire.frame import (ACK, BEGIN, CANCEL, END, FRAME_HEADER, FRAME_MAGIC, FRAME_TYPES,
-                                        FRAME_VERSION, LAYER, FrameError, TransferFailed, TransferMeta, meta_for,
-                                        pack_frame)
+from workers.roles.kvwire.frame import (
+    ACK,
+    BEGIN,
+    CANCEL,
+    END,
+    FRAME_HEADER,
+    FRAME_MAGIC,
+    FRAME_TYPES,
+    FRAME_VERSION,
+    LAYER,
+    FrameError,
+    TransferFailed,
+    TransferMeta,
+    meta_for,
+    pack_frame,
+)
 from workers.roles.kvwire.receiver import Inbox, KVReceiver, ReceivedTransfer
 from workers.roles.kvwire.sender import KVSender, SendResult, send_blob
-from workers.roles.kvwire.sockets import (CONNECTIONS, ConnectionPool, available_congestion, count_socket_fds,
-                                          recv_exact, send_all, set_congestion)
+from workers.roles.kvwire.sockets import (
+    CONNECTIONS,
+    ConnectionPool,
+    available_congestion,
+    count_socket_fds,
+    recv_exact,
+    send_all,
+    set_congestion,
+)
 
-__all__ = ["ACK", "BEGIN", "CANCEL", "CONNECTIONS", "END", "FRAME_HEADER", "FRAME_MAGIC", "FRAME_TYPES",
-           "FRAME_VERSION", "LAYER", "BufferPool", "ChunkCrcs", "ConnectionPool", "FrameError", "Inbox",
-           "KVReceiver", "KVSender", "ReceivedTransfer", "SendResult", "TransferFailed", "TransferMeta",
-           "available_congestion", "blob_buffer", "count_socket_fds", "fold_chunk_crcs", "meta_for",
-           "pack_frame", "recv_exact", "seal_blob", "send_all", "send_blob", "set_congestion"]
+__all__ = [
+    "ACK",
+    "BEGIN",
+    "CANCEL",
+    "CONNECTIONS",
+    "END",
+    "FRAME_HEADER",
+    "FRAME_MAGIC",
+    "FRAME_TYPES",
+    "FRAME_VERSION",
+    "LAYER",
+    "BufferPool",
+    "ChunkCrcs",
+    "ConnectionPool",
+    "FrameError",
+    "Inbox",
+    "KVReceiver",
+    "KVSender",
+    "ReceivedTransfer",
+    "SendResult",
+    "TransferFailed",
+    "TransferMeta",
+    "available_congestion",
+    "blob_buffer",
+    "count_socket_fds",
+    "fold_chunk_crcs",
+    "meta_for",
+    "pack_frame",
+    "recv_exact",
+    "seal_blob",
+    "send_all",
+    "send_blob",
+    "set_congestion",
+]

@@ -5,6 +5,7 @@ frames land in place in, and sealing a blob (token IDs, header, checksum
 folded from the chunks' own checksums).
 Not responsible for: the blob layout itself (workers/kvcache.py: header, offsets, views) or the wire.
 """
+
 from __future__ import annotations
 
 import threading
@@ -77,13 +78,23 @@ def seal_blob(meta: TransferMeta, blob: np.ndarray, chunks: ChunkCrcs | None = N
     With `chunks` (every chunk of the KV region and its checksums) the blob's checksum is folded from
     theirs instead of read from the bytes again; chunks that do not tile each layer raise FrameError."""
     tok = np.asarray(meta.token_ids, dtype="<i4").view(np.uint8)
-    blob[BLOB_HEADER.size:BLOB_HEADER.size + tok.nbytes] = tok
+    blob[BLOB_HEADER.size : BLOB_HEADER.size + tok.nbytes] = tok
     if chunks is None:
-        crc = crc32c(blob[BLOB_HEADER.size:])
+        crc = crc32c(blob[BLOB_HEADER.size :])
     else:
         crc = fold_chunk_crcs(meta, crc32c(tok), chunks)
-    pack_blob_header(blob, meta.dtype, bytes.fromhex(meta.fingerprint), meta.n_layer, meta.n_kv_head, meta.head_dim,
-                     meta.start, meta.end, crc, meta.kv_bytes)
+    pack_blob_header(
+        blob,
+        meta.dtype,
+        bytes.fromhex(meta.fingerprint),
+        meta.n_layer,
+        meta.n_kv_head,
+        meta.head_dim,
+        meta.start,
+        meta.end,
+        crc,
+        meta.kv_bytes,
+    )
     return blob
 
 
@@ -100,13 +111,13 @@ def fold_chunk_crcs(meta: TransferMeta, crc: int, chunks: ChunkCrcs) -> int:
         end = 0
         for off, cnt, _, _ in parts:
             if off != end:
-                raise FrameError(f"layer {layer}: chunks leave tokens [{min(off, end)}, {max(off, end)}) "
-                                 f"missing or twice")
+                raise FrameError(
+                    f"layer {layer}: chunks leave tokens [{min(off, end)}, {max(off, end)}) missing or twice"
+                )
             end = off + cnt
         if end != meta.n_tokens:
             raise FrameError(f"layer {layer}: chunks cover {end} of {meta.n_tokens} tokens")
-        for half in (2, 3):   # K rows then V rows
+        for half in (2, 3):  # K rows then V rows
             for part in parts:
                 crc = crc32c_combine(crc, part[half], part[1] * meta.row_bytes)
     return crc
-

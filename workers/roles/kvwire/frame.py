@@ -6,6 +6,7 @@ down once, in the package docstring (workers/roles/kvwire/__init__.py).
 Not responsible for: sockets (sockets.py), sending (sender.py), receiving
 (receiver.py), receive buffers and sealing blobs (blob.py).
 """
+
 from __future__ import annotations
 
 import json
@@ -16,10 +17,9 @@ FRAME_HEADER = struct.Struct("<4sBBHQIIII")
 FRAME_MAGIC = b"PKVF"
 FRAME_VERSION = 2
 BEGIN, LAYER, END, CANCEL, ACK, RESUME, HAVE = 1, 2, 3, 4, 5, 6, 7
-FRAME_TYPES = {BEGIN: "BEGIN", LAYER: "LAYER", END: "END", CANCEL: "CANCEL", ACK: "ACK", RESUME: "RESUME",
-               HAVE: "HAVE"}
-EXPECT_WAIT_S = 4.0           # a BEGIN no session expects yet waits this long for one to open
-MAX_META_BYTES = 16 << 20     # BEGIN/END payloads are JSON; a token list of 1M ids stays far below
+FRAME_TYPES = {BEGIN: "BEGIN", LAYER: "LAYER", END: "END", CANCEL: "CANCEL", ACK: "ACK", RESUME: "RESUME", HAVE: "HAVE"}
+EXPECT_WAIT_S = 4.0  # a BEGIN no session expects yet waits this long for one to open
+MAX_META_BYTES = 16 << 20  # BEGIN/END payloads are JSON; a token list of 1M ids stays far below
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
@@ -39,6 +39,7 @@ class TransferMeta:
     token_ids: the IDs of positions start..end-1
     fingerprint: hex model+weights fingerprint; receivers refuse another model's KV
     """
+
     request_id: str
     kind: str
     start: int
@@ -75,21 +76,40 @@ class TransferMeta:
         except (ValueError, TypeError, KeyError) as err:
             raise FrameError(f"BEGIN payload is not a transfer description: {err}") from None
         if meta.dtype not in DTYPE_BYTES or not 0 <= meta.start <= meta.end or len(meta.token_ids) != meta.n_tokens:
-            raise FrameError(f"BEGIN describes an inconsistent transfer: dtype {meta.dtype!r}, "
-                             f"range [{meta.start}, {meta.end}), {len(meta.token_ids)} token ids")
+            raise FrameError(
+                f"BEGIN describes an inconsistent transfer: dtype {meta.dtype!r}, "
+                f"range [{meta.start}, {meta.end}), {len(meta.token_ids)} token ids"
+            )
         return meta
 
 
 def meta_for(engine, request_id: str, kind: str, start: int, end: int, token_ids) -> TransferMeta:
     """TransferMeta for positions [start, end) of a request on this engine's model."""
     c = engine.config
-    return TransferMeta(request_id, kind, start, end, tuple(int(t) for t in token_ids), engine.fingerprint.hex(),
-                        c.n_layer, c.n_kv_head, c.head_dim, c.dtype)
+    return TransferMeta(
+        request_id,
+        kind,
+        start,
+        end,
+        tuple(int(t) for t in token_ids),
+        engine.fingerprint.hex(),
+        c.n_layer,
+        c.n_kv_head,
+        c.head_dim,
+        c.dtype,
+    )
 
 
-def pack_frame(ftype: int, transfer_id: int, layer: int = 0, token_offset: int = 0, token_count: int = 0,
-               payload_len: int = 0, crc: int = 0) -> bytes:
+def pack_frame(
+    ftype: int,
+    transfer_id: int,
+    layer: int = 0,
+    token_offset: int = 0,
+    token_count: int = 0,
+    payload_len: int = 0,
+    crc: int = 0,
+) -> bytes:
     """One frame header (pure)."""
-    return FRAME_HEADER.pack(FRAME_MAGIC, FRAME_VERSION, ftype, layer, transfer_id, token_offset, token_count,
-                             payload_len, crc)
-
+    return FRAME_HEADER.pack(
+        FRAME_MAGIC, FRAME_VERSION, ftype, layer, transfer_id, token_offset, token_count, payload_len, crc
+    )

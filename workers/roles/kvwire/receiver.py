@@ -5,6 +5,7 @@ checks, assembly in place, the ACK) and Inbox (complete transfers waiting
 for the session that expects them).
 Not responsible for: importing KV into an engine (the decode role).
 """
+
 from __future__ import annotations
 
 import json
@@ -22,15 +23,30 @@ from crc32c import crc32c
 from workers.crc import crc32c_combine
 from workers.roles.events import EventLog
 from workers.roles.kvwire.blob import BufferPool, ChunkCrcs, blob_buffer, seal_blob
-from workers.roles.kvwire.frame import (ACK, BEGIN, CANCEL, END, EXPECT_WAIT_S, FRAME_HEADER, FRAME_MAGIC,
-                                        FRAME_TYPES, FRAME_VERSION, HAVE, LAYER, MAX_META_BYTES, RESUME,
-                                        FrameError, TransferMeta, pack_frame)
+from workers.roles.kvwire.frame import (
+    ACK,
+    BEGIN,
+    CANCEL,
+    END,
+    EXPECT_WAIT_S,
+    FRAME_HEADER,
+    FRAME_MAGIC,
+    FRAME_TYPES,
+    FRAME_VERSION,
+    HAVE,
+    LAYER,
+    MAX_META_BYTES,
+    RESUME,
+    FrameError,
+    TransferMeta,
+    pack_frame,
+)
 from workers.roles.kvwire.sockets import recv_exact
 
 log = logging.getLogger(__name__)
 
-RESUME_KEEP_S = 60.0     # a transfer whose connection died waits this long for its sender's RESUME
-COMPLETED_KEPT = 4096    # ids of recently completed transfers remembered for a RESUME that lost its ACK
+RESUME_KEEP_S = 60.0  # a transfer whose connection died waits this long for its sender's RESUME
+COMPLETED_KEPT = 4096  # ids of recently completed transfers remembered for a RESUME that lost its ACK
 
 
 @dataclass(frozen=True)
@@ -39,6 +55,7 @@ class ReceivedTransfer:
 
     Call release() once the blob has been imported: its memory goes back to the receiver's pool (the
     blob must not be read after that)."""
+
     meta: TransferMeta
     blob: np.ndarray
     next_token: int
@@ -99,8 +116,9 @@ class Inbox:
             self._cond.notify_all()
             return True
 
-    def wait(self, request_id: str, kind: str, timeout_s: float,
-             stop: Callable[[], bool] = lambda: False) -> ReceivedTransfer | None:
+    def wait(
+        self, request_id: str, kind: str, timeout_s: float, stop: Callable[[], bool] = lambda: False
+    ) -> ReceivedTransfer | None:
         """The transfer once it is complete; None on timeout or when stop() turns true."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
@@ -126,8 +144,7 @@ def _verify_chunk(k, v, crc: int, layer: int, off: int) -> tuple[int, int]:
     crc_k, crc_v = crc32c(k), crc32c(v)
     got = crc32c_combine(crc_k, crc_v, len(v))
     if got != crc:
-        raise FrameError(f"LAYER payload checksum mismatch (layer {layer}, offset {off}: "
-                         f"{got:#010x} != {crc:#010x})")
+        raise FrameError(f"LAYER payload checksum mismatch (layer {layer}, offset {off}: {got:#010x} != {crc:#010x})")
     return crc_k, crc_v
 
 
@@ -135,10 +152,10 @@ def _verify_chunk(k, v, crc: int, layer: int, off: int) -> tuple[int, int]:
 class _Assembly:
     transfer_id: int
     meta: TransferMeta | None = None
-    blob: np.ndarray | None = None                # blob_buffer: the engine blob being filled
-    buf: np.ndarray | None = None                 # its KV region, (n_layer, 2, n, row_bytes) uint8
+    blob: np.ndarray | None = None  # blob_buffer: the engine blob being filled
+    buf: np.ndarray | None = None  # its KV region, (n_layer, 2, n, row_bytes) uint8
     early: list[tuple[int, int, int, bytearray, tuple[int, int]]] = field(default_factory=list)  # before BEGIN
-    seen: ChunkCrcs = field(default_factory=dict)   # verified chunks
+    seen: ChunkCrcs = field(default_factory=dict)  # verified chunks
     received_bytes: int = 0
     chunks_expected: int = -1
     next_token: int = -1
@@ -146,7 +163,7 @@ class _Assembly:
     first_byte_ns: int = 0
     ack_sock: socket.socket | None = None
     ack_lock: threading.Lock | None = None
-    orphaned_ns: int = 0                          # its connection died; kept for a RESUME until RESUME_KEEP_S
+    orphaned_ns: int = 0  # its connection died; kept for a RESUME until RESUME_KEEP_S
 
 
 class KVReceiver:
@@ -159,8 +176,16 @@ class KVReceiver:
     events: event log
     """
 
-    def __init__(self, host: str, port: int, expected_fingerprint: str, inbox: Inbox, events: EventLog,
-                 max_transfer_bytes: int = 1 << 30, max_frame_bytes: int = 64 << 20):
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        expected_fingerprint: str,
+        inbox: Inbox,
+        events: EventLog,
+        max_transfer_bytes: int = 1 << 30,
+        max_frame_bytes: int = 64 << 20,
+    ):
         self.fingerprint = expected_fingerprint
         self.inbox = inbox
         self.events = events
@@ -168,7 +193,7 @@ class KVReceiver:
         self.max_frame_bytes = max_frame_bytes
         self._lock = threading.Lock()
         self._assemblies: dict[int, _Assembly] = {}
-        self._completed: OrderedDict[int, None] = OrderedDict()   # recent transfer ids, for a late RESUME
+        self._completed: OrderedDict[int, None] = OrderedDict()  # recent transfer ids, for a late RESUME
         self._conns: set[socket.socket] = set()
         self._threads: set[threading.Thread] = set()
         self._stopping = False
@@ -219,15 +244,16 @@ class KVReceiver:
             except OSError:
                 return
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            t = threading.Thread(target=self._conn_main, args=(conn, f"{peer[0]}:{peer[1]}"),
-                                 name=f"kvrecv-{peer[1]}", daemon=True)
+            t = threading.Thread(
+                target=self._conn_main, args=(conn, f"{peer[0]}:{peer[1]}"), name=f"kvrecv-{peer[1]}", daemon=True
+            )
             with self._lock:
                 self._conns.add(conn)
                 self._threads.add(t)
             t.start()
 
     def _conn_main(self, conn: socket.socket, peer: str) -> None:
-        mine: set[int] = set()   # transfers this connection carried (dropped if it dies before they complete)
+        mine: set[int] = set()  # transfers this connection carried (dropped if it dies before they complete)
         ack_lock = threading.Lock()
         try:
             while self._read_frame(conn, peer, mine, ack_lock):
@@ -268,16 +294,26 @@ class KVReceiver:
                     a.orphaned_ns, a.ack_sock = now, None
                     kept.append(a)
         for a in kept:
-            self.events.emit("kv_recv_orphaned", a.meta.request_id, transfer_id=a.transfer_id, reason=reason,
-                             kv_bytes_received=a.received_bytes)
+            self.events.emit(
+                "kv_recv_orphaned",
+                a.meta.request_id,
+                transfer_id=a.transfer_id,
+                reason=reason,
+                kv_bytes_received=a.received_bytes,
+            )
         self._dropped(dropped, reason)
 
     def _dropped(self, assemblies: list[_Assembly], reason: str) -> None:
         for a in assemblies:
             if a.blob is not None:
                 self.pool.give(a.blob)
-            self.events.emit("kv_recv_dropped", a.meta.request_id if a.meta else None, transfer_id=a.transfer_id,
-                             reason=reason, kv_bytes_received=a.received_bytes)
+            self.events.emit(
+                "kv_recv_dropped",
+                a.meta.request_id if a.meta else None,
+                transfer_id=a.transfer_id,
+                reason=reason,
+                kv_bytes_received=a.received_bytes,
+            )
 
     def _sweep_orphans(self) -> None:
         """Drop kept transfers whose sender did not come back within RESUME_KEEP_S."""
@@ -290,8 +326,11 @@ class KVReceiver:
     def _drop_request(self, request_id: str) -> None:
         """The request's session closed: what is kept for it is of no use."""
         with self._lock:
-            mine = [t for t, a in self._assemblies.items()
-                    if a.orphaned_ns and a.meta is not None and a.meta.request_id == request_id]
+            mine = [
+                t
+                for t, a in self._assemblies.items()
+                if a.orphaned_ns and a.meta is not None and a.meta.request_id == request_id
+            ]
             dropped = [self._assemblies.pop(t) for t in mine]
         self._dropped(dropped, "the request's session closed")
 
@@ -326,7 +365,7 @@ class KVReceiver:
                 self._on_cancel(tid, mine)
         self._maybe_complete(tid)
         with self._lock:
-            if tid not in self._assemblies:   # done or dropped: a kept connection carries many transfers
+            if tid not in self._assemblies:  # done or dropped: a kept connection carries many transfers
                 mine.discard(tid)
         return True
 
@@ -347,12 +386,12 @@ class KVReceiver:
             a = self._assemblies[tid] = _Assembly(tid, first_byte_ns=time.monotonic_ns())
         return a
 
-    def _on_begin(self, tid: int, payload: bytes, conn: socket.socket, ack_lock: threading.Lock,
-                  mine: set[int]) -> None:
+    def _on_begin(
+        self, tid: int, payload: bytes, conn: socket.socket, ack_lock: threading.Lock, mine: set[int]
+    ) -> None:
         meta = TransferMeta.from_json(payload)
         if meta.fingerprint != self.fingerprint:
-            raise FrameError(f"KV of another model (fingerprint {meta.fingerprint[:12]}, "
-                             f"mine {self.fingerprint[:12]})")
+            raise FrameError(f"KV of another model (fingerprint {meta.fingerprint[:12]}, mine {self.fingerprint[:12]})")
         if meta.kv_bytes > self.max_transfer_bytes:
             raise FrameError(f"transfer of {meta.kv_bytes} bytes exceeds the limit of {self.max_transfer_bytes}")
         if not self.inbox.is_expected(meta.request_id, meta.kind, EXPECT_WAIT_S):
@@ -369,8 +408,15 @@ class KVReceiver:
             mine.add(tid)
         for layer, off, cnt, data, crcs in early:
             self._place(a, layer, off, cnt, data, crcs)
-        self.events.emit("kv_recv_begin", meta.request_id, kind=meta.kind, transfer_id=tid, start=meta.start,
-                         end=meta.end, kv_bytes=meta.kv_bytes)
+        self.events.emit(
+            "kv_recv_begin",
+            meta.request_id,
+            kind=meta.kind,
+            transfer_id=tid,
+            start=meta.start,
+            end=meta.end,
+            kv_bytes=meta.kv_bytes,
+        )
 
     def _on_resume(self, tid: int, conn: socket.socket, ack_lock: threading.Lock, mine: set[int]) -> None:
         """A sender retrying transfer tid asks what arrived: HAVE {state: new | partial | done, chunks}. A
@@ -385,23 +431,30 @@ class KVReceiver:
                 a.ack_sock, a.ack_lock, a.orphaned_ns = conn, ack_lock, 0
                 mine.add(tid)
             else:
-                if a is not None:   # chunks without their BEGIN: the sender sends everything again
+                if a is not None:  # chunks without their BEGIN: the sender sends everything again
                     self._assemblies.pop(tid)
                 state, chunks = "new", []
         body = json.dumps({"state": state, "chunks": chunks}).encode()
         with ack_lock:
             conn.sendall(pack_frame(HAVE, tid, payload_len=len(body), crc=crc32c(body)) + body)
-        self.events.emit("kv_recv_resume", a.meta.request_id if a is not None and a.meta else None,
-                         transfer_id=tid, state=state, chunks_held=len(chunks),
-                         kv_bytes_held=a.received_bytes if state == "partial" else 0)
+        self.events.emit(
+            "kv_recv_resume",
+            a.meta.request_id if a is not None and a.meta else None,
+            transfer_id=tid,
+            state=state,
+            chunks_held=len(chunks),
+            kv_bytes_held=a.received_bytes if state == "partial" else 0,
+        )
 
     def _check_chunk(self, a: _Assembly, layer: int, off: int, cnt: int, plen: int) -> bool:
         """Whether the chunk fits the transfer (else FrameError); True when it is already held (a copy
         that raced its connection's death: read, checked and not counted again)."""
         m = a.meta
         if layer >= m.n_layer or cnt == 0 or off + cnt > m.n_tokens or plen != 2 * cnt * m.row_bytes:
-            raise FrameError(f"chunk layer {layer} tokens [{off}, {off + cnt}) of {plen} bytes does not fit "
-                             f"a transfer of {m.n_layer} layers x {m.n_tokens} tokens")
+            raise FrameError(
+                f"chunk layer {layer} tokens [{off}, {off + cnt}) of {plen} bytes does not fit "
+                f"a transfer of {m.n_layer} layers x {m.n_tokens} tokens"
+            )
         held = a.seen.get((layer, off))
         if held is not None and held[0] != cnt:
             raise FrameError(f"chunk layer {layer} offset {off} arrived twice with {held[0]} and {cnt} tokens")
@@ -417,7 +470,7 @@ class KVReceiver:
             view = memoryview(data)
             if recv_exact(conn, view) < plen:
                 raise FrameError(f"truncated LAYER payload (layer {layer}, tokens [{off}, {off + cnt}))")
-            crcs = _verify_chunk(view[:plen // 2], view[plen // 2:], crc, layer, off)
+            crcs = _verify_chunk(view[: plen // 2], view[plen // 2 :], crc, layer, off)
             if dup:
                 return
             with self._lock:
@@ -428,8 +481,10 @@ class KVReceiver:
                     return
             self._place(a, layer, off, cnt, data, crcs)
             return
-        k_dst, v_dst = memoryview(a.buf[layer, 0, off:off + cnt]).cast("B"), \
-            memoryview(a.buf[layer, 1, off:off + cnt]).cast("B")
+        k_dst, v_dst = (
+            memoryview(a.buf[layer, 0, off : off + cnt]).cast("B"),
+            memoryview(a.buf[layer, 1, off : off + cnt]).cast("B"),
+        )
         if recv_exact(conn, k_dst) < len(k_dst) or recv_exact(conn, v_dst) < len(v_dst):
             raise FrameError(f"truncated LAYER payload (layer {layer}, tokens [{off}, {off + cnt}))")
         self._count(a, layer, off, cnt, _verify_chunk(k_dst, v_dst, crc, layer, off), plen)
@@ -439,15 +494,15 @@ class KVReceiver:
             if self._check_chunk(a, layer, off, cnt, len(data)):
                 return
         half = len(data) // 2
-        a.buf[layer, 0, off:off + cnt] = np.frombuffer(data, np.uint8, half).reshape(cnt, -1)
-        a.buf[layer, 1, off:off + cnt] = np.frombuffer(data, np.uint8, half, half).reshape(cnt, -1)
+        a.buf[layer, 0, off : off + cnt] = np.frombuffer(data, np.uint8, half).reshape(cnt, -1)
+        a.buf[layer, 1, off : off + cnt] = np.frombuffer(data, np.uint8, half, half).reshape(cnt, -1)
         self._count(a, layer, off, cnt, crcs, len(data))
 
     def _count(self, a: _Assembly, layer: int, off: int, cnt: int, crcs: tuple[int, int], plen: int) -> None:
         with self._lock:
             a.wire_bytes += FRAME_HEADER.size + plen
             if (layer, off) in a.seen:
-                return   # two copies raced (see _check_chunk): count one
+                return  # two copies raced (see _check_chunk): count one
             a.seen[layer, off] = (cnt, *crcs)
             a.received_bytes += plen
 
@@ -467,8 +522,12 @@ class KVReceiver:
             a = self._assemblies.pop(tid, None)
         mine.discard(tid)
         if a is not None:
-            self.events.emit("kv_recv_cancelled", a.meta.request_id if a.meta else None, transfer_id=tid,
-                             kv_bytes_received=a.received_bytes)
+            self.events.emit(
+                "kv_recv_cancelled",
+                a.meta.request_id if a.meta else None,
+                transfer_id=tid,
+                kv_bytes_received=a.received_bytes,
+            )
 
     def _maybe_complete(self, tid: int) -> None:
         with self._lock:
@@ -477,8 +536,9 @@ class KVReceiver:
                 return
             if a.received_bytes != a.meta.kv_bytes:
                 self._assemblies.pop(tid)
-                raise FrameError(f"transfer {tid}: {a.received_bytes} KV bytes in {len(a.seen)} chunks, "
-                                 f"expected {a.meta.kv_bytes}")
+                raise FrameError(
+                    f"transfer {tid}: {a.received_bytes} KV bytes in {len(a.seen)} chunks, expected {a.meta.kv_bytes}"
+                )
             del self._assemblies[tid]
             self._completed[tid] = None
             while len(self._completed) > COMPLETED_KEPT:
@@ -494,9 +554,16 @@ class KVReceiver:
         accepted = self.inbox.put(transfer)
         if not accepted:
             transfer.release()
-        self.events.emit("kv_recv_end", a.meta.request_id, kind=a.meta.kind, transfer_id=tid,
-                         kv_bytes=a.meta.kv_bytes, wire_bytes=a.wire_bytes, duration_ns=done_ns - a.first_byte_ns,
-                         delivered=accepted)
+        self.events.emit(
+            "kv_recv_end",
+            a.meta.request_id,
+            kind=a.meta.kind,
+            transfer_id=tid,
+            kv_bytes=a.meta.kv_bytes,
+            wire_bytes=a.wire_bytes,
+            duration_ns=done_ns - a.first_byte_ns,
+            delivered=accepted,
+        )
 
     def _ack(self, a: _Assembly, tid: int) -> None:
         """Every frame's crc checked: the data plane's part is done; delivery is local. Best effort: a

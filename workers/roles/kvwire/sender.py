@@ -4,6 +4,7 @@ Responsible for: KVSender (connections from the pool, frames, progress
 events, the end-to-end ACK, retries, deadline, cancellation) and SendResult.
 Not responsible for: frames' layout (frame.py) or the sockets' plumbing (sockets.py).
 """
+
 from __future__ import annotations
 
 import json
@@ -19,29 +20,42 @@ from crc32c import crc32c
 
 from workers.roles.config import PathConfig, parse_address
 from workers.roles.events import EventLog
-from workers.roles.kvwire.frame import (ACK, BEGIN, CANCEL, END, FRAME_HEADER, FRAME_MAGIC, HAVE, LAYER, RESUME,
-                                        TransferFailed, TransferMeta, pack_frame)
+from workers.roles.kvwire.frame import (
+    ACK,
+    BEGIN,
+    CANCEL,
+    END,
+    FRAME_HEADER,
+    FRAME_MAGIC,
+    HAVE,
+    LAYER,
+    RESUME,
+    TransferFailed,
+    TransferMeta,
+    pack_frame,
+)
 from workers.roles.kvwire.sockets import CONNECTIONS, ConnectionPool, send_all, set_congestion
 from workers.roles.kvwire.tcpinfo import TcpInfo
 from workers.roles.kvwire.watch import ConnectionWatch
 
-POLL_S = 0.1   # a blocked send or reply wait looks at its connections' TCP_INFO this often
+POLL_S = 0.1  # a blocked send or reply wait looks at its connections' TCP_INFO this often
 
 
 @dataclass(frozen=True)
 class SendResult:
     """Outcome of one transfer. wire_bytes counts headers and retries too (bytes)."""
+
     ok: bool
-    reason: str                     # done | cancelled | failed: ...
+    reason: str  # done | cancelled | failed: ...
     kv_bytes: int
     wire_bytes: int
     attempts: int
     duration_ns: int
-    resumed_kv_bytes: int = 0       # KV bytes a retry did not send again: the receiver already held them
-    retrans_segs: int = 0           # TCP segments retransmitted on this transfer's connections (TCP_INFO)
-    segs_out: int = 0               # TCP segments sent on them, retransmissions included
+    resumed_kv_bytes: int = 0  # KV bytes a retry did not send again: the receiver already held them
+    retrans_segs: int = 0  # TCP segments retransmitted on this transfer's connections (TCP_INFO)
+    segs_out: int = 0  # TCP segments sent on them, retransmissions included
     bytes_retrans: int = 0
-    congestion_used: tuple[str, ...] = ()   # per connection, as read back from the socket
+    congestion_used: tuple[str, ...] = ()  # per connection, as read back from the socket
 
 
 @dataclass
@@ -49,11 +63,19 @@ class _Chunk:
     layer: int
     offset: int
     count: int
-    parts: tuple[np.ndarray, np.ndarray]   # K rows, V rows: (count, row_bytes) uint8 each, contiguous
+    parts: tuple[np.ndarray, np.ndarray]  # K rows, V rows: (count, row_bytes) uint8 each, contiguous
 
 
-def send_blob(address: str, meta: TransferMeta, kv: np.ndarray, settings: PathConfig, path: str,
-              events: EventLog, next_token: int | None = None, pool: ConnectionPool = CONNECTIONS) -> SendResult:
+def send_blob(
+    address: str,
+    meta: TransferMeta,
+    kv: np.ndarray,
+    settings: PathConfig,
+    path: str,
+    events: EventLog,
+    next_token: int | None = None,
+    pool: ConnectionPool = CONNECTIONS,
+) -> SendResult:
     """Send a whole KV region that already exists (kv: (n_layer, 2, n, row_bytes), e.g.
     kvcache.blob_kv_view of an exported blob) and wait for the outcome: the RLD's KV handoff and the
     benchmark that measures it call this same function."""
@@ -77,9 +99,17 @@ class KVSender:
     observe: called with (TcpInfo, connections) for every TCP_INFO sample (P's WAN estimate)
     """
 
-    def __init__(self, address: str, meta: TransferMeta, settings: PathConfig, path: str, events: EventLog,
-                 on_done: Callable[[SendResult], None] | None = None, pool: ConnectionPool = CONNECTIONS,
-                 observe: Callable[[TcpInfo, int], None] | None = None):
+    def __init__(
+        self,
+        address: str,
+        meta: TransferMeta,
+        settings: PathConfig,
+        path: str,
+        events: EventLog,
+        on_done: Callable[[SendResult], None] | None = None,
+        pool: ConnectionPool = CONNECTIONS,
+        observe: Callable[[TcpInfo, int], None] | None = None,
+    ):
         self.address = address
         self.observe = observe
         self.pool = pool
@@ -98,14 +128,14 @@ class KVSender:
         self._wire_bytes = 0
         self._attempt_kv_bytes = 0
         self._last_progress_ns = 0
-        self._transfer_id = secrets.randbits(63)   # kept across retries: a retry resumes the same transfer
-        self._skip: set[tuple[int, int]] = set()    # chunks the receiver holds (learnt by RESUME)
+        self._transfer_id = secrets.randbits(63)  # kept across retries: a retry resumes the same transfer
+        self._skip: set[tuple[int, int]] = set()  # chunks the receiver holds (learnt by RESUME)
         self._resumed_kv_bytes = 0
-        self._tcp = [0, 0, 0]                       # segments sent, segments and bytes retransmitted
+        self._tcp = [0, 0, 0]  # segments sent, segments and bytes retransmitted
         self._congestion_used: list[str] = []
         self._refusal_noted = False
-        self._skip_begin = False     # the receiver already has BEGIN (a resumed transfer)
-        self._already_done = False   # RESUME found the transfer complete (only its ACK was lost)
+        self._skip_begin = False  # the receiver already has BEGIN (a resumed transfer)
+        self._already_done = False  # RESUME found the transfer complete (only its ACK was lost)
         self._thread = threading.Thread(target=self._run, name=f"kvsend-{path}-{meta.request_id}", daemon=True)
         rows = max(1, settings.frame_bytes // max(1, 2 * meta.row_bytes))
         self._chunk_tokens = rows
@@ -124,7 +154,7 @@ class KVSender:
         with self._cond:
             for off in range(0, n, self._chunk_tokens):
                 cnt = min(self._chunk_tokens, n - off)
-                self._chunks.append(_Chunk(layer, off, cnt, (kv[0, off:off + cnt], kv[1, off:off + cnt])))
+                self._chunks.append(_Chunk(layer, off, cnt, (kv[0, off : off + cnt], kv[1, off : off + cnt])))
             self._cond.notify_all()
 
     def finish(self, next_token: int | None) -> None:
@@ -156,9 +186,18 @@ class KVSender:
         t0 = time.monotonic_ns()
         deadline_ns = t0 + self.settings.deadline_ms * 1_000_000
         m = self.meta
-        self.events.emit("kv_send_start", m.request_id, path=self.path, kind=m.kind, target=self.address,
-                         start=m.start, end=m.end, kv_bytes=m.kv_bytes, connections=self.settings.connections,
-                         congestion=self.settings.congestion)
+        self.events.emit(
+            "kv_send_start",
+            m.request_id,
+            path=self.path,
+            kind=m.kind,
+            target=self.address,
+            start=m.start,
+            end=m.end,
+            kv_bytes=m.kv_bytes,
+            connections=self.settings.connections,
+            congestion=self.settings.congestion,
+        )
         attempts, reason = 0, "failed"
         while attempts <= self.settings.max_retries and not self._cancelled:
             attempts += 1
@@ -178,22 +217,48 @@ class KVSender:
         if self._cancelled and reason != "done":
             reason = "cancelled"
         ok = reason == "done"
-        self._complete(SendResult(ok, reason, m.kv_bytes if ok else 0, self._wire_bytes, attempts,
-                                  time.monotonic_ns() - t0, self._resumed_kv_bytes, self._tcp[1], self._tcp[0],
-                                  self._tcp[2], tuple(self._congestion_used)))
+        self._complete(
+            SendResult(
+                ok,
+                reason,
+                m.kv_bytes if ok else 0,
+                self._wire_bytes,
+                attempts,
+                time.monotonic_ns() - t0,
+                self._resumed_kv_bytes,
+                self._tcp[1],
+                self._tcp[0],
+                self._tcp[2],
+                tuple(self._congestion_used),
+            )
+        )
 
     def _complete(self, result: SendResult) -> None:
         with self._cond:
             self._result = result
-        event = "kv_send_end" if result.ok else ("kv_send_cancelled_end" if result.reason == "cancelled"
-                                                 else "kv_send_failed")
-        self.events.emit(event, self.meta.request_id, path=self.path, kind=self.meta.kind, kv_bytes=result.kv_bytes,
-                         wire_bytes=result.wire_bytes, attempts=result.attempts, duration_ns=result.duration_ns,
-                         reason=result.reason, reused_connections=self._reused,
-                         resumed_kv_bytes=result.resumed_kv_bytes, retrans_segs=result.retrans_segs,
-                         segs_out=result.segs_out,
-                         bytes_retrans=result.bytes_retrans, congestion_requested=self.settings.congestion,
-                         congestion_used=list(result.congestion_used))
+        event = (
+            "kv_send_end"
+            if result.ok
+            else ("kv_send_cancelled_end" if result.reason == "cancelled" else "kv_send_failed")
+        )
+        self.events.emit(
+            event,
+            self.meta.request_id,
+            path=self.path,
+            kind=self.meta.kind,
+            kv_bytes=result.kv_bytes,
+            wire_bytes=result.wire_bytes,
+            attempts=result.attempts,
+            duration_ns=result.duration_ns,
+            reason=result.reason,
+            reused_connections=self._reused,
+            resumed_kv_bytes=result.resumed_kv_bytes,
+            retrans_segs=result.retrans_segs,
+            segs_out=result.segs_out,
+            bytes_retrans=result.bytes_retrans,
+            congestion_requested=self.settings.congestion,
+            congestion_used=list(result.congestion_used),
+        )
         if self.on_done is not None:
             self.on_done(result)
 
@@ -214,10 +279,15 @@ class KVSender:
             resume = threading.Event()
             if attempt == 1:
                 resume.set()
-            threads = [threading.Thread(target=self._conn_main, args=(i, socks, watches, failure, deadline_ns,
-                                                                      resume),
-                                        name=f"kvconn{i}-{self.meta.request_id}", daemon=True)
-                       for i in range(len(socks))]
+            threads = [
+                threading.Thread(
+                    target=self._conn_main,
+                    args=(i, socks, watches, failure, deadline_ns, resume),
+                    name=f"kvconn{i}-{self.meta.request_id}",
+                    daemon=True,
+                )
+                for i in range(len(socks))
+            ]
             for t in threads:
                 t.start()
             for t in threads:
@@ -238,14 +308,25 @@ class KVSender:
 
     def _watch(self, sock: socket.socket, index: int, attempt: int) -> ConnectionWatch:
         n, observe = self.settings.connections, self.observe
-        w = ConnectionWatch(sock, index, attempt, self.settings.stall_timeout_ms,
-                            lambda **f: self.events.emit("kv_tcp_info", self.meta.request_id, path=self.path, **f),
-                            None if observe is None else lambda info: observe(info, n))
+        w = ConnectionWatch(
+            sock,
+            index,
+            attempt,
+            self.settings.stall_timeout_ms,
+            lambda **f: self.events.emit("kv_tcp_info", self.meta.request_id, path=self.path, **f),
+            None if observe is None else lambda info: observe(info, n),
+        )
         asked = self.settings.congestion
         if asked != "default" and w.cc and w.cc != asked and not self._refusal_noted:
             self._refusal_noted = True
-            self.events.emit("kv_congestion_refused", self.meta.request_id, path=self.path, requested=asked,
-                             used=w.cc, reason="the kernel kept another algorithm (see the role's log)")
+            self.events.emit(
+                "kv_congestion_refused",
+                self.meta.request_id,
+                path=self.path,
+                requested=asked,
+                used=w.cc,
+                reason="the kernel kept another algorithm (see the role's log)",
+            )
         return w
 
     def _end_watches(self, watches: list[ConnectionWatch]) -> None:
@@ -266,7 +347,7 @@ class KVSender:
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             set_congestion(sock, self.settings.congestion)
-            sock.settimeout(self.settings.stall_timeout_ms / 1000)   # the handshake: no TCP_INFO to judge yet
+            sock.settimeout(self.settings.stall_timeout_ms / 1000)  # the handshake: no TCP_INFO to judge yet
             sock.connect((host, port))
             sock.settimeout(POLL_S)
         except OSError:
@@ -274,8 +355,15 @@ class KVSender:
             raise
         return sock
 
-    def _conn_main(self, index: int, socks: list[socket.socket], watches: list[ConnectionWatch],
-                   failure: list[str], deadline_ns: int, resume: threading.Event) -> None:
+    def _conn_main(
+        self,
+        index: int,
+        socks: list[socket.socket],
+        watches: list[ConnectionWatch],
+        failure: list[str],
+        deadline_ns: int,
+        resume: threading.Event,
+    ) -> None:
         sock, watch, tid = socks[index], watches[index], self._transfer_id
         try:
             if index == 0:
@@ -294,7 +382,7 @@ class KVSender:
                 self._read_reply(sock, ACK, watches, failure, deadline_ns)
         except _AlreadyDone:
             self._already_done = True
-            failure.append("done")   # stops the other connections; _attempt reports success
+            failure.append("done")  # stops the other connections; _attempt reports success
             resume.set()
         except (OSError, TransferFailed) as err:
             if not failure:
@@ -302,8 +390,9 @@ class KVSender:
             resume.set()
             self._abort_attempt(socks)
 
-    def _resume(self, sock: socket.socket, watches: list[ConnectionWatch], failure: list[str],
-                deadline_ns: int) -> None:
+    def _resume(
+        self, sock: socket.socket, watches: list[ConnectionWatch], failure: list[str], deadline_ns: int
+    ) -> None:
         """A retry: ask the receiver what it holds of this transfer and skip that."""
         self._send(sock, watches[0], [pack_frame(RESUME, self._transfer_id)])
         payload = self._read_reply(sock, HAVE, watches, failure, deadline_ns)
@@ -312,7 +401,7 @@ class KVSender:
             state, held = have["state"], {(int(c[0]), int(c[1])) for c in have["chunks"]}
         except (ValueError, TypeError, KeyError, IndexError) as err:
             raise TransferFailed(f"HAVE payload malformed: {err}") from None
-        if state == "done":   # the ACK was lost with the old connection: the transfer is complete
+        if state == "done":  # the ACK was lost with the old connection: the transfer is complete
             raise _AlreadyDone()
         with self._cond:
             self._skip_begin = state == "partial"
@@ -325,8 +414,15 @@ class KVSender:
         if failure:
             raise TransferFailed("another connection failed")
 
-    def _send_chunks(self, index: int, n_conns: int, sock: socket.socket, watch: ConnectionWatch,
-                     failure: list[str], deadline_ns: int) -> int:
+    def _send_chunks(
+        self,
+        index: int,
+        n_conns: int,
+        sock: socket.socket,
+        watch: ConnectionWatch,
+        failure: list[str],
+        deadline_ns: int,
+    ) -> int:
         """Send chunks index, index+n_conns, ... as they are produced (those the receiver lacks); returns the
         total chunk count."""
         j = index
@@ -351,9 +447,8 @@ class KVSender:
                 self._progress(k.nbytes + v.nbytes)
                 j += n_conns
                 continue
-            crc = crc32c(v, crc32c(k))   # here, not ahead on another thread: the send then copies from cache
-            hdr = pack_frame(LAYER, self._transfer_id, chunk.layer, chunk.offset, chunk.count,
-                             k.nbytes + v.nbytes, crc)
+            crc = crc32c(v, crc32c(k))  # here, not ahead on another thread: the send then copies from cache
+            hdr = pack_frame(LAYER, self._transfer_id, chunk.layer, chunk.offset, chunk.count, k.nbytes + v.nbytes, crc)
             self._send(sock, watch, [hdr, k, v])
             self._progress(k.nbytes + v.nbytes)
             j += n_conns
@@ -365,6 +460,7 @@ class KVSender:
                 raise TransferFailed(reason)
             if self._cancelled:
                 raise TransferFailed("cancelled")
+
         send_all(sock, parts, on_wait=check)
         watch.tick()
         with self._cond:
@@ -379,11 +475,17 @@ class KVSender:
             if due:
                 self._last_progress_ns = now
         if due or sent == self.meta.kv_bytes:
-            self.events.emit("kv_progress", self.meta.request_id, path=self.path, kv_bytes_sent=sent,
-                             kv_bytes_total=self.meta.kv_bytes)
+            self.events.emit(
+                "kv_progress",
+                self.meta.request_id,
+                path=self.path,
+                kv_bytes_sent=sent,
+                kv_bytes_total=self.meta.kv_bytes,
+            )
 
-    def _read_reply(self, sock: socket.socket, ftype: int, watches: list[ConnectionWatch],
-                    failure: list[str], deadline_ns: int) -> bytes:
+    def _read_reply(
+        self, sock: socket.socket, ftype: int, watches: list[ConnectionWatch], failure: list[str], deadline_ns: int
+    ) -> bytes:
         """The receiver's ACK (or HAVE) of this transfer; its payload. While it waits, every connection of the
         attempt is judged by the stall rule; once the receiver's TCP has acknowledged every byte on all of
         them, the reply must come within stall_timeout_ms."""
@@ -404,12 +506,12 @@ class KVSender:
             got += n
         magic, _, rtype, _, tid, _, _, plen, _ = FRAME_HEADER.unpack(buf)
         if magic != FRAME_MAGIC or rtype != ftype or tid != self._transfer_id:
-            raise TransferFailed(f"expected frame type {ftype} of transfer {self._transfer_id}, got type {rtype} "
-                                 f"of {tid}")
+            raise TransferFailed(
+                f"expected frame type {ftype} of transfer {self._transfer_id}, got type {rtype} of {tid}"
+            )
         return self._read_payload(sock, plen)
 
-    def _reply_overdue(self, ftype: int, watches: list[ConnectionWatch], failure: list[str],
-                       acked_since: int) -> int:
+    def _reply_overdue(self, ftype: int, watches: list[ConnectionWatch], failure: list[str], acked_since: int) -> int:
         with self._cond:
             if self._cancelled or failure:
                 raise TransferFailed("cancelled" if self._cancelled else "another connection failed")
@@ -419,12 +521,14 @@ class KVSender:
             if reason:
                 raise TransferFailed(f"connection {w.index}: {reason}")
         if not written or not all(w.all_acked() for w in watches):
-            return 0   # bytes still on their way: the stall rule watches them
+            return 0  # bytes still on their way: the stall rule watches them
         now = time.monotonic_ns()
         if acked_since and now - acked_since > self.settings.stall_timeout_ms * 1_000_000:
-            raise TransferFailed(f"stalled: no {'ACK' if ftype == ACK else 'HAVE'} "
-                                 f"{self.settings.stall_timeout_ms} ms after the receiver's TCP acknowledged "
-                                 "every byte")
+            raise TransferFailed(
+                f"stalled: no {'ACK' if ftype == ACK else 'HAVE'} "
+                f"{self.settings.stall_timeout_ms} ms after the receiver's TCP acknowledged "
+                "every byte"
+            )
         return acked_since or now
 
     def _read_payload(self, sock: socket.socket, plen: int) -> bytes:
@@ -460,7 +564,7 @@ class KVSender:
                 pass
 
 
-MAX_REPLY_BYTES = 64 << 20   # a HAVE lists held chunks: far below this
+MAX_REPLY_BYTES = 64 << 20  # a HAVE lists held chunks: far below this
 
 
 class _AlreadyDone(TransferFailed):

@@ -4,6 +4,7 @@ Responsible for: choosing and reading back TCP_CONGESTION, sending and
 receiving whole frames, the pool of idle connections kept between transfers.
 Not responsible for: what travels on them (sender.py, receiver.py).
 """
+
 from __future__ import annotations
 
 import logging
@@ -32,8 +33,9 @@ def set_congestion(sock: socket.socket, name: str) -> str:
     if name == "default":
         return "default"
     if name not in available_congestion():
-        log.warning("congestion control %r not available (have %s); using the kernel default",
-                    name, available_congestion())
+        log.warning(
+            "congestion control %r not available (have %s); using the kernel default", name, available_congestion()
+        )
         return "default"
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, name.encode())
@@ -140,7 +142,7 @@ def _still_open(sock: socket.socket) -> bool:
     poller = select.poll()
     try:
         poller.register(sock, select.POLLIN | select.POLLERR | select.POLLHUP)
-        return not poller.poll(0)   # anything to report: EOF, a reset or a stray byte
+        return not poller.poll(0)  # anything to report: EOF, a reset or a stray byte
     except (OSError, ValueError):
         return False
 

@@ -15,6 +15,7 @@ max(stall_timeout_ms, STALL_RTO_FACTOR x RTO + RTT), with the connection's
 own current (backed-off) RTO and smoothed RTT. A connection that owes
 nothing (it waits for the producer) never stalls.
 """
+
 from __future__ import annotations
 
 import socket
@@ -24,8 +25,8 @@ from typing import Callable
 
 from workers.roles.kvwire.tcpinfo import TcpInfo, congestion_of, read_tcp_info
 
-SAMPLE_INTERVAL_NS = 100_000_000   # one kv_tcp_info sample per connection per 100 ms while it works
-STALL_RTO_FACTOR = 2               # the next retransmission is due within one RTO; its ACK within one more
+SAMPLE_INTERVAL_NS = 100_000_000  # one kv_tcp_info sample per connection per 100 ms while it works
+STALL_RTO_FACTOR = 2  # the next retransmission is due within one RTO; its ACK within one more
 
 
 def stall_limit_ns(stall_timeout_ms: int, info: TcpInfo | None) -> int:
@@ -44,8 +45,15 @@ def owes_bytes(info: TcpInfo | None) -> bool:
 class ConnectionWatch:
     """sock: one connection of a transfer attempt; emit(**fields): records a kv_tcp_info event."""
 
-    def __init__(self, sock: socket.socket, index: int, attempt: int, stall_timeout_ms: int, emit,
-                 observe: Callable[[TcpInfo], None] | None = None):
+    def __init__(
+        self,
+        sock: socket.socket,
+        index: int,
+        attempt: int,
+        stall_timeout_ms: int,
+        emit,
+        observe: Callable[[TcpInfo], None] | None = None,
+    ):
         self.sock, self.index, self.attempt = sock, index, attempt
         self.stall_timeout_ms = stall_timeout_ms
         self._emit, self._observe = emit, observe
@@ -84,9 +92,11 @@ class ConnectionWatch:
         if not owes_bytes(info) or idle <= limit:
             return ""
         rto = f", RTO {info.rto_us / 1000:.0f} ms x{info.backoff} backoff" if info else ""
-        return (f"stalled: nothing acknowledged for {idle / 1e6:.0f} ms (limit {limit / 1e6:.0f} ms{rto}; "
-                f"{info.unacked if info else '?'} segments in flight, {info.notsent_bytes if info else '?'} "
-                "bytes unsent)")
+        return (
+            f"stalled: nothing acknowledged for {idle / 1e6:.0f} ms (limit {limit / 1e6:.0f} ms{rto}; "
+            f"{info.unacked if info else '?'} segments in flight, {info.notsent_bytes if info else '?'} "
+            "bytes unsent)"
+        )
 
     def all_acked(self) -> bool:
         return not owes_bytes(self.tick())
