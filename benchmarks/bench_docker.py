@@ -28,7 +28,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # docker_rt is not an installed package yet
 
 from docker_rt.engine import docker  # noqa: E402
-from docker_rt.host import DockerOptions  # noqa: E402
+from docker_rt.host import DockerOptions, runtime_for  # noqa: E402
 from docker_rt.image import ensure_image  # noqa: E402
 from experiments import deploy  # noqa: E402
 from topology.net import Testbed, TopologyConfig  # noqa: E402
@@ -77,7 +77,8 @@ def bench_ready(runtime: str, image: str) -> list[str]:
     cfg_path = run_dir / "deployment.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
     topo = TopologyConfig(
-        wan_profile=load_profile("wan-regional"), runtime=runtime, docker=DockerOptions(image=image, mounts=(run_dir,))
+        wan_profile=load_profile("wan-regional"),
+        runtime=runtime_for(runtime, DockerOptions(image=image, mounts=(run_dir,))),
     )
     with Testbed(topo) as tb:
         started = {}

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from topology.netem_model import periodic_delays_ns
 from topology.profiles import LinkParams
-from topology.userspace import UserspaceEmulator
+from topology.emulator import UserspaceEmulator
 from topology.wire_netns import NetnsWire, WireNames, in_ns
 
 log = logging.getLogger(__name__)

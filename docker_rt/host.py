@@ -215,12 +215,16 @@ def docker_host_class():
 
 # ---------------------------------------------------------------- the runtime
 class DockerRuntime:
-    """The Docker side of one testbed: holders, process containers, crash checks, teardown by label."""
+    """The Docker side of one testbed (a topology.runtime.HostRuntime): holders, process containers, crash
+    checks, teardown by label."""
+
+    name = "docker"
 
     def __init__(self, options: DockerOptions):
         self.options = options
         self.run_id = f"{os.getpid()}-{int(time.time() * 1000)}"
         self._counts: dict[str, int] = {}
+        self._roles: dict[str, str] = {}  # host -> role, of the hosts this runtime containerised
         self._host_class = None
 
     def start(self) -> None:
@@ -250,12 +254,13 @@ class DockerRuntime:
             "limits": {r: vars(self.options.limits_for(r)) for r in self.options.roles},
         }
 
-    def host_params(self, role: str) -> dict:
-        """Extra `Mininet.addHost` parameters for a host of this role ({} = a plain host)."""
+    def host_params(self, host: str, role: str) -> dict:
+        """Extra `Mininet.addHost` parameters for this host of this role ({} = a plain host)."""
         if role not in self.options.roles:
             return {}
         if self._host_class is None:
             self._host_class = docker_host_class()
+        self._roles[host] = role
         return {"cls": self._host_class, "runtime": self, "role": role}
 
     def start_holder(self, host: str) -> int:
@@ -266,12 +271,13 @@ class DockerRuntime:
             raise DockerError(f"holder container of {host} is not running: {self.last_lines(name)}")
         return pid
 
-    def exec_argv(self, node, argv: list[str]) -> list[str] | None:
-        """The full argv that runs argv as a process container on node; None for a plain host."""
-        if getattr(node, "runtime", None) is not self:
+    def exec_argv(self, host: str, argv: list[str]) -> list[str] | None:
+        """The full argv that runs argv as a process container on host; None for a plain host."""
+        role = self._roles.get(host)
+        if role is None:
             return None
-        index = self._counts[node.name] = self._counts.get(node.name, 0) + 1
-        return [docker_bin(), *proc_run_args(self.options, self.run_id, node.name, node.role, index, argv)]
+        index = self._counts[host] = self._counts.get(host, 0) + 1
+        return [docker_bin(), *proc_run_args(self.options, self.run_id, host, role, index, argv)]
 
     # ---- state and crashes
     def containers(self) -> list[ContainerState]:
@@ -322,7 +328,7 @@ class DockerRuntime:
             raise WorkerCrashed("\n".join(messages))
 
     def _role_of(self, host: str) -> str:
-        return host.rstrip("0123456789") or host
+        return self._roles.get(host, host)
 
     # ---- teardown
     def collect_logs(self, directory: Path) -> list[Path]:
@@ -343,6 +349,19 @@ class DockerRuntime:
         if self.options.log_dir:
             self.collect_logs(self.options.log_dir)
         remove_labelled(f"{LABEL_RUN}={self.run_id}")
+
+
+def runtime_for(name: str, options: DockerOptions | None = None):
+    """The topology.runtime.HostRuntime called name: process (plain processes) or docker (needs options)."""
+    from topology.runtime import ProcessRuntime
+
+    if name == "process":
+        return ProcessRuntime()
+    if name == "docker":
+        if options is None:
+            raise DockerError("the docker runtime needs DockerOptions (the worker image at least)")
+        return DockerRuntime(options)
+    raise DockerError(f"runtime {name!r} is unknown; allowed: process, docker")
 
 
 def remove_labelled(label: str) -> list[str]:

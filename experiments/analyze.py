@@ -75,7 +75,7 @@ def add_wan_analysis(summary: dict, events: list[dict], rm: runmeta.RunMeta, wan
 
 def emulator_health(variant: str, s: dict, window: dict) -> list[dict]:
     """The userspace emulator's health in the variant's window (metadata's `emulator`, from
-    topology.userspace.health_between) into the variant's summary; a warning where its p99 lateness
+    topology.emulator.health_between) into the variant's summary; a warning where its p99 lateness
     passed the limit or it dropped frames for lack of CPU: there the machinery, not the link, was measured."""
     h = window.get("emulator")
     s["emulator"] = h

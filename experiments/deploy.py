@@ -66,14 +66,15 @@ def topology_kwargs(spec, run_dir: Path | None = None) -> dict:
         raise SpecError(f"runtime={spec.runtime!r} is unknown; allowed: {list(RUNTIMES)}")
     if spec.runtime == "process" or run_dir is None:
         return {}
-    from docker_rt.host import DockerOptions
+    from docker_rt.host import DockerOptions, DockerRuntime
     from docker_rt.image import ensure_image
     from workers.model import get_config, get_or_create_weights
 
     get_or_create_weights(get_config(spec.model), spec.weights_seed)
     return {
-        "runtime": "docker",
-        "docker": DockerOptions(image=ensure_image().ref, mounts=(run_dir,), log_dir=run_dir / "containers"),
+        "runtime": DockerRuntime(
+            DockerOptions(image=ensure_image().ref, mounts=(run_dir,), log_dir=run_dir / "containers")
+        ),
     }
 
 

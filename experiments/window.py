@@ -28,7 +28,7 @@ from experiments import crosstraffic as ct
 from topology.proc import reap, terminate, wait_listening
 from topology.profiles import Profile, ScheduleStep, schedule_end_s
 from topology.shaping import AppliedChange, merge_schedules
-from topology.userspace import health_between
+from topology.emulator import health_between
 
 log = logging.getLogger(__name__)
 # A client whose test is due to end gets this long to exchange its results before it is stopped (s).

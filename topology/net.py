@@ -29,6 +29,7 @@ from topology import capture, naming, tc
 from topology.cleanup import StateFile, prefixed_links
 from topology.proc import check_output, terminate
 from topology.profiles import DIRECTIONS, Profile, ScheduleStep, load_profile
+from topology.runtime import HostRuntime, ProcessRuntime
 from topology.shaping import (
     AppliedChange,
     BackendChoice,
@@ -61,8 +62,8 @@ class TopologyConfig:
     snaplen_bytes: bytes kept per captured frame (headers only by default)
     seed: random seed of the userspace emulator
     log_dir: where the emulator's log goes; None = a temporary directory
-    runtime: process | docker: where the end hosts' processes run
-    docker: docker_rt.host.DockerOptions, required when runtime is docker
+    runtime: where the end hosts' processes run (topology.runtime.HostRuntime; the caller passes e.g.
+        docker_rt.host.DockerRuntime in); default: plain processes in the namespaces
     play_schedule: play the WAN profile's schedule from the moment the link is up; False = the caller
         plays it (`Testbed.play_schedule`) on its own clock, e.g. each variant's window
     cross_hosts: add the cross-traffic hosts xa and xb (topology.naming)
@@ -78,10 +79,7 @@ class TopologyConfig:
     snaplen_bytes: int = 128
     seed: int = 1
     log_dir: Path | None = None
-    # --- runtime hook (issue 5): docker puts chosen hosts' processes in containers (docker_rt.host)
-    runtime: str = "process"
-    docker: Any = None
-    # --- end runtime hook
+    runtime: HostRuntime = field(default_factory=ProcessRuntime)
     play_schedule: bool = True  # the link's clock: calibration and the fidelity tests rely on it
     cross_hosts: bool = False  # only experiments with cross traffic pay for two more namespaces
 
@@ -144,7 +142,7 @@ class Testbed:
         self._sigterm = _SigtermAsInterrupt()
         self._state: StateFile | None = None
         self._owns_prefix = False  # set once preflight found the prefix free: only then is it ours to clean
-        self._docker: Any = None  # runtime hook (issue 5): docker_rt.host.DockerRuntime when runtime is docker
+        self.runtime: HostRuntime = config.runtime
 
     # ---- lifecycle -------------------------------------------------------
     def __enter__(self) -> "Testbed":
@@ -236,7 +234,7 @@ class Testbed:
                 spec.name,
                 ip=f"{spec.ip}/24",
                 defaultRoute=f"via {naming.gateway_lan_ip(spec.cluster)}",
-                **(self._docker.host_params(spec.role) if self._docker else {}),
+                **self.runtime.host_params(spec.name, spec.role),
             )
             self.net.addLink(host, switch[spec.cluster])
         gwa, gwb = self.net.get(naming.GATEWAY_A), self.net.get(naming.GATEWAY_B)
@@ -346,7 +344,7 @@ class Testbed:
 
     def popen(self, host: str, argv: list[str], **kwargs) -> subprocess.Popen:
         """Start a tracked background process inside a host; stopped at teardown."""
-        full = (self._docker and self._docker.exec_argv(self.host(host), argv)) or self.ns_prefix(host) + argv
+        full = self.runtime.exec_argv(host, argv) or self.ns_prefix(host) + argv
         log.info("[%s] start: %s", host, " ".join(argv))
         with self._procs_lock:
             proc = subprocess.Popen(full, **kwargs)
@@ -354,28 +352,16 @@ class Testbed:
             self._state.add(proc.pid, f"{host}: {argv[0]}")
         return proc
 
-    # ---- runtime hook (issue 5) --------------------------------------------
+    # ---- the host runtime (topology.runtime) -------------------------------
     def _start_runtime(self) -> None:
-        if self.config.runtime not in ("process", "docker"):
-            raise TestbedError(f"runtime must be process or docker, got {self.config.runtime!r}")
-        if self.config.runtime == "docker":
-            if self.config.docker is None:
-                raise TestbedError("runtime docker needs TopologyConfig.docker (docker_rt.host.DockerOptions)")
-            from docker_rt.host import DockerRuntime
-
-            self._docker = DockerRuntime(self.config.docker)
-            self._docker.start()
+        self.runtime.start()
 
     def _stop_runtime(self) -> None:
-        if self._docker:
-            self._docker.stop()
+        self.runtime.stop()
 
     def check_workers(self) -> None:
-        """Raise if a worker container crashed (names the role, shows its last log lines); no-op for process."""
-        if self._docker:
-            self._docker.check()
-
-    # ---- end runtime hook ------------------------------------------------
+        """Raise if a worker the runtime runs died (a container: names the role, shows its last log lines)."""
+        self.runtime.check()
 
     def swap_profile(self, profile: Profile) -> None:
         """Replace the WAN profile on the live link."""
@@ -418,8 +404,8 @@ class Testbed:
             "hosts": [h.__dict__ for h in self._host_specs()],
             "seed": c.seed,
             "snaplen_bytes": c.snaplen_bytes,
-            "runtime": c.runtime,
-            "docker": self._docker.metadata() if self._docker else None,  # issue 5 hook
+            "runtime": self.runtime.name,
+            "runtime_metadata": self.runtime.metadata(),
             "link_changes": [ch.__dict__ for ch in self.link.changes] if self.link else [],
         }
 

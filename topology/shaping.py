@@ -132,7 +132,7 @@ class UserspaceBackend:
 
     def start(self, a_to_b: LinkParams, b_to_a: LinkParams) -> None:
         """Start the forwarder in the wire host and wait until it answers."""
-        from topology.userspace import UserspaceEmulator
+        from topology.emulator import UserspaceEmulator
 
         self._emulator = UserspaceEmulator(
             if_a=f"{naming.WIRE}-eth0",
@@ -155,7 +155,7 @@ class UserspaceBackend:
         return {d: vars(c) for d, c in self._emulator.stats().items()} if self._emulator else {}
 
     def health(self) -> dict | None:
-        """The forwarder's health snapshot (topology.userspace.health_between compares two)."""
+        """The forwarder's health snapshot (topology.emulator.health_between compares two)."""
         return self._emulator.health() if self._emulator else None
 
     def stop(self) -> None:

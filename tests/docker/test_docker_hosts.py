@@ -10,7 +10,7 @@ import pytest
 
 from docker_rt import LABEL_RUN
 from docker_rt.engine import docker
-from docker_rt.host import DockerOptions, WorkerCrashed
+from docker_rt.host import DockerOptions, WorkerCrashed, runtime_for
 from topology import naming
 from topology.net import Testbed, TopologyConfig
 from topology.profiles import load_profile
@@ -28,7 +28,7 @@ ENGINE_CODE = (
 
 def config(image: str, tmp_path, runtime: str = "docker") -> TopologyConfig:
     opts = DockerOptions(image=image, mounts=(tmp_path,), log_dir=tmp_path / "containers")
-    return TopologyConfig(wan_profile=load_profile(PROFILE), runtime=runtime, docker=opts)
+    return TopologyConfig(wan_profile=load_profile(PROFILE), runtime=runtime_for(runtime, opts))
 
 
 def output(tb: Testbed, host: str, argv: list[str], timeout_s: float = 120) -> str:
@@ -55,7 +55,7 @@ def test_container_sees_only_its_interfaces_and_reaches_across_the_wan(
         ping = output(tb, "md1", ["ping", "-n", "-c", "3", "-i", "0.2", "-W", "2", naming.host_ip("client")])
         assert " 0% packet loss" in ping
         # the holder really is a container of this run, with the role's limits on the process containers
-        run_id = tb.metadata()["docker"]["run_id"]
+        run_id = tb.metadata()["runtime_metadata"]["run_id"]
         assert len(run_containers(run_id)) == 4 + 3  # 4 holders + 3 process containers so far
     assert run_containers(run_id) == []
 
@@ -67,7 +67,7 @@ def test_crashed_container_names_the_role_and_its_last_lines(worker_image, tiny_
     )
     with pytest.raises(WorkerCrashed) as err:
         with Testbed(config(worker_image.ref, tmp_path)) as tb:
-            run_id = tb.metadata()["docker"]["run_id"]
+            run_id = tb.metadata()["runtime_metadata"]["run_id"]
             proc = tb.popen("md1", [sys.executable, "-c", crash], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             assert proc.wait(60) == 3  # the docker client exits with the container's code
             tb.check_workers()
@@ -82,7 +82,7 @@ def test_crashed_container_names_the_role_and_its_last_lines(worker_image, tiny_
 def test_teardown_after_exception_removes_every_container(worker_image, tiny_weights, tmp_path, nothing_left_behind):
     with pytest.raises(RuntimeError, match="boom"):
         with Testbed(config(worker_image.ref, tmp_path)) as tb:
-            run_id = tb.metadata()["docker"]["run_id"]
+            run_id = tb.metadata()["runtime_metadata"]["run_id"]
             tb.popen("p1", ["sleep", "300"])
             raise RuntimeError("boom")
     assert run_containers(run_id) == []
@@ -99,14 +99,13 @@ def test_same_tokens_in_process_and_docker_runtime(worker_image, tiny_weights, t
 
 KILLED_SCRIPT = """
 import sys, time
-from docker_rt.host import DockerOptions
+from docker_rt.host import DockerOptions, DockerRuntime
 from topology.net import Testbed, TopologyConfig
 from topology.profiles import load_profile
-cfg = TopologyConfig(wan_profile=load_profile("wan-regional"), runtime="docker",
-                     docker=DockerOptions(image=sys.argv[1]))
+cfg = TopologyConfig(wan_profile=load_profile("wan-regional"), runtime=DockerRuntime(DockerOptions(image=sys.argv[1])))
 with Testbed(cfg) as tb:
     tb.popen("md1", ["sleep", "300"])
-    print(tb.metadata()["docker"]["run_id"], flush=True)
+    print(tb.metadata()["runtime_metadata"]["run_id"], flush=True)
     time.sleep(300)
 """
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from docker_rt.host import DockerOptions, RoleLimits
+from docker_rt.host import DockerOptions, RoleLimits, runtime_for
 from experiments import deploy
 from topology.net import Testbed, TopologyConfig
 from topology.profiles import load_profile
@@ -60,7 +60,7 @@ def serve_one(runtime: str, image: str, run_dir, prompt: list[int]) -> dict:
     opts = DockerOptions(
         image=image, mounts=(run_dir,), log_dir=run_dir / "containers", limits={"rld": RoleLimits(0.5, 2048)}
     )
-    topo = TopologyConfig(wan_profile=load_profile(PROFILE), runtime=runtime, docker=opts)
+    topo = TopologyConfig(wan_profile=load_profile(PROFILE), runtime=runtime_for(runtime, opts))
     with Testbed(topo) as tb:
         for role, host in ROLE_HOSTS.items():
             log = open(run_dir / f"{host}.log", "wb")

@@ -20,7 +20,8 @@ import statistics
 import pytest
 
 from topology.profiles import LinkParams
-from topology.userspace import EmulatorError, UserspaceEmulator
+from topology.emulator import UserspaceEmulator
+from topology.userspace import EmulatorError
 from topology.wire_netns import NetnsWire, WireNames, in_ns, run
 
 pytestmark = [pytest.mark.emulation, pytest.mark.slow]

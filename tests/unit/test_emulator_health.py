@@ -5,7 +5,7 @@ import dataclasses
 
 from topology.netem_model import Lateness, NetemQueue, lateness_between
 from topology.profiles import LinkParams
-from topology.userspace import LATE_P99_US, health_between
+from topology.emulator import LATE_P99_US, health_between
 
 
 def test_lateness_percentiles_over_a_window():

@@ -9,7 +9,8 @@ import threading
 import pytest
 
 from topology.profiles import LinkParams
-from topology.userspace import ControlServer, control_request, emulator_cmd, offload_off_cmds, parse_args
+from topology.emulator import control_request
+from topology.userspace import ControlServer, emulator_cmd, offload_off_cmds, parse_args
 
 
 def test_offload_off_cmds():

@@ -1,0 +1,58 @@
+"""Where an end host's processes run: the seam between the topology and a container runtime.
+
+Responsible for: the `HostRuntime` protocol the Testbed calls (start and stop
+with the testbed, extra Mininet host parameters per role, the argv that runs a
+process "in" a host, a crash check, metadata) and its default,
+`ProcessRuntime`: plain processes in the hosts' network namespaces.
+Not responsible for: any container engine — `docker_rt.host.DockerRuntime`
+implements this protocol, and the caller (experiments/deploy.py, a test)
+passes it in through `TopologyConfig.runtime`. The topology imports nothing
+above itself, as Mininet's `net.py` never imports the Host flavours a caller
+picks.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class HostRuntime(Protocol):
+    """What a Testbed needs from a runtime; every method is called by the Testbed alone."""
+
+    name: str  # process | docker | ...: recorded in metadata.json
+
+    def start(self) -> None: ...  # before the hosts exist; raise with what to do when it cannot run
+
+    def stop(self) -> None: ...  # at teardown: remove everything it made, by its own ids
+
+    def check(self) -> None: ...  # raise naming the host and why, if a worker it runs died
+
+    def host_params(self, host: str, role: str) -> dict: ...  # extra `Mininet.addHost` parameters ({}: a plain host)
+
+    def exec_argv(self, host: str, argv: list[str]) -> list[str] | None: ...  # None: run in the host's namespaces
+
+    def metadata(self) -> dict | None: ...  # how it ran, for metadata.json
+
+
+class ProcessRuntime:
+    """Plain processes in the hosts' namespaces (mnexec): nothing to start, stop or check."""
+
+    name = "process"
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def check(self) -> None:
+        pass
+
+    def host_params(self, host: str, role: str) -> dict:
+        return {}
+
+    def exec_argv(self, host: str, argv: list[str]) -> list[str] | None:
+        return None
+
+    def metadata(self) -> dict | None:
+        return None
