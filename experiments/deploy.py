@@ -24,11 +24,14 @@ from pathlib import Path
 
 import yaml
 
-from experiments.deployment import (
-    deployment_dict,
-    roles_config,  # noqa: F401
-    worker_names,
-)
+# Re-exported (the runner, tests and benchmarks address the roles through deploy).
+from experiments.deployment import KV_PORTS as KV_PORTS
+from experiments.deployment import PORTS as PORTS
+from experiments.deployment import deployment_dict
+from experiments.deployment import grpc_address as grpc_address
+from experiments.deployment import roles_config as roles_config
+from experiments.deployment import worker_ip as worker_ip
+from experiments.deployment import worker_names
 
 log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parent.parent
