@@ -165,6 +165,33 @@ def test_warm_drc_sends_only_the_suffix_over_the_wan(dep, reference):
     assert dep.proxy.bytes_forwarded == wan.fields["wire_bytes"]  # what really crossed the WAN
 
 
+def test_a_late_drc_answer_does_not_hold_back_the_first_token(dep):
+    """P's reply (and so the first token, which the RLD sends) must not wait for the MD's DRC answer: on a
+    congested WAN that answer queues behind KV for seconds. Here the DRC "MD" accepts TCP and never speaks,
+    so its PrefixLength runs into P's 5 s deadline; the fast-path copy and the reply do not wait for it."""
+    silent = socket.create_server(("127.0.0.1", 0))
+    try:
+        stub = pdd_pb2_grpc.PrefillStub(grpc.insecure_channel(dep.cfg.p.grpc_address))
+        targets = [
+            pdd_pb2.KVTarget(path="fast", kv_address=dep.cfg.rld.kv_address, start_tokens=0),
+            pdd_pb2.KVTarget(
+                path="wan", kv_address=dep.cfg.md.kv_address, drc_address=f"127.0.0.1:{silent.getsockname()[1]}"
+            ),
+        ]
+        t0 = time.monotonic()
+        reply = stub.Prefill(
+            pdd_pb2.PrefillRequest(request_id="late-drc", prompt_tokens=fresh_prompt(40), targets=targets),
+            timeout=30,
+        )
+        took_s = time.monotonic() - t0
+        assert took_s < 2.0, f"P's reply waited {took_s:.1f} s for the WAN target's DRC"
+        assert reply.sent_from_tokens == [0]  # the fast path only, so far
+        failed = wait_for(lambda: events_of(dep, "p1", "late-drc", "drc_query_failed"), 15, "the DRC query to fail")
+        assert "DEADLINE_EXCEEDED" in failed[0].fields["reason"]
+    finally:
+        silent.close()
+
+
 def test_singular_request_never_completes_a_wan_transfer(dep, reference):
     prompt, n = fresh_prompt(60), 3
     gen = generate(dep.channel, prompt, n, mode="pdd")

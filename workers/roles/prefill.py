@@ -45,6 +45,7 @@ from workers.roles.wanestimate import WanEstimator
 log = logging.getLogger(__name__)
 
 DRC_QUERY_TIMEOUT_S = 5.0
+CANCEL_MEMORY_S = 60.0  # a cancelled request is remembered this long (a DRC answer later than that: no copy)
 
 
 class _Target:
@@ -70,6 +71,7 @@ class PrefillServicer(pdd_pb2_grpc.PrefillServicer):
         self.events = events
         self.lock = threading.Lock()  # the engine is single-threaded
         self._senders: dict[str, list[KVSender]] = {}
+        self._cancelled: dict[str, float] = {}  # request -> when it was cancelled (CANCEL_MEMORY_S)
         self._senders_lock = threading.Lock()
         self.channels = Channels(cfg)
         self.wan = WanEstimator()
@@ -132,8 +134,12 @@ class PrefillServicer(pdd_pb2_grpc.PrefillServicer):
         )
 
     def Cancel(self, request, context):
+        now = time.monotonic()
         with self._senders_lock:
             senders = list(self._senders.get(request.request_id, []))
+            self._cancelled[request.request_id] = now  # a sender still waiting for its DRC must not start
+            for rid in [r for r, t in self._cancelled.items() if now - t > CANCEL_MEMORY_S]:
+                del self._cancelled[rid]
         live = [s for s in senders if not s.done]
         for s in live:
             s.cancel("request cancelled")
@@ -179,15 +185,36 @@ class PrefillServicer(pdd_pb2_grpc.PrefillServicer):
                         plan.sender.cancel("prefill failed")
                 self.engine.abort(rid)
                 raise
-        for plan in plans:  # a DRC still to answer: its layers wait in the stash
-            if plan.sender is None and not plan.failed:
-                if not plan.answered.wait(DRC_QUERY_TIMEOUT_S + 1):
-                    plan.failed = f"{plan.target.path}: no DRC answer"
-                elif not plan.failed:
-                    self._open_sender(gen, plan)
-            if plan.sender is not None:
-                plan.sender.finish(result.first_token)
-        return result.first_token, t_first, (result.cached_tokens, result.computed_tokens)
+        first = result.first_token
+        ready = [p for p in plans if p.sender is not None]
+        for plan in ready:
+            plan.sender.finish(first)
+        late = [p for p in plans if p.sender is None and not p.failed]  # a DRC still to answer: layers stashed
+        for plan in late:
+            if ready:  # the first token has its way to the client: a late WAN copy must not hold it back
+                threading.Thread(
+                    target=self._finish_late, args=(gen, plan, first), daemon=True, name=f"late-{rid}"
+                ).start()
+            else:  # P->MD: the first token travels with this copy
+                self._finish_late(gen, plan, first)
+        return first, t_first, (result.cached_tokens, result.computed_tokens)
+
+    def _finish_late(self, gen: GenerationRequest, plan: _Target, first_token: int) -> None:
+        """A target whose DRC had not answered by the end of the prefill: wait for the answer, then send the
+        stashed layers. On a congested WAN the answer queues behind KV (seconds): with a fast target, P's reply
+        (and so the first token) does not wait for it."""
+        rid = gen.request_id
+        if not plan.answered.wait(DRC_QUERY_TIMEOUT_S + 1):
+            plan.failed = f"{plan.target.path}: no DRC answer"
+        if plan.failed or self._was_cancelled(rid):
+            plan.stash = []
+            return
+        self._open_sender(gen, plan)
+        plan.sender.finish(first_token)
+
+    def _was_cancelled(self, rid: str) -> bool:
+        with self._senders_lock:
+            return rid in self._cancelled
 
     def _ship_layer(self, gen: GenerationRequest, plans: list[_Target], layer: int, slots) -> None:
         n = len(gen.prompt_tokens)
