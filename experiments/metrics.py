@@ -383,6 +383,24 @@ def _pdd_section(p: dict | None, summary: dict) -> list[str]:
         f"- median uncached suffix {_f(summary['reference']['median_uncached_tokens'])} tokens = "
         f"{_f(summary['reference']['wan_estimate_ms_median_uncached'], 1)} ms on the WAN at "
         f"{summary['reference']['wan_rate_mbit']:g} Mbit/s",
+        *_why_few_handoffs(p),
+    ]
+
+
+def _why_few_handoffs(p: dict) -> list[str]:
+    """Where the MD took little over, the reason in numbers: how often its copy came too late, how long the
+    WAN copies took against the requests, how many were still under way when the variant ended."""
+    late = sum(n for cause, n in (p.get("fallbacks") or {}).items() if cause == "completed_on_rld:md_never_ready")
+    wan = (p.get("kv_paths") or {}).get("wan") or {}
+    if p["md_token_share"] >= 0.5 or not late:
+        return []
+    return [
+        f"- why the MD took little over: its copy of the prompt KV came after the RLD had finished in {late} of "
+        f"{p['requests']} requests (completed_on_rld: md_never_ready); WAN KV transfers p50 "
+        f"{_f((wan.get('time_ms') or {}).get('p50'))} ms against a request E2E p50 of {_f(p['e2e_ms'].get('p50'))} "
+        f"ms; {wan.get('ok', 0)} of {wan.get('transfers', 0)} WAN transfers completed, {wan.get('cancelled', 0)} "
+        f"were cancelled (by their request's end, or still under way when the variant's roles stopped) and "
+        f"{wan.get('unfinished', 0)} never ended"
     ]
 
 

@@ -208,3 +208,19 @@ def test_a_late_emulator_is_a_warning_and_a_quiet_one_is_not():
     [w] = emulator_health("pdd", {}, {"emulator": late})
     assert w["kind"] == "emulator_late" and "p99 lateness 4000 us" in w["message"] and w["count"] == 3
     assert emulator_health("pdd", {}, {}) == []  # the tc backend, or a run before the record
+
+
+def test_few_handoffs_are_explained_with_the_transfer_times():
+    from experiments.metrics import _why_few_handoffs
+
+    p = {
+        "md_token_share": 0.0,
+        "requests": 42,
+        "e2e_ms": {"p50": 2726.0},
+        "fallbacks": {"completed_on_rld:md_never_ready": 41, "kv_send_retry": 3},
+        "kv_paths": {"wan": {"time_ms": {"p50": 12700.0}, "ok": 1, "transfers": 32, "cancelled": 31, "unfinished": 0}},
+    }
+    [line] = _why_few_handoffs(p)
+    assert "41 of 42 requests" in line and "p50 12,700 ms" in line and "E2E p50 of 2,726 ms" in line
+    assert "1 of 32 WAN transfers completed, 31 were cancelled" in line
+    assert _why_few_handoffs({**p, "md_token_share": 0.9}) == []
