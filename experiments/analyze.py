@@ -14,7 +14,19 @@ import json
 import logging
 from pathlib import Path
 
-from experiments import crosstraffic, flows, metrics, occupancy, pcap, plots, records, rundir, runmeta, transfers
+from experiments import (
+    crosstraffic,
+    flows,
+    impairment,
+    metrics,
+    occupancy,
+    pcap,
+    plots,
+    records,
+    rundir,
+    runmeta,
+    transfers,
+)
 from experiments.spec import SLO, build
 
 log = logging.getLogger(__name__)
@@ -71,6 +83,7 @@ def add_wan_analysis(summary: dict, events: list[dict], rm: runmeta.RunMeta, wan
         s.update(kv, wan_flows=kv_pcap, rld_occupancy=occupancy.rld_occupancy(evs, rm.windows.get(v)))
         summary["warnings"] += warnings
         summary["warnings"] += emulator_health(v, s, rm.windows.get(v) or {})
+        s["wan_retrans_by_impairment"] = impairment.variant_retrans(evs, rm.windows.get(v) or {})
 
 
 def emulator_health(variant: str, s: dict, window: dict) -> list[dict]:

@@ -308,6 +308,14 @@ def _kv_section(per: dict) -> list[str]:
         "time: kv_send_start to kv_send_end of completed transfers; RTT and cwnd: medians of the "
         "connections' TCP_INFO samples (kv_tcp_info); – where the run did not record them.",
     ]
+    for v, s in per.items():
+        r = s.get("wan_retrans_by_impairment")
+        if r:
+            lines.append(
+                f"- {v}: WAN KV retransmissions {_f(r['retrans_per_s_impaired'], 1)} segments/s while the "
+                f"schedule impaired the link ({_f(r['impaired_s'], 1)} s) vs {_f(r['retrans_per_s_clear'], 1)}/s "
+                "outside"
+            )
     return lines
 
 

@@ -224,3 +224,25 @@ def test_few_handoffs_are_explained_with_the_transfer_times():
     assert "41 of 42 requests" in line and "p50 12,700 ms" in line and "E2E p50 of 2,726 ms" in line
     assert "1 of 32 WAN transfers completed, 31 were cancelled" in line
     assert _why_few_handoffs({**p, "md_token_share": 0.9}) == []
+
+
+def test_retransmissions_inside_and_outside_the_schedules_impairments():
+    from experiments.impairment import impaired_intervals, retrans_rates
+
+    s = 1_000_000_000
+    changes = [
+        {"t_ns": 10 * s, "direction": "a_to_b", "cause": "profile wan-flaky step 0"},
+        {"t_ns": 10 * s, "direction": "b_to_a", "cause": "profile wan-flaky step 0"},
+        {"t_ns": 15 * s, "direction": "a_to_b", "cause": "profile wan-flaky step 0 ends"},
+        {"t_ns": 40 * s, "direction": "a_to_b", "cause": "profile wan-flaky step 2"},
+    ]
+    iv = impaired_intervals(changes, window_end_ns=50 * s)
+    assert iv == [(10 * s, 15 * s), (40 * s, 50 * s)]
+
+    def sample(t, total):
+        return {"request_id": "r", "attempt": 1, "conn": 0, "worker": "p1", "t_ns": t * s, "total_retrans": total}
+
+    r = retrans_rates([sample(5, 0), sample(9, 1), sample(12, 31), sample(20, 31), sample(45, 61)], iv, (0, 50 * s))
+    assert r["retrans_segs_impaired"] == 60 and r["retrans_segs_clear"] == 1 and r["impaired_s"] == 15
+    assert r["retrans_per_s_impaired"] == 4.0 and r["retrans_per_s_clear"] == round(1 / 35, 2)
+    assert retrans_rates([], iv, (0, 50 * s)) is None and impaired_intervals([], 50 * s) == []
