@@ -150,8 +150,8 @@ class UserspaceEmulator:
 
     def health(self) -> dict[str, Any]:
         """A snapshot of the forwarder's health (CPU seconds, lateness histograms, drops) for
-        `health_between`."""
-        reply = self._checked({"cmd": "stats"})
+        `health_between`; each one starts a new window's lateness maximum."""
+        reply = self._checked({"cmd": "stats", "reset_recent": True})
         return {
             **reply["health"],
             "drops": {d: {"rx_drops": reply[d]["rx_drops"], "tx_errors": reply[d]["tx_errors"]} for d in DIRECTIONS},

@@ -147,20 +147,28 @@ class Lateness:
     def __init__(self):
         self.counts = [0] * (self.BUCKETS + 1)
         self.max_ns = 0
+        self.recent_max_ns = 0  # since the last to_dict(reset_recent=True): one window's maximum
 
     def add(self, late_ns: int) -> None:
         i = late_ns // self.BUCKET_NS
         self.counts[i if 0 <= i < self.BUCKETS else (0 if i < 0 else self.BUCKETS)] += 1
-        if late_ns > self.max_ns:
-            self.max_ns = late_ns
+        if late_ns > self.recent_max_ns:
+            self.recent_max_ns = late_ns
+            if late_ns > self.max_ns:
+                self.max_ns = late_ns
 
-    def to_dict(self) -> dict:
-        """Sparse form: {"bucket_ns", "counts": {index: frames}, "max_ns"}."""
-        return {
+    def to_dict(self, reset_recent: bool = False) -> dict:
+        """Sparse form: {"bucket_ns", "counts": {index: frames}, "max_ns", "recent_max_ns"}; reset_recent
+        starts a new window's maximum (the snapshot still carries the one that ends)."""
+        out = {
             "bucket_ns": self.BUCKET_NS,
             "counts": {str(i): c for i, c in enumerate(self.counts) if c},
             "max_ns": self.max_ns,
+            "recent_max_ns": self.recent_max_ns,
         }
+        if reset_recent:
+            self.recent_max_ns = 0
+        return out
 
 
 def lateness_between(before: dict | None, after: dict) -> dict:
@@ -174,8 +182,10 @@ def lateness_between(before: dict | None, after: dict) -> dict:
     if not frames:
         return {"frames": 0, "p50_us": None, "p99_us": None, "max_us": None}
 
+    window_max_ns = after.get("recent_max_ns") if before is not None else None  # exact: reset at `before`
+
     def edge_us(i: int) -> float:
-        return after["max_ns"] / 1000 if i >= top else (i + 1) * width / 1000
+        return (window_max_ns or after["max_ns"]) / 1000 if i >= top else (i + 1) * width / 1000
 
     def pct(q: float) -> float:
         seen = 0
@@ -185,7 +195,8 @@ def lateness_between(before: dict | None, after: dict) -> dict:
                 return edge_us(i)
         return edge_us(max(diff))
 
-    return {"frames": frames, "p50_us": pct(0.5), "p99_us": pct(0.99), "max_us": edge_us(max(diff))}
+    max_us = window_max_ns / 1000 if window_max_ns else edge_us(max(diff))
+    return {"frames": frames, "p50_us": pct(0.5), "p99_us": pct(0.99), "max_us": max_us}
 
 
 @dataclass

@@ -328,7 +328,9 @@ class Forwarder:
                 "health": {
                     "t_ns": time.monotonic_ns(),
                     "cpu_s": time.process_time(),
-                    "lateness": {d: self.lateness[d].to_dict() for d in DIRECTIONS},
+                    "lateness": {
+                        d: self.lateness[d].to_dict(reset_recent=bool(request.get("reset_recent"))) for d in DIRECTIONS
+                    },
                 },
             }
         if cmd == "stop":

@@ -48,3 +48,14 @@ def test_health_between_flags_a_late_window_and_counts_drops_and_cpu():
     assert not quiet["late"] and quiet["cpu_share"] == 0.3 and quiet["a_to_b"]["rx_drops"] == 0
     busy = health_between(snap(10, 1.0, [], 3), snap(20, 9.0, [20_000] * 90 + [5_000_000] * 10, 7))
     assert busy["late"] and busy["a_to_b"]["p99_us"] > LATE_P99_US and busy["a_to_b"]["rx_drops"] == 4
+
+
+def test_a_windows_maximum_is_its_own_not_the_runs():
+    lat = Lateness()
+    lat.add(80_000_000)  # 80 ms late, in an earlier window
+    before = lat.to_dict(reset_recent=True)  # the window opens
+    for _ in range(100):
+        lat.add(5_000)
+    lat.add(20_000_000)  # 20 ms: this window's worst, in the overflow bucket
+    w = lateness_between(before, lat.to_dict(reset_recent=True))
+    assert w["max_us"] == 20_000 and w["p99_us"] == 10 and lat.max_ns == 80_000_000
