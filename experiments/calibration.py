@@ -211,37 +211,21 @@ def _ip(host: str) -> str:
 
 
 def iperf3(testbed: Testbed, direction: str, seconds: float, udp_mbit: float | None = None) -> dict:
-    """One iperf3 test in a direction; returns iperf3's JSON `end` section, with the server's own
-    `receiver_intervals` (its per-interval bytes and seconds) added."""
+    """One iperf3 test in a direction; returns iperf3's JSON `end` section."""
     src, dst = ENDPOINTS[direction]
     server = testbed.popen(
-        dst, ["iperf3", "-s", "-1", "-J", "-p", str(IPERF_PORT)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        dst, ["iperf3", "-s", "-1", "-p", str(IPERF_PORT)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     wait_listening(
         lambda argv: testbed.run(dst, argv), IPERF_PORT, f"iperf3 server on {dst}", alive=lambda: server.poll() is None
     )
-    argv = ["iperf3", "-c", _ip(dst), "-p", str(IPERF_PORT), "-t", str(seconds), "-J", "--get-server-output"]
+    argv = ["iperf3", "-c", _ip(dst), "-p", str(IPERF_PORT), "-t", str(seconds), "-J"]
     argv += ["-O", "2"] if seconds > 3 else []  # skip slow start on the long runs
     if udp_mbit:
         argv += ["-u", "-b", f"{udp_mbit}M", "-l", "1400"]
     out = testbed.run(src, argv, timeout_s=seconds + 60)
     server.wait(timeout=10)
-    result = json.loads(out)
-    server_side = result.get("server_output_json") or {}
-    return {**result["end"], "receiver_intervals": [i["sum"] for i in server_side.get("intervals", [])]}
-
-
-def receiver_goodput_mbit(end: dict) -> float:
-    """TCP goodput as the receiver saw it over its whole, non-omitted intervals (Mbit/s; pure).
-
-    Not `sum_received`: iperf3 divides every byte the receiver got, including the bytes still queued
-    on the link and in flight when the sender's clock stopped, by the sender's duration. On
-    wan-congested (a 320-frame queue + 128 ms x 20 Mbit/s in flight, ~0.8 MB) that added ~1.3 Mbit/s
-    over 5 s: 20.3 Mbit/s of payload measured on a 20 Mbit/s line whose payload ceiling is 19.1."""
-    full = [i for i in end.get("receiver_intervals") or [] if not i.get("omitted") and i["seconds"] >= 0.5]
-    if not full:
-        return end["sum_received"]["bits_per_second"] / 1e6
-    return sum(i["bytes"] for i in full) * 8 / sum(i["seconds"] for i in full) / 1e6
+    return json.loads(out)["end"]
 
 
 def calibrate(testbed: Testbed, cfg: CalibrationConfig, out_dir: Path) -> list[DirectionResult]:
@@ -304,7 +288,7 @@ def _measure_goodput(testbed: Testbed, cfg: CalibrationConfig, params: dict, res
     try:
         for r in results:
             end = iperf3(testbed, r.direction, cfg.tcp_seconds)
-            r.tcp_goodput_mbit = receiver_goodput_mbit(end)
+            r.tcp_goodput_mbit = end["sum_received"]["bits_per_second"] / 1e6
             rate = params[r.direction].rate_mbit
             if not (rate and cfg.lossless_goodput):
                 continue

@@ -1,8 +1,8 @@
 """PDD under impairment in the real topology: TCP cross traffic and loss on the WAN, then a 10 s outage.
 
 One pdd variant of the smoke workload (tiny model, process runtime), stretched over ~25 s by session
-arrivals and think time, on wan-cross-country (60 ms RTT) with 2 reno streams xa -> xb and lossy for the
-first 7 s (10% loss) and 100% loss both ways at 8-18 s of the variant's own clock. Checks the JSON results:
+arrivals and think time, on wan-cross-country (60 ms RTT), on the variant's own clock: 2 reno streams
+xa -> xb at 0-5 s, 10% loss both ways at 6-9 s, 100% loss both ways at 10-20 s. Checks the JSON results:
 
 - every request completes with all its tokens (those whose WAN copy the outage held back: on the RLD);
 - the fallbacks are counted by cause in summary.json;
@@ -22,9 +22,9 @@ from topology.profiles import load_profile
 
 pytestmark = [pytest.mark.emulation, pytest.mark.slow]
 
-OUTAGE = (8, 18)  # s into the variant's window: 100% loss both ways
-CROSS = (0, 6)  # s: 2 reno streams a_to_b
-LOSSY = (0, 7)  # s: 10% loss both ways (tiny-model transfers are ~10 segments: 3 lose one at 96%)
+CROSS = (0, 5)  # s into the variant's window: 2 reno streams a_to_b (its results exchange at 5 s needs the WAN)
+LOSSY = (6, 9)  # s: 10% loss both ways (tiny-model transfers are ~10 segments: 3 lose one at 96%)
+OUTAGE = (10, 20)  # s: 100% loss both ways
 LOSSY_PCT = 10
 # Smoothed RTT of a WAN KV connection: two one-way delays of 30 ms, normal jitter of 5 ms each way.
 # Its median over the samples stays above 90% of the 60 ms round trip (2 sigma of the sum is 14 ms,
