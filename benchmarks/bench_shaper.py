@@ -23,6 +23,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from experiments.linkstats import TCP_PAYLOAD_SHARE
+from topology import iperf
 from topology.netem_model import periodic_delays_ns
 from topology.profiles import LinkParams
 from topology.emulator import UserspaceEmulator
@@ -40,8 +42,6 @@ PROBE_COUNT = 5000
 PROBE_INTERVAL_US = 1000
 PROBE_PAYLOAD_BYTES = 64
 PROBE_FRAME_BYTES = PROBE_PAYLOAD_BYTES + 8 + 20 + 14  # + UDP + IP + Ethernet headers
-# TCP goodput ceiling: MSS 1448 (timestamps on) of every 1514-byte frame.
-TCP_PAYLOAD_SHARE = 1448 / 1514
 
 
 @dataclass
@@ -117,7 +117,7 @@ def forwarding_rate(wire: NetnsWire, seconds: float) -> ForwardingResult:
         before = emu.stats()["a_to_b"]
         sampler = Sampler(emu)
         sampler.start()
-        report = wire.iperf3(["-u", "-b", "0", "-l", str(UDP_PAYLOAD_BYTES)], seconds)
+        report = wire.iperf3(seconds, extra=["-u", "-b", "0", "-l", str(UDP_PAYLOAD_BYTES)])
         time.sleep(0.1)  # let the last 20 ms of frames leave the queue
         sampler.done.set()
         sampler.join()
@@ -134,14 +134,8 @@ def forwarding_rate(wire: NetnsWire, seconds: float) -> ForwardingResult:
         out_kpps=out / wall / 1e3,
         cpu_pct=100 * ticks / CLK_TCK / wall,
         sender_gbit=report["end"]["sum"]["bits_per_second"] / 1e9,
-        receiver_gbit=_udp_received_bps(report) / 1e9,
+        receiver_gbit=iperf.receiver_mbit(report) / 1e3,
     )
-
-
-def _udp_received_bps(report: dict) -> float:
-    end = report.get("end", {})
-    summary = end.get("sum_received") or end.get("sum") or {}
-    return float(summary.get("bits_per_second", 0.0))
 
 
 PROFILES = {
@@ -161,8 +155,7 @@ def fidelity(wire: NetnsWire, name: str, params: LinkParams, seconds: float) -> 
         probe = wire.udp_probe(count=PROBE_COUNT, interval_us=PROBE_INTERVAL_US, size_bytes=PROBE_PAYLOAD_BYTES)
         goodput = None
         if params.rate_mbit:
-            report = wire.iperf3(["-O", "2"], seconds)
-            goodput = report["end"]["sum_received"]["bits_per_second"] / 1e6
+            goodput = iperf.steady_mbit(wire.iperf3(seconds, warmup_s=2), warmup_s=2)
     delays_ms = [d / 1e6 for d in probe.delays_ns]
     model_ms = [d / 1e6 for d in periodic_delays_ns(params, PROBE_COUNT, PROBE_INTERVAL_US * 1000, PROBE_FRAME_BYTES)]
     sd = params.jitter_ms / 3**0.5 if params.delay_distribution == "uniform" else params.jitter_ms

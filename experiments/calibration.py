@@ -35,7 +35,7 @@ from experiments.linkstats import (
     goodput_check,
     probe_stats,
 )
-from topology import naming
+from topology import iperf, naming
 from topology.net import Testbed, TopologyConfig, preflight
 from topology.proc import wait_listening
 from topology.profiles import LinkParams, Profile
@@ -43,7 +43,9 @@ from topology.udp_probe import ProbeResult
 
 log = logging.getLogger(__name__)
 PROBE_PORT = 9000
-IPERF_PORT = 5201
+IPERF_PORT = iperf.DEFAULT_PORT
+# Seconds of each TCP test left out of its goodput (slow start), on the long runs.
+TCP_WARMUP_S = 2.0
 # The baseline's probes: 1000 pin its mean to a few microseconds on a quiet host.
 BASELINE_PROBES = ProbePlan(count=1000, interval_ms=5.0)
 BASELINE_TCP_SECONDS = 3.0
@@ -128,8 +130,7 @@ def measure_baseline(testbed: Testbed, out_dir: Path, tcp_seconds: float) -> Bas
             for d in saved:
                 testbed.link.set(d, LinkParams(), "baseline: WAN unshaped")
             for d in saved:
-                end = iperf3(testbed, d, BASELINE_TCP_SECONDS)
-                capacity[d] = end["sum_received"]["bits_per_second"] / 1e6
+                capacity[d] = iperf.receiver_mbit(iperf3(testbed, d, BASELINE_TCP_SECONDS))
     finally:
         for d, p in saved.items():
             testbed.link.set(d, p, "baseline done")
@@ -211,21 +212,29 @@ def _ip(host: str) -> str:
 
 
 def iperf3(testbed: Testbed, direction: str, seconds: float, udp_mbit: float | None = None) -> dict:
-    """One iperf3 test in a direction; returns iperf3's JSON `end` section."""
+    """One iperf3 test in a direction; returns the client's JSON report (with the server's in it).
+
+    A TCP test longer than 3 s first runs TCP_WARMUP_S more: read it with `tcp_goodput`."""
     src, dst = ENDPOINTS[direction]
-    server = testbed.popen(
-        dst, ["iperf3", "-s", "-1", "-p", str(IPERF_PORT)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
+    server = testbed.popen(dst, iperf.server_argv(IPERF_PORT), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_listening(
         lambda argv: testbed.run(dst, argv), IPERF_PORT, f"iperf3 server on {dst}", alive=lambda: server.poll() is None
     )
-    argv = ["iperf3", "-c", _ip(dst), "-p", str(IPERF_PORT), "-t", str(seconds), "-J"]
-    argv += ["-O", "2"] if seconds > 3 else []  # skip slow start on the long runs
-    if udp_mbit:
-        argv += ["-u", "-b", f"{udp_mbit}M", "-l", "1400"]
-    out = testbed.run(src, argv, timeout_s=seconds + 60)
+    warmup = _warmup_s(seconds, udp_mbit)
+    argv = iperf.client_argv(_ip(dst), seconds, IPERF_PORT, warmup_s=warmup, udp_mbit=udp_mbit)
+    out = testbed.run(src, argv, timeout_s=warmup + seconds + 60)
     server.wait(timeout=10)
-    return json.loads(out)["end"]
+    return json.loads(out)
+
+
+def _warmup_s(seconds: float, udp_mbit: float | None) -> float:
+    return TCP_WARMUP_S if seconds > 3 and not udp_mbit else 0.0
+
+
+def tcp_goodput(report: dict, seconds: float) -> float:
+    """The receiver's steady goodput (Mbit/s) in an `iperf3` TCP test of `seconds`: the median of
+    its seconds after the warm-up (why the median: `topology.iperf`)."""
+    return iperf.steady_mbit(report, _warmup_s(seconds, None))
 
 
 def calibrate(testbed: Testbed, cfg: CalibrationConfig, out_dir: Path) -> list[DirectionResult]:
@@ -260,7 +269,7 @@ def calibrate(testbed: Testbed, cfg: CalibrationConfig, out_dir: Path) -> list[D
     if cfg.udp:
         for r in results:
             rate = params[r.direction].rate_mbit or 1000
-            r.udp = iperf3(testbed, r.direction, min(cfg.tcp_seconds or 5, 5), udp_mbit=rate / 2).get("sum")
+            r.udp = iperf3(testbed, r.direction, min(cfg.tcp_seconds or 5, 5), udp_mbit=rate / 2)["end"].get("sum")
     return results
 
 
@@ -287,8 +296,8 @@ def _measure_goodput(testbed: Testbed, cfg: CalibrationConfig, params: dict, res
             testbed.link.set(d, _lossless(p), "lossless copy for TCP goodput")
     try:
         for r in results:
-            end = iperf3(testbed, r.direction, cfg.tcp_seconds)
-            r.tcp_goodput_mbit = end["sum_received"]["bits_per_second"] / 1e6
+            report = iperf3(testbed, r.direction, cfg.tcp_seconds)
+            r.tcp_goodput_mbit = tcp_goodput(report, cfg.tcp_seconds)
             rate = params[r.direction].rate_mbit
             if not (rate and cfg.lossless_goodput):
                 continue

@@ -21,6 +21,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from topology import iperf
 from topology.proc import check_output, reap, wait_listening
 from topology.udp_probe import ProbeResult
 from topology.userspace import REPO_ROOT, offload_off_cmds
@@ -28,7 +29,7 @@ from topology.userspace import REPO_ROOT, offload_off_cmds
 log = logging.getLogger(__name__)
 
 PROBE_PORT = 9000
-IPERF_PORT = 5201
+IPERF_PORT = iperf.DEFAULT_PORT
 # How long a server may take to start listening (s).
 SERVER_READY_TIMEOUT_S = 10.0
 
@@ -197,10 +198,13 @@ class NetnsWire:
             reap(receiver)
         return ProbeResult(**data)
 
-    def iperf3(self, args: Sequence[str], duration_s: float) -> dict[str, Any]:
-        """Run an iperf3 client in A against a one-off server in B; the client's JSON report."""
+    def iperf3(
+        self, duration_s: float, warmup_s: float = 0.0, udp_mbit: float | None = None, extra: Sequence[str] = ()
+    ) -> dict[str, Any]:
+        """Run an iperf3 client in A against a one-off server in B; the client's JSON report, the
+        server's inside it (read the goodput with `iperf.receiver_mbit(report, warmup_s)`)."""
         n = self.names
-        server_cmd = in_ns(n.ns_b, ["iperf3", "-s", "-1", "-p", str(IPERF_PORT)])
+        server_cmd = in_ns(n.ns_b, iperf.server_argv(IPERF_PORT))
         log.debug("run: %s", " ".join(server_cmd))
         server = subprocess.Popen(server_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
@@ -211,9 +215,7 @@ class NetnsWire:
                 SERVER_READY_TIMEOUT_S,
                 lambda: server.poll() is None,
             )
-            client = in_ns(
-                n.ns_a, ["iperf3", "-c", n.addr_b, "-p", str(IPERF_PORT), "-J", "-t", str(duration_s), *args]
-            )
-            return json.loads(run(client))
+            argv = iperf.client_argv(n.addr_b, duration_s, IPERF_PORT, warmup_s, udp_mbit, extra)
+            return json.loads(run(in_ns(n.ns_a, argv)))
         finally:
             reap(server)

@@ -19,6 +19,8 @@ import statistics
 
 import pytest
 
+from experiments.linkstats import GOODPUT_MAX_FRAC, GOODPUT_MIN_FRAC, TCP_PAYLOAD_SHARE
+from topology import iperf
 from topology.profiles import LinkParams
 from topology.emulator import UserspaceEmulator
 from topology.userspace import EmulatorError
@@ -44,8 +46,6 @@ Z99 = 2.576
 # MTU 1500 and TCP timestamps a segment carries 1448 payload bytes in a
 # 1514-byte frame (14 Ethernet + 20 IP + 32 TCP), and netem's rate counts the
 # whole frame, so goodput <= rate * 1448 / 1514 = 95.6% of the rate.
-GOODPUT_MIN, GOODPUT_MAX = 0.90, 1.01
-TCP_PAYLOAD_SHARE = 1448 / 1514
 
 
 def delay_tol_ms(delay_ms: float) -> float:
@@ -131,9 +131,8 @@ def test_loss_within_binomial_interval(wire, emulator):
 def test_tcp_goodput(wire, emulator, rate_mbit):
     params = LinkParams(rate_mbit=rate_mbit, delay_ms=10)
     emu = emulator(params)
-    report = wire.iperf3(["-O", "1"], duration_s=5)
-    goodput = report["end"]["sum_received"]["bits_per_second"] / 1e6
-    assert GOODPUT_MIN * rate_mbit <= goodput <= GOODPUT_MAX * rate_mbit, (
+    goodput = iperf.steady_mbit(wire.iperf3(5, warmup_s=1), warmup_s=1)
+    assert GOODPUT_MIN_FRAC * rate_mbit <= goodput <= GOODPUT_MAX_FRAC * rate_mbit, (
         goodput,
         f"ceiling {TCP_PAYLOAD_SHARE * rate_mbit:.1f}",
         emu.stats(),
