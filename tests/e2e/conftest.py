@@ -4,6 +4,7 @@ Needs nothing but loopback and the venv (no root); every process is started
 and stopped by the fixture, by PID (tests/e2e/pdd_harness.py).
 """
 
+import gc
 import sys
 from pathlib import Path
 
@@ -38,4 +39,19 @@ def reference():
         return list(engine.generate(GenerationRequest(rid, tuple(prompt), max_tokens)).output_tokens)
 
     ref.engine = engine
+    _freeze_heap()
     return ref
+
+
+def _freeze_heap() -> None:
+    """Keep what exists now out of every later garbage collection. The WAN proxy runs in this process: a
+    full collection over the test process's objects (torch, the reference engine, every test module) held
+    the GIL for 50-114 ms, stalling the proxy's threads, so a WAN copy arrived 100 ms late and the
+    RLD (~1 token/ms) finished before the MD could take over."""
+    gc.collect()
+    gc.freeze()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _frozen_heap():
+    _freeze_heap()

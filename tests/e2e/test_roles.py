@@ -165,6 +165,34 @@ def test_warm_drc_sends_only_the_suffix_over_the_wan(dep, reference):
     assert dep.proxy.bytes_forwarded == wan.fields["wire_bytes"]  # what really crossed the WAN
 
 
+def test_the_routers_drc_mirror_holds_only_what_the_md_cached(dep, reference):
+    """A P->RLD->MD request the RLD finished alone: the MD caches its prompt when the WAN copy lands, and
+    never the RLD's tokens. The mirror that routes the next turn must say the same, not assume more
+    (on wan-lossy such a guess sent follow-up turns P->MD to a cold MD: 60 s first tokens)."""
+    first_prompt = fresh_prompt(64)
+    dep.proxy.faults.blackhole = True  # the WAN copy is held: the RLD finishes alone
+    try:
+        first = generate(dep.channel, first_prompt, 30, mode="pdd")
+        follow = first_prompt + first.ids + fresh_prompt(8)
+        second = generate(dep.channel, follow, 8, mode="pdd")
+    finally:
+        dep.proxy.faults.blackhole = False
+    check_stream(first, 30)
+    check_stream(second, 8)
+    [route] = events_of(dep, "router", second.done.request_id, "route")
+    assert route.fields["md_cached_tokens"] == 0, "the mirror counted a prompt the MD does not hold yet"
+    for gen in (first, second):  # the held copies are retried and land; the MD's sessions end
+        wait_for(lambda: events_of(dep, "md1", gen.done.request_id, "decode_close"), what="the MD to close")
+    learned = wait_for(lambda: events_of(dep, "router", first.done.request_id, "drc_learned"), what="drc_learned")
+    assert learned[0].fields == {"tokens": 64, "cause": "md_holds_prompt"}
+    third = generate(dep.channel, follow + fresh_prompt(8), 8, mode="pdd")
+    check_stream(third, 8)
+    rid = third.done.request_id
+    [route] = events_of(dep, "router", rid, "route")
+    [drc] = events_of(dep, "p1", rid, "drc_query")
+    assert route.fields["md_cached_tokens"] == drc.fields["cached_tokens"] > 0, (route.fields, drc.fields)
+
+
 def test_a_late_drc_answer_does_not_hold_back_the_first_token(dep):
     """P's reply (and so the first token, which the RLD sends) must not wait for the MD's DRC answer: on a
     congested WAN that answer queues behind KV for seconds. Here the DRC "MD" accepts TCP and never speaks,

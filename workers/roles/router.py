@@ -211,6 +211,8 @@ class _RequestRun:
         self.first_error: grpc.StatusCode | None = None
         self.md_cached_tokens: int | None = None  # the MD's DRC hit as its session pinned it (Accepted)
         self.fell_back = False
+        self.final_source: str | None = None  # the stream that delivered the last token first
+        self.md_end: str | None = None  # how the MD's stream ended (its end reason, or the RPC's code)
 
     def stream(self):
         self._start()
@@ -238,9 +240,9 @@ class _RequestRun:
         self.s.events.emit(
             "complete", self.rid, route=self.decision.route, duplicates=self.merge.duplicates, notes=self.merge.notes
         )
-        if self.decision.use_drc and self.decision.route in ENDS_AT_MD:
+        if self.decision.use_drc and self.decision.route in ENDS_AT_MD and self.final_source == "md":
             out = [self.merge.seen[i] for i in range(self.max_tokens)]
-            self.s.drc.insert(self.prompt + out[:-1])  # what the MD's cache keeps: every token with KV
+            self._learn(self.prompt + out[:-1], "md_decoded")  # the MD's cache keeps every token with KV
         yield pdd_pb2.GenerateEvent(
             done=pdd_pb2.GenerateDone(
                 request_id=self.rid,
@@ -257,6 +259,8 @@ class _RequestRun:
     def _take(self, item) -> list[pdd_pb2.Token]:
         source, kind, payload = item
         if kind == "token":
+            if payload.index == self.max_tokens - 1 and payload.index not in self.merge.seen:
+                self.final_source = source
             return self.merge.add(payload)
         self.live -= 1
         if kind == "error":
@@ -333,14 +337,21 @@ class _RequestRun:
                         "session_open", self.rid, worker=worker.name, cached_tokens=ev.accepted.cached_tokens
                     )
                 elif kind == "end":
+                    self._ended(source, ev.end.reason)
                     self.queue.put((source, "end", ev.end.reason))
                     return
+            self._ended(source, "closed")
             self.queue.put((source, "end", "closed"))
         except grpc.RpcError as err:
+            self._ended(source, err.code().name.lower())
             if err.code() == grpc.StatusCode.CANCELLED:
                 self.queue.put((source, "end", "cancelled"))
             else:
                 self.queue.put((source, "error", (err.code(), f"{worker.name}: {err.code().name}: {err.details()}")))
+
+    def _ended(self, source: str, reason: str) -> None:
+        if source == "md":
+            self.md_end = reason
 
     def _prefill(self, targets: list) -> None:
         self.p_used = True
@@ -390,7 +401,8 @@ class _RequestRun:
 
         Exception: a P->RLD->MD request the RLD finished alone still ends at the MD
         (PDD.md: every pipeline ends at the MD, so its DRC stays aligned with P's):
-        the WAN copy and the MD's session run to their own end, drained in the background.
+        the WAN copy and the MD's session run to their own end, drained in the background,
+        and the mirror learns the prompt only once the MD's session ends having imported it.
         """
         if self.merge.complete and self.decision.route == Route.P_RLD_MD:
             threading.Thread(target=self._drain_to_md, name=f"drain-{self.rid}", daemon=True).start()
@@ -401,7 +413,16 @@ class _RequestRun:
         deadline = time.monotonic() + self.cfg.decode.kv_wait_ms / 1000 + DRAIN_MARGIN_S
         for t in self.threads:
             t.join(max(0.0, deadline - time.monotonic()))
+        if self.decision.use_drc and self.md_end == "relay_done":
+            # The MD imported the prompt KV, then learnt the relay had finished: it caches the prompt's
+            # whole blocks, and nothing the RLD generated (those tokens never had KV there).
+            self._learn(self.prompt, "md_holds_prompt")
         self._cancel_all()  # whatever is still open past the MD's own deadline
+
+    def _learn(self, tokens: list[int], cause: str) -> None:
+        """Tell the DRC mirror what the MD's cache now holds (only what it really does, when it does)."""
+        self.s.drc.insert(tokens)
+        self.s.events.emit("drc_learned", self.rid, tokens=len(tokens), cause=cause)
 
     def _cancel_all(self) -> None:
         for call in self.calls:
