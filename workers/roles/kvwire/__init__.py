@@ -53,7 +53,8 @@ from workers.roles.kvwire.frame import (
     meta_for,
     pack_frame,
 )
-from workers.roles.kvwire.receiver import Inbox, KVReceiver, ReceivedTransfer
+from workers.roles.kvwire.inbox import Inbox, ReceivedTransfer
+from workers.roles.kvwire.receiver import KVReceiver
 from workers.roles.kvwire.sender import KVSender, SendResult, send_blob
 from workers.roles.kvwire.sockets import (
     CONNECTIONS,

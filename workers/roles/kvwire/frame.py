@@ -69,10 +69,15 @@ class TransferMeta:
 
     @staticmethod
     def from_json(payload: bytes) -> TransferMeta:
+        """Parse a BEGIN payload; FrameError unless every field has its type and the shape adds up."""
         try:
             d = json.loads(payload)
-            d["token_ids"] = tuple(int(t) for t in d["token_ids"])
-            meta = TransferMeta(**d)
+            if not isinstance(d, dict):
+                raise TypeError(f"a JSON {type(d).__name__}, not an object")
+            problems = _meta_problems(d)
+            if problems:
+                raise TypeError("; ".join(problems))
+            meta = TransferMeta(**{**d, "token_ids": tuple(d["token_ids"])})
         except (ValueError, TypeError, KeyError) as err:
             raise FrameError(f"BEGIN payload is not a transfer description: {err}") from None
         if meta.dtype not in DTYPE_BYTES or not 0 <= meta.start <= meta.end or len(meta.token_ids) != meta.n_tokens:
@@ -81,6 +86,32 @@ class TransferMeta:
                 f"range [{meta.start}, {meta.end}), {len(meta.token_ids)} token ids"
             )
         return meta
+
+
+_META_STR = ("request_id", "kind", "fingerprint", "dtype")
+_META_INT = ("start", "end", "n_layer", "n_kv_head", "head_dim")
+META_KINDS = ("prompt", "handoff")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _meta_problems(d: dict) -> list[str]:
+    """What is wrong with a decoded BEGIN payload's fields (pure; empty: nothing)."""
+    fields = set(_META_STR + _META_INT + ("token_ids",))
+    problems = [f"unknown field {k!r}" for k in d if k not in fields]
+    problems += [f"missing field {k!r}" for k in sorted(fields - set(d))]
+    problems += [f"{k} is not a string" for k in _META_STR if k in d and not isinstance(d[k], str)]
+    problems += [f"{k} is not an integer" for k in _META_INT if k in d and not _is_int(d[k])]
+    shape = ("n_layer", "n_kv_head", "head_dim")
+    problems += [f"{k} is not positive" for k in shape if _is_int(d.get(k)) and d[k] <= 0]
+    if isinstance(d.get("kind"), str) and d["kind"] not in META_KINDS:
+        problems.append(f"kind {d['kind']!r} is not one of {list(META_KINDS)}")
+    ids = d.get("token_ids")
+    if "token_ids" in d and not (isinstance(ids, list) and all(_is_int(t) and t >= 0 for t in ids)):
+        problems.append("token_ids is not a list of non-negative integers")
+    return problems
 
 
 def meta_for(engine, request_id: str, kind: str, start: int, end: int, token_ids) -> TransferMeta:

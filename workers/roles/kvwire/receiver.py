@@ -1,8 +1,9 @@
 """The receiving side of the KV data plane: verify frames, assemble transfers, deliver them.
 
 Responsible for: KVReceiver (listener, one thread per connection, frame
-checks, assembly in place, the ACK) and Inbox (complete transfers waiting
-for the session that expects them).
+checks, assembly in place, the ACK, the bounds a hostile or broken peer
+meets: connections, bytes held before a BEGIN, a frame that stops halfway).
+Complete transfers go to an Inbox (inbox.py).
 Not responsible for: importing KV into an engine (the decode role).
 """
 
@@ -11,11 +12,11 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import struct
 import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 from crc32c import crc32c
@@ -41,102 +42,20 @@ from workers.roles.kvwire.frame import (
     TransferMeta,
     pack_frame,
 )
-from workers.roles.kvwire.sockets import recv_exact
+from workers.roles.kvwire.inbox import Inbox, ReceivedTransfer
 
 log = logging.getLogger(__name__)
 
 RESUME_KEEP_S = 60.0  # a transfer whose connection died waits this long for its sender's RESUME
 COMPLETED_KEPT = 4096  # ids of recently completed transfers remembered for a RESUME that lost its ACK
-
-
-@dataclass(frozen=True)
-class ReceivedTransfer:
-    """A complete, verified transfer. blob: an engine KV blob (1-D uint8); next_token: -1 if none.
-
-    Call release() once the blob has been imported: its memory goes back to the receiver's pool (the
-    blob must not be read after that)."""
-
-    meta: TransferMeta
-    blob: np.ndarray
-    next_token: int
-    wire_bytes: int
-    first_byte_ns: int
-    done_ns: int
-    pool: BufferPool | None = field(default=None, repr=False)
-
-    def release(self) -> None:
-        if self.pool is not None:
-            self.pool.give(self.blob)
-
-
-class Inbox:
-    """Complete transfers waiting for the session that expects them, keyed by (request_id, kind).
-
-    A transfer nobody expects is refused at BEGIN, so nothing accumulates."""
-
-    def __init__(self):
-        self._cond = threading.Condition()
-        self._expected: set[tuple[str, str]] = set()
-        self._ready: dict[tuple[str, str], ReceivedTransfer] = {}
-        self._forget_hooks: list[Callable[[str], None]] = []
-
-    def on_forget(self, hook: Callable[[str], None]) -> None:
-        """hook(request_id) runs whenever a request is forgotten (a receiver drops what it kept for it)."""
-        self._forget_hooks.append(hook)
-
-    def expect(self, request_id: str, kind: str) -> None:
-        with self._cond:
-            self._expected.add((request_id, kind))
-            self._cond.notify_all()
-
-    def is_expected(self, request_id: str, kind: str, wait_s: float = 0.0) -> bool:
-        """Whether a session expects this transfer; waits up to wait_s for one to (KV may overtake the
-        call that opens the session)."""
-        with self._cond:
-            return self._cond.wait_for(lambda: (request_id, kind) in self._expected, wait_s)
-
-    def forget(self, request_id: str) -> None:
-        """Stop expecting anything for request_id and drop what arrived."""
-        with self._cond:
-            self._expected = {k for k in self._expected if k[0] != request_id}
-            for k in [k for k in self._ready if k[0] == request_id]:
-                self._ready.pop(k).release()
-        for hook in self._forget_hooks:
-            hook(request_id)
-
-    def put(self, transfer: ReceivedTransfer) -> bool:
-        key = (transfer.meta.request_id, transfer.meta.kind)
-        with self._cond:
-            if key not in self._expected:
-                return False
-            old = self._ready.get(key)
-            self._ready[key] = transfer  # a retry's copy replaces an unclaimed earlier one
-            if old is not None:
-                old.release()
-            self._cond.notify_all()
-            return True
-
-    def wait(
-        self, request_id: str, kind: str, timeout_s: float, stop: Callable[[], bool] = lambda: False
-    ) -> ReceivedTransfer | None:
-        """The transfer once it is complete; None on timeout or when stop() turns true."""
-        deadline = time.monotonic() + timeout_s
-        with self._cond:
-            while (request_id, kind) not in self._ready:
-                left = deadline - time.monotonic()
-                if left <= 0 or stop():
-                    return None
-                self._cond.wait(min(left, 0.05))
-            return self._ready.pop((request_id, kind))
-
-    def wake(self) -> None:
-        with self._cond:
-            self._cond.notify_all()
-
-    @property
-    def pending(self) -> int:
-        with self._cond:
-            return len(self._ready)
+# Bounds a broken or hostile peer meets (each is a kv_frame_error or kv_conn_refused event, never a dead thread):
+FRAME_IDLE_S = 60.0  # inside a frame, no byte for this long drops the connection (its transfers kept for RESUME)
+MAX_CONNECTIONS = 256  # connections served at once; more are closed on accept
+EARLY_MAX_BYTES = 256 << 20  # chunk bytes held for transfers whose BEGIN has not come, all connections ...
+EARLY_CONN_MAX_BYTES = 64 << 20  # ... and per connection
+READ_PIECE_BYTES = 1 << 20  # a payload read outside its transfer's buffer grows by this much as bytes arrive
+KEEPALIVE = (30, 10, 3)  # TCP keepalive: idle s, interval s, probes (a silent dead peer is found in ~60 s)
+MAX_TRANSFERS = 1024  # transfers in progress at once
 
 
 def _verify_chunk(k, v, crc: int, layer: int, off: int) -> tuple[int, int]:
@@ -148,13 +67,24 @@ def _verify_chunk(k, v, crc: int, layer: int, off: int) -> tuple[int, int]:
     return crc_k, crc_v
 
 
+@dataclass(eq=False)
+class _Conn:
+    """One accepted connection: the transfers it carried, its ACK lock, the bytes it holds before BEGINs."""
+
+    sock: socket.socket
+    peer: str
+    mine: set[int] = field(default_factory=set)  # dropped (or kept for RESUME) if it dies first
+    ack_lock: threading.Lock = field(default_factory=threading.Lock)
+    early_bytes: int = 0
+
+
 @dataclass
 class _Assembly:
     transfer_id: int
     meta: TransferMeta | None = None
     blob: np.ndarray | None = None  # blob_buffer: the engine blob being filled
     buf: np.ndarray | None = None  # its KV region, (n_layer, 2, n, row_bytes) uint8
-    early: list[tuple[int, int, int, bytearray, tuple[int, int]]] = field(default_factory=list)  # before BEGIN
+    early: list[tuple[int, int, int, bytearray, tuple[int, int], _Conn]] = field(default_factory=list)  # before BEGIN
     seen: ChunkCrcs = field(default_factory=dict)  # verified chunks
     received_bytes: int = 0
     chunks_expected: int = -1
@@ -174,6 +104,7 @@ class KVReceiver:
     inbox: where complete transfers go
     max_transfer_bytes, max_frame_bytes: refuse larger (memory bound)
     events: event log
+    frame_idle_s, max_connections, early_max_bytes: the bounds above (tests make them small)
     """
 
     def __init__(
@@ -185,12 +116,17 @@ class KVReceiver:
         events: EventLog,
         max_transfer_bytes: int = 1 << 30,
         max_frame_bytes: int = 64 << 20,
+        frame_idle_s: float = FRAME_IDLE_S,
+        max_connections: int = MAX_CONNECTIONS,
+        early_max_bytes: int = EARLY_MAX_BYTES,
     ):
         self.fingerprint = expected_fingerprint
         self.inbox = inbox
         self.events = events
         self.max_transfer_bytes = max_transfer_bytes
         self.max_frame_bytes = max_frame_bytes
+        self.frame_idle_s, self.max_connections, self.early_max_bytes = frame_idle_s, max_connections, early_max_bytes
+        self._early_bytes = 0  # held for transfers whose BEGIN has not come (all connections)
         self._lock = threading.Lock()
         self._assemblies: dict[int, _Assembly] = {}
         self._completed: OrderedDict[int, None] = OrderedDict()  # recent transfer ids, for a late RESUME
@@ -243,33 +179,55 @@ class KVReceiver:
                 conn, peer = self._listener.accept()
             except OSError:
                 return
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            name = f"{peer[0]}:{peer[1]}"
+            with self._lock:
+                full = len(self._conns) >= self.max_connections
+            if full:
+                self.events.emit("kv_conn_refused", None, peer=name, reason=f"{self.max_connections} connections open")
+                conn.close()
+                continue
+            self._tune(conn)
             t = threading.Thread(
-                target=self._conn_main, args=(conn, f"{peer[0]}:{peer[1]}"), name=f"kvrecv-{peer[1]}", daemon=True
+                target=self._conn_main, args=(_Conn(conn, name),), name=f"kvrecv-{peer[1]}", daemon=True
             )
             with self._lock:
                 self._conns.add(conn)
                 self._threads.add(t)
             t.start()
 
-    def _conn_main(self, conn: socket.socket, peer: str) -> None:
-        mine: set[int] = set()  # transfers this connection carried (dropped if it dies before they complete)
-        ack_lock = threading.Lock()
+    def _tune(self, conn: socket.socket) -> None:
+        """No Nagle; keepalive (a peer that vanished between frames); a receive timeout at the kernel level
+        (SO_RCVTIMEO: the socket stays blocking for Python, so MSG_WAITALL still fills whole frames)."""
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for opt, value in zip((socket.TCP_KEEPIDLE, socket.TCP_KEEPINTVL, socket.TCP_KEEPCNT), KEEPALIVE):
+            conn.setsockopt(socket.IPPROTO_TCP, opt, value)
+        sec = int(self.frame_idle_s)
+        conn.setsockopt(
+            socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", sec, int((self.frame_idle_s - sec) * 1e6))
+        )
+
+    def _conn_main(self, c: _Conn) -> None:
         try:
-            while self._read_frame(conn, peer, mine, ack_lock):
+            while self._read_frame(c):
                 pass
         except FrameError as err:
-            self.events.emit("kv_frame_error", self._request_of(mine), peer=peer, reason=str(err))
-            log.warning("KV frame from %s refused: %s", peer, err)
+            self.events.emit("kv_frame_error", self._request_of(c.mine), peer=c.peer, reason=str(err))
+            log.warning("KV frame from %s refused: %s", c.peer, err)
         except OSError as err:
             if not self._stopping:
-                self.events.emit("kv_conn_error", self._request_of(mine), peer=peer, reason=str(err))
+                self.events.emit("kv_conn_error", self._request_of(c.mine), peer=c.peer, reason=str(err))
+        except Exception as err:  # a bug here must cost one connection, with a trace, never the receiver
+            log.exception("KV connection from %s failed", c.peer)
+            self.events.emit(
+                "kv_frame_error", self._request_of(c.mine), peer=c.peer, reason=f"internal: {type(err).__name__}: {err}"
+            )
         finally:
-            self._orphan(mine, conn, f"connection from {peer} closed before the transfer completed")
+            self._orphan(c, f"connection from {c.peer} closed before the transfer completed")
             with self._lock:
-                self._conns.discard(conn)
+                self._conns.discard(c.sock)
                 self._threads.discard(threading.current_thread())
-            conn.close()
+            c.sock.close()
 
     def _request_of(self, tids: set[int]) -> str | None:
         with self._lock:
@@ -279,17 +237,17 @@ class KVReceiver:
                     return a.meta.request_id
         return None
 
-    def _orphan(self, tids: set[int], conn: socket.socket, reason: str) -> None:
+    def _orphan(self, c: _Conn, reason: str) -> None:
         """A connection died: keep its begun transfers for the sender's RESUME (unless a RESUME already moved
         them to another connection); drop the rest."""
         now, dropped, kept = time.monotonic_ns(), [], []
         with self._lock:
-            for t in tids:
+            for t in c.mine:
                 a = self._assemblies.get(t)
-                if a is None or a.ack_sock not in (conn, None):
+                if a is None or a.ack_sock not in (c.sock, None):
                     continue
                 if a.meta is None:
-                    dropped.append(self._assemblies.pop(t))
+                    dropped.append(self._pop(t))
                 else:
                     a.orphaned_ns, a.ack_sock = now, None
                     kept.append(a)
@@ -320,7 +278,7 @@ class KVReceiver:
         limit = time.monotonic_ns() - int(RESUME_KEEP_S * 1e9)
         with self._lock:
             old = [t for t, a in self._assemblies.items() if a.orphaned_ns and a.orphaned_ns < limit]
-            dropped = [self._assemblies.pop(t) for t in old]
+            dropped = [self._pop(t) for t in old]
         self._dropped(dropped, f"no RESUME within {RESUME_KEEP_S:.0f} s")
 
     def _drop_request(self, request_id: str) -> None:
@@ -331,13 +289,22 @@ class KVReceiver:
                 for t, a in self._assemblies.items()
                 if a.orphaned_ns and a.meta is not None and a.meta.request_id == request_id
             ]
-            dropped = [self._assemblies.pop(t) for t in mine]
+            dropped = [self._pop(t) for t in mine]
         self._dropped(dropped, "the request's session closed")
 
-    def _read_frame(self, conn: socket.socket, peer: str, mine: set[int], ack_lock: threading.Lock) -> bool:
+    def _pop(self, tid: int) -> _Assembly:
+        """Remove a transfer (lock held), giving back what it held before its BEGIN."""
+        a = self._assemblies.pop(tid)
+        for *_, data, _, origin in a.early:
+            origin.early_bytes -= len(data)
+            self._early_bytes -= len(data)
+        a.early = []
+        return a
+
+    def _read_frame(self, c: _Conn) -> bool:
         """Read and apply one frame; False at a clean EOF between frames."""
         hdr = bytearray(FRAME_HEADER.size)
-        got = recv_exact(conn, memoryview(hdr))
+        got = self._recv(c.sock, memoryview(hdr), between_frames=True)
         if got == 0:
             return False
         if got < len(hdr):
@@ -351,44 +318,71 @@ class KVReceiver:
         if plen > limit:
             raise FrameError(f"{FRAME_TYPES[ftype]} payload of {plen} bytes exceeds the limit of {limit}")
         if ftype == LAYER:
-            mine.add(tid)
-            self._on_layer(conn, tid, layer, off, cnt, plen, crc)
+            c.mine.add(tid)
+            self._on_layer(c, tid, layer, off, cnt, plen, crc)
         else:
-            payload = self._read_payload(conn, plen, crc)
+            payload = self._read_payload(c.sock, plen, crc)
             if ftype == BEGIN:
-                self._on_begin(tid, payload, conn, ack_lock, mine)
+                self._on_begin(tid, payload, c)
             elif ftype == RESUME:
-                self._on_resume(tid, conn, ack_lock, mine)
+                self._on_resume(tid, c)
             elif ftype == END:
                 self._on_end(tid, payload)
             else:
-                self._on_cancel(tid, mine)
+                self._on_cancel(tid, c.mine)
         self._maybe_complete(tid)
         with self._lock:
             if tid not in self._assemblies:  # done or dropped: a kept connection carries many transfers
-                mine.discard(tid)
+                c.mine.discard(tid)
         return True
 
+    def _recv(self, sock: socket.socket, view: memoryview, between_frames: bool = False) -> int:
+        """Fill view; returns bytes read (fewer only at EOF). Waiting for the next frame may last (keepalive
+        watches the peer); inside a frame, a receive timeout without a byte is a FrameError."""
+        got = 0
+        while got < len(view):
+            try:
+                n = sock.recv_into(view[got:], 0, socket.MSG_WAITALL)
+            except BlockingIOError:  # SO_RCVTIMEO passed with nothing read by this call
+                if between_frames and got == 0:
+                    continue
+                raise FrameError(
+                    f"no byte for {self.frame_idle_s:g} s inside a frame ({got} of {len(view)} bytes)"
+                ) from None
+            if n == 0:
+                return got
+            got += n
+        return got
+
     def _read_payload(self, conn: socket.socket, plen: int, crc: int) -> bytes:
-        buf = bytearray(plen)
-        if recv_exact(conn, memoryview(buf)) < plen:
+        buf = bytearray(plen)  # at most MAX_META_BYTES here (BEGIN, END, RESUME, CANCEL)
+        if self._recv(conn, memoryview(buf)) < plen:
             raise FrameError(f"truncated payload (connection closed inside a {plen}-byte payload)")
         got = crc32c(buf)
         if got != crc:
             raise FrameError(f"payload checksum mismatch ({got:#010x} != {crc:#010x})")
         return bytes(buf)
 
+    def _read_held(self, conn: socket.socket, plen: int, what: str) -> bytearray:
+        """A payload that cannot go straight into its transfer's buffer, its memory grown only as bytes
+        arrive (a LAYER header alone must not allocate its whole length)."""
+        data, piece = bytearray(), bytearray(min(plen, READ_PIECE_BYTES))
+        while len(data) < plen:
+            view = memoryview(piece)[: min(len(piece), plen - len(data))]
+            if self._recv(conn, view) < len(view):
+                raise FrameError(f"truncated LAYER payload ({what})")
+            data += view
+        return data
+
     def _assembly(self, tid: int) -> _Assembly:
         a = self._assemblies.get(tid)
         if a is None:
-            if len(self._assemblies) >= 1024:
-                raise FrameError("too many transfers in progress (1024)")
+            if len(self._assemblies) >= MAX_TRANSFERS:
+                raise FrameError(f"too many transfers in progress ({MAX_TRANSFERS})")
             a = self._assemblies[tid] = _Assembly(tid, first_byte_ns=time.monotonic_ns())
         return a
 
-    def _on_begin(
-        self, tid: int, payload: bytes, conn: socket.socket, ack_lock: threading.Lock, mine: set[int]
-    ) -> None:
+    def _on_begin(self, tid: int, payload: bytes, c: _Conn) -> None:
         meta = TransferMeta.from_json(payload)
         if meta.fingerprint != self.fingerprint:
             raise FrameError(f"KV of another model (fingerprint {meta.fingerprint[:12]}, mine {self.fingerprint[:12]})")
@@ -401,12 +395,16 @@ class KVReceiver:
             a = self._assembly(tid)
             if a.meta is not None:
                 raise FrameError(f"transfer {tid} began twice")
-            a.meta, a.ack_sock, a.ack_lock = meta, conn, ack_lock
+            a.meta, a.ack_sock, a.ack_lock = meta, c.sock, c.ack_lock
             a.blob, a.buf = blob_buffer(meta, self.pool)
             a.wire_bytes += FRAME_HEADER.size + len(payload)
-            early, a.early = a.early, []
-            mine.add(tid)
-        for layer, off, cnt, data, crcs in early:
+            early = a.early
+            for *_, data, _, origin in early:
+                origin.early_bytes -= len(data)
+                self._early_bytes -= len(data)
+            a.early = []
+            c.mine.add(tid)
+        for layer, off, cnt, data, crcs, _ in early:
             self._place(a, layer, off, cnt, data, crcs)
         self.events.emit(
             "kv_recv_begin",
@@ -418,7 +416,7 @@ class KVReceiver:
             kv_bytes=meta.kv_bytes,
         )
 
-    def _on_resume(self, tid: int, conn: socket.socket, ack_lock: threading.Lock, mine: set[int]) -> None:
+    def _on_resume(self, tid: int, c: _Conn) -> None:
         """A sender retrying transfer tid asks what arrived: HAVE {state: new | partial | done, chunks}. A
         partial transfer continues on this connection (its ACK goes here)."""
         self._sweep_orphans()
@@ -428,15 +426,15 @@ class KVReceiver:
                 state, chunks = "done", []
             elif a is not None and a.meta is not None:
                 state, chunks = "partial", [list(k) for k in a.seen]
-                a.ack_sock, a.ack_lock, a.orphaned_ns = conn, ack_lock, 0
-                mine.add(tid)
+                a.ack_sock, a.ack_lock, a.orphaned_ns = c.sock, c.ack_lock, 0
+                c.mine.add(tid)
             else:
                 if a is not None:  # chunks without their BEGIN: the sender sends everything again
-                    self._assemblies.pop(tid)
+                    self._pop(tid)
                 state, chunks = "new", []
         body = json.dumps({"state": state, "chunks": chunks}).encode()
-        with ack_lock:
-            conn.sendall(pack_frame(HAVE, tid, payload_len=len(body), crc=crc32c(body)) + body)
+        with c.ack_lock:
+            c.sock.sendall(pack_frame(HAVE, tid, payload_len=len(body), crc=crc32c(body)) + body)
         self.events.emit(
             "kv_recv_resume",
             a.meta.request_id if a is not None and a.meta else None,
@@ -460,34 +458,55 @@ class KVReceiver:
             raise FrameError(f"chunk layer {layer} offset {off} arrived twice with {held[0]} and {cnt} tokens")
         return held is not None
 
-    def _on_layer(self, conn: socket.socket, tid: int, layer: int, off: int, cnt: int, plen: int, crc: int) -> None:
+    def _on_layer(self, c: _Conn, tid: int, layer: int, off: int, cnt: int, plen: int, crc: int) -> None:
+        where = f"layer {layer}, tokens [{off}, {off + cnt})"
         with self._lock:
             a = self._assembly(tid)
             began = a.meta is not None
             dup = began and self._check_chunk(a, layer, off, cnt, plen)
-        if not began or dup:  # BEGIN is still on its way on connection 0: keep the bytes
-            data = bytearray(plen)
-            view = memoryview(data)
-            if recv_exact(conn, view) < plen:
-                raise FrameError(f"truncated LAYER payload (layer {layer}, tokens [{off}, {off + cnt}))")
-            crcs = _verify_chunk(view[: plen // 2], view[plen // 2 :], crc, layer, off)
+            if not began:  # BEGIN is still on its way on connection 0: hold the bytes, within bounds
+                self._reserve_early(c, plen)
+        if not began or dup:
+            try:
+                data = self._read_held(c.sock, plen, where)
+                crcs = _verify_chunk(memoryview(data)[: plen // 2], memoryview(data)[plen // 2 :], crc, layer, off)
+            except FrameError:
+                if not began:
+                    self._unreserve_early(c, plen)
+                raise
             if dup:
                 return
             with self._lock:
-                if a.meta is None:
-                    if sum(len(e[3]) for e in a.early) + plen > self.max_transfer_bytes:
-                        raise FrameError("too much KV before BEGIN")
-                    a.early.append((layer, off, cnt, data, crcs))
+                if a.meta is None and self._assemblies.get(tid) is a:
+                    a.early.append((layer, off, cnt, data, crcs, c))
                     return
-            self._place(a, layer, off, cnt, data, crcs)
+                c.early_bytes -= plen  # BEGIN came (or the transfer went) while the bytes did
+                self._early_bytes -= plen
+            if a.meta is not None:
+                self._place(a, layer, off, cnt, data, crcs)
             return
         k_dst, v_dst = (
             memoryview(a.buf[layer, 0, off : off + cnt]).cast("B"),
             memoryview(a.buf[layer, 1, off : off + cnt]).cast("B"),
         )
-        if recv_exact(conn, k_dst) < len(k_dst) or recv_exact(conn, v_dst) < len(v_dst):
-            raise FrameError(f"truncated LAYER payload (layer {layer}, tokens [{off}, {off + cnt}))")
+        if self._recv(c.sock, k_dst) < len(k_dst) or self._recv(c.sock, v_dst) < len(v_dst):
+            raise FrameError(f"truncated LAYER payload ({where})")
         self._count(a, layer, off, cnt, _verify_chunk(k_dst, v_dst, crc, layer, off), plen)
+
+    def _reserve_early(self, c: _Conn, plen: int) -> None:
+        """Count plen bytes held before a BEGIN (lock held); FrameError past the bounds."""
+        if c.early_bytes + plen > EARLY_CONN_MAX_BYTES or self._early_bytes + plen > self.early_max_bytes:
+            raise FrameError(
+                f"too much KV before BEGIN: {c.early_bytes} bytes on this connection, {self._early_bytes} in all, "
+                f"+{plen} (limits {EARLY_CONN_MAX_BYTES}, {self.early_max_bytes})"
+            )
+        c.early_bytes += plen
+        self._early_bytes += plen
+
+    def _unreserve_early(self, c: _Conn, plen: int) -> None:
+        with self._lock:
+            c.early_bytes -= plen
+            self._early_bytes -= plen
 
     def _place(self, a: _Assembly, layer: int, off: int, cnt: int, data: bytearray, crcs: tuple[int, int]) -> None:
         with self._lock:
@@ -513,13 +532,15 @@ class KVReceiver:
         except (ValueError, TypeError, KeyError) as err:
             raise FrameError(f"END payload malformed: {err}") from None
         with self._lock:
-            a = self._assembly(tid)
+            a = self._assemblies.get(tid)
+            if a is None or a.meta is None:  # END follows BEGIN on the same connection, or a RESUME's HAVE
+                raise FrameError(f"END for transfer {tid}, which never began here")
             a.next_token, a.chunks_expected = next_token, chunks
             a.wire_bytes += FRAME_HEADER.size + len(payload)
 
     def _on_cancel(self, tid: int, mine: set[int]) -> None:
         with self._lock:
-            a = self._assemblies.pop(tid, None)
+            a = self._pop(tid) if tid in self._assemblies else None
         mine.discard(tid)
         if a is not None:
             self.events.emit(
