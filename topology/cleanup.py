@@ -1,13 +1,18 @@
 """Leftovers of crashed runs: recording what a run started, and removing it later.
 
-Responsible for: a per-run state file listing the PIDs (with their command
-lines) that a testbed started, and `clean()`, which removes what a run that
+Responsible for: a per-run state file listing the PIDs (with their start
+times) that a testbed started, and `clean()`, which removes what a run that
 died without teardown left behind — by its own PIDs, links carrying the
-testbed prefix, and iptables rules carrying the testbed comment.
+testbed prefix, and iptables rules carrying the testbed comment; while a run
+is alive, its links and rules are left alone.
 Not responsible for: the normal teardown (`topology.net.Testbed.stop`).
 
 Nothing is ever killed by name: a PID is signalled only if it is listed in a
-state file and its command line still matches what was recorded.
+state file and the process holding it started when the recorded one did
+(`/proc/PID/stat` field 22). Not its command line: a process recorded right
+after `Popen(["mnexec", "-a", ...])` changes its command line when mnexec
+execs the real command, and `make clean` after a SIGKILLed run used to find
+every such process "someone else's" and leave it running.
 """
 
 from __future__ import annotations
@@ -27,11 +32,19 @@ STATE_DIR = Path("/run/pddlab")
 IPTABLES_COMMENT = "pddlab"
 
 
-def _cmdline(pid: int) -> str | None:
+def start_time(pid: int) -> int | None:
+    """When process pid started (clock ticks since boot; survives exec), or None when there is none."""
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+        stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
+    # comm (field 2) may hold spaces and parentheses: the fields after it follow the last ")".
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def is_same_process(pid: int, started: int | None) -> bool:
+    """Whether pid still names the process that started at `started` (not a reused PID)."""
+    return started is not None and start_time(pid) == started
 
 
 class StateFile:
@@ -43,10 +56,11 @@ class StateFile:
         self._entries: list[dict] = []
 
     def add(self, pid: int, what: str) -> None:
-        """Record a process we started (its command line guards against PID reuse)."""
-        self._entries.append({"pid": pid, "what": what, "cmdline": _cmdline(pid)})
+        """Record a process we started (its start time guards against PID reuse)."""
+        self._entries.append({"pid": pid, "what": what, "started": start_time(pid)})
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"owner": os.getpid(), "procs": self._entries}))
+        owner = os.getpid()
+        tmp.write_text(json.dumps({"owner": owner, "owner_started": start_time(owner), "procs": self._entries}))
         tmp.replace(self.path)
 
     def remove(self) -> None:
@@ -56,15 +70,17 @@ class StateFile:
 
 def _owner_alive(state: dict) -> bool:
     owner = state.get("owner")
-    return bool(owner) and owner != os.getpid() and _cmdline(owner) is not None
+    return bool(owner) and owner != os.getpid() and is_same_process(owner, state.get("owner_started"))
 
 
 def _kill_recorded(entry: dict) -> bool:
-    pid, recorded = entry["pid"], entry.get("cmdline")
-    if recorded is None or _cmdline(pid) != recorded:
+    if not is_same_process(entry["pid"], entry.get("started")):
         return False  # gone, or the PID now belongs to someone else
-    log.info("killing leftover %s (pid %d)", entry["what"], pid)
-    os.kill(pid, signal.SIGKILL)
+    log.info("killing leftover %s (pid %d)", entry["what"], entry["pid"])
+    try:
+        os.kill(entry["pid"], signal.SIGKILL)
+    except ProcessLookupError:
+        return False
     return True
 
 
@@ -77,16 +93,27 @@ def _iptables_rules() -> list[list[str]]:
     return rules
 
 
-def clean(directory: Path = STATE_DIR) -> list[str]:
-    """Remove what crashed runs left; return a line per thing removed."""
-    removed = []
+def kill_leftovers(directory: Path = STATE_DIR) -> tuple[list[str], list[int]]:
+    """Kill the recorded processes of every run that died without teardown, forgetting those runs;
+    returns (a line per process killed or run skipped, the PIDs of runs still alive)."""
+    removed, live = [], []
     for path in sorted(directory.glob("testbed-*.json")) if directory.exists() else []:
         state = json.loads(path.read_text())
         if _owner_alive(state):
             removed.append(f"skipped {path.name}: its run (pid {state['owner']}) is still alive")
+            live.append(state["owner"])
             continue
         removed += [f"process {e['what']} (pid {e['pid']})" for e in state["procs"] if _kill_recorded(e)]
         path.unlink()
+    return removed, live
+
+
+def clean(directory: Path = STATE_DIR) -> list[str]:
+    """Remove what crashed runs left; return a line per thing removed. While a run is alive, the
+    testbed's links and rules are its own (only one topology exists at a time): left alone."""
+    removed, live = kill_leftovers(directory)
+    if live:
+        return removed + [f"links and iptables rules left alone: run {', '.join(map(str, live))} is alive"]
     time.sleep(0.2)  # let killed namespace holders release their interfaces
     for name in prefixed_links():
         subprocess.run(["ip", "link", "del", name], capture_output=True)
@@ -114,6 +141,6 @@ def leftovers(directory: Path = STATE_DIR) -> dict:
     return {
         "links": prefixed_links(),
         "state_files": [s.name for s in states],
-        "live_recorded_pids": [e["pid"] for e in entries if e.get("cmdline") and _cmdline(e["pid"]) == e["cmdline"]],
+        "live_recorded_pids": [e["pid"] for e in entries if is_same_process(e["pid"], e.get("started"))],
         "iptables": _iptables_rules(),
     }
