@@ -13,6 +13,7 @@ workload (experiments.workload).
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
@@ -207,11 +208,23 @@ def _validate_workload(w: Workload, context_tokens: int) -> None:
         raise SpecError("workload.trace: required when workload.source is 'trace'")
 
 
+# A spec's name names its run directory: no separators, no traversal.
+SPEC_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}")
+# Keys of the roles' config the testbed sets itself (deployment overrides may not).
+PLACED_TOP = ("events_dir", "weights_dir", "model", "seed", "block_size")
+PLACED_ROLE = {"name", "host", "grpc_port", "kv_port", "kv_connect"}
+
+
 def validate(spec: ExperimentSpec) -> ExperimentSpec:
     """Ranges, registries and cross-field rules; returns spec or raises SpecError."""
     from topology.profiles import ProfileError, load_profile
     from workers.model import CONFIGS
 
+    if not isinstance(spec.name, str) or not SPEC_NAME.fullmatch(spec.name):
+        raise SpecError(
+            f"name={spec.name!r}: letters, digits, '.', '_' and '-' only, at most 64, not starting with '.' or '-' "
+            "(it names the run directory under results/)"
+        )
     if spec.model not in CONFIGS:
         raise SpecError(f"model={spec.model!r}; allowed: {sorted(CONFIGS)}")
     _validate_variant_defs(spec)
@@ -265,6 +278,7 @@ def _validate_variant_defs(spec: ExperimentSpec) -> None:
             raise SpecError(f"{where}.mode={d['mode']!r}; allowed: {list(VARIANTS)}")
         if not isinstance(d.get("deployment", {}), dict):
             raise SpecError(f"{where}.deployment: expected a mapping")
+        _placement_keys(d.get("deployment") or {}, f"{where}.deployment")
         try:
             parse_config(deployment_dict(spec, "/nonexistent", d["mode"], d.get("deployment")))
         except ConfigError as err:
@@ -303,11 +317,23 @@ def _validate_impairment(spec: ExperimentSpec, profile) -> None:
         raise SpecError(str(err)) from None
 
 
+def _placement_keys(overrides: dict, where: str) -> None:
+    """The testbed places the workers and owns the run's paths: overrides may tune the roles, not move them."""
+    for key in PLACED_TOP:
+        if key in overrides:
+            raise SpecError(f"{where}.{key}: set by the testbed (the spec's own field or the run directory), not here")
+    for role in ("router", "p", "rld", "md"):
+        section = overrides.get(role)
+        for key in PLACED_ROLE & set(section if isinstance(section, dict) else ()):
+            raise SpecError(f"{where}.{role}.{key}: set by the topology (where the testbed places the worker)")
+
+
 def _validate_deployment(spec: ExperimentSpec) -> None:
     """The roles' validator judges the `deployment` overrides (field names as in workers/roles/config.py)."""
     from experiments.deployment import deployment_dict
     from workers.roles.config import ConfigError, parse_config
 
+    _placement_keys(spec.deployment, "deployment")
     try:
         parse_config(deployment_dict(spec, events_dir="/nonexistent"))
     except ConfigError as err:

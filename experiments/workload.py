@@ -228,8 +228,8 @@ def _trace_line(raw: str, where: str, vocab: int, context: int) -> dict:
     if unknown:
         raise TraceError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(TRACE_KEYS)}")
     t = d.get("t_s")
-    if not isinstance(t, (int, float)) or isinstance(t, bool) or t < 0 or math.isnan(t):
-        raise TraceError(f"{where}: t_s must be a number >= 0 (arrival, s), got {t!r}")
+    if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t) or t < 0:
+        raise TraceError(f"{where}: t_s must be a finite number >= 0 (arrival, s), got {t!r}")
     out = d.get("output_tokens")
     if not isinstance(out, int) or isinstance(out, bool) or not 1 <= out < context:
         raise TraceError(f"{where}: output_tokens must be an int in [1, {context - 1}], got {out!r}")
@@ -241,6 +241,9 @@ def _trace_line(raw: str, where: str, vocab: int, context: int) -> dict:
             raise TraceError(f"{where}: token_ids must be a non-empty list of ints in [0, {vocab})")
     elif not isinstance(d["input_tokens"], int) or isinstance(d["input_tokens"], bool) or d["input_tokens"] < 1:
         raise TraceError(f"{where}: input_tokens must be an int >= 1, got {d['input_tokens']!r}")
+    elif d["input_tokens"] + out > context:  # checked before any token is drawn
+        n = d["input_tokens"]
+        raise TraceError(f"{where}: prompt {n} + output {out} tokens exceed the model's context {context}")
     session = d.get("session", "")
     if not isinstance(session, str):
         raise TraceError(f"{where}: session must be a string, got {session!r}")

@@ -319,6 +319,24 @@ def test_oversized_request_gets_resource_exhausted(dep):
     assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
+def test_a_duplicate_request_id_is_refused_and_the_original_completes(dep, reference, slow_wan):
+    """A second Generate with the id of one in flight used to open its own sessions under that id and, on
+    its way out, cancel P's transfers for it: the original lost its KV."""
+    slow_wan.faults.rate_mbit = 0.2  # 20 KB of KV take ~0.8 s: the first request is in flight meanwhile
+    prompt, out = fresh_prompt(40), {}
+    first = threading.Thread(
+        target=lambda: out.setdefault("gen", generate(dep.channel, prompt, 8, mode="pd-cross", request_id="dup"))
+    )
+    first.start()
+    wait_for(lambda: events_of(dep, "router", "dup", "route"), what="the first request to be routed")
+    err = rpc_error(lambda: generate(dep.channel, fresh_prompt(40), 8, mode="pd-cross", request_id="dup"))
+    first.join(30)
+    assert err.code() == grpc.StatusCode.ALREADY_EXISTS and "in flight" in err.details(), err.details()
+    gen = out["gen"]
+    check_stream(gen, 8)
+    check_reference(reference, prompt, gen.ids, 8, "the original of a duplicate id")
+
+
 def test_unknown_request_ids_get_not_found(dep):
     with grpc.insecure_channel(dep.cfg.md.grpc_address) as ch:
         stub = pdd_pb2_grpc.DecodeStub(ch)

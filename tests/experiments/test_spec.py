@@ -54,6 +54,13 @@ def test_top_level_arguments_override_the_spec():
         ("profile=no-such", "unknown profile 'no-such'; available:"),
         ("workload.source=trace", "workload.trace: required"),
         ("sessions", "expected dotted.key=value"),
+        ("name=../../../x", "name='../../../x': letters, digits"),
+        ("name=a/b", "it names the run directory"),
+        ("deployment.events_dir=/etc", "deployment.events_dir: set by the testbed"),
+        ("deployment.md.host=10.9.9.9", "deployment.md.host: set by the topology"),
+        ("deployment.p.grpc_port=1", "deployment.p.grpc_port: set by the topology"),
+        ("deployment.weights_dir=/tmp/w", "deployment.weights_dir: set by the testbed"),
+        ("deployment.grpc_threads=32", "grpc_threads=32 must be at least decode.max_sessions (64) + 8"),
     ],
 )
 def test_bad_overrides_fail_with_the_field_and_allowed_values(override, needle):

@@ -101,7 +101,9 @@ def test_trace_replay(tmp_path):
     "line, needle",
     [
         ("not json", "t.jsonl:2: not JSON"),
-        ('{"t_s": -1, "input_tokens": 4, "output_tokens": 1}', "t.jsonl:2: t_s must be a number >= 0"),
+        ('{"t_s": -1, "input_tokens": 4, "output_tokens": 1}', "t.jsonl:2: t_s must be a finite number >= 0"),
+        ('{"t_s": Infinity, "input_tokens": 4, "output_tokens": 1}', "t.jsonl:2: t_s must be a finite number"),
+        ('{"t_s": 1, "input_tokens": 1000000000, "output_tokens": 2}', "t.jsonl:2: prompt 1000000000 + output 2"),
         ('{"t_s": 1, "input_tokens": 4}', "t.jsonl:2: output_tokens must be an int"),
         ('{"t_s": 1, "output_tokens": 2}', "t.jsonl:2: exactly one of input_tokens or token_ids"),
         ('{"t_s": 1, "token_ids": [1, 999], "output_tokens": 2}', "t.jsonl:2: token_ids must be"),

@@ -113,7 +113,7 @@ class DeploymentConfig:
     events_dir: str = "events"  # one <worker>.jsonl per worker
     weights_dir: str = ""  # "" = workers.model.default_weights_dir()
     max_message_bytes: int = 4 << 20  # gRPC message limit: larger requests get RESOURCE_EXHAUSTED
-    grpc_threads: int = 32  # server thread pool per worker (each open stream holds one)
+    grpc_threads: int = 80  # server thread pool per worker (each open stream holds one): >= max_sessions + 8
     kv: KVConfig = KVConfig()
     policy: RouterPolicy = RouterPolicy()
     decode: DecodeConfig = DecodeConfig()
@@ -181,6 +181,9 @@ def _check_choice(path: str, value: str, allowed: tuple[str, ...]) -> None:
         raise ConfigError(f"{path}={value!r}; allowed: {list(allowed)}")
 
 
+GRPC_SPARE_THREADS = 8  # server threads beyond the decode streams, for the short RPCs
+
+
 def validate(cfg: DeploymentConfig) -> DeploymentConfig:
     """Check ranges and cross-field rules; return cfg unchanged or raise ConfigError."""
     from workers.model import CONFIGS
@@ -215,6 +218,12 @@ def validate(cfg: DeploymentConfig) -> DeploymentConfig:
     _check_range("decode.kv_wait_ms", cfg.decode.kv_wait_ms, 10, 3_600_000)
     _check_range("decode.max_sessions", cfg.decode.max_sessions, 1, 100_000)
     _check_range("decode.max_batch", cfg.decode.max_batch, 1, 4096)
+    if cfg.grpc_threads < cfg.decode.max_sessions + GRPC_SPARE_THREADS:
+        raise ConfigError(
+            f"grpc_threads={cfg.grpc_threads} must be at least decode.max_sessions ({cfg.decode.max_sessions}) "
+            f"+ {GRPC_SPARE_THREADS}: every decode stream holds a thread, and KVReady, Handoff and the DRC "
+            "query must not queue behind them"
+        )
     return cfg
 
 

@@ -94,6 +94,7 @@ class RouterServicer(pdd_pb2_grpc.RouterServicer):
         self.channels = Channels(cfg)  # not warmed at start: peers may still be starting (refused, backoff)
         self._lock = threading.Lock()
         self._active = 0
+        self._rids: set[str] = set()  # request ids in flight
         self.drc = DRCMirror(cfg.block_size, cfg.md.capacity_tokens // cfg.block_size)
         self.wan: WanEstimate | None = None  # the latest of P's WAN measurements (PrefillReply.wan)
 
@@ -132,7 +133,13 @@ class RouterServicer(pdd_pb2_grpc.RouterServicer):
             saved = (len(prompt) - decision.md_cached_tokens) * self.kv_bytes_per_token
             self.events.emit("wan_blocked", rid, kv_bytes_saved=saved, reason="singular")
         with self._lock:
-            self._active += 1
+            duplicate = rid in self._rids
+            if not duplicate:
+                self._rids.add(rid)
+                self._active += 1
+        if duplicate:  # its sessions, KV and cancels would be the running request's
+            self.events.emit("rejected", rid, reason="request_id already in flight")
+            context.abort(grpc.StatusCode.ALREADY_EXISTS, f"request {rid!r} is already in flight")
         run = _RequestRun(self, rid, prompt, max_tokens, decision, handoff, context)
         try:
             yield from run.stream()
@@ -140,6 +147,7 @@ class RouterServicer(pdd_pb2_grpc.RouterServicer):
             run.cleanup()
             with self._lock:
                 self._active -= 1
+                self._rids.discard(rid)
 
     def _validate(self, request, context) -> tuple[str, str]:
         mode = request.mode or self.cfg.policy.mode
