@@ -17,7 +17,9 @@ every request it was given measured, and the count of those it was not.
 Not responsible for: metrics (experiments.metrics reads what this writes).
 
 Output: one JSON object per line, appended as each request ends, so an
-interrupted run keeps every finished request.
+interrupted run keeps every finished request; on SIGINT, SIGTERM or SIGHUP
+the requests in flight are recorded as interrupted (their calls cancelled)
+and those not sent as not issued, so the log holds the whole workload.
 
     python -m experiments.loadgen health --timeout-s 120 10.1.0.11:50050 ...
     python -m experiments.loadgen run --workload W.jsonl --router ADDR --variant pdd --out client.jsonl
@@ -29,6 +31,7 @@ import argparse
 import hashlib
 import json
 import logging
+import signal
 import sys
 import threading
 import time
@@ -50,9 +53,15 @@ class Recorder:
         self.file = open(path, "a", buffering=1)
         self.lock = threading.Lock()
         self.total, self.done, self.failed, self.not_issued = total, 0, 0, 0
+        self.written: set[str] = set()
 
     def write(self, record: dict) -> None:
+        """Append one request's record; a second record for the same request is dropped (an interrupted
+        run records what was in flight, and the RPC's own end may follow)."""
         with self.lock:
+            if record["request_id"] in self.written:
+                return
+            self.written.add(record["request_id"])
             self.file.write(json.dumps(record, separators=(",", ":")) + "\n")
             self.done += 1
             issued = record.get("issued", True)
@@ -84,6 +93,21 @@ class Client:
         self.rec = recorder
         self.outputs: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}  # request_id -> (prompt, reply)
         self.reference = reference or {}
+        self._inflight: dict[str, tuple[dict, object]] = {}  # request_id -> (its record so far, its call)
+        self._lock = threading.Lock()
+
+    def interrupt(self, requests: list[WorkloadRequest], t0_ns: int, why: str) -> None:
+        """The run stops: record every request in flight as interrupted (cancelling its call) and every one
+        not sent yet as not issued, so the client log holds the whole workload."""
+        with self._lock:
+            inflight = list(self._inflight.values())
+        now = time.monotonic_ns()
+        for rec, call in inflight:
+            self.rec.write({**rec, "tokens": list(rec["tokens"]), "error": f"interrupted: {why}", "t_done_ns": now})
+            call.cancel()
+        for req in requests:
+            if req.request_id not in self.rec.written:
+                self.not_issued(req, t0_ns, f"interrupted before it was sent: {why}")
 
     def prompt_of(self, req: WorkloadRequest) -> tuple[tuple[int, ...] | None, str]:
         """The request's prompt and where its history came from: workload | previous | reference | none."""
@@ -130,17 +154,20 @@ class Client:
             rec["error"] = f"previous turn {req.after} did not complete (and no reference reply)"
             self.rec.write(rec)
             return False
+        call = self.stub.Generate(
+            pdd_pb2.GenerateRequest(
+                request_id=rec["router_id"],
+                prompt_tokens=prompt,
+                max_tokens=req.max_tokens,
+                mode=self.mode,
+                handoff=self.handoff,
+            ),
+            timeout=self.timeout_s,
+        )
+        with self._lock:
+            self._inflight[req.request_id] = (rec, call)
         try:
-            for ev in self.stub.Generate(
-                pdd_pb2.GenerateRequest(
-                    request_id=rec["router_id"],
-                    prompt_tokens=prompt,
-                    max_tokens=req.max_tokens,
-                    mode=self.mode,
-                    handoff=self.handoff,
-                ),
-                timeout=self.timeout_s,
-            ):
+            for ev in call:
                 if ev.WhichOneof("kind") == "token":
                     t = ev.token
                     rec["tokens"].append([t.index, t.token, t.worker, time.monotonic_ns(), t.t_ns])
@@ -155,6 +182,9 @@ class Client:
                     }
         except grpc.RpcError as err:
             rec["error"] = f"{err.code().name}: {err.details()}"
+        finally:
+            with self._lock:
+                self._inflight.pop(req.request_id, None)
         rec["t_done_ns"] = time.monotonic_ns()
         if rec["error"] is None:
             self.outputs[req.request_id] = (prompt, tuple(t[1] for t in rec["tokens"]))
@@ -239,8 +269,9 @@ def run(args) -> int:
         try:
             for t in threads:
                 t.join()
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as err:
             stop.set()
+            client.interrupt(measured, t0, str(err) or "SIGINT")
             print("interrupted", flush=True)
             return 130
     return 0 if rec.failed == 0 else 1
@@ -255,6 +286,10 @@ def health(args) -> int:
 
 def _sha1(tokens) -> str:
     return hashlib.sha1(json.dumps(list(tokens)).encode()).hexdigest()[:16]
+
+
+def _interrupted(signum, frame) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -277,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     r.set_defaults(func=run)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s loadgen: %(message)s")
+    signal.signal(signal.SIGTERM, _interrupted)  # a variant timeout's stop: record what is left, like Ctrl-C
+    signal.signal(signal.SIGHUP, _interrupted)
     try:
         return args.func(args)
     except TimeoutError as err:

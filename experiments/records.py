@@ -252,9 +252,42 @@ def collect(run_dir: Path) -> tuple[list[RequestRecord], list[dict]]:
         for e in evs:
             if e.get("request_id"):
                 by_req[e["request_id"]].append(e)
-        for raw in _read_jsonl(vdir / "client.jsonl"):
+        raws = _read_jsonl(vdir / "client.jsonl")
+        raws += _missing(variant, raws, workload)
+        for raw in raws:
             records.append(build_record(raw, workload.get(raw["request_id"]), by_req.get(raw["router_id"], [])))
     return records, sorted(events, key=lambda e: e["t_ns"])
+
+
+MISSING = "no record: the load generator stopped before it recorded this request (killed or crashed)"
+
+
+def _missing(variant: str, raws: list[dict], workload: dict[str, WorkloadRequest]) -> list[dict]:
+    """A record for every workload request the variant's client log lacks, so the summary counts against
+    the workload, never against what happened to be written (a client log ends early when its writer dies)."""
+    seen = {r["request_id"] for r in raws}
+    t_ref = min((r["t_send_ns"] for r in raws), default=0)  # inside the window: the duration stays the log's
+    mode = next((r.get("mode") for r in raws if r.get("mode")), variant)
+    return [
+        {
+            "request_id": w.request_id,
+            "router_id": f"{variant}.{w.request_id}",
+            "variant": variant,
+            "mode": mode,
+            "session": w.session,
+            "turn": w.turn,
+            "kind": w.kind,
+            "max_tokens": w.max_tokens,
+            "prompt_tokens": w.prompt_len,
+            "tokens": [],
+            "error": MISSING,
+            "issued": True,
+            "t_send_ns": t_ref,
+            "t_done_ns": t_ref,
+        }
+        for w in workload.values()
+        if w.request_id not in seen
+    ]
 
 
 def write(run_dir: Path, records: list[RequestRecord], events: list[dict]) -> None:

@@ -7,6 +7,7 @@ mechanisms (handoff after eager tokens, chunking) are made deterministic by
 slowing the WAN proxy, not by sleeps.
 """
 
+import json
 import socket
 import threading
 import time
@@ -335,6 +336,44 @@ def test_a_duplicate_request_id_is_refused_and_the_original_completes(dep, refer
     gen = out["gen"]
     check_stream(gen, 8)
     check_reference(reference, prompt, gen.ids, 8, "the original of a duplicate id")
+
+
+def test_a_stopped_load_generator_records_the_whole_workload(dep, slow_wan, tmp_path):
+    """SIGTERM (a variant's timeout) or Ctrl-C used to leave in-flight and unsent requests out of the client
+    log ("done 30/30" for a workload of 42): each must appear once, interrupted or not issued."""
+    import signal
+    import subprocess
+    import sys
+
+    from experiments.workload import WorkloadRequest, write
+
+    slow_wan.faults.rate_mbit = 0.1  # 20 KB of KV per request: ~1.6 s each over the WAN
+    reqs = []
+    for s in range(2):
+        for turn in (1, 2, 3):
+            rid = f"lg{s}-{turn}"
+            after = f"lg{s}-{turn - 1}" if turn > 1 else None
+            head = tuple(fresh_prompt(40 if turn == 1 else 8))
+            reqs.append(WorkloadRequest(rid, f"s{s}", turn, "turn", 4, 0.0, after, 0.0, head, len(head), 0))
+    write(reqs, tmp_path / "w.jsonl")
+    out = tmp_path / "client.jsonl"
+    argv = [sys.executable, "-m", "experiments.loadgen", "run", "--workload", str(tmp_path / "w.jsonl")]
+    argv += ["--router", dep.cfg.router.grpc_address, "--variant", "pd-cross", "--out", str(out)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in proc.stdout:
+            if line.startswith("start "):
+                break
+        time.sleep(0.5)  # both first turns are in flight, their successors not sent
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 130
+    finally:
+        proc.kill()
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert sorted(r["request_id"] for r in rows) == sorted(r.request_id for r in reqs)
+    errors = [r["error"] or "" for r in rows]
+    assert sum(e.startswith("interrupted: SIGTERM") for e in errors) == 2, errors
+    assert sum(e.startswith("not issued: interrupted") for e in errors) == 4, errors
 
 
 def test_unknown_request_ids_get_not_found(dep):

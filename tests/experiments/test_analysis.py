@@ -145,3 +145,17 @@ def test_divergences_get_a_near_tie_verdict(tmp_path):
     assert a["margin"] == pytest.approx(want) and a["near_tie"] == (want < TIE_MARGIN)
     assert b["prompt_differs"] and "margin" not in b
     assert (s["near_ties"] + s["unexplained"], s["prompt_differs"], s["unjudged"]) == (1, 1, 1)  # 3rd not listed
+
+
+def test_requests_missing_from_a_client_log_count_against_the_workload(tmp_path):
+    """A load generator killed mid-run leaves a short client log: the summary must still count every
+    workload request, the missing ones as failed with their cause, not report 'done 3/3' of 10."""
+    run = make_run(tmp_path, variants=("pdd",))
+    log = run / "variants" / "pdd" / "client.jsonl"
+    lines = log.read_text().splitlines()
+    log.write_text("\n".join(lines[:4]) + "\n")  # the warm-up and three measured requests
+    analyze.analyze(run)
+    p = json.loads((run / "summary.json").read_text())["variants"]["pdd"]
+    assert p["requests"] == 9 and p["completed"] == 3 and p["failed"] == 6, p
+    assert all("no record: the load generator stopped" in e for e in p["errors"]), p["errors"]
+    assert "3/9" in (run / "summary.md").read_text()
