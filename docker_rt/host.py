@@ -116,6 +116,12 @@ class ContainerState:
 
 
 # ---------------------------------------------------------------- command builders (pure)
+# Every container: no capability (the roles bind ports above 1024 and pick bbr/reno, which the kernel
+# allows without one; the network is wired from outside), no privilege gained by exec, a read-only root.
+HARDENING = ("--cap-drop", "ALL", "--security-opt", "no-new-privileges")
+PROC_PIDS_LIMIT = 512  # a role's threads (gRPC pool, KV connections, torch) with room to spare
+
+
 def labels(run_id: str, host: str, kind: str) -> list[str]:
     """--label arguments of a container of this run."""
     pairs = {LABEL_RUN: run_id, LABEL_OWNER: str(os.getpid()), LABEL_HOST: host, LABEL_KIND: kind}
@@ -135,6 +141,10 @@ def holder_run_args(opts: DockerOptions, run_id: str, host: str) -> list[str]:
         "none",
         "--init",
         *labels(run_id, host, "holder"),
+        *HARDENING,
+        "--pids-limit",
+        "16",
+        "--read-only",
         "--cpus",
         "0.1",
         "--memory",
@@ -158,6 +168,12 @@ def proc_run_args(opts: DockerOptions, run_id: str, host: str, role: str, index:
         *labels(run_id, host, "proc"),
         "--label",
         f"pddlab.role={role}",
+        *HARDENING,
+        "--pids-limit",
+        str(PROC_PIDS_LIMIT),
+        "--read-only",
+        "--tmpfs",
+        "/tmp:rw,nosuid,nodev,size=256m",
         "--cpus",
         f"{lim.cpus:g}",
         "--memory",
@@ -271,6 +287,13 @@ class DockerRuntime:
             raise DockerError(f"holder container of {host} is not running: {self.last_lines(name)}")
         return pid
 
+    def reap(self, host: str) -> None:
+        """The docker client of a host's process was killed: the container may still run (a client's SIGKILL
+        does not reach it): remove the host's process containers (its holder stays)."""
+        removed = remove_labelled(f"{LABEL_RUN}={self.run_id}", f"{LABEL_HOST}={host}", f"{LABEL_KIND}=proc")
+        if removed:
+            log.warning("%s: removed container(s) its killed client left running: %s", host, ", ".join(removed))
+
     def exec_argv(self, host: str, argv: list[str]) -> list[str] | None:
         """The full argv that runs argv as a process container on host; None for a plain host."""
         role = self._roles.get(host)
@@ -364,9 +387,10 @@ def runtime_for(name: str, options: DockerOptions | None = None):
     raise DockerError(f"runtime {name!r} is unknown; allowed: process, docker")
 
 
-def remove_labelled(label: str) -> list[str]:
-    """`docker rm -f` every container carrying label (k=v); return their names."""
-    ids = docker(["ps", "-aq", "--filter", f"label={label}"], quiet=True).stdout.split()
+def remove_labelled(*labels: str) -> list[str]:
+    """`docker rm -f` every container carrying every one of labels (k=v); return their names."""
+    filters = [a for label in labels for a in ("--filter", f"label={label}")]
+    ids = docker(["ps", "-aq", *filters], quiet=True).stdout.split()
     if not ids:
         return []
     names = docker(["inspect", "--format", "{{.Name}}", *ids], quiet=True).stdout.split()

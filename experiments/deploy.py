@@ -121,8 +121,7 @@ class Runtime:
                 codes[role] = proc.wait(STOP_GRACE_S)
             except subprocess.TimeoutExpired:
                 log.warning("%s did not stop in %.0f s: SIGKILL", role, STOP_GRACE_S)
-                proc.kill()
-                codes[role] = proc.wait(STOP_GRACE_S)
+                codes[role] = self.testbed.kill(worker_names()[role], proc, STOP_GRACE_S)
         self.procs.clear()
         return codes
 

@@ -352,6 +352,14 @@ class Testbed:
             self._state.add(proc.pid, f"{host}: {argv[0]}")
         return proc
 
+    def kill(self, host: str, proc: subprocess.Popen, grace_s: float = 5.0) -> int:
+        """SIGKILL a process started with popen() and whatever the runtime still runs of it (a container
+        whose docker client was the process); returns its exit status."""
+        proc.kill()
+        code = proc.wait(grace_s)
+        self.runtime.reap(host)
+        return code
+
     # ---- the host runtime (topology.runtime) -------------------------------
     def _start_runtime(self) -> None:
         self.runtime.start()

@@ -31,6 +31,8 @@ class HostRuntime(Protocol):
 
     def exec_argv(self, host: str, argv: list[str]) -> list[str] | None: ...  # None: run in the host's namespaces
 
+    def reap(self, host: str) -> None: ...  # a host's process was killed: end what of it the runtime still runs
+
     def metadata(self) -> dict | None: ...  # how it ran, for metadata.json
 
 
@@ -53,6 +55,9 @@ class ProcessRuntime:
 
     def exec_argv(self, host: str, argv: list[str]) -> list[str] | None:
         return None
+
+    def reap(self, host: str) -> None:
+        pass
 
     def metadata(self) -> dict | None:
         return None

@@ -42,6 +42,16 @@ def test_process_container_shares_the_holder_namespace_with_role_limits():
     assert args[-3:] == ["python", "-m", "workers.roles.decode"]
 
 
+def test_every_container_runs_without_capabilities_on_a_read_only_root():
+    holder = holder_run_args(OPTS, "9-1", "md1")
+    proc = proc_run_args(OPTS, "9-1", "md1", "md", 2, [sys.executable, "-m", "workers.roles.decode"])
+    for args in (holder, proc):
+        assert _pairs(args, "--cap-drop") == ["ALL"] and "--cap-add" not in args
+        assert _pairs(args, "--security-opt") == ["no-new-privileges"]
+        assert "--read-only" in args and int(_pairs(args, "--pids-limit")[0]) > 0
+    assert _pairs(proc, "--tmpfs") == ["/tmp:rw,nosuid,nodev,size=256m"]
+
+
 def test_default_limits_and_argv_translation():
     assert OPTS.limits_for("p") == RoleLimits(1.0, 3072)
     assert container_argv(["/usr/bin/python3", "-c", "x"]) == ["python", "-c", "x"]

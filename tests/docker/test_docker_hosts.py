@@ -110,6 +110,29 @@ with Testbed(cfg) as tb:
 """
 
 
+IGNORES_SIGTERM = (
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(120)"
+)
+
+
+def test_a_container_that_ignores_sigterm_is_gone_once_its_client_is_killed(
+    worker_image, tiny_weights, tmp_path, nothing_left_behind
+):
+    """SIGKILL reaches only the docker client: the container kept running, holding its ports for the next
+    variant's role. Testbed.kill removes it through the runtime."""
+    with Testbed(config(worker_image.ref, tmp_path)) as tb:
+        run_id = tb.metadata()["runtime_metadata"]["run_id"]
+        proc = tb.popen("md1", [sys.executable, "-c", IGNORES_SIGTERM], stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().strip() == "up"
+        proc.terminate()
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(2)  # the signal reached the container, which ignores it
+        tb.kill("md1", proc)
+        left = docker(["ps", "-q", "--filter", f"label={LABEL_RUN}={run_id}", "--filter", "label=pddlab.kind=proc"])
+        assert left.stdout.split() == [], "the container outlived its killed client"
+        assert len(run_containers(run_id)) == 4  # the holders stay until teardown
+
+
 def test_make_clean_removes_containers_of_a_killed_run(worker_image, tiny_weights, nothing_left_behind):
     """A testbed killed with SIGKILL (no teardown at all): `make clean` removes its containers by label."""
     proc = subprocess.Popen([sys.executable, "-c", KILLED_SCRIPT, worker_image.ref], stdout=subprocess.PIPE, text=True)
