@@ -74,7 +74,8 @@ def rig() -> Rig:
     return RIG
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# derandomize: the same 150 examples on every run (CI must not fail on a draw it never made before).
+@settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(frames(), min_size=1, max_size=8), st.integers(0, 100), st.booleans())
 def test_random_frames_never_break_the_receiver(sequence, cut_pct, expected):
     r = rig()
@@ -88,7 +89,7 @@ def test_random_frames_never_break_the_receiver(sequence, cut_pct, expected):
             s.shutdown(socket.SHUT_WR)
             while s.recv(65536):
                 pass
-        except (ConnectionResetError, BrokenPipeError, socket.timeout):
+        except OSError:  # refused midway: reset, broken pipe, not connected (closed before our shutdown)
             pass
     r.settle()
     internal = [f["reason"] for f in r.events.named("kv_frame_error") if f["reason"].startswith("internal")]
