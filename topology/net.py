@@ -106,19 +106,50 @@ def preflight() -> None:
         )
 
 
+# SIGHUP too: a dropped ssh session must tear the run down like Ctrl-C, not leave it half made.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
 class _SigtermAsInterrupt:
-    """Turns SIGTERM into KeyboardInterrupt while active, so `finally` blocks tear down."""
+    """Turns SIGTERM and SIGHUP into KeyboardInterrupt while active, so `finally` blocks tear down."""
 
     def __enter__(self):
-        self._old = signal.signal(signal.SIGTERM, self._raise)
+        self._old = {sig: signal.signal(sig, self._raise) for sig in STOP_SIGNALS}
         return self
 
     @staticmethod
     def _raise(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
+        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 
     def __exit__(self, *exc):
-        signal.signal(signal.SIGTERM, self._old)
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
+        return False
+
+
+class _HeldDuringTeardown:
+    """While tearing down, SIGINT, SIGTERM and SIGHUP are noted, not raised: a second Ctrl-C or a dropped
+    session used to cut the teardown short, and the next run refused with "prefix busy". Raised once the
+    teardown is done. Only the main thread can set handlers; elsewhere nothing changes."""
+
+    SIGNALS = (signal.SIGINT, *STOP_SIGNALS)
+
+    def __enter__(self):
+        self.caught: list[int] = []
+        self._old = {}
+        if threading.current_thread() is threading.main_thread():
+            self._old = {sig: signal.signal(sig, self._note) for sig in self.SIGNALS}
+        return self
+
+    def _note(self, signum, frame):
+        self.caught.append(signum)
+        log.warning("%s during teardown: the teardown finishes first", signal.Signals(signum).name)
+
+    def __exit__(self, *exc):
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
+        if self.caught and exc[0] is None:
+            raise KeyboardInterrupt(f"signal {signal.Signals(self.caught[0]).name} during teardown")
         return False
 
 
@@ -195,14 +226,15 @@ class Testbed:
             lambda: shutil.rmtree(self._workdir, ignore_errors=True),
         ]
         failed = False
-        for step in steps:
-            try:
-                step()
-            except Exception as exc:
-                failed = True
-                log.error("teardown step %s failed: %s", getattr(step, "__name__", step), exc)
-        if not failed:
-            self._forget_state()  # else `make clean` finds the PIDs there
+        with _HeldDuringTeardown():
+            for step in steps:
+                try:
+                    step()
+                except Exception as exc:
+                    failed = True
+                    log.error("teardown step %s failed: %s", getattr(step, "__name__", step), exc)
+            if not failed:
+                self._forget_state()  # else `make clean` finds the PIDs there
 
     # ---- build -----------------------------------------------------------
     def _host_specs(self) -> list[naming.HostSpec]:

@@ -136,6 +136,28 @@ def test_teardown_on_sigterm(backend):
     assert leftovers() == NOTHING
 
 
+def test_sighup_tears_down_and_a_second_signal_does_not_cut_the_teardown_short(backend):
+    """A dropped ssh session (SIGHUP) tears the run down; signals arriving during that teardown (a second
+    Ctrl-C, another SIGTERM) used to abort it midway, leaving links the next run refused as 'prefix busy'."""
+    proc = subprocess.Popen([sys.executable, "-c", SIGTERM_SCRIPT, backend], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "up"
+        proc.send_signal(signal.SIGHUP)
+        t0, sent_during = time.monotonic(), 0
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGINT):  # while it tears down (it takes seconds)
+            time.sleep(0.1)
+            if proc.poll() is None:
+                proc.send_signal(sig)
+                sent_during += 1
+        assert proc.wait(timeout=60) == 42
+        print(f"teardown took {time.monotonic() - t0:.2f} s; {sent_during} signals arrived during it")
+        assert sent_during == 3
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert leftovers() == NOTHING
+
+
 def test_busy_prefix_is_a_clear_error(backend):
     subprocess.run(["ip", "link", "add", naming.SWITCH_A, "type", "bridge"], check=True)
     try:
