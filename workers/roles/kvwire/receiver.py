@@ -295,11 +295,15 @@ class KVReceiver:
     def _pop(self, tid: int) -> _Assembly:
         """Remove a transfer (lock held), giving back what it held before its BEGIN."""
         a = self._assemblies.pop(tid)
-        for *_, data, _, origin in a.early:
-            origin.early_bytes -= len(data)
-            self._early_bytes -= len(data)
-        a.early = []
+        self._take_early(a)
         return a
+
+    def _take_early(self, a: _Assembly) -> list:
+        """The chunks a transfer held before its BEGIN, their bytes given back to the bounds (lock held)."""
+        early, a.early = a.early, []
+        for *_, data, _, origin in early:
+            self._unreserve_early(origin, len(data))
+        return early
 
     def _read_frame(self, c: _Conn) -> bool:
         """Read and apply one frame; False at a clean EOF between frames."""
@@ -398,11 +402,7 @@ class KVReceiver:
             a.meta, a.ack_sock, a.ack_lock = meta, c.sock, c.ack_lock
             a.blob, a.buf = blob_buffer(meta, self.pool)
             a.wire_bytes += FRAME_HEADER.size + len(payload)
-            early = a.early
-            for *_, data, _, origin in early:
-                origin.early_bytes -= len(data)
-                self._early_bytes -= len(data)
-            a.early = []
+            early = self._take_early(a)
             c.mine.add(tid)
         for layer, off, cnt, data, crcs, _ in early:
             self._place(a, layer, off, cnt, data, crcs)
@@ -472,7 +472,8 @@ class KVReceiver:
                 crcs = _verify_chunk(memoryview(data)[: plen // 2], memoryview(data)[plen // 2 :], crc, layer, off)
             except FrameError:
                 if not began:
-                    self._unreserve_early(c, plen)
+                    with self._lock:
+                        self._unreserve_early(c, plen)
                 raise
             if dup:
                 return
@@ -480,8 +481,7 @@ class KVReceiver:
                 if a.meta is None and self._assemblies.get(tid) is a:
                     a.early.append((layer, off, cnt, data, crcs, c))
                     return
-                c.early_bytes -= plen  # BEGIN came (or the transfer went) while the bytes did
-                self._early_bytes -= plen
+                self._unreserve_early(c, plen)  # BEGIN came (or the transfer went) while the bytes did
             if a.meta is not None:
                 self._place(a, layer, off, cnt, data, crcs)
             return
@@ -504,9 +504,9 @@ class KVReceiver:
         self._early_bytes += plen
 
     def _unreserve_early(self, c: _Conn, plen: int) -> None:
-        with self._lock:
-            c.early_bytes -= plen
-            self._early_bytes -= plen
+        """Give back what _reserve_early counted (lock held)."""
+        c.early_bytes -= plen
+        self._early_bytes -= plen
 
     def _place(self, a: _Assembly, layer: int, off: int, cnt: int, data: bytearray, crcs: tuple[int, int]) -> None:
         with self._lock:
