@@ -93,8 +93,7 @@ class RouterServicer(pdd_pb2_grpc.RouterServicer):
         self.kv_bytes_per_token = self.model.kv_bytes_per_token
         self.channels = Channels(cfg)  # not warmed at start: peers may still be starting (refused, backoff)
         self._lock = threading.Lock()
-        self._active = 0
-        self._rids: set[str] = set()  # request ids in flight
+        self._rids: set[str] = set()  # request ids in flight (their count: Stats' sessions)
         self.drc = DRCMirror(cfg.block_size, cfg.md.capacity_tokens // cfg.block_size)
         self.wan: WanEstimate | None = None  # the latest of P's WAN measurements (PrefillReply.wan)
 
@@ -113,6 +112,21 @@ class RouterServicer(pdd_pb2_grpc.RouterServicer):
             "arrival", rid, prompt_tokens=len(prompt), max_tokens=max_tokens, mode=request.mode, handoff=request.handoff
         )
         mode, handoff = self._validate(request, context)
+        with self._lock:
+            duplicate = rid in self._rids
+            if not duplicate:
+                self._rids.add(rid)
+        if duplicate:  # its sessions, KV and cancels would be the running request's
+            self.events.emit("rejected", rid, reason="request_id already in flight")
+            context.abort(grpc.StatusCode.ALREADY_EXISTS, f"request {rid!r} is already in flight")
+        try:
+            yield from self._serve(rid, prompt, max_tokens, mode, handoff, context)
+        finally:
+            with self._lock:
+                self._rids.discard(rid)
+
+    def _serve(self, rid: str, prompt: list[int], max_tokens: int, mode: str, handoff: str, context):
+        """Route one claimed request and stream it to its end."""
         decision = self._decide(mode, prompt, max_tokens, context)
         wan = self.wan
         self.events.emit(
@@ -132,22 +146,11 @@ class RouterServicer(pdd_pb2_grpc.RouterServicer):
         if decision.singular:
             saved = (len(prompt) - decision.md_cached_tokens) * self.kv_bytes_per_token
             self.events.emit("wan_blocked", rid, kv_bytes_saved=saved, reason="singular")
-        with self._lock:
-            duplicate = rid in self._rids
-            if not duplicate:
-                self._rids.add(rid)
-                self._active += 1
-        if duplicate:  # its sessions, KV and cancels would be the running request's
-            self.events.emit("rejected", rid, reason="request_id already in flight")
-            context.abort(grpc.StatusCode.ALREADY_EXISTS, f"request {rid!r} is already in flight")
         run = _RequestRun(self, rid, prompt, max_tokens, decision, handoff, context)
         try:
             yield from run.stream()
         finally:
             run.cleanup()
-            with self._lock:
-                self._active -= 1
-                self._rids.discard(rid)
 
     def _validate(self, request, context) -> tuple[str, str]:
         mode = request.mode or self.cfg.policy.mode
@@ -460,7 +463,7 @@ def build(cfg: DeploymentConfig, worker: WorkerConfig) -> RoleServer:
         worker,
         "router",
         lambda s: pdd_pb2_grpc.add_RouterServicer_to_server(servicer, s),
-        StatsSource(sessions=lambda: servicer._active),
+        StatsSource(sessions=lambda: len(servicer._rids)),
         on_stop,
     )
 
