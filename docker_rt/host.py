@@ -118,7 +118,7 @@ class ContainerState:
 # ---------------------------------------------------------------- command builders (pure)
 # Every container: no capability (the roles bind ports above 1024 and pick bbr/reno, which the kernel
 # allows without one; the network is wired from outside), no privilege gained by exec, a read-only root.
-HARDENING = ("--cap-drop", "ALL", "--security-opt", "no-new-privileges")
+HARDENING = ("--cap-drop", "ALL", "--security-opt", "no-new-privileges", "--read-only")
 PROC_PIDS_LIMIT = 512  # a role's threads (gRPC pool, KV connections, torch) with room to spare
 
 
@@ -144,7 +144,6 @@ def holder_run_args(opts: DockerOptions, run_id: str, host: str) -> list[str]:
         *HARDENING,
         "--pids-limit",
         "16",
-        "--read-only",
         "--cpus",
         "0.1",
         "--memory",
@@ -171,7 +170,6 @@ def proc_run_args(opts: DockerOptions, run_id: str, host: str, role: str, index:
         *HARDENING,
         "--pids-limit",
         str(PROC_PIDS_LIMIT),
-        "--read-only",
         "--tmpfs",
         "/tmp:rw,nosuid,nodev,size=256m",
         "--cpus",
