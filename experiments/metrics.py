@@ -139,6 +139,12 @@ def variant_summary(recs: list[RequestRecord], slo) -> dict:
         "md_token_share": sum(r.md_tokens for r in ok) / out_tokens if out_tokens else 0.0,
         "handoff": _handoffs(recs),
         "singular": {"count": len(singular), "kv_bytes_saved": sum(r.kv_bytes_saved for r in recs)},
+        "inflight": {
+            "requests": sum(r.inflight_tokens > 0 for r in recs),
+            "tokens_not_resent": sum(r.inflight_tokens for r in recs),
+            "prefix_lost": sum(f == "prefix_lost" for r in recs for f in r.fallbacks),
+        },
+        "relay_absorbed": sum(r.relay_absorbed for r in recs),
         "routes": dict(Counter(r.route or "none" for r in recs)),
         "fallbacks": dict(Counter(f for r in recs for f in r.fallbacks)),
         "errors": [f"{r.request_id}: {r.error}" for r in recs if r.error][:20],
@@ -387,11 +393,26 @@ def _pdd_section(p: dict | None, summary: dict) -> list[str]:
         f"extend mean {_f(h['extend_ms'].get('mean'), 1)} ms; largest gap around it p50 "
         f"{_f(h['gap_ms'].get('p50'))} ms, max {_f(h['gap_ms'].get('max'))} ms",
         f"- singular requests: {p['singular']['count']}, WAN bytes saved {_mb(p['singular']['kv_bytes_saved'])}",
+        *_md_cache_lines(p),
         f"- fallbacks: {p['fallbacks'] or 'none'}",
         f"- median uncached suffix {_f(summary['reference']['median_uncached_tokens'])} tokens = "
         f"{_f(summary['reference']['wan_estimate_ms_median_uncached'], 1)} ms on the WAN at "
         f"{summary['reference']['wan_rate_mbit']:g} Mbit/s",
         *_why_few_handoffs(p),
+    ]
+
+
+def _md_cache_lines(p: dict) -> list[str]:
+    """The MD's in-flight DRC and the RLD outputs it recomputed (absent from summaries made before them)."""
+    inf = p.get("inflight")
+    if inf is None:
+        return []
+    return [
+        f"- in-flight DRC: {inf['requests']} requests shipped only what lies beyond an earlier turn's WAN copy "
+        f"still under way ({inf['tokens_not_resent']} prompt tokens not sent again); {inf['prefix_lost']} lost "
+        "that prefix (the earlier session ended without caching it) and completed on the RLD",
+        f"- RLD outputs recomputed at the MD (the RLD finished alone; the MD's DRC keeps prompt + output): "
+        f"{p.get('relay_absorbed', 0)}",
     ]
 
 

@@ -31,6 +31,7 @@ FALLBACK_EVENTS = (
     "failed",
     "route_fallback",
     "kv_send_retry",
+    "prefix_lost",
 )
 REASON_KEYED = ("completed_on_rld", "route_fallback")  # their cause is `event:reason` (see fallback_cause)
 CAUSE_REASON_CHARS = 40  # a free-text reason (an error message) is cut to its first clause and this length
@@ -75,6 +76,8 @@ class RequestRecord:
     decode_batch: float | None = None  # mean batch of the decode steps that made its tokens (step-weighted)
     handoff: dict | None = None  # mode, tokens, payload_bytes, duration_ms, extend_ms, switch_index, gap_ms
     fallbacks: list[str] = field(default_factory=list)
+    inflight_tokens: int = 0  # prompt tokens P did not ship: an earlier turn's WAN copy still under way brings them
+    relay_absorbed: bool = False  # the RLD finished alone and the MD recomputed its output (its DRC keeps it)
     spans: dict = field(default_factory=dict)  # timeline phases: name -> [start_ms, end_ms] from send
     mode: str = ""  # the serving mode (= variant, unless the spec's variant_defs names it)
     issued: bool = True  # False: never sent (past the variant's timeouts.issue_s)
@@ -132,6 +135,15 @@ def _bytes(evs: list[dict], rec: RequestRecord) -> None:
         elif e["event"] == "wan_blocked":
             rec.kv_bytes_saved += e.get("kv_bytes_saved", 0)
     rec.wan_bytes = rec.wan_kv_bytes + rec.wan_handoff_bytes
+
+
+def _md_cache(evs: list[dict], rec: RequestRecord) -> None:
+    """What the MD's in-flight DRC spared this request's copy, and whether the MD kept the RLD's output."""
+    for e in evs:
+        if e["event"] == "drc_inflight":
+            rec.inflight_tokens += e.get("inflight_tokens", 0) - e.get("cached_tokens", 0)
+        elif e["event"] == "relay_absorbed":
+            rec.relay_absorbed = True
 
 
 def _handoff(evs: list[dict], rec: RequestRecord, t0: int) -> None:
@@ -224,6 +236,7 @@ def build_record(raw: dict, wreq: WorkloadRequest | None, evs: list[dict]) -> Re
     rec.p_tokens = sum(w.startswith("p") for w in rec.token_workers)
     rec.decode_batch = _decode_batch(evs)
     _bytes(evs, rec)
+    _md_cache(evs, rec)
     _handoff(evs, rec, t0)
     _spans(evs, rec, t0)
     rec.fallbacks = [fallback_cause(e) for e in evs if e["event"] in FALLBACK_EVENTS]

@@ -166,32 +166,48 @@ def test_warm_drc_sends_only_the_suffix_over_the_wan(dep, reference):
     assert dep.proxy.bytes_forwarded == wan.fields["wire_bytes"]  # what really crossed the WAN
 
 
-def test_the_routers_drc_mirror_holds_only_what_the_md_cached(dep, reference):
-    """A P->RLD->MD request the RLD finished alone: the MD caches its prompt when the WAN copy lands, and
-    never the RLD's tokens. The mirror that routes the next turn must say the same, not assume more
-    (on wan-lossy such a guess sent follow-up turns P->MD to a cold MD: 60 s first tokens)."""
+def test_a_turn_the_rld_finished_ends_at_the_md_and_the_next_ships_only_what_is_new(dep, reference):
+    """PDD ends every pipeline at the MD. A P->RLD->MD request the RLD finished alone (its WAN copy held):
+    the RLD gives the MD its output, which the MD recomputes once the copy lands, so its DRC keeps prompt +
+    output. The next turn, routed while that copy is still under way, ships only what lies beyond it (the
+    MD's in-flight DRC): on wan-lossy every turn used to ship its whole prompt again, the copies crowded
+    the line and none landed in time (0 handoffs). The router's mirror counts only what the MD holds: a
+    turn it sent P->MD on a guess met a cold MD (60 s first tokens)."""
     first_prompt = fresh_prompt(64)
-    dep.proxy.faults.blackhole = True  # the WAN copy is held: the RLD finishes alone
+    dep.proxy.faults.blackhole = True  # the WAN copies are held: the RLD finishes both turns alone
     try:
         first = generate(dep.channel, first_prompt, 30, mode="pdd")
+        wait_for(lambda: events_of(dep, "md1", first.done.request_id, "relay_output"), what="the RLD's output")
         follow = first_prompt + first.ids + fresh_prompt(8)
         second = generate(dep.channel, follow, 8, mode="pdd")
     finally:
         dep.proxy.faults.blackhole = False
     check_stream(first, 30)
     check_stream(second, 8)
-    [route] = events_of(dep, "router", second.done.request_id, "route")
+    check_reference(reference, follow, second.ids, 8, "second turn")
+    rid1, rid2 = first.done.request_id, second.done.request_id
+    [route] = events_of(dep, "router", rid2, "route")
     assert route.fields["md_cached_tokens"] == 0, "the mirror counted a prompt the MD does not hold yet"
-    for gen in (first, second):  # the held copies are retried and land; the MD's sessions end
-        wait_for(lambda: events_of(dep, "md1", gen.done.request_id, "decode_close"), what="the MD to close")
-    learned = wait_for(lambda: events_of(dep, "router", first.done.request_id, "drc_learned"), what="drc_learned")
-    assert learned[0].fields == {"tokens": 64, "cause": "md_holds_prompt"}
+    [inflight] = events_of(dep, "md1", rid2, "drc_inflight")
+    assert inflight.fields["after"] == rid1 and inflight.fields["inflight_tokens"] == 80  # 64 + 30 -> 5 blocks
+    [drc] = events_of(dep, "p1", rid2, "drc_query")
+    assert drc.fields["cached_tokens"] == 80
+    [wan] = [e for e in events_of(dep, "p1", rid2, "kv_send_start") if e.fields["path"] == "wan"]
+    assert (wan.fields["start"], wan.fields["end"]) == (80, len(follow))  # not the whole prompt again
+    for rid in (rid1, rid2):  # the held copies are retried and land; the MD's sessions end
+        wait_for(lambda: events_of(dep, "md1", rid, "decode_close"), what="the MD to close")
+    [absorbed] = events_of(dep, "md1", rid1, "relay_absorbed")
+    assert absorbed.fields["tokens"] == 29  # P's first token came with the KV
+    [ready] = events_of(dep, "md1", rid2, "drc_inflight_ready")
+    assert ready.fields["cached_tokens"] >= 80
+    learned = wait_for(lambda: events_of(dep, "router", rid1, "drc_learned"), what="drc_learned")
+    assert learned[0].fields == {"tokens": 94, "cause": "md_absorbed_relay"}
     third = generate(dep.channel, follow + fresh_prompt(8), 8, mode="pdd")
     check_stream(third, 8)
     rid = third.done.request_id
     [route] = events_of(dep, "router", rid, "route")
     [drc] = events_of(dep, "p1", rid, "drc_query")
-    assert route.fields["md_cached_tokens"] == drc.fields["cached_tokens"] > 0, (route.fields, drc.fields)
+    assert route.fields["md_cached_tokens"] == drc.fields["cached_tokens"] == 96, (route.fields, drc.fields)
 
 
 def test_a_late_drc_answer_does_not_hold_back_the_first_token(dep):

@@ -2,6 +2,7 @@
 RLD occupancy, flows.json and the TCP plot, on a synthetic run of the newer data plane and on an old one."""
 
 import json
+from types import SimpleNamespace
 
 import matplotlib
 import pytest
@@ -246,3 +247,24 @@ def test_retransmissions_inside_and_outside_the_schedules_impairments():
     assert r["retrans_segs_impaired"] == 60 and r["retrans_segs_clear"] == 1 and r["impaired_s"] == 15
     assert r["retrans_per_s_impaired"] == 4.0 and r["retrans_per_s_clear"] == round(1 / 35, 2)
     assert retrans_rates([], iv, (0, 50 * s)) is None and impaired_intervals([], 50 * s) == []
+
+
+def test_the_in_flight_drc_and_recomputed_relay_outputs_are_counted_per_request():
+    from experiments.metrics import _md_cache_lines
+    from experiments.records import _md_cache
+
+    rec = SimpleNamespace(inflight_tokens=0, relay_absorbed=False)
+    _md_cache(
+        [
+            {"event": "drc_inflight", "cached_tokens": 0, "inflight_tokens": 512},
+            {"event": "relay_absorbed", "tokens": 23},
+            {"event": "kv_imported"},
+        ],
+        rec,
+    )
+    assert (rec.inflight_tokens, rec.relay_absorbed) == (512, True)
+    p = {"inflight": {"requests": 30, "tokens_not_resent": 18000, "prefix_lost": 2}, "relay_absorbed": 35}
+    inflight, absorbed = _md_cache_lines(p)
+    assert "30 requests" in inflight and "18000 prompt tokens" in inflight and "2 lost" in inflight
+    assert absorbed.endswith(": 35")
+    assert _md_cache_lines({}) == []  # a summary made before the in-flight DRC existed

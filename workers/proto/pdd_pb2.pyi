@@ -247,6 +247,20 @@ class HandoffRequest(_message.Message):
     worker: str
     def __init__(self, request_id: _Optional[str] = ..., start_index: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., final: _Optional[bool] = ..., kv: _Optional[bool] = ..., worker: _Optional[str] = ...) -> None: ...
 
+class RelayOutputRequest(_message.Message):
+    __slots__ = ("request_id", "token_ids", "worker")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    worker: str
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., worker: _Optional[str] = ...) -> None: ...
+
+class RelayOutputReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class HandoffReply(_message.Message):
     __slots__ = ("pending_index", "next_token", "extend_ns", "diverged")
     PENDING_INDEX_FIELD_NUMBER: _ClassVar[int]

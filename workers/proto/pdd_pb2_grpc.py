@@ -247,6 +247,11 @@ class DecodeStub:
                 request_serializer=workers_dot_proto_dot_pdd__pb2.HandoffRequest.SerializeToString,
                 response_deserializer=workers_dot_proto_dot_pdd__pb2.HandoffReply.FromString,
                 _registered_method=True)
+        self.RelayOutput = channel.unary_unary(
+                '/pdd.Decode/RelayOutput',
+                request_serializer=workers_dot_proto_dot_pdd__pb2.RelayOutputRequest.SerializeToString,
+                response_deserializer=workers_dot_proto_dot_pdd__pb2.RelayOutputReply.FromString,
+                _registered_method=True)
         self.Cancel = channel.unary_unary(
                 '/pdd.Decode/Cancel',
                 request_serializer=workers_dot_proto_dot_pdd__pb2.CancelRequest.SerializeToString,
@@ -291,6 +296,13 @@ class DecodeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RelayOutput(self, request, context):
+        """RLD -> MD: it finished alone
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Cancel(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -324,6 +336,11 @@ def add_DecodeServicer_to_server(servicer, server):
                     servicer.Handoff,
                     request_deserializer=workers_dot_proto_dot_pdd__pb2.HandoffRequest.FromString,
                     response_serializer=workers_dot_proto_dot_pdd__pb2.HandoffReply.SerializeToString,
+            ),
+            'RelayOutput': grpc.unary_unary_rpc_method_handler(
+                    servicer.RelayOutput,
+                    request_deserializer=workers_dot_proto_dot_pdd__pb2.RelayOutputRequest.FromString,
+                    response_serializer=workers_dot_proto_dot_pdd__pb2.RelayOutputReply.SerializeToString,
             ),
             'Cancel': grpc.unary_unary_rpc_method_handler(
                     servicer.Cancel,
@@ -466,6 +483,33 @@ class Decode:
             '/pdd.Decode/Handoff',
             workers_dot_proto_dot_pdd__pb2.HandoffRequest.SerializeToString,
             workers_dot_proto_dot_pdd__pb2.HandoffReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RelayOutput(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pdd.Decode/RelayOutput',
+            workers_dot_proto_dot_pdd__pb2.RelayOutputRequest.SerializeToString,
+            workers_dot_proto_dot_pdd__pb2.RelayOutputReply.FromString,
             options,
             channel_credentials,
             insecure,

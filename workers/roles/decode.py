@@ -56,6 +56,23 @@ log = logging.getLogger(__name__)
 SESSION_WAIT_S = 4.0  # PrefixLength for a request whose session is not open yet waits this long
 
 
+def _generation(request) -> GenerationRequest:
+    return GenerationRequest(
+        request.request_id,
+        tuple(request.prompt_tokens),
+        request.max_tokens,
+        use_prefix_cache=request.use_prefix_cache,
+    )
+
+
+def shared_blocks(a: tuple[int, ...], b: tuple[int, ...], block_size: int, cap: int) -> int:
+    """Tokens of the longest common prefix of a and b in whole blocks, at most cap (pure)."""
+    n, limit = 0, min(len(a), len(b), cap)
+    while n + block_size <= limit and a[n : n + block_size] == b[n : n + block_size]:
+        n += block_size
+    return n
+
+
 class DecodeServicer(MDHandoff, pdd_pb2_grpc.DecodeServicer):
     """cfg: deployment; me: this worker; role: rld | md; engine, inbox, events: this worker's"""
 
@@ -97,9 +114,7 @@ class DecodeServicer(MDHandoff, pdd_pb2_grpc.DecodeServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request_id is empty")
         if request.handoff != H.HANDOFF_NONE and not request.handoff_grpc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a handoff mode needs handoff_grpc (the MD's address)")
-        gen = GenerationRequest(
-            rid, tuple(request.prompt_tokens), request.max_tokens, use_prefix_cache=request.use_prefix_cache
-        )
+        gen = _generation(request)
         with self._sessions_lock:
             if len(self._sessions) >= self.cfg.decode.max_sessions:
                 context.abort(
@@ -108,19 +123,34 @@ class DecodeServicer(MDHandoff, pdd_pb2_grpc.DecodeServicer):
                 )
             if rid in self._sessions:
                 context.abort(grpc.StatusCode.ALREADY_EXISTS, f"request {rid!r} already has a session here")
+            session = Session(request, 0)
             with self.lock:
                 try:
-                    opened = self.engine.open(gen)
+                    self.engine.validate(gen)
+                    cached_now = self._cached_prefix(request)
+                    after, inflight = self._inflight_prefix(request, cached_now)
+                    if after is None:  # open now, pinning the DRC hit
+                        session.cached_tokens = self.engine.open(gen).cached_tokens
+                    else:  # opened once `after` has left its sequence here; holds no KV blocks until then
+                        session.after, session.cached_tokens = after, inflight
                 except EngineError as err:
                     context.abort(status_of(err), str(err))
-            session = self._sessions[rid] = Session(request, opened.cached_tokens)
+            self._sessions[rid] = session
+        if session.after is not None:
+            self.events.emit(
+                "drc_inflight",
+                rid,
+                after=session.after.request_id,
+                cached_tokens=cached_now,
+                inflight_tokens=session.cached_tokens,
+            )
         self.channels.warm(request.relay_grpc, request.handoff_grpc)  # KVReady / handoff: ready when needed
         for kind in ("prompt", "handoff"):
             self.inbox.expect(rid, kind)
         self.events.emit(
             "decode_open",
             rid,
-            cached_tokens=opened.cached_tokens,
+            cached_tokens=session.cached_tokens,
             source="local" if request.kv_source == H.KV_SOURCE_LOCAL else "peer",
         )
         return session
@@ -128,25 +158,27 @@ class DecodeServicer(MDHandoff, pdd_pb2_grpc.DecodeServicer):
     def _close(self, session: Session) -> None:
         rid = session.request_id
         self.inbox.forget(rid)
-        with self.lock:
-            if rid in self.engine.open_requests:
-                result = self.engine.finish(rid) if session.kv_ready else self.engine.abort(rid)
-                generated = len(result.output_tokens)
-            else:
-                generated = 0
-        with self._sessions_lock:
-            self._sessions.pop(rid, None)
+        try:
+            with self.lock:
+                if rid in self.engine.open_requests:
+                    result = self.engine.finish(rid) if session.kv_ready else self.engine.abort(rid)
+                    generated = len(result.output_tokens)
+                else:
+                    generated = 0
+        finally:
+            with self._sessions_lock:
+                self._sessions.pop(rid, None)
+            session.closed.set()  # sessions opened on top of this one's copy may open now
         self.events.emit("decode_close", rid, generated_tokens=generated, cancelled=session.cancelled)
 
     def _run(self, session: Session, context):
         req = session.request
         if req.kv_source == H.KV_SOURCE_LOCAL:
             yield from self._prefill_locally(session)
-        elif not self._import_prompt(session):
-            reason = "cancelled" if session.cancelled else "kv_timeout"
-            if reason == "kv_timeout":
+        elif problem := self._import_prompt(session):
+            if problem == "kv_timeout":
                 self.events.emit("kv_timeout", session.request_id, wait_ms=self.cfg.decode.kv_wait_ms)
-            yield end_msg(reason)
+            yield end_msg(problem)
             return
         else:
             # P's first token reaches the client through the decode side, once that side holds
@@ -154,7 +186,7 @@ class DecodeServicer(MDHandoff, pdd_pb2_grpc.DecodeServicer):
             session.emit_from = 0
         if self.role == "md" and req.relay_grpc:
             if not self._await_handoff(session):
-                yield end_msg("cancelled" if session.cancelled else "relay_done")
+                yield end_msg(self._end_without_handoff(session))
                 return
         yield from self._decode_loop(session)
 
@@ -168,14 +200,18 @@ class DecodeServicer(MDHandoff, pdd_pb2_grpc.DecodeServicer):
         session.emit_from = 1
         yield token_msg(0, first, self.me.name)
 
-    def _import_prompt(self, session: Session) -> bool:
-        """Wait for the prompt KV (hard deadline), import it and P's first token; False if it never came."""
+    def _import_prompt(self, session: Session) -> str:
+        """Wait for the prompt KV (hard deadline), import it and P's first token. '' when done, or the
+        session's end reason: kv_timeout, cancelled, prefix_lost (see _open_after)."""
         rid = session.request_id
         t0 = time.monotonic_ns()
-        got = self.inbox.wait(rid, "prompt", self.cfg.decode.kv_wait_ms / 1000, stop=lambda: session.cancelled)
+        wait_s = self.cfg.decode.kv_wait_ms / 1000
+        got = self.inbox.wait(rid, "prompt", wait_s, stop=lambda: session.cancelled)
         if got is None:
-            return False
+            return "cancelled" if session.cancelled else "kv_timeout"
         try:
+            if session.after is not None and (problem := self._open_after(session, t0 + int(wait_s * 1e9))):
+                return problem
             with self.lock:
                 self.engine.import_kv(rid, got.blob)
                 self.engine.append_tokens(rid, [got.next_token])
@@ -190,7 +226,73 @@ class DecodeServicer(MDHandoff, pdd_pb2_grpc.DecodeServicer):
             kv_bytes=got.meta.kv_bytes,
             wait_ns=time.monotonic_ns() - t0,
         )
-        return True
+        return ""
+
+    # ------------------------------------------------------------ the in-flight DRC (MD)
+
+    def _cached_prefix(self, request) -> int:
+        """The DRC hit a session would pin now (whole blocks, at least one prompt token left to compute)."""
+        prompt = list(request.prompt_tokens)
+        if self.engine.radix is None or not request.use_prefix_cache or len(prompt) < 2:
+            return 0
+        return self.engine.radix.match_prefix(prompt, max_match_tokens=len(prompt) - 1, record=False).matched_tokens
+
+    def _inflight_prefix(self, request, cached_now: int) -> tuple[Session | None, int]:
+        """MD, a session with a relay: the open session whose WAN copy brings more of this prompt than the
+        DRC holds now (a turn's predecessor whose copy is still under way), and how many tokens of it.
+        P then ships only what lies beyond, instead of the whole prompt again: on a slow line every copy
+        would otherwise be whole (the DRC learns a sequence only once its copy lands), the copies crowd the
+        line and none lands in time. A P->MD session (no relay) never waits on another's copy: its first
+        token would. (None, 0) when no open session promises more than cached_now."""
+        if self.role != "md" or not request.relay_grpc or not request.use_prefix_cache:
+            return None, 0
+        prompt = tuple(request.prompt_tokens)
+        cap = len(prompt) - 1
+        best, best_n = None, cached_now
+        for other in self._sessions.values():  # the caller holds _sessions_lock
+            if other.cancelled or not other.request.use_prefix_cache:
+                continue
+            n = shared_blocks(other.promised_tokens(), prompt, self.engine.block_size, cap)
+            if n > best_n:
+                best, best_n = other, n
+        return (best, best_n) if best is not None else (None, 0)
+
+    def _open_after(self, session: Session, deadline_ns: int) -> str:
+        """Open a session whose prefix comes in `session.after`'s WAN copy, once that session has left its
+        sequence in the DRC. '' when open with at least that prefix; else kv_timeout, cancelled or
+        prefix_lost (the earlier session ended without caching it, or the blocks are gone)."""
+        rid, after = session.request_id, session.after
+        t0 = time.monotonic_ns()
+        while not after.closed.wait(0.05):
+            if session.cancelled:
+                return "cancelled"
+            if time.monotonic_ns() >= deadline_ns:
+                return "kv_timeout"
+        with self.lock:
+            try:
+                opened = self.engine.open(_generation(session.request))
+            except EngineError as err:
+                reason = str(err)
+            else:
+                if opened.cached_tokens >= session.cached_tokens:
+                    reason = ""
+                else:
+                    self.engine.abort(rid)
+                    reason = (
+                        f"{after.request_id} left {opened.cached_tokens} of the {session.cached_tokens} "
+                        "prefix tokens in the DRC"
+                    )
+        if reason:
+            self.events.emit("prefix_lost", rid, after=after.request_id, reason=reason)
+            return "prefix_lost"
+        self.events.emit(
+            "drc_inflight_ready",
+            rid,
+            after=after.request_id,
+            cached_tokens=opened.cached_tokens,
+            wait_ns=time.monotonic_ns() - t0,
+        )
+        return ""
 
     # ------------------------------------------------------------ decode loop (both roles)
 
@@ -221,7 +323,7 @@ class DecodeServicer(MDHandoff, pdd_pb2_grpc.DecodeServicer):
                 return
             if done:
                 if handoff is not None:
-                    handoff.record_local_completion()
+                    handoff.record_local_completion(toks)
                 self.events.emit(
                     "decode_done",
                     rid,

@@ -59,8 +59,15 @@ class MDHandoff:
             return True
         while True:
             with session.cond:
-                if session.cond.wait_for(lambda: session.handed_final or session.cancelled, RELAY_PROBE_S):
+                session.cond.wait_for(
+                    lambda: session.handed_final or session.cancelled or session.relay_output is not None,
+                    RELAY_PROBE_S,
+                )
+                if session.handed_final or session.cancelled:
                     return not session.cancelled
+                if session.relay_output is not None:
+                    self.events.emit("relay_done", rid, reason="the relay finished alone and sent its output")
+                    return False
             verdict = self._probe_relay(stub, session)
             if verdict == "alive":
                 continue
@@ -73,6 +80,48 @@ class MDHandoff:
                 self.events.emit("relay_lost", rid, reason=verdict, after_kv_ready=True)
                 session.relay_lost, session.emit_from = True, 1  # decode alone; the router drops repeats
                 return True
+
+    def _end_without_handoff(self, session: Session) -> str:
+        """The relay finished alone: recompute its output here when it sent it, so this worker's DRC keeps
+        prompt + output (the session's next turn then ships only what is new). The session's end reason:
+        cancelled, relay_absorbed, or relay_done (the prompt alone is cached)."""
+        if session.cancelled:
+            return "cancelled"
+        if session.relay_output is None:
+            return "relay_done"
+        rid, ids = session.request_id, list(session.relay_output)
+        t0 = time.monotonic_ns()
+        with self.lock:
+            have = list(self.engine.tokens(rid)[session.prompt_len :])  # P's first token
+            rest = ids[len(have) :]
+            if ids[: len(have)] != have:
+                reason = f"the relay's output starts {ids[: len(have)]}, this worker holds {have}"
+            else:
+                try:
+                    if rest:
+                        self.engine.extend(rid, rest)
+                    reason = ""
+                except EngineError as err:
+                    reason = str(err)
+        if reason:
+            self.events.emit("relay_absorb_failed", rid, reason=reason)
+            return "relay_done"
+        self.events.emit("relay_absorbed", rid, tokens=len(rest), extend_ns=time.monotonic_ns() - t0)
+        return "relay_absorbed"
+
+    def RelayOutput(self, request, context):
+        session = self._session(request.request_id, context)
+        if not 0 < len(request.token_ids) <= session.request.max_tokens:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"request {request.request_id!r}: {len(request.token_ids)} output tokens; "
+                f"allowed 1..{session.request.max_tokens}",
+            )
+        with session.cond:
+            session.relay_output = tuple(request.token_ids)
+            session.cond.notify_all()
+        self.events.emit("relay_output", request.request_id, tokens=len(request.token_ids), relay=request.worker)
+        return pdd_pb2.RelayOutputReply()
 
     def _probe_relay(self, stub, session: Session) -> str:
         """While waiting for a handoff: is the RLD still there? alive | done (no session for the request:
@@ -342,12 +391,28 @@ class RelayHandoff:
         except grpc.RpcError:
             pass
 
-    def record_local_completion(self) -> None:
-        """The RLD generated every token itself: record why (fallback) when a handoff was planned."""
+    def record_local_completion(self, toks: tuple[int, ...]) -> None:
+        """The RLD generated every token itself: record why (fallback) when a handoff was planned, and give
+        the MD the output (its session still waits for the prompt KV or for a handoff) unless the handoff
+        failed (the MD was told to drop its copy)."""
         if self.inflight is not None:
             self.inflight.cancel()
         reason = self.failed_reason or ("md_never_ready" if not self.session.md_ready else "finished_first")
         self.s.events.emit("completed_on_rld", self.session.request_id, reason=reason)
+        if not self.failed_reason:
+            self._send_output(toks)
+
+    def _send_output(self, toks: tuple[int, ...]) -> None:
+        """RelayOutput: PDD ends every pipeline at the MD, so that its DRC follows P's. Sent before this
+        session closes: an MD that then finds the session gone already holds the output."""
+        rid = self.session.request_id
+        req = pdd_pb2.RelayOutputRequest(request_id=rid, token_ids=list(toks), worker=self.s.me.name)
+        try:
+            self.stub.RelayOutput(req, timeout=RELAY_TIMEOUT_S)
+        except grpc.RpcError as err:
+            self.s.events.emit("relay_output_failed", rid, reason=f"{err.code().name}: {err.details()}")
+        else:
+            self.s.events.emit("relay_output_sent", rid, tokens=len(toks))
 
 
 class _KVShipFailed(Exception):

@@ -412,8 +412,9 @@ class _RequestRun:
 
         Exception: a P->RLD->MD request the RLD finished alone still ends at the MD
         (PDD.md: every pipeline ends at the MD, so its DRC stays aligned with P's):
-        the WAN copy and the MD's session run to their own end, drained in the background,
-        and the mirror learns the prompt only once the MD's session ends having imported it.
+        the WAN copy and the MD's session run to their own end, drained in the background
+        (the RLD gives the MD its output to recompute: RelayOutput), and the mirror learns the
+        sequence only once the MD's session ends having cached it.
         """
         if self.merge.complete and self.decision.route == Route.P_RLD_MD:
             threading.Thread(target=self._drain_to_md, name=f"drain-{self.rid}", daemon=True).start()
@@ -424,9 +425,13 @@ class _RequestRun:
         deadline = time.monotonic() + self.cfg.decode.kv_wait_ms / 1000 + DRAIN_MARGIN_S
         for t in self.threads:
             t.join(max(0.0, deadline - time.monotonic()))
-        if self.decision.use_drc and self.md_end == "relay_done":
-            # The MD imported the prompt KV, then learnt the relay had finished: it caches the prompt's
-            # whole blocks, and nothing the RLD generated (those tokens never had KV there).
+        if self.decision.use_drc and self.md_end == "relay_absorbed":
+            # The MD imported the prompt KV and recomputed the output the RLD sent it (RelayOutput): it
+            # caches prompt + output, every token with KV.
+            self._learn(self.prompt + [self.merge.seen[i] for i in range(self.max_tokens)], "md_absorbed_relay")
+        elif self.decision.use_drc and self.md_end == "relay_done":
+            # The MD imported the prompt KV, then learnt the relay had finished without its output: it
+            # caches the prompt's whole blocks, and nothing the RLD generated.
             self._learn(self.prompt, "md_holds_prompt")
         self._cancel_all()  # whatever is still open past the MD's own deadline
 

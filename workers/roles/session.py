@@ -38,6 +38,9 @@ class Session:
     handed_final: bool = False  # MD: the final handoff is applied
     emit_from: int = 1  # first index this worker streams
     relay_lost: bool = False  # MD: the RLD is unreachable
+    relay_output: tuple[int, ...] | None = None  # MD: the RLD finished alone; its whole output (RelayOutput)
+    after: Session | None = None  # MD: the earlier session whose WAN copy still brings this one's prefix
+    closed: threading.Event = field(default_factory=threading.Event)  # set once the session left the engine
 
     @property
     def request_id(self) -> str:
@@ -46,6 +49,11 @@ class Session:
     @property
     def prompt_len(self) -> int:
         return len(self.request.prompt_tokens)
+
+    def promised_tokens(self) -> tuple[int, ...]:
+        """MD: what this session leaves in the DRC if it ends well: its prompt, and the relay's output
+        once the RLD has sent it (recomputed here after the prompt KV lands)."""
+        return tuple(self.request.prompt_tokens) + (self.relay_output or ())
 
     def cancel(self) -> None:
         with self.cond:
