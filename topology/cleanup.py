@@ -108,10 +108,19 @@ def kill_leftovers(directory: Path = STATE_DIR) -> tuple[list[str], list[int]]:
     return removed, live
 
 
+def live_runs(directory: Path = STATE_DIR) -> list[int]:
+    """The owner PIDs of the runs recorded in directory that are still alive."""
+    states = sorted(directory.glob("testbed-*.json")) if directory.exists() else []
+    return [s["owner"] for s in (json.loads(p.read_text()) for p in states) if _owner_alive(s)]
+
+
 def clean(directory: Path = STATE_DIR) -> list[str]:
-    """Remove what crashed runs left; return a line per thing removed. While a run is alive, the
-    testbed's links and rules are its own (only one topology exists at a time): left alone."""
+    """Remove what crashed runs left; return a line per thing removed. While a run is alive (recorded in
+    directory, or in the machine's STATE_DIR when directory is another one), the testbed's links and
+    rules are its own (only one topology exists at a time): left alone."""
     removed, live = kill_leftovers(directory)
+    if directory != STATE_DIR:
+        live += live_runs(STATE_DIR)
     if live:
         return removed + [f"links and iptables rules left alone: run {', '.join(map(str, live))} is alive"]
     time.sleep(0.2)  # let killed namespace holders release their interfaces

@@ -80,6 +80,8 @@ def test_a_reused_pid_is_left_alone(tmp_path):
 def test_a_live_runs_links_are_left_alone(tmp_path):
     if os.geteuid() != 0:
         pytest.skip("needs root (creates a link)")
+    if cleanup.live_runs():
+        pytest.skip("a testbed run is live on this machine: its links are not this test's to remove")
     owner = subprocess.Popen(["sleep", "60"])
     link = "pdd-zzclean"
     subprocess.run(["ip", "link", "add", link, "type", "bridge"], check=True)
@@ -93,6 +95,31 @@ def test_a_live_runs_links_are_left_alone(tmp_path):
         owner.wait()
         removed = cleanup.clean(tmp_path)  # the run is gone: its leftovers go
         assert f"link {link}" in removed and link not in cleanup.prefixed_links()
+    finally:
+        subprocess.run(["ip", "link", "del", link], capture_output=True)
+        owner.kill()
+        owner.wait()
+
+
+def test_clean_of_another_directory_leaves_a_live_run_of_this_machine_alone(tmp_path, monkeypatch):
+    """A clean() pointed elsewhere (a test's directory) must still see the machine's live run: this very
+    test, run beside an experiment, once removed the experiment's bridges."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (creates a link)")
+    machine = tmp_path / "machine"
+    machine.mkdir()
+    monkeypatch.setattr(cleanup, "STATE_DIR", machine)
+    owner = subprocess.Popen(["sleep", "60"])
+    link = "pdd-zzlive"
+    subprocess.run(["ip", "link", "add", link, "type", "bridge"], check=True)
+    try:
+        state = {"owner": owner.pid, "owner_started": cleanup.start_time(owner.pid), "procs": []}
+        (machine / f"testbed-{owner.pid}.json").write_text(json.dumps(state))
+        other = tmp_path / "other"
+        other.mkdir()
+        removed = cleanup.clean(other)
+        assert link in cleanup.prefixed_links(), removed
+        assert any("left alone" in line for line in removed), removed
     finally:
         subprocess.run(["ip", "link", "del", link], capture_output=True)
         owner.kill()
