@@ -507,6 +507,25 @@ def test_rld_disappearing_after_kv_ready_completes_on_the_md(dep, reference, slo
     check_stream(gen, 20)
 
 
+def test_a_dead_rld_leaves_p_rld_md_requests_to_the_md(dep, reference):
+    """The RLD is down when a P->RLD->MD request arrives: P's fast copy and the RLD's stream fail, the MD
+    imports the WAN copy, finds its relay lost and decodes alone, from P's token 0 (which the RLD would
+    have sent): the request completes. (Before, the MD streamed from index 1 and the client never got
+    token 0: the fault suite's killed RLD failed such requests with every other token decoded.)"""
+    dep.kill("rld")
+    try:
+        prompt, n = fresh_prompt(50), 12
+        gen = generate(dep.channel, prompt, n, mode="pdd", request_id="rld-down")
+    finally:
+        dep.start_role("rld")
+        wait_healthy(dep.cfg.rld.grpc_address, timeout_s=90)
+    check_stream(gen, n, repeats_allowed=True)
+    check_reference(reference, prompt, gen.ids, n, "RLD down")
+    assert gen.done.route == "p-rld-md" and set(gen.workers) == {"p1", "md1"}, (gen.done.route, gen.workers)
+    assert events_of(dep, "md1", "rld-down", "relay_lost")
+    wait_for(lambda: _serves(dep, "pd-intra"), timeout_s=10, what="the router to reach the restarted RLD")
+
+
 def _serves(dep, mode: str) -> bool:
     try:
         generate(dep.channel, fresh_prompt(20), 2, mode=mode)

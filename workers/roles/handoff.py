@@ -24,6 +24,10 @@ from workers.roles.session import HANDOFF_NAMES, H, Session
 
 RELAY_TIMEOUT_S = 5.0
 RELAY_RECONNECT_S = 2.0  # see _call_relay
+# An MD whose relay is lost streams from index 0, P's token that came with the KV: an RLD that died
+# before it sent it would otherwise leave the client without token 0 (the request failed with every
+# other token decoded); where the RLD did send it, the router drops the repeat (counted).
+RELAY_LOST_EMIT_FROM = 0
 RELAY_PROBE_S = 1.0  # MD waiting for a handoff: ask the RLD this often whether it still holds the request
 
 
@@ -55,7 +59,7 @@ class MDHandoff:
                 self.events.emit("relay_done", rid, reason=err.details())
                 return False
             self.events.emit("relay_lost", rid, reason=f"{err.code().name}: {err.details()}")
-            session.relay_lost, session.emit_from = True, 1  # decode alone; the router drops repeats
+            session.relay_lost, session.emit_from = True, RELAY_LOST_EMIT_FROM  # decode alone
             return True
         while True:
             with session.cond:
@@ -78,7 +82,7 @@ class MDHandoff:
                     self.events.emit("relay_done", rid, reason="the relay closed its session without a handoff")
                     return False
                 self.events.emit("relay_lost", rid, reason=verdict, after_kv_ready=True)
-                session.relay_lost, session.emit_from = True, 1  # decode alone; the router drops repeats
+                session.relay_lost, session.emit_from = True, RELAY_LOST_EMIT_FROM  # decode alone
                 return True
 
     def _end_without_handoff(self, session: Session) -> str:
