@@ -430,6 +430,12 @@ def _why_few_handoffs(p: dict) -> list[str]:
         f"ms; {wan.get('ok', 0)} of {wan.get('transfers', 0)} WAN transfers completed, {wan.get('cancelled', 0)} "
         f"were cancelled (by their request's end, or still under way when the variant's roles stopped) and "
         f"{wan.get('unfinished', 0)} never ended"
+        + (
+            f"; {(p.get('inflight') or {}).get('requests', 0)} of the MD's sessions could open only once an earlier "
+            "turn's copy had landed (in-flight DRC)"
+            if (p.get("inflight") or {}).get("requests")
+            else ""
+        )
     ]
 
 

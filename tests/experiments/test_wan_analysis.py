@@ -225,6 +225,10 @@ def test_few_handoffs_are_explained_with_the_transfer_times():
     assert "41 of 42 requests" in line and "p50 12,700 ms" in line and "E2E p50 of 2,726 ms" in line
     assert "1 of 32 WAN transfers completed, 31 were cancelled" in line
     assert _why_few_handoffs({**p, "md_token_share": 0.9}) == []
+    [line] = _why_few_handoffs({**p, "inflight": {"requests": 37, "tokens_not_resent": 1, "prefix_lost": 0}})
+    assert line.endswith(
+        "; 37 of the MD's sessions could open only once an earlier turn's copy had landed (in-flight DRC)"
+    )
 
 
 def test_retransmissions_inside_and_outside_the_schedules_impairments():
