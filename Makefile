@@ -8,12 +8,12 @@ PROFILE ?= wan-cross-country
 BACKEND ?= auto
 PYTEST  := $(PY) -m pytest -q -rs
 
-.PHONY: setup image lint test test-unit test-roles test-emulation test-docker vm-test bench run-experiment analyze clean profiles
+.PHONY: setup image lint test test-unit test-roles test-emulation test-faults test-docker vm-test bench run-experiment analyze clean profiles
 
 setup:
 	@bash scripts/setup.sh
 
-test: setup lint test-unit test-roles test-emulation test-docker vm-test
+test: setup lint test-unit test-roles test-emulation test-faults test-docker vm-test
 
 # ruff (configured in pyproject.toml; the generated gRPC stubs are excluded): lint and format check.
 lint: setup
@@ -36,6 +36,10 @@ test-docker: setup image
 
 test-emulation: setup
 	$(PYTEST) tests/emulation
+
+# Faults under load in the topology: every component SIGKILLed mid-run, the WAN down, heavy loss.
+test-faults: setup
+	$(PYTEST) tests/faults
 
 # The tc backend on a real sch_netem: a stock Debian kernel under qemu TCG.
 vm-test: setup

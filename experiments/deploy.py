@@ -110,6 +110,15 @@ class Runtime:
         """Roles that exited: role -> exit status."""
         return {r: p.returncode for r, p in self.procs.items() if p.poll() is not None}
 
+    def kill(self, role: str) -> int | None:
+        """SIGKILL one role (a fault the experiment plays) and whatever the runtime runs of it; its PID, or
+        None if it was not running."""
+        proc = self.procs.get(role)
+        if proc is None or proc.poll() is not None:
+            return None
+        self.testbed.kill(worker_names()[role], proc)
+        return proc.pid
+
     def stop(self) -> dict[str, int]:
         """SIGTERM every role (graceful gRPC stop), SIGKILL after a grace period; role -> exit status."""
         for proc in self.procs.values():

@@ -35,7 +35,7 @@ import threading
 import time
 from pathlib import Path
 
-from experiments import deploy, rundir, spec as specmod, window as winmod, workload as wl
+from experiments import deploy, faults as faultsmod, rundir, spec as specmod, window as winmod, workload as wl
 from experiments.spec import ExperimentSpec
 
 log = logging.getLogger(__name__)
@@ -200,7 +200,7 @@ def run_variant(
     try:
         _wait_ready(tb, spec, runtime)
         window["t_ready_ns"] = time.monotonic_ns()
-        status = _drive(tb, spec, variant, out, vdir, runtime, win)
+        status = _drive(tb, spec, variant, out, vdir, runtime, win, window)
         if status != "timeout":
             win.hold(variant)  # every variant meets the whole schedule
     except winmod.CrossTrafficFailed as err:
@@ -245,10 +245,18 @@ def _wait_ready(tb, spec: ExperimentSpec, runtime: deploy.Runtime) -> None:
 
 
 def _drive(
-    tb, spec: ExperimentSpec, variant: str, out: Path, vdir: Path, runtime: deploy.Runtime, win: winmod.VariantWindow
+    tb,
+    spec: ExperimentSpec,
+    variant: str,
+    out: Path,
+    vdir: Path,
+    runtime: deploy.Runtime,
+    win: winmod.VariantWindow,
+    window: dict,
 ) -> str:
-    """The load generator in the client host, the window opened at its t0 (after the warm-up); progress
-    logged; 'ok', 'failed_requests' or 'timeout'."""
+    """The load generator in the client host, the window opened at its t0 (after the warm-up), the spec's
+    faults played from t0 (recorded in window['faults']); progress logged; 'ok', 'failed_requests' or
+    'timeout'."""
     reference = out / "variants" / REFERENCE_VARIANT / "client.jsonl"
     argv = _python_in_host(
         "experiments.loadgen",
@@ -276,6 +284,7 @@ def _drive(
     reader = threading.Thread(target=_show_progress, args=(proc, variant, t0), daemon=True)
     reader.start()
     deadline = time.monotonic() + spec.timeouts.variant_s
+    player = None
     try:
         while not t0.seen.wait(0.05) and proc.poll() is None and time.monotonic() < deadline:
             pass
@@ -286,6 +295,9 @@ def _drive(
                 proc.terminate()  # the window could not open: the workload must not run without it
                 proc.wait(10)
                 raise
+            player = faultsmod.FaultPlayer(
+                faultsmod.for_variant(spec.faults, variant), t0.ns, _killers(tb, runtime, proc)
+            ).start()
         code = proc.wait(timeout=max(0.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
         log.error("variant %s: workload not done in %.0f s; stopping it", variant, spec.timeouts.variant_s)
@@ -293,10 +305,26 @@ def _drive(
         proc.wait(10)
         return "timeout"
     finally:
+        if player is not None:
+            window["faults"] = player.stop()
         reader.join(5)
     if runtime.dead():
         log.error("variant %s: roles exited during the run: %s", variant, runtime.dead())
     return "ok" if code == 0 else "failed_requests"
+
+
+def _killers(tb, runtime: deploy.Runtime, loadgen: subprocess.Popen) -> dict:
+    """What each fault target's SIGKILL is (experiments.faults): the role's process (or container), the load
+    generator, the userspace emulator; each returns the PID it killed, None if nothing ran."""
+
+    def kill_loadgen() -> int | None:
+        if loadgen.poll() is not None:
+            return None
+        loadgen.kill()
+        return loadgen.pid
+
+    killers = {role: (lambda role=role: runtime.kill(role)) for role in deploy.START_ORDER}
+    return {**killers, "loadgen": kill_loadgen, "emulator": tb.kill_emulator}
 
 
 class _T0:

@@ -21,6 +21,8 @@ from typing import Any, Literal, get_args, get_origin, get_type_hints
 import yaml
 
 from experiments.crosstraffic import CrossFlow
+from experiments import faults
+from experiments.faults import Fault
 
 SPEC_DIR = Path(__file__).resolve().parent / "specs"
 VARIANTS = ("colocated", "pd-intra", "pd-cross", "pdd")
@@ -119,6 +121,7 @@ class ExperimentSpec:
     schedule_clock: Literal["link", "variant"] = "variant"
     schedule: tuple[dict, ...] = ()  # timed link changes, a profile's schedule format, played with it
     cross_traffic: tuple[CrossFlow, ...] = ()  # competing iperf3 flows on the WAN, on each variant's clock
+    faults: tuple[Fault, ...] = ()  # components SIGKILLed on each variant's clock (experiments.faults)
 
 
 def _type_name(tp: Any) -> str:
@@ -251,6 +254,10 @@ def validate(spec: ExperimentSpec) -> ExperimentSpec:
     _validate_workload(spec.workload, CONFIGS[spec.model].max_seq_len)
     _validate_deployment(spec)
     _validate_impairment(spec, profile)
+    try:
+        faults.validate(spec.faults, spec.variants, spec.timeouts.variant_s)
+    except ValueError as err:
+        raise SpecError(str(err)) from None
     return spec
 
 

@@ -1,4 +1,16 @@
-"""Shared test options: `--backend` picks the shaping backend of the emulation tests."""
+"""Shared test options and the topology tiers' requirements.
+
+`--backend` picks the shaping backend of the emulation tests. The topology tiers (tests/emulation,
+tests/faults) need root, Mininet and the tools below; without them their tests are skipped with the
+reason, and each of their tests checks that teardown left nothing behind.
+"""
+
+import os
+import shutil
+
+import pytest
+
+TOPOLOGY_TIERS = ("tests/emulation", "tests/faults")
 
 
 def pytest_addoption(parser):
@@ -8,3 +20,46 @@ def pytest_addoption(parser):
         choices=("auto", "tc", "userspace"),
         help="shaping backend for tests/emulation (default: auto)",
     )
+
+
+def _in_topology_tier(path) -> bool:
+    return any(tier in str(path) for tier in TOPOLOGY_TIERS)
+
+
+def _requirement_missing() -> str | None:
+    if os.geteuid() != 0:
+        return "emulation tests need root (namespaces, veth, tc)"
+    try:
+        import mininet.net  # noqa: F401
+    except ImportError:
+        return "Mininet's Python library is missing (make setup installs it)"
+    for tool in ("mnexec", "iperf3", "tcpdump", "tshark", "ethtool"):
+        if not shutil.which(tool):
+            return f"{tool} is missing (make setup installs it)"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    reason = _requirement_missing()
+    for item in items:
+        if _in_topology_tier(item.fspath):
+            item.add_marker(pytest.mark.emulation)
+            if reason:
+                item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture
+def backend(request) -> str:
+    return request.config.getoption("--backend")
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_behind(request):
+    if not _in_topology_tier(request.node.fspath) or _requirement_missing():
+        yield
+        return
+    from topology.cleanup import NOTHING, leftovers
+
+    assert leftovers() == NOTHING, "a previous run left things behind: run `make clean`"
+    yield
+    assert leftovers() == NOTHING

@@ -392,6 +392,14 @@ class Testbed:
         self.runtime.reap(host)
         return code
 
+    def kill_emulator(self) -> int | None:
+        """SIGKILL the userspace WAN emulator (a fault an experiment plays: the WAN stops forwarding for
+        the rest of the run); its PID, or None where none runs (the tc backend)."""
+        pid = getattr(self.link.backend, "pid", None) if self.link else None
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+        return pid
+
     # ---- the host runtime (topology.runtime) -------------------------------
     def _start_runtime(self) -> None:
         self.runtime.start()
@@ -423,11 +431,16 @@ class Testbed:
 
     def check(self) -> None:
         """Raise TestbedError if a schedule failed to change the link (each played schedule's failure is
-        raised once; the link clock's, every time: that schedule stopped for good)."""
+        raised once; the link clock's, every time: that schedule stopped for good) or the userspace
+        emulator died."""
         failed = [r for r in ([self._schedule] if self._schedule else []) + self._played if r.error]
         self._played = [r for r in self._played if not r.error and r.running]
-        if failed:
-            raise TestbedError("; ".join(f"schedule failed: {r.error}" for r in failed))
+        problems = [f"schedule failed: {r.error}" for r in failed]
+        code = getattr(self.link.backend, "exit_code", None) if self.link else None
+        if code is not None:
+            problems.append(f"the userspace emulator exited (status {code}): the WAN no longer forwards")
+        if problems:
+            raise TestbedError("; ".join(problems))
 
     def metadata(self) -> dict:
         """How this topology was made, for the run's metadata.json."""

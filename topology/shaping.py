@@ -146,17 +146,28 @@ class UserspaceBackend:
         )
         self._emulator.start()
 
+    @property
+    def exit_code(self) -> int | None:
+        """The forwarder's exit status once it has died (killed: the WAN no longer forwards); None while it
+        runs (or before it started)."""
+        return self._emulator.proc.poll() if self._emulator and self._emulator.proc else None
+
     def apply(self, direction: str, params: LinkParams) -> None:
         """Change one direction of the running emulator."""
+        if self.exit_code is not None:
+            raise RuntimeError(f"the userspace emulator is not running (exit status {self.exit_code})")
         self._emulator.set_params(direction, params)
 
     def stats(self) -> dict:
-        """The emulator's per-direction counters."""
-        return {d: vars(c) for d, c in self._emulator.stats().items()} if self._emulator else {}
+        """The emulator's per-direction counters ({} once it has died)."""
+        if not self._emulator or self.exit_code is not None:
+            return {}
+        return {d: vars(c) for d, c in self._emulator.stats().items()}
 
     def health(self) -> dict | None:
-        """The forwarder's health snapshot (topology.emulator.health_between compares two)."""
-        return self._emulator.health() if self._emulator else None
+        """The forwarder's health snapshot (topology.emulator.health_between compares two); None once it
+        has died."""
+        return self._emulator.health() if self._emulator and self.exit_code is None else None
 
     def stop(self) -> None:
         """Stop the forwarder (gracefully, then by its PID)."""

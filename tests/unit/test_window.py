@@ -175,7 +175,7 @@ def test_a_failed_schedule_marks_its_variant_failed_and_keeps_its_record(testbed
     monkeypatch.setattr(runner.deploy, "Runtime", FakeRuntime)
     monkeypatch.setattr(runner, "_wait_ready", lambda *args: None)
 
-    def drive(tb, spec, variant, out, vdir, runtime, win):
+    def drive(tb, spec, variant, out, vdir, runtime, win, window):
         win.open(time.monotonic_ns())
         return "ok"
 

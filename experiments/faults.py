@@ -1,0 +1,111 @@
+"""Faults a spec plays in each variant's window: a role, the load generator or the WAN's emulator killed on cue.
+
+Responsible for: the spec's `faults:` entries (`Fault`: what is SIGKILLed, when
+on the variant's clock, in which variants), their validation, and playing one
+variant's faults (`FaultPlayer`: a thread that kills each target when due
+through the callable the runner gives it, and the record of what it did, for
+metadata.json).
+Not responsible for: how a target is killed (the runtime's and the testbed's
+kill by PID), or what the system makes of it (the roles fall back or fail the
+request; the analysis counts the failures by cause).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+log = logging.getLogger(__name__)
+
+TARGETS = ("p", "rld", "md", "router", "loadgen", "emulator")
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One `faults:` entry.
+
+    kill: p | rld | md | router (the role's process, or its container) | loadgen (the load generator) |
+      emulator (the userspace WAN emulator: the WAN stops forwarding for the rest of the run)
+    at_s: when, seconds after the variant's window opened (the load generator's t0)
+    variants: the variants it plays in; empty = every variant
+    """
+
+    kill: Literal["p", "rld", "md", "router", "loadgen", "emulator"]
+    at_s: float
+    variants: tuple[str, ...] = ()
+
+
+def validate(faults: tuple[Fault, ...], variants: tuple[str, ...], window_s: float) -> None:
+    """Raise ValueError naming the entry: a time outside the window, an unknown variant, a target twice."""
+    seen: set[tuple[str, str]] = set()
+    for i, f in enumerate(faults):
+        where = f"faults[{i}]"
+        if not 0 <= f.at_s < window_s:
+            raise ValueError(f"{where}.at_s={f.at_s}: must lie in the variant's window [0, {window_s}) s")
+        unknown = [v for v in f.variants if v not in variants]
+        if unknown:
+            raise ValueError(f"{where}.variants: {unknown} not among the spec's variants {list(variants)}")
+        if f.kill == "emulator" and tuple(f.variants or variants) != variants[-1:]:
+            raise ValueError(
+                f"{where}: the emulator stays dead once killed (the WAN no longer forwards): kill it only in the "
+                f"spec's last variant, variants: [{variants[-1]}]"
+            )
+        for v in f.variants or variants:
+            if (f.kill, v) in seen:
+                raise ValueError(f"{where}: {f.kill} is killed twice in variant {v} (it stays dead after the first)")
+            seen.add((f.kill, v))
+
+
+def for_variant(faults: tuple[Fault, ...], variant: str) -> tuple[Fault, ...]:
+    """The faults that play in one variant, in time order."""
+    return tuple(sorted((f for f in faults if not f.variants or variant in f.variants), key=lambda f: f.at_s))
+
+
+class FaultPlayer:
+    """Plays one variant's faults from t0_ns (time.monotonic_ns()).
+
+    killers: target -> a callable that SIGKILLs it and returns the PID killed (None: nothing was running)
+    records: one dict per fault once played (kill, at_s, offset_s, pid, or error), for metadata.json
+    """
+
+    def __init__(self, faults: tuple[Fault, ...], t0_ns: int, killers: dict[str, Callable[[], int | None]]):
+        self.faults, self.t0_ns, self.killers = faults, t0_ns, killers
+        self.records: list[dict] = []
+        self._played: set[int] = set()  # ids of the faults played
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._play, name="faults", daemon=True)
+
+    def start(self) -> FaultPlayer:
+        if self.faults:
+            self._thread.start()
+        return self
+
+    def stop(self) -> list[dict]:
+        """Stop playing (faults not yet due are recorded as not played); the records."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(10)
+        for f in self.faults:
+            if id(f) not in self._played:
+                self.records.append({"kill": f.kill, "at_s": f.at_s, "played": False})
+        return self.records
+
+    def _play(self) -> None:
+        for f in self.faults:
+            due_ns = self.t0_ns + int(f.at_s * 1e9)
+            if self._stop.wait(max(0.0, (due_ns - time.monotonic_ns()) / 1e9)):
+                return
+            record = {"kill": f.kill, "at_s": f.at_s, "played": True}
+            try:
+                record["pid"] = self.killers[f.kill]()
+            except Exception as err:  # noqa: BLE001 — a fault that could not be played is recorded, not raised
+                record["error"] = f"{type(err).__name__}: {err}"
+            t = time.monotonic_ns()
+            record.update(t_ns=t, offset_s=round((t - self.t0_ns) / 1e9, 3))
+            log.warning("fault: %s killed at %.1f s (pid %s)", f.kill, record["offset_s"], record.get("pid"))
+            self.records.append(record)
+            self._played.add(id(f))

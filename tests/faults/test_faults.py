@@ -1,0 +1,156 @@
+"""Faults under load, in the real topology: every component killed mid-run, the WAN down for 20 s, 30% loss.
+
+Two experiments (tiny model, process runtime, pdd, a few concurrent sessions over ~20 s):
+
+- kills: one variant per target (the spec's `faults:`): P, the RLD, the MD, the router, the load
+  generator, each SIGKILLed KILL_AT_S into its variant's window, and last the userspace emulator (the WAN
+  stops forwarding for good, so it goes last);
+- wan: 30% loss both ways for 10 s, then a 20 s outage (100% loss both ways).
+
+For each variant: every workload request is accounted for in requests.jsonl (its tokens where it
+completed, equal to the greedy reference; otherwise a recorded error, or never sent); requests end within
+the spec's request timeout; no role the fault spared had to be SIGKILLed at teardown (none hung); the
+summary counts the failures by cause; and nothing is left after teardown (the tier's autouse fixture).
+"""
+
+import json
+
+import pytest
+
+from experiments import records, runner
+from experiments.spec import load_spec
+from workers.engine import Engine, GenerationRequest
+from workers.sampling import greedy_divergence
+
+pytestmark = [pytest.mark.emulation, pytest.mark.slow]
+
+KILL_AT_S = 4.0
+TARGETS = ("p", "rld", "md", "router", "loadgen", "emulator")  # the emulator last: the WAN stays dead
+REQUEST_S = 30
+LOSS = (2, 12, 30)  # s into the window: from, to, loss %
+OUTAGE = (14, 34)  # s: 100% loss both ways
+
+WORKLOAD = [
+    "model=tiny",
+    "runtime=process",
+    "profile=wan-cross-country",
+    "workload.synthetic.sessions=3",
+    "workload.synthetic.turns=[5, 6]",
+    "workload.synthetic.session_rate_per_s=1.0",
+    "workload.synthetic.think_s_mean=1.5",
+    "deployment.kv.wan={stall_timeout_ms: 1000, deadline_ms: 20000}",
+    "deployment.decode={kv_wait_ms: 20000, handoff_timeout_ms: 5000}",
+    f"timeouts={{ready_s: 60, request_s: {REQUEST_S}, issue_s: 60, variant_s: 120}}",
+]
+
+
+def _run(tmp_path_factory, name: str, overrides: list[str]):
+    spec = load_spec("pdd-smoke", [*WORKLOAD, *overrides])
+    out = runner.run(spec, results=tmp_path_factory.mktemp(name))
+    meta = json.loads((out / "metadata.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
+    return out, meta, summary
+
+
+@pytest.fixture(scope="module")
+def kills(tmp_path_factory):
+    defs = ", ".join(f"kill-{t}: {{mode: pdd}}" for t in TARGETS)
+    faults = ", ".join(f"{{kill: {t}, at_s: {KILL_AT_S}, variants: [kill-{t}]}}" for t in TARGETS)
+    return _run(
+        tmp_path_factory,
+        "kills",
+        [f"variant_defs={{{defs}}}", f"variants=[{', '.join(f'kill-{t}' for t in TARGETS)}]", f"faults=[{faults}]"],
+    )
+
+
+@pytest.fixture(scope="module")
+def wan(tmp_path_factory):
+    lossy = f"{{at_s: {LOSS[0]}, duration_s: {LOSS[1] - LOSS[0]}, direction: both, set: {{loss_pct: {LOSS[2]}}}}}"
+    down = f"{{at_s: {OUTAGE[0]}, duration_s: {OUTAGE[1] - OUTAGE[0]}, direction: both, set: {{loss_pct: 100}}}}"
+    schedule = f"schedule=[{lossy}, {down}]"
+    return _run(tmp_path_factory, "wan", ["variants=[pdd]", schedule])
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """check(prompt, got): got is the greedy reference, or differs first where the reference logits nearly
+    tie (float rounding may flip a greedy choice there); raises AssertionError otherwise."""
+    engine = Engine("tiny", seed=0, capacity_tokens=4096, block_size=8, device="cpu", prefix_cache=False)
+
+    def check(prompt: list[int], got: list[int], what: str) -> None:
+        want = list(engine.generate(GenerationRequest("ref", tuple(prompt), len(got))).output_tokens)
+        d = greedy_divergence(got, want, lambda i: engine.reference_logits(prompt + want[:i])[-1])
+        assert d is None or d.is_tie, f"{what}: token {d.index} is {d.got}, reference {d.want}"
+
+    return check
+
+
+def _client_log(out, variant: str) -> dict[str, dict]:
+    path = out / "variants" / variant / "client.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return {r["request_id"]: r for r in map(json.loads, lines)}
+
+
+def check_accounted(out, meta, summary, variant: str, reference) -> dict:
+    """Every workload request ended with its tokens (equal to the reference) or a recorded error; returns
+    the variant's summary figures."""
+    recs = [r for r in records.read(out) if r.variant == variant and r.kind != "warmup"]
+    workload = [json.loads(line) for line in (out / "workload.jsonl").read_text().splitlines()]
+    assert len(recs) == sum(w["kind"] != "warmup" for w in workload), "a request is missing from requests.jsonl"
+    log = _client_log(out, variant)
+    for r in recs:
+        if r.ok:
+            sent = log[r.request_id]
+            reference(sent["prompt"], r.token_ids, f"{variant} {r.request_id}")
+        else:
+            assert r.error or not r.issued, f"{r.request_id}: neither tokens nor an error"
+        if r.e2e_ms is not None:
+            assert r.e2e_ms <= (REQUEST_S + 5) * 1e3, f"{r.request_id} took {r.e2e_ms:.0f} ms"
+    v = summary["variants"][variant]
+    assert v["completed"] + v["failed"] + v["not_issued"] == v["requests"] == len(recs)
+    if v["failed"]:
+        assert v["errors"], "failures without their errors in the summary"
+    return v
+
+
+def check_nobody_hung(meta, variant: str, killed: str | None) -> None:
+    codes = meta["variants"][variant]["exit_codes"]
+    spared = {role: code for role, code in codes.items() if role != killed}
+    assert all(code != -9 for code in spared.values()), f"a role had to be SIGKILLed at teardown: {codes}"
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_component_killed_mid_run(kills, reference, target):
+    out, meta, summary = kills
+    variant = f"kill-{target}"
+    window = meta["variants"][variant]
+    [fault] = window["faults"]
+    print(variant, "fault:", fault, "status:", window["status"])
+    assert fault["played"] and fault.get("pid") and "error" not in fault, fault
+    assert abs(fault["offset_s"] - KILL_AT_S) < 1.0
+    v = check_accounted(out, meta, summary, variant, reference)
+    print(
+        f"{variant}: {v['completed']} completed, {v['failed']} failed, {v['not_issued']} not sent; "
+        f"fallbacks {v['fallbacks']}; errors {v['errors'][:3]}"
+    )
+    check_nobody_hung(meta, variant, target if target in ("p", "rld", "md", "router") else None)
+    assert v["completed"] > 0, "nothing completed before the fault"
+    if target == "md":  # the RLD serves what the MD would have: nothing is lost
+        assert v["failed"] == 0 and v["fallbacks"], v
+    if target == "rld":  # P->RLD->MD requests complete on the MD (only RLD-only routes fail)
+        assert not [e for e in v["errors"] if "every worker stream ended" in e], v["errors"]
+    if target in ("router", "p"):  # the request path is gone: later requests fail, each with its error
+        assert v["failed"] > 0 and v["fallbacks"].get("failed", 0) + len(v["errors"]) > 0, v
+    if target == "loadgen":  # requests it never logged are counted against the workload
+        assert v["failed"] + v["not_issued"] > 0, v
+    if target == "emulator":  # the WAN is gone for good: pdd serves from cluster A
+        assert v["failed"] == 0, v
+
+
+def test_the_wan_down_for_20_s_and_30_percent_loss(wan, reference):
+    out, meta, summary = wan
+    v = check_accounted(out, meta, summary, "pdd", reference)
+    print(f"wan: {v['completed']} completed, {v['failed']} failed; fallbacks {v['fallbacks']}")
+    assert v["failed"] == 0 and v["completed"] == v["requests"], v["errors"]
+    assert v["fallbacks"], "the outage caught no request"
+    check_nobody_hung(meta, "pdd", None)
