@@ -11,16 +11,23 @@ containers (`docker_rt.host`).
 
 A dockerd this module did not start is used as it is and never stopped; one it
 started keeps running after the run (it is the machine's engine) and is stopped
-only by `python -m docker_rt.engine stop`, by the PID in its own pid file.
+by `make clean` (when no run is live) or `python -m docker_rt.engine stop`, by
+the PID in its own pid file.
 
-dockerd sets the iptables FORWARD policy to DROP and loads br_netfilter;
-`topology.net` answers that with its own scoped ACCEPT rules for the pdd-
-bridges (comment `pddlab`), removed at teardown.
+dockerd sets the iptables FORWARD policy to DROP, turns on ip_forward, loads
+br_netfilter and makes docker0; `topology.net` answers the first two with its
+own scoped ACCEPT rules for the pdd- bridges (comment `pddlab`), removed at
+teardown. Before starting a dockerd this module records those four
+(`/run/pddlab/dockerd.host.json`); stopping that dockerd puts back what it
+changed (br_netfilter with FORWARD DROP breaks every other bridge on the host).
+Docker's own iptables chains (DOCKER*, its NAT rules) are Docker's to manage
+and stay.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import shutil
@@ -38,6 +45,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 CACHE_DIR = REPO_ROOT / ".cache" / "docker"
 STATE_DIR = Path("/run/pddlab")
 PID_FILE = STATE_DIR / "dockerd.pid"
+HOST_STATE_FILE = STATE_DIR / "dockerd.host.json"  # the host as it was before our dockerd started
+IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
 LOG_FILE = CACHE_DIR / "dockerd.log"
 START_TIMEOUT_S = 60.0
 LOG_TAIL_LINES = 20
@@ -161,6 +170,7 @@ def start_dockerd(timeout_s: float = START_TIMEOUT_S) -> int:
     """Start dockerd in its own session, logging to LOG_FILE; return its PID once `docker info` answers."""
     STATE_DIR.mkdir(parents=True, exist_ok=True)
     LOG_FILE.parent.mkdir(parents=True, exist_ok=True)
+    HOST_STATE_FILE.write_text(json.dumps(host_state()))
     argv = [shutil.which("dockerd") or "dockerd", "--pidfile", str(PID_FILE)]
     log.info("run: %s (log %s)", " ".join(argv), LOG_FILE)
     with open(LOG_FILE, "ab") as out:
@@ -199,17 +209,69 @@ def ensure_running() -> EngineInfo:
     return info
 
 
-def stop_dockerd(grace_s: float = 20) -> bool:
-    """Stop the dockerd this module started (by the PID in its pid file); False if there is none."""
+def stop_dockerd(grace_s: float = 20) -> list[str] | None:
+    """Stop the dockerd this module started (by the PID in its pid file) and put back what it changed on
+    the host (restore_host); a line per thing done, None if no such dockerd runs."""
     pid = _our_dockerd_pid()
     if pid is None:
-        return False
+        return None
     log.info("stopping dockerd (pid %d)", pid)
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
         time.sleep(0.2)
-    return True
+    return [f"dockerd (pid {pid}) stopped", *restore_host()]
+
+
+# ---------------------------------------------------------------- what dockerd changes on the host
+def host_state() -> dict:
+    """What dockerd changes that can be put back: FORWARD's policy, ip_forward, br_netfilter, docker0."""
+    policy = subprocess.run(["iptables", "-S", "FORWARD"], capture_output=True, text=True).stdout.splitlines()
+    return {
+        "forward_policy": policy[0].split()[-1] if policy and policy[0].startswith("-P FORWARD") else None,
+        "ip_forward": IP_FORWARD.read_text().strip() if IP_FORWARD.exists() else None,
+        "br_netfilter": Path("/sys/module/br_netfilter").exists(),
+        "docker0": Path("/sys/class/net/docker0").exists(),
+    }
+
+
+def restore_actions(before: dict, now: dict) -> list[tuple[str, list[str] | None]]:
+    """What to do to put the host back as `before` recorded it (pure): (description, argv or None for
+    the ip_forward write)."""
+    actions: list[tuple[str, list[str] | None]] = []
+    if before.get("forward_policy") and before["forward_policy"] != now.get("forward_policy"):
+        actions.append(
+            (
+                f"iptables FORWARD policy {before['forward_policy']}",
+                ["iptables", "-P", "FORWARD", before["forward_policy"]],
+            )
+        )
+    if before.get("ip_forward") is not None and before["ip_forward"] != now.get("ip_forward"):
+        actions.append((f"net.ipv4.ip_forward={before['ip_forward']}", None))
+    if before.get("docker0") is False and now.get("docker0"):
+        actions.append(("link docker0 removed", ["ip", "link", "del", "docker0"]))
+    if before.get("br_netfilter") is False and now.get("br_netfilter"):
+        actions.append(("br_netfilter unloaded", ["modprobe", "-r", "br_netfilter"]))
+    return actions
+
+
+def restore_host() -> list[str]:
+    """Put back what our dockerd changed (from HOST_STATE_FILE, then forgotten); a line per change made
+    (or that failed, with why)."""
+    try:
+        before = json.loads(HOST_STATE_FILE.read_text())
+    except (OSError, ValueError):
+        return []
+    done = []
+    for what, argv in restore_actions(before, host_state()):
+        if argv is None:
+            IP_FORWARD.write_text(before["ip_forward"] + "\n")
+            done.append(what)
+            continue
+        res = subprocess.run(argv, capture_output=True, text=True)
+        done.append(what if res.returncode == 0 else f"{what}: failed ({res.stderr.strip()})")
+    HOST_STATE_FILE.unlink(missing_ok=True)
+    return done
 
 
 # ---------------------------------------------------------------- disk
@@ -237,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
             info = ensure_running()
             print(f"docker engine {info.server_version} ready (data root {info.root_dir})")
         elif args.action == "stop":
-            print("stopped" if stop_dockerd() else "no dockerd started by pddlab is running")
+            lines = stop_dockerd()
+            print("no dockerd started by pddlab is running" if lines is None else "\n".join(lines))
         else:
             print(engine_info() or "no Docker daemon answers")
     except DockerError as exc:

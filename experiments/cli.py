@@ -112,10 +112,13 @@ def _run_calibration(args) -> int:
 
 
 def _clean(_args) -> int:
+    from docker_rt.engine import stop_dockerd
     from docker_rt.host import clean_orphans
-    from topology.cleanup import clean
+    from topology.cleanup import clean, live_runs
 
     removed = clean_orphans() + clean()
+    if not live_runs():  # a live run's containers need their engine
+        removed += stop_dockerd() or []
     print("\n".join(removed) if removed else "nothing to clean")
     return 0
 

@@ -71,8 +71,12 @@ def tiny_weights():
 
 @pytest.fixture
 def nothing_left_behind(worker_image):
+    from docker_rt.engine import ensure_running
+
+    ensure_running()  # a test's `make clean` stops the engine the testbed started
     assert leftovers() == NOTHING, "a previous run left things behind: run `make clean`"
     assert labelled_containers() == [], "containers of an earlier run remain: run `make clean`"
     yield
     assert leftovers() == NOTHING
+    ensure_running()  # containers are looked up with the engine up (make clean may have stopped it)
     assert labelled_containers() == []

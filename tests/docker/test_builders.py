@@ -127,3 +127,18 @@ def test_docker_not_installable_says_what_to_do(monkeypatch):
     )
     with pytest.raises(DockerError, match=r"(?s)could not install \['docker.io'\].*Unable to locate.*make setup"):
         engine.ensure_debs(["docker.io"])
+
+
+def test_what_dockerd_changed_is_put_back_and_nothing_else():
+    from docker_rt.engine import restore_actions
+
+    before = {"forward_policy": "ACCEPT", "ip_forward": "0", "br_netfilter": False, "docker0": False}
+    now = {"forward_policy": "DROP", "ip_forward": "1", "br_netfilter": True, "docker0": True}
+    assert restore_actions(before, now) == [
+        ("iptables FORWARD policy ACCEPT", ["iptables", "-P", "FORWARD", "ACCEPT"]),
+        ("net.ipv4.ip_forward=0", None),
+        ("link docker0 removed", ["ip", "link", "del", "docker0"]),
+        ("br_netfilter unloaded", ["modprobe", "-r", "br_netfilter"]),
+    ]
+    assert restore_actions(now, now) == []  # the host had them before dockerd: left as they are
+    assert restore_actions({}, now) == []  # nothing recorded: nothing to put back
