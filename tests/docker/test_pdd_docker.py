@@ -35,6 +35,9 @@ addrs = sys.argv[1].split(",")
 for a in addrs:
     wait_healthy(a, timeout_s=float(sys.argv[4]))
 with grpc.insecure_channel(addrs[0]) as ch:
+    # A warm-up request first: every channel and KV connection (router->MD, P->MD's DRC and data plane)
+    # is connected before the measured one, whose MD then holds the KV tens of ms after P's prefill.
+    generate(ch, [7] * 8, 2, request_id="docker-warmup")
     g = generate(ch, json.loads(sys.argv[2]), int(sys.argv[3]), request_id="docker-e2e")
 print(json.dumps({"ids": g.ids, "workers": g.workers}))
 """
@@ -54,11 +57,12 @@ def serve_one(runtime: str, image: str, run_dir, prompt: list[int]) -> dict:
     cfg_data = deployment(run_dir)
     cfg_path = run_dir / "deployment.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg_data))
-    # Half a core for the RLD (PDD's RLD is the small pool): the tiny model decodes a token in about a
-    # millisecond, and at full speed the RLD may finish all tokens before the MD holds the KV (legitimate
-    # PDD, finished_first, but then this test would not see the handoff between containers).
+    # A quarter core for the RLD (PDD's RLD is the small pool): the tiny model decodes a token in under a
+    # millisecond, and with half a core the RLD once finished all 90 tokens (in 74 ms) 8 ms before the MD
+    # held the KV (legitimate PDD, md_never_ready, but then this test would not see the handoff between
+    # containers); the first request also paid the WAN channels' connection setup (the warm-up above).
     opts = DockerOptions(
-        image=image, mounts=(run_dir,), log_dir=run_dir / "containers", limits={"rld": RoleLimits(0.5, 2048)}
+        image=image, mounts=(run_dir,), log_dir=run_dir / "containers", limits={"rld": RoleLimits(0.25, 2048)}
     )
     topo = TopologyConfig(wan_profile=load_profile(PROFILE), runtime=runtime_for(runtime, opts))
     with Testbed(topo) as tb:
