@@ -213,6 +213,13 @@ class Engine:
     def prefix_stats(self) -> RadixStats | None:
         return self.radix.stats() if self.radix else None
 
+    def cached_prefix(self, prompt: Sequence[int]) -> int:
+        """Tokens of prompt the prefix cache would give a request opened now (whole blocks, at least one
+        prompt token left to compute, as open() matches), without pinning or counting a lookup."""
+        if self.radix is None or len(prompt) < 2:
+            return 0
+        return self.radix.match_prefix(list(prompt), max_match_tokens=len(prompt) - 1, record=False).matched_tokens
+
     def tokens(self, request_id: str) -> tuple[int, ...]:
         """Prompt + generated tokens of an open request."""
         return tuple(self._get(request_id).tokens)

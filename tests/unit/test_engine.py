@@ -217,13 +217,16 @@ def test_prefix_cache_hit_gives_same_output_as_no_cache(make_engine):
     ]  # next turn: prompt + answer were cached
     hits = []
     for i, p in enumerate(turns):
+        peeked = cached.cached_prefix(p)  # what open() will match, without pinning or counting it
         got = cached.generate(req(f"c{i + 1}", p, max_tokens=12))
         want = plain.generate(req(f"c{i + 1}", p, max_tokens=12))
         hits.append(got.cached_tokens)
+        assert peeked == got.cached_tokens
         assert_greedy_match(plain, p, got.output_tokens, want.output_tokens, f"prefix turn {i}")
     assert hits == [32, 32, 48]  # block-granular: the first request cached 51 positions = 6 blocks
     stats = cached.prefix_stats()
     assert stats.hit_tokens == 112 and stats.total_tokens == 40 + 40 + 44 + 57
+    assert plain.cached_prefix(base) == 0  # no prefix cache: nothing to hit
 
 
 def test_batched_decode_equals_one_at_a_time(make_engine):

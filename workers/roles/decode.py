@@ -126,12 +126,12 @@ class DecodeServicer(MDHandoff, pdd_pb2_grpc.DecodeServicer):
             session = Session(request, 0)
             with self.lock:
                 try:
-                    self.engine.validate(gen)
-                    cached_now = self._cached_prefix(request)
+                    cached_now = self.engine.cached_prefix(request.prompt_tokens) if request.use_prefix_cache else 0
                     after, inflight = self._inflight_prefix(request, cached_now)
-                    if after is None:  # open now, pinning the DRC hit
+                    if after is None:  # open now (validated), pinning the DRC hit
                         session.cached_tokens = self.engine.open(gen).cached_tokens
                     else:  # opened once `after` has left its sequence here; holds no KV blocks until then
+                        self.engine.validate(gen)
                         session.after, session.cached_tokens = after, inflight
                 except EngineError as err:
                     context.abort(status_of(err), str(err))
@@ -229,13 +229,6 @@ class DecodeServicer(MDHandoff, pdd_pb2_grpc.DecodeServicer):
         return ""
 
     # ------------------------------------------------------------ the in-flight DRC (MD)
-
-    def _cached_prefix(self, request) -> int:
-        """The DRC hit a session would pin now (whole blocks, at least one prompt token left to compute)."""
-        prompt = list(request.prompt_tokens)
-        if self.engine.radix is None or not request.use_prefix_cache or len(prompt) < 2:
-            return 0
-        return self.engine.radix.match_prefix(prompt, max_match_tokens=len(prompt) - 1, record=False).matched_tokens
 
     def _inflight_prefix(self, request, cached_now: int) -> tuple[Session | None, int]:
         """MD, a session with a relay: the open session whose WAN copy brings more of this prompt than the
@@ -349,13 +342,8 @@ class DecodeServicer(MDHandoff, pdd_pb2_grpc.DecodeServicer):
         return pdd_pb2.PrefixReply(cached_tokens=self._session(request.request_id, context).cached_tokens)
 
     def Lookup(self, request, context):
-        prompt = list(request.prompt_tokens)
-        hit = 0
-        if self.engine.radix is not None and len(prompt) > 1:
-            with self.lock:
-                hit = self.engine.radix.match_prefix(
-                    prompt, max_match_tokens=len(prompt) - 1, record=False
-                ).matched_tokens
+        with self.lock:
+            hit = self.engine.cached_prefix(request.prompt_tokens)
         return pdd_pb2.LookupReply(cached_tokens=hit, active_requests=self.sessions)
 
     def KVReady(self, request, context):
