@@ -320,7 +320,7 @@ def _killers(tb, runtime: deploy.Runtime, loadgen: subprocess.Popen) -> dict:
     def kill_loadgen() -> int | None:
         if loadgen.poll() is not None:
             return None
-        loadgen.kill()
+        tb.kill("client", loadgen)
         return loadgen.pid
 
     killers = {role: (lambda role=role: runtime.kill(role)) for role in deploy.START_ORDER}

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -77,17 +78,29 @@ def test_a_reused_pid_is_left_alone(tmp_path):
         other.wait()
 
 
-def test_a_live_runs_links_are_left_alone(tmp_path):
+@contextmanager
+def live_run_with_a_link(state_dir: Path, link: str):
+    """A live "run" (a sleeping process) recorded in state_dir, and a root-namespace link with the testbed's
+    prefix, as a run's bridge would be; both removed afterwards. Yields the owner process."""
     if os.geteuid() != 0:
         pytest.skip("needs root (creates a link)")
-    if cleanup.live_runs():
-        pytest.skip("a testbed run is live on this machine: its links are not this test's to remove")
     owner = subprocess.Popen(["sleep", "60"])
-    link = "pdd-zzclean"
     subprocess.run(["ip", "link", "add", link, "type", "bridge"], check=True)
     try:
         state = {"owner": owner.pid, "owner_started": cleanup.start_time(owner.pid), "procs": []}
-        (tmp_path / f"testbed-{owner.pid}.json").write_text(json.dumps(state))
+        (state_dir / f"testbed-{owner.pid}.json").write_text(json.dumps(state))
+        yield owner
+    finally:
+        subprocess.run(["ip", "link", "del", link], capture_output=True)
+        owner.kill()
+        owner.wait()
+
+
+def test_a_live_runs_links_are_left_alone(tmp_path):
+    if cleanup.live_runs():
+        pytest.skip("a testbed run is live on this machine: its links are not this test's to remove")
+    link = "pdd-zzclean"
+    with live_run_with_a_link(tmp_path, link) as owner:
         removed = cleanup.clean(tmp_path)
         assert link in cleanup.prefixed_links(), removed
         assert any("left alone" in line for line in removed), removed
@@ -95,32 +108,17 @@ def test_a_live_runs_links_are_left_alone(tmp_path):
         owner.wait()
         removed = cleanup.clean(tmp_path)  # the run is gone: its leftovers go
         assert f"link {link}" in removed and link not in cleanup.prefixed_links()
-    finally:
-        subprocess.run(["ip", "link", "del", link], capture_output=True)
-        owner.kill()
-        owner.wait()
 
 
 def test_clean_of_another_directory_leaves_a_live_run_of_this_machine_alone(tmp_path, monkeypatch):
     """A clean() pointed elsewhere (a test's directory) must still see the machine's live run: this very
     test, run beside an experiment, once removed the experiment's bridges."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root (creates a link)")
-    machine = tmp_path / "machine"
+    machine, other = tmp_path / "machine", tmp_path / "other"
     machine.mkdir()
+    other.mkdir()
     monkeypatch.setattr(cleanup, "STATE_DIR", machine)
-    owner = subprocess.Popen(["sleep", "60"])
     link = "pdd-zzlive"
-    subprocess.run(["ip", "link", "add", link, "type", "bridge"], check=True)
-    try:
-        state = {"owner": owner.pid, "owner_started": cleanup.start_time(owner.pid), "procs": []}
-        (machine / f"testbed-{owner.pid}.json").write_text(json.dumps(state))
-        other = tmp_path / "other"
-        other.mkdir()
+    with live_run_with_a_link(machine, link):
         removed = cleanup.clean(other)
         assert link in cleanup.prefixed_links(), removed
         assert any("left alone" in line for line in removed), removed
-    finally:
-        subprocess.run(["ip", "link", "del", link], capture_output=True)
-        owner.kill()
-        owner.wait()
