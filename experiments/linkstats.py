@@ -25,6 +25,11 @@ LOSS_INTERVAL = 0.99  # measured loss inside the 99% interval of the configured 
 TCP_PAYLOAD_SHARE = 1448 / 1514
 GOODPUT_MIN_FRAC = 0.90  # TCP goodput on a lossless rated link: 90% of the configured rate ...
 GOODPUT_MAX_FRAC = 1.01 * TCP_PAYLOAD_SHARE  # ... to 1% above the payload ceiling (96.6%)
+# A goodput below the band is measured again, up to this many tests in all, and the best counts:
+# a busy host (two cores, the forwarder and iperf3 sharing them) only ever takes goodput away, so
+# the best of a few tests is the link's, and a link that passes more than its rate fails on any.
+# One CI run measured 157 Mbit/s b->a on wan-flaky's 200 where three earlier runs had 190+.
+GOODPUT_TRIES = 3
 MONTE_CARLO_RUNS = 200  # model runs that give correlated/bursty loss its 99% interval
 MODEL_PROBES = 20_000  # probes in the model run giving the expected delay mean and spread
 # Delay mean and spread are taken over the central 99% of samples, on both the

