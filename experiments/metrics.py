@@ -22,6 +22,9 @@ import math
 from collections import Counter
 from statistics import mean
 
+import numpy as np
+
+from experiments import confidence
 from experiments.records import RequestRecord
 from experiments.workload import bucket_names, bucket_of
 
@@ -39,13 +42,18 @@ def percentile(xs: list[float], p: float) -> float:
 
 
 def stats(xs: list[float]) -> dict:
-    """mean, p50, p90, p95, p99, max (None-free input; empty -> n=0 only)."""
+    """mean, p50, p90, p95, p99, max, and `ci95`: the 95% interval of the mean (t) and of each percentile
+    (bootstrap over the values; experiments.confidence), absent under two values. None-free input;
+    empty -> n=0 only."""
     xs = [x for x in xs if x is not None]
     if not xs:
         return {"n": 0}
     out = {"n": len(xs), "mean": mean(xs)}
     out.update({f"p{p}": percentile(xs, p) for p in PERCENTILES})
     out["max"] = max(xs)
+    cis = confidence.percentile_cis(xs, PERCENTILES)
+    if cis is not None:
+        out["ci95"] = {"mean": list(confidence.mean_ci(xs)), **{f"p{p}": list(ci) for p, ci in cis.items()}}
     return out
 
 
@@ -177,6 +185,53 @@ def compare_streams(records: list[RequestRecord], variants: list[str]) -> dict:
     return out
 
 
+# What each comparison takes from a request and how it reduces the sample: name -> (value, statistic).
+COMPARED = {
+    "ttft_ms.p50": (lambda r: r.ttft_ms, confidence.median_of_rows),
+    "ttft_ms.p90": (lambda r: r.ttft_ms, confidence.p90_of_rows),
+    "tpot_ms.p50": (lambda r: r.tpot_ms, confidence.median_of_rows),
+    "e2e_ms.p50": (lambda r: r.e2e_ms, confidence.median_of_rows),
+    "wan_bytes_total": (lambda r: r.wan_bytes, confidence.sum_of_rows),
+}
+
+
+def comparison_subject(variants: list[str]) -> str | None:
+    """The variant the others are compared against: pdd where it runs, else the last one."""
+    return "pdd" if "pdd" in variants else (variants[-1] if variants else None)
+
+
+def comparisons(records: list[RequestRecord], variants: list[str]) -> list[dict]:
+    """The subject variant's metrics over each other variant's, as ratios with 95% bootstrap intervals
+    (requests resampled within each variant) and a verdict: 'lower' / 'higher' where the interval excludes 1,
+    else 'no significant difference'. Latencies over completed requests; WAN bytes over every request."""
+    subject = comparison_subject(variants)
+    out = []
+    for base in (v for v in variants if v != subject):
+        for name, (value, stat) in COMPARED.items():
+            xs, ys = (_values(records, v, value, completed=name != "wan_bytes_total") for v in (subject, base))
+            if not xs or not ys:
+                continue
+            den = float(stat(np.asarray([ys]))[0])
+            ratio = float(stat(np.asarray([xs]))[0]) / den if den else None
+            ci = confidence.ratio_ci(xs, ys, stat) if ratio is not None else None
+            out.append(
+                {
+                    "metric": name,
+                    "variant": subject,
+                    "baseline": base,
+                    "ratio": ratio,
+                    "ci95": list(ci) if ci else None,
+                    "verdict": confidence.verdict(ci),
+                }
+            )
+    return out
+
+
+def _values(records: list[RequestRecord], variant: str, value, completed: bool) -> list[float]:
+    vals = (value(r) for r in records if r.variant == variant and (r.ok or not completed))
+    return [x for x in vals if x is not None]
+
+
 def wan_estimate_ms(tokens: float, kv_bytes_per_token: int, rate_mbit: float) -> float:
     """Serialisation time of tokens' KV on the WAN at the profile's rate (ms)."""
     return tokens * kv_bytes_per_token * 8 / (rate_mbit * 1e3)
@@ -204,6 +259,7 @@ def summarize(
     med = percentile(uncached, 50) if uncached else 0.0
     return {
         "variants": per,
+        "comparisons": comparisons(measured, variants),
         "streams": compare_streams(measured, variants),
         "reference": {
             "kv_bytes_per_token": kv_bytes_per_token,
@@ -274,6 +330,8 @@ def markdown(summary: dict, meta: dict) -> str:
         "requests (1 = decoded alone; a worker batches the steps of its concurrent sessions).",
     ]
     lines += _warnings_section(summary.get("warnings") or [])
+    lines += _intervals_section(per)
+    lines += _comparisons_section(summary.get("comparisons") or [])
     lines += _kv_section(per)
     lines += _wan_bytes_section(per)
     lines += _fallback_section(per)
@@ -287,6 +345,72 @@ def _warnings_section(warnings: list[dict]) -> list[str]:
     if not warnings:
         return []
     return ["", "## Warnings", ""] + [f"- **{w['message']}**" for w in warnings]
+
+
+INTERVAL_COLUMNS = (("TTFT p50", "ttft_ms", "p50"), ("TTFT p90", "ttft_ms", "p90"), ("TPOT p50", "tpot_ms", "p50"),
+                    ("E2E p50", "e2e_ms", "p50"), ("E2E mean", "e2e_ms", "mean"))  # fmt: skip
+
+
+def _with_ci(st: dict, key: str, digits: int = 0) -> str:
+    ci = (st.get("ci95") or {}).get(key)
+    ends = f" [{_f(ci[0], digits)}, {_f(ci[1], digits)}]" if ci else ""
+    return f"{_f(st.get(key), digits)}{ends}"
+
+
+def _intervals_section(per: dict) -> list[str]:
+    """Each variant's main latencies with their 95% intervals (absent from summaries made before them)."""
+    if not any("ci95" in s["ttft_ms"] for s in per.values()):
+        return []
+    lines = [
+        "",
+        "## With 95% confidence intervals (ms)",
+        "",
+        "| variant | " + " | ".join(c[0] for c in INTERVAL_COLUMNS) + " |",
+        "|---|" + "---|" * len(INTERVAL_COLUMNS),
+    ]
+    for v, s in per.items():
+        cells = [_with_ci(s[metric], key, 1 if metric == "tpot_ms" else 0) for _, metric, key in INTERVAL_COLUMNS]
+        lines.append(f"| {v} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Percentiles: bootstrap over the variant's completed requests (1000 resamples); means: Student's t. "
+        "With a few dozen requests a p90's interval is wide: read one run's ranking only where the "
+        "comparisons below call it significant.",
+    ]
+    return lines
+
+
+def _comparisons_section(comps: list[dict]) -> list[str]:
+    if not comps:
+        return []
+    names = list(dict.fromkeys(c["metric"] for c in comps))
+    subject = comps[0]["variant"]
+    lines = [
+        "",
+        f"## {subject} over each baseline: ratio [95% interval]",
+        "",
+        "| baseline | " + " | ".join(names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
+    by = {(c["baseline"], c["metric"]): c for c in comps}
+    for base in dict.fromkeys(c["baseline"] for c in comps):
+        cells = []
+        for n in names:
+            c = by.get((base, n))
+            if c is None or c["ratio"] is None:
+                cells.append("–")
+                continue
+            ends = f" [{c['ci95'][0]:.2f}, {c['ci95'][1]:.2f}]" if c["ci95"] else ""
+            short = {"no significant difference": "n.s."}.get(c["verdict"], c["verdict"])
+            cells.append(f"{c['ratio']:.2f}{ends} {short}")
+        lines.append(f"| {base} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        f"Ratio of {subject}'s statistic to the baseline's; the interval resamples each variant's requests "
+        "independently (bootstrap). lower / higher: the interval excludes 1; n.s.: no significant difference "
+        "in this run (the interval holds 1) — repeat the run (pddlab sweep --repeat) before ranking them.",
+    ]
+    return lines
 
 
 def _kv_section(per: dict) -> list[str]:

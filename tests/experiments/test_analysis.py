@@ -38,6 +38,27 @@ def test_summary_has_every_metric_per_variant(run):
     assert p["wan_bytes_pcap"] == {} and s["variants"]["colocated"]["wan_bytes_pcap"] == {"a_to_b": 3000, "b_to_a": 66}
 
 
+def test_every_latency_has_intervals_and_pdd_is_compared_with_each_baseline(run):
+    s = json.loads((run / "summary.json").read_text())
+    for v in s["variants"].values():
+        st = v["ttft_ms"]
+        for key in ("mean", "p50", "p90", "p99"):
+            lo, hi = st["ci95"][key]
+            assert lo <= st[key] <= hi, (key, st)
+    comps = {(c["baseline"], c["metric"]): c for c in s["comparisons"]}
+    assert {c["variant"] for c in s["comparisons"]} == {"pdd"}
+    assert {b for b, _ in comps} == {"colocated", "pd-intra", "pd-cross"}
+    c = comps[("pd-cross", "ttft_ms.p50")]
+    assert c["ratio"] == pytest.approx(20 / 90) and c["ci95"][1] < 1 and c["verdict"] == "lower"
+    w = comps[("pd-cross", "wan_bytes_total")]
+    assert w["ratio"] == pytest.approx(
+        s["variants"]["pdd"]["wan_bytes_total"] / s["variants"]["pd-cross"]["wan_bytes_total"]
+    )
+    assert ("colocated", "wan_bytes_total") not in comps or comps[("colocated", "wan_bytes_total")]["ratio"] is None
+    md = (run / "summary.md").read_text()
+    assert "## With 95% confidence intervals" in md and "## pdd over each baseline" in md
+
+
 def test_requests_and_events_files(run):
     recs = read_records(run)
     assert len(recs) == 4 * 10  # warm-up included, excluded from the metrics
