@@ -25,6 +25,7 @@ from experiments import (
     records,
     rundir,
     runmeta,
+    summary_md,
     transfers,
 )
 from experiments.spec import SLO, build
@@ -211,7 +212,7 @@ def analyze(run_dir: Path) -> dict:
     summary["complete"] = meta.get("complete", False)
     summary["cross_traffic"] = crosstraffic.summarize(run_dir)
     rundir.write_json(run_dir / "summary.json", summary)
-    (run_dir / "summary.md").write_text(metrics.markdown(summary, meta))
+    (run_dir / "summary.md").write_text(summary_md.markdown(summary, meta))
     plots.draw_all(run_dir, recs, variants, meta, frames, events, rm, wan)
     log.info("analysis written to %s", run_dir)
     return summary

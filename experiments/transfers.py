@@ -7,7 +7,7 @@ retransmitted segments per MB, the kv_tcp_info samples (median RTT and
 cwnd), congestion control requested against used and a warning wherever they
 differ or the kernel refused one; and the WAN bytes three ways.
 Not responsible for: reading files (experiments.records), the pcap
-(experiments.flows), rendering (experiments.metrics.markdown, plots).
+(experiments.flows), rendering (experiments.summary_md, plots).
 
 WAN bytes, three ways (the WAN paths are `wan`, P->MD, and `handoff`, RLD->MD
 in the `kv` handoff mode):

@@ -212,7 +212,7 @@ def test_a_late_emulator_is_a_warning_and_a_quiet_one_is_not():
 
 
 def test_few_handoffs_are_explained_with_the_transfer_times():
-    from experiments.metrics import _why_few_handoffs
+    from experiments.summary_md import _why_few_handoffs
 
     p = {
         "md_token_share": 0.0,
@@ -254,7 +254,7 @@ def test_retransmissions_inside_and_outside_the_schedules_impairments():
 
 
 def test_the_in_flight_drc_and_recomputed_relay_outputs_are_counted_per_request():
-    from experiments.metrics import _md_cache_lines
+    from experiments.summary_md import _md_cache_lines
     from experiments.records import _md_cache
 
     rec = SimpleNamespace(inflight_tokens=0, relay_absorbed=False)
