@@ -8,7 +8,7 @@ PROFILE ?= wan-cross-country
 BACKEND ?= auto
 PYTEST  := $(PY) -m pytest -q -rs
 
-.PHONY: setup image lint test test-unit test-roles test-emulation test-faults test-docker vm-test bench run-experiment analyze clean profiles
+.PHONY: setup image lint test test-unit test-roles test-emulation test-faults test-docker vm-test bench run-experiment sweep analyze clean profiles
 
 setup:
 	@bash scripts/setup.sh
@@ -52,12 +52,25 @@ bench: setup
 	$(PY) benchmarks/bench_shaper.py
 	$(PY) benchmarks/bench_docker.py
 	$(PY) benchmarks/bench_experiment.py
+	$(PY) benchmarks/bench_sweep.py
 	$(PY) benchmarks/bench_analysis.py
 	$(PY) benchmarks/bench_links.py
 	$(PY) -m vm.run --timeout 1500 --cpus 1 -- $(PY) benchmarks/bench_links.py --backend tc
 
 run-experiment: setup
 	$(PDDLAB) run $(EXP) --profile $(PROFILE) --backend $(BACKEND) $(foreach s,$(SET),--set $(s))
+
+# One spec over a grid x repeats: make sweep EXP=pdd-smoke OVER="link.loss_pct=0,1,3" REPEAT=2
+# (several axes: OVER="link.loss_pct=0,1 link.delay_ms=20,60"; finish an interrupted one: make sweep RESUME=results/<dir>)
+OVER    ?=
+REPEAT  ?= 1
+RESUME  ?=
+sweep: setup
+ifeq ($(RESUME),)
+	$(PDDLAB) sweep $(EXP) --repeat $(REPEAT) --backend $(BACKEND) $(if $(filter command line,$(origin PROFILE)),--profile $(PROFILE)) $(foreach o,$(OVER),--over $(o)) $(foreach s,$(SET),--set $(s))
+else
+	$(PDDLAB) sweep --resume $(RESUME)
+endif
 
 # Recompute summary and plots from a run directory alone: make analyze RUN=results/<dir>
 analyze: setup

@@ -27,15 +27,32 @@ def _ratio(a: float, b: float) -> str:
     return f"x{a / b:.2f}" if b else "-"
 
 
+def _ci(st: dict, key: str) -> str:
+    ci = (st.get("ci95") or {}).get(key)
+    return f" [{ci[0]:.0f}, {ci[1]:.0f}]" if ci else ""
+
+
+def _compared(summary: dict, metric: str, baseline: str) -> str:
+    """pdd's ratio to a baseline with its bootstrap interval and verdict (summary.json's comparisons)."""
+    c = next((c for c in summary.get("comparisons") or [] if (c["metric"], c["baseline"]) == (metric, baseline)), None)
+    if not c or c["ratio"] is None:
+        return ""
+    ends = f" [{c['ci95'][0]:.2f}, {c['ci95'][1]:.2f}]" if c["ci95"] else ""
+    return f" (pdd / {baseline} x{c['ratio']:.2f}{ends}: {c['verdict']})"
+
+
 def table(summary: dict) -> str:
-    """Markdown rows: measured vs published."""
+    """Markdown rows: measured (with 95% intervals) vs published."""
     v = summary["variants"]
     ttft = {name: v[name]["ttft_ms"] for name in v}
-    rows = ["| quantity | measured | published |", "|---|---|---|"]
+    rows = ["| quantity | measured [95% interval] | published |", "|---|---|---|"]
     for name in ("colocated", "pd-intra", "pd-cross", "pdd"):
         if name in ttft:
             t = ttft[name]
-            rows.append(f"| TTFT p50 / p90 / p99 ms, {name} | {t['p50']:.0f} / {t['p90']:.0f} / {t['p99']:.0f} | |")
+            rows.append(
+                f"| TTFT p50 / p90 / p99 ms, {name} | {t['p50']:.0f}{_ci(t, 'p50')} / {t['p90']:.0f}{_ci(t, 'p90')} "
+                f"/ {t['p99']:.0f} | |"
+            )
     intra = ttft.get("pd-intra", {}).get("p50", 0)
     if "pd-cross" in ttft:
         rows.append(
@@ -44,13 +61,15 @@ def table(summary: dict) -> str:
         )
     if "pdd" in ttft:
         rows.append(
-            f"| TTFT p50 pdd / pd-intra | {_ratio(ttft['pdd']['p50'], intra)} | {PUBLISHED['ttft_pdd_vs_intra']} |"
+            f"| TTFT p50 pdd / pd-intra | {_ratio(ttft['pdd']['p50'], intra)}"
+            f"{_compared(summary, 'ttft_ms.p50', 'pd-intra')} | {PUBLISHED['ttft_pdd_vs_intra']} |"
         )
     if "pdd" in v and "pd-cross" in v:
         pdd_b, cross_b = v["pdd"]["wan_bytes_total"], v["pd-cross"]["wan_bytes_total"]
         rows.append(
             f"| WAN bytes pdd / pd-cross | {pdd_b / 1e6:.1f} MB / {cross_b / 1e6:.1f} MB "
-            f"({_ratio(cross_b, pdd_b)} less) | {PUBLISHED['wan_bytes']} |"
+            f"({_ratio(cross_b, pdd_b)} less){_compared(summary, 'wan_bytes_total', 'pd-cross')} "
+            f"| {PUBLISHED['wan_bytes']} |"
         )
     if "pdd" in v:
         p = v["pdd"]
@@ -67,6 +86,24 @@ def table(summary: dict) -> str:
     return "\n".join(rows)
 
 
+def run_time(meta: dict) -> str:
+    """How long the run took and what dominated it: per variant, role start (start to every role ready) and
+    the measured window (ready to roles stopped); the rest is topology set-up, teardown and analysis."""
+    import datetime
+
+    def at(s: str) -> datetime.datetime:
+        return datetime.datetime.strptime(s, "%Y-%m-%dT%H:%M:%S%z")
+
+    total = (at(meta["finished_at"]) - at(meta["provenance"]["started_at"])).total_seconds()
+    windows = meta.get("variants") or {}
+    start = sum((w["t_ready_ns"] - w["t_start_ns"]) / 1e9 for w in windows.values() if w.get("t_ready_ns"))
+    measured = sum((w["t_end_ns"] - w["t_ready_ns"]) / 1e9 for w in windows.values() if w.get("t_end_ns"))
+    rest = total - start - measured
+    parts = {"measured windows": measured, "role start": start, "topology, teardown, analysis": rest}
+    top = max(parts, key=parts.get)
+    return f"run time {total:.0f} s: " + ", ".join(f"{k} {s:.0f} s" for k, s in parts.items()) + f"; dominated by {top}"
+
+
 def main() -> int:
     """Run (or read) the default experiment and print the reproduction table."""
     if len(sys.argv) > 1:
@@ -81,6 +118,7 @@ def main() -> int:
     summary = json.loads((run_dir / "summary.json").read_text())
     print(f"reproduction table ({run_dir}):\n")
     print(table(summary))
+    print("\n" + run_time(json.loads((run_dir / "metadata.json").read_text())))
     print("\nKV-vs-IDs handoff microbenchmark (100 tokens, std and payload): benchmarks/bench_roles.py")
     return 0
 

@@ -7,6 +7,9 @@ experiments and maintenance commands. Not responsible for: the experiments.
     pddlab profiles                      list the shipped netem profiles
     pddlab check-profile FILE...         validate profile files
     pddlab run [EXPERIMENT] [--profile NAME] [--backend auto|tc|userspace] [--set KEY=VALUE ...]
+    pddlab sweep [EXPERIMENT] --over KEY=V1,V2,... [--over ...] [--repeat N] [--set ...] [--profile NAME]
+                                         the experiment over a grid of values x repeats (experiments.sweep)
+    pddlab sweep --resume SWEEP_DIR      run the points an interrupted sweep had not finished
     pddlab analyze RUN_DIR               recompute summary and plots of a serving experiment's run
     pddlab experiments                   list the experiments
     pddlab clean                         remove leftovers of crashed runs
@@ -26,6 +29,7 @@ from pathlib import Path
 from experiments import calibration
 from experiments.linkstats import ProbePlan
 from experiments.spec import SpecError, available_specs
+from experiments.sweep import SweepError
 from experiments.workload import TraceError
 from topology.profiles import ProfileError, available_profiles, load_profile
 from topology.shaping import BACKENDS
@@ -76,6 +80,35 @@ def _run(args) -> int:
     md = out / "summary.md"
     print(md.read_text() if md.exists() else "(no summary)")
     print(f"run directory: {out}")
+    return 0
+
+
+def _sweep(args) -> int:
+    from experiments import sweep
+
+    if args.resume:
+        if args.over or args.set or args.profile:
+            raise UsageError("--resume runs the sweep's own plan (its sweep.json): drop --over, --set and --profile")
+        out = Path(args.resume)
+        plan, points = sweep.resume(out)
+    else:
+        if args.experiment == CALIBRATION:
+            raise UsageError("link-calibration is not a serving spec; sweep one of: " + ", ".join(experiments()[1:]))
+        plan = sweep.Plan(
+            spec=args.experiment,
+            set_items=tuple(args.set),
+            profile=args.profile,
+            backend=None if args.backend == "auto" else args.backend,
+            axes=tuple(sweep.parse_over(o) for o in args.over),
+            repeat=args.repeat,
+            same_seed=args.same_seed,
+            share_topology=args.share_topology,
+        )
+        points = sweep.validate(plan)  # every point's spec and workload: fail before anything starts
+        out = sweep.new_sweep_dir(plan, Path(args.results) if args.results else sweep.rundir.RESULTS)
+    sweep.run(plan, out, points)
+    print((out / "sweep.md").read_text())
+    print(f"sweep directory: {out}")
     return 0
 
 
@@ -155,6 +188,29 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--tcp-seconds", type=float, default=8.0)
     run.add_argument("--seed", type=int, default=1)
     run.set_defaults(func=_run)
+    sw = sub.add_parser("sweep", help="run a serving experiment over a grid of values x repeats")
+    sw.add_argument("experiment", nargs="?", default=DEFAULT_EXPERIMENT)
+    sw.add_argument(
+        "--over",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2,...",
+        help="an axis: profile, link.FIELD, a_to_b.FIELD, b_to_a.FIELD or a spec field (repeatable: a grid)",
+    )
+    sw.add_argument("--repeat", type=int, default=1, help="runs per grid point, each with its own workload seed")
+    sw.add_argument("--same-seed", action="store_true", help="every repeat on the spec's workload seed")
+    sw.add_argument(
+        "--no-share-topology",
+        dest="share_topology",
+        action="store_false",
+        help="every point brings its own topology up (default: points that differ only in the link share one)",
+    )
+    sw.add_argument("--profile", default=None, help="the base profile (default: the spec's)")
+    sw.add_argument("--backend", default="auto", choices=BACKENDS)
+    sw.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="as for run, on every point")
+    sw.add_argument("--results", default=None, help="parent of the sweep directory (default: results/)")
+    sw.add_argument("--resume", default=None, metavar="SWEEP_DIR", help="finish an interrupted sweep")
+    sw.set_defaults(func=_sweep)
     an = sub.add_parser("analyze", help="recompute summary and plots of a run directory")
     an.add_argument("run_dir")
     an.set_defaults(func=_analyze)
@@ -180,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return args.func(args)
-    except (ProfileError, UsageError, TestbedError, ShapingError, SpecError, TraceError) as exc:
+    except (ProfileError, UsageError, TestbedError, ShapingError, SpecError, SweepError, TraceError) as exc:
         print(f"pddlab: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -11,6 +11,7 @@ Responsible for: drawing, one function per plot:
                         shaded, link changes as vertical lines, cross-traffic windows as hatched spans
     hit_buckets.png     requests per hit-rate bucket (expected, and the DRC's measured in pdd)
     handoff_gaps.png    inter-token gaps around the RLD->MD handoff
+and a sweep's (experiments.sweep): <metric>.png, each main metric against the swept value per variant.
 Not responsible for: the numbers (experiments.metrics) or reading raw logs.
 """
 
@@ -326,3 +327,43 @@ def draw_all(
     hit_buckets(measured, variants, out / "hit_buckets.png")
     handoff_gaps(measured, out / "handoff_gaps.png")
     return [out / p for p in PLOTS]
+
+
+def sweep_plots(axes, aggregate: list[dict], out: Path, metrics: tuple[str, ...]) -> list[Path]:
+    """One plot per metric of a sweep (experiments.sweep): the mean over repeats against the swept value, a
+    line per variant with its 95% band; x is the value of a single numeric axis, else the grid point's label.
+    Returns the paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    numeric = len(axes) == 1 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in axes[0].values)
+    labels = [", ".join(f"{k}={v}" for k, v in a["values"].items()) or "all" for a in aggregate]
+    xs = [a["values"][axes[0].key] for a in aggregate] if numeric else list(range(len(aggregate)))
+    variants = list(dict.fromkeys(v for a in aggregate for v in a["variants"]))
+    paths = []
+    for name in metrics:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for v in variants:
+            pts = [(x, a["variants"].get(v, {}).get(name, {})) for x, a in zip(xs, aggregate)]
+            pts = [(x, m) for x, m in pts if m.get("n")]
+            if not pts:
+                continue
+            color = COLORS.get(v)
+            ax.plot([x for x, _ in pts], [m["mean"] for _, m in pts], marker="o", label=v, color=color)
+            banded = [(x, m["ci95"]) for x, m in pts if m.get("ci95")]
+            if banded:
+                ax.fill_between(
+                    [x for x, _ in banded], [c[0] for _, c in banded], [c[1] for _, c in banded], alpha=0.2, color=color
+                )
+        if not numeric:
+            ax.set_xticks(xs, labels, rotation=20, ha="right", fontsize=7)
+        ax.set_xlabel(axes[0].key if numeric else "grid point")
+        ax.set_ylabel(name)
+        ax.set_title(f"{name}: mean over repeats, 95% band (one repeat: the run's own interval)", fontsize=9)
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            _legend(ax, fontsize=8)
+        else:
+            _empty(ax, "no complete point")
+        path = out / f"{name}.png"
+        _save(fig, path)
+        paths.append(path)
+    return paths

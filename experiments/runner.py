@@ -53,14 +53,25 @@ def prepare(spec: ExperimentSpec) -> list[wl.WorkloadRequest]:
     return wl.build(spec)
 
 
-def run(spec: ExperimentSpec, results: Path = rundir.RESULTS) -> Path:
-    """Run every variant; return the run directory (analysed, even after Ctrl-C or a failure)."""
+def run(
+    spec: ExperimentSpec, results: Path = rundir.RESULTS, out: Path | None = None, shared: SharedTopology | None = None
+) -> Path:
+    """Run every variant; return the run directory (analysed, even after Ctrl-C or a failure): `out` if
+    given (it must not exist yet: a sweep names its points), else a new one under `results`. With `shared`,
+    on that running topology (the link swapped to the spec's profile, captures into this run) instead of
+    a topology of its own."""
     from topology.net import preflight
     from topology.profiles import load_profile
 
     requests = prepare(spec)
-    preflight()
-    out = rundir.new_run_dir(spec.name, results)
+    if shared is None:
+        preflight()
+    elif not shared.fits(spec):
+        raise ValueError(f"{spec.name}: the shared topology was built for another backend, runtime or seed")
+    if out is None:
+        out = rundir.new_run_dir(spec.name, results)
+    else:
+        out.mkdir(parents=True)
     wl.write(requests, out / "workload.jsonl")
     meta = {
         "experiment": spec.name,
@@ -72,10 +83,15 @@ def run(spec: ExperimentSpec, results: Path = rundir.RESULTS) -> Path:
         "variants": {},
         "provenance": rundir.provenance(),
     }
+    if shared is not None:
+        meta["shared_topology"] = shared.record()
     rundir.write_json(out / "metadata.json", meta)
     log.info("run directory: %s", out)
     try:
-        _run_topology(spec, load_profile(spec.profile), out, meta)
+        if shared is None:
+            _run_topology(spec, load_profile(spec.profile), out, meta)
+        else:
+            shared.run(spec, load_profile(spec.profile), out, meta)
         meta["complete"] = all(v.get("status") == "ok" for v in meta["variants"].values()) and len(
             meta["variants"]
         ) == len(spec.variants)
@@ -124,6 +140,84 @@ def _run_topology(spec: ExperimentSpec, profile, out: Path, meta: dict) -> None:
                 held.hold()  # a Ctrl-C now must not cut the teardown short: it is re-raised after it
     finally:
         held.release()
+
+
+def topology_key(spec: ExperimentSpec) -> tuple:
+    """What a topology is built from, the WAN link aside: runs with equal keys can share one topology."""
+    return (
+        spec.backend,
+        spec.runtime,
+        spec.model,
+        spec.weights_seed,
+        spec.snaplen_bytes,
+        spec.topology_seed,
+        bool(spec.cross_traffic),
+    )
+
+
+def can_share(spec: ExperimentSpec) -> bool:
+    """A run can use a shared topology unless its schedule runs on the link's clock (from link-up)."""
+    return spec.schedule_clock == "variant"
+
+
+class SharedTopology:
+    """One topology for several runs whose specs differ only in the link (and the workload): a sweep's
+    points. Each run swaps the link to its profile, captures into its own pcap/, runs its variants with
+    fresh roles as always, and leaves the topology up for the next; the emulator's log and the Docker
+    containers' logs go to `root` (the sweep directory, which the containers mount)."""
+
+    def __init__(self, spec: ExperimentSpec, root: Path, ident: int = 0):
+        from topology.net import TopologyConfig
+        from topology.profiles import load_profile
+
+        self.key, self.ident, self.runs = topology_key(spec), ident, 0
+        log_dir = root / "topology" / f"t{ident}"
+        self.config = TopologyConfig(
+            wan_profile=load_profile(spec.profile),
+            backend=spec.backend,
+            snaplen_bytes=spec.snaplen_bytes,
+            seed=spec.topology_seed,
+            log_dir=log_dir,
+            play_schedule=False,
+            cross_hosts=bool(spec.cross_traffic),
+            **deploy.topology_kwargs(spec, root),
+        )
+        self.tb = None
+        self.started_s = 0.0
+
+    def fits(self, spec: ExperimentSpec) -> bool:
+        return topology_key(spec) == self.key and can_share(spec)
+
+    def __enter__(self) -> "SharedTopology":
+        from topology.net import Testbed
+
+        t0 = time.monotonic()
+        self.tb = Testbed(self.config).__enter__()
+        self.started_s = time.monotonic() - t0
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        held = _HeldSignals()
+        held.hold()  # a Ctrl-C now must not cut the teardown short: it is re-raised after it
+        try:
+            if self.tb is not None:
+                self.tb.__exit__(*exc)
+        finally:
+            held.release()
+        return False
+
+    def record(self) -> dict:
+        """What metadata.json says of it: its id, how long it took to come up, how many runs used it before."""
+        return {"id": self.ident, "runs_before": self.runs, "start_s": round(self.started_s, 3)}
+
+    def run(self, spec: ExperimentSpec, profile, out: Path, meta: dict) -> None:
+        self.runs += 1
+        self.tb.swap_profile(profile)
+        self.tb.capture_to(out / "pcap")
+        try:
+            _run_variants(self.tb, spec, out, meta, winmod.impairment(spec, profile))
+        finally:
+            self.tb.capture_to(None)  # the pcaps complete before the analysis reads them
 
 
 class _HeldSignals:

@@ -21,6 +21,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -412,8 +413,16 @@ class Testbed:
         self.runtime.check()
 
     def swap_profile(self, profile: Profile) -> None:
-        """Replace the WAN profile on the live link."""
+        """Replace the WAN profile on the live link; it is then the profile restore_profile and metadata mean."""
         self.link.swap_profile(profile)
+        self.config = dataclasses.replace(self.config, wan_profile=profile)
+
+    def capture_to(self, directory: Path | None) -> None:
+        """End the WAN captures (their pcaps complete) and, unless directory is None, start new ones there:
+        a topology shared by several runs gives each run its own pcaps."""
+        self._stop_captures()
+        if directory is not None:
+            self._start_captures(directory)
 
     def play_schedule(
         self, steps: tuple[ScheduleStep, ...], start_ns: int | None = None, labels: tuple[str, ...] | None = None

@@ -1,0 +1,175 @@
+"""Sweeps without a topology: axes, validation, the grid and its seeds, derived profiles, aggregation, resume."""
+
+import json
+
+import pytest
+import yaml
+
+from experiments import sweep, sweep_report
+from experiments.sweep import Plan, Point, SweepError, parse_over, validate
+from topology.profiles import load_profile
+
+
+def plan(*overs: str, repeat: int = 1, **kw) -> Plan:
+    return Plan(
+        "pdd-smoke",
+        ("runtime=process",),
+        kw.pop("profile", None),
+        None,
+        tuple(parse_over(o) for o in overs),
+        repeat,
+        **kw,
+    )
+
+
+def test_values_are_yaml_and_commas_inside_brackets_stay():
+    assert parse_over("link.loss_pct=0,1.5,3").values == (0, 1.5, 3)
+    assert parse_over("workload.synthetic.turns=[2, 3],[3,4]").values == ([2, 3], [3, 4])
+    assert parse_over("profile=wan-regional,wan-lossy").values == ("wan-regional", "wan-lossy")
+
+
+@pytest.mark.parametrize(
+    "over,repeat,words",
+    [
+        (["link.loss_pct="], 1, ["link.loss_pct", "non-empty"]),
+        (["link.loss_pct=1,,2"], 1, ["non-empty"]),
+        (["link.loss_pct"], 1, ["KEY=V1,V2"]),
+        (["link.loss_pct=1,1"], 1, ["twice"]),
+        (["foo.bar=1,2"], 1, ["foo.bar", "unknown key", "link.FIELD", "workload"]),
+        (["link.lossy=1,2"], 1, ["lossy", "allowed", "loss_pct"]),
+        (["link.loss_pct=a,b"], 1, ["loss_pct", "expected a number"]),
+        (["link.loss_pct=200"], 1, ["loss_pct", "out of range"]),
+        (["workload.synthetic.sessions=2,x"], 1, ["workload.synthetic.sessions", "expected int"]),
+        (["profile=wan-lossy,nope"], 1, ["nope", "available", "wan-regional"]),
+        (["link.loss_pct=1"], 0, ["--repeat 0"]),
+        ([], 1, ["nothing to sweep"]),
+        (["link.loss_pct=1", "link.loss_pct=2"], 1, ["swept twice"]),
+    ],
+)
+def test_bad_sweeps_are_refused_naming_the_key_and_what_is_allowed(over, repeat, words):
+    with pytest.raises(SweepError) as err:
+        validate(plan(*over, repeat=repeat))
+    for w in words:
+        assert w in str(err.value), (w, str(err.value))
+
+
+def test_the_grid_is_the_axes_product_times_repeats_with_a_seed_per_repeat():
+    points = validate(plan("link.loss_pct=0,3", "workload.synthetic.sessions=1,2", repeat=2))
+    assert len(points) == 8
+    assert [p.index for p in points] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert points[0].values == {"link.loss_pct": 0, "workload.synthetic.sessions": 1}
+    assert [p.seed for p in points[:2]] == [1, 2]  # pdd-smoke's seed is 1
+    assert points[0].name == "p00-r0-0-1" and points[7].name == "p03-r1-3-2"
+    assert [p.seed for p in validate(plan("link.loss_pct=0,3", repeat=2, same_seed=True))] == [1, 1, 1, 1]
+    assert [p.seed for p in validate(plan("workload.seed=5,9", repeat=2))] == [5, 5, 9, 9]
+
+
+def test_repeats_alone_are_a_sweep_of_one_point():
+    points = validate(plan(repeat=3))
+    assert [p.name for p in points] == ["p00-r0", "p00-r1", "p00-r2"] and [p.seed for p in points] == [1, 2, 3]
+
+
+def test_a_profile_field_becomes_a_derived_profile_and_a_swept_loss_replaces_the_loss_model(tmp_path):
+    pl = plan("link.loss_pct=2", profile="wan-lossy")
+    (p,) = validate(pl)
+    spec = sweep.point_spec(pl, p, tmp_path)
+    derived = load_profile(spec.profile)
+    base = load_profile("wan-lossy")
+    for d in ("a_to_b", "b_to_a"):
+        link = derived.direction(d)
+        assert link.loss_pct == 2 and link.loss_ge is None
+        assert link.delay_ms == base.direction(d).delay_ms and link.rate_mbit == base.direction(d).rate_mbit
+    assert spec.workload.seed == 1 and "sweep: link.loss_pct=2" in derived.description
+
+
+def test_one_direction_only_and_the_other_untouched(tmp_path):
+    pl = plan("a_to_b.delay_ms=80")
+    (p,) = validate(pl)
+    derived = load_profile(sweep.point_spec(pl, p, tmp_path).profile)
+    base = load_profile("wan-cross-country")  # pdd-smoke's profile
+    assert derived.a_to_b.delay_ms == 80 and derived.b_to_a == base.b_to_a
+
+
+def test_a_profile_axis_and_a_spec_field_reach_the_spec(tmp_path):
+    pl = plan("profile=wan-regional,wan-lossy", "slo.ttft_ms=300")
+    specs = [sweep.point_spec(pl, p, tmp_path) for p in validate(pl)]
+    assert [s.profile for s in specs] == ["wan-regional", "wan-lossy"] and {s.slo.ttft_ms for s in specs} == {300}
+
+
+def done_point(index, repeat, ttft, ratio, ci=None, variants=("pd-cross", "pdd")):
+    metrics = {v: {name: {"value": None, "ci95": None} for name in sweep_report.METRICS} for v in variants}
+    metrics["pdd"]["ttft_p50_ms"] = {"value": ttft, "ci95": ci}
+    comps = {"ttft_ms.p50 / pd-cross": {"variant": "pdd", "ratio": ratio, "ci95": [ratio - 0.1, ratio + 0.1]}}
+    return Point(
+        index,
+        {"link.loss_pct": index},
+        repeat,
+        repeat + 1,
+        f"p{index:02d}-r{repeat}",
+        "complete",
+        metrics=metrics,
+        comparisons=comps,
+    )
+
+
+def test_repeats_aggregate_to_a_mean_with_a_t_interval():
+    agg = sweep_report.aggregate(
+        [done_point(0, 0, 100.0, 0.5), done_point(0, 1, 110.0, 0.7), done_point(0, 2, 120.0, 0.6)]
+    )
+    m = agg[0]["variants"]["pdd"]["ttft_p50_ms"]
+    # mean 110, sd 10, t(2) = 4.303: 110 +- 4.303 * 10 / sqrt(3)
+    assert m["n"] == 3 and m["mean"] == pytest.approx(110)
+    assert m["ci95"] == pytest.approx([110 - 24.843, 110 + 24.843], abs=0.01)
+    c = agg[0]["comparisons"]["ttft_ms.p50 / pd-cross"]
+    assert c["mean"] == pytest.approx(0.6) and c["verdict"] == "lower" and c["n"] == 3
+    assert agg[0]["variants"]["pd-cross"]["ttft_p50_ms"] == {"n": 0}
+
+
+def test_one_repeat_keeps_the_runs_own_interval_and_unfinished_repeats_do_not_count():
+    unfinished = done_point(0, 1, 999.0, 9.0)
+    unfinished.status = "interrupted"
+    agg = sweep_report.aggregate([done_point(0, 0, 100.0, 1.0, ci=[90.0, 130.0]), unfinished])
+    m = agg[0]["variants"]["pdd"]["ttft_p50_ms"]
+    assert m["mean"] == 100.0 and m["ci95"] == [90.0, 130.0] and agg[0]["complete"] == 1
+    assert agg[0]["comparisons"]["ttft_ms.p50 / pd-cross"]["verdict"] == "no significant difference"
+
+
+def test_sweep_md_has_a_table_per_metric_the_comparisons_and_what_failed():
+    failed = Point(1, {"link.loss_pct": 1}, 0, 1, "p01-r0", "failed", error="VariantError: boom")
+    points = [done_point(0, 0, 100.0, 0.5), failed]
+    md = sweep_report.markdown(plan("link.loss_pct=0,1"), points, sweep_report.aggregate(points))
+    assert "## ttft_p50_ms" in md and "| link.loss_pct=0 |" in md and "## pdd / baseline: ttft_ms.p50" in md
+    assert "p01-r0: failed VariantError: boom" in md
+
+
+def test_resume_keeps_finished_points_and_reruns_those_whose_directory_is_gone(tmp_path):
+    pl = plan("link.loss_pct=0,3")
+    points = validate(pl)
+    (tmp_path / "runs" / points[0].name).mkdir(parents=True)
+    (tmp_path / "runs" / points[0].name / "metadata.json").write_text("{}")
+    for p in points:
+        p.status, p.run_dir = "complete", f"runs/{p.name}"
+    (tmp_path / "sweep.json").write_text(
+        json.dumps({"plan": pl.to_dict(), "points": [sweep.dataclasses.asdict(p) for p in points]})
+    )
+    plan2, points2 = sweep.resume(tmp_path)
+    assert plan2 == pl and [p.status for p in points2] == ["complete", "pending"]
+    with pytest.raises(SweepError, match="no sweep.json"):
+        sweep.resume(tmp_path / "runs")
+
+
+def test_an_earlier_attempt_is_set_aside_not_overwritten(tmp_path):
+    d = tmp_path / "p00-r0"
+    d.mkdir()
+    (d / "metadata.json").write_text("{}")
+    sweep._set_aside(d)
+    sweep._set_aside(d)  # nothing there now: nothing to do
+    assert not d.exists() and (tmp_path / "p00-r0.attempt1" / "metadata.json").exists()
+
+
+def test_derived_profiles_are_valid_profile_files(tmp_path):
+    pl = plan("link.delay_ms=10,20")
+    for p in validate(pl):
+        path = sweep.point_spec(pl, p, tmp_path).profile
+        data = yaml.safe_load(open(path))
+        assert data["name"] == p.name.replace("-r0", "") and "link" not in data
