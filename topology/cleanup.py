@@ -20,8 +20,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -47,20 +49,33 @@ def is_same_process(pid: int, started: int | None) -> bool:
     return started is not None and start_time(pid) == started
 
 
-class StateFile:
-    """The PIDs one testbed started, kept on disk until its teardown finishes."""
+# Where a testbed's scratch directory may be (tempfile.mkdtemp(prefix=WORKDIR_PREFIX)): `clean` removes a dead
+# run's only there, and only by that prefix.
+WORKDIR_PREFIX = "pddlab-"
 
-    def __init__(self, directory: Path = STATE_DIR):
+
+class StateFile:
+    """The PIDs one testbed started, and its scratch directory, kept on disk until its teardown finishes."""
+
+    def __init__(self, directory: Path = STATE_DIR, workdir: Path | None = None):
         directory.mkdir(parents=True, exist_ok=True)
         self.path = directory / f"testbed-{os.getpid()}.json"
+        self.workdir = workdir
         self._entries: list[dict] = []
+        self._write()
 
     def add(self, pid: int, what: str) -> None:
         """Record a process we started (its start time guards against PID reuse)."""
         self._entries.append({"pid": pid, "what": what, "started": start_time(pid)})
+        self._write()
+
+    def _write(self) -> None:
         tmp = self.path.with_suffix(".tmp")
         owner = os.getpid()
-        tmp.write_text(json.dumps({"owner": owner, "owner_started": start_time(owner), "procs": self._entries}))
+        state = {"owner": owner, "owner_started": start_time(owner), "procs": self._entries}
+        if self.workdir is not None:
+            state["workdir"] = str(self.workdir)
+        tmp.write_text(json.dumps(state))
         tmp.replace(self.path)
 
     def remove(self) -> None:
@@ -104,8 +119,21 @@ def kill_leftovers(directory: Path = STATE_DIR) -> tuple[list[str], list[int]]:
             live.append(state["owner"])
             continue
         removed += [f"process {e['what']} (pid {e['pid']})" for e in state["procs"] if _kill_recorded(e)]
+        removed += _remove_workdir(state.get("workdir"))
         path.unlink()
     return removed, live
+
+
+def _remove_workdir(recorded: str | None) -> list[str]:
+    """A dead run's scratch directory (the emulator's control socket, temporary configs), if it is one of
+    ours: directly in the system's temporary directory, named with WORKDIR_PREFIX."""
+    if not recorded:
+        return []
+    path = Path(recorded)
+    if path.parent != Path(tempfile.gettempdir()) or not path.name.startswith(WORKDIR_PREFIX) or not path.is_dir():
+        return []
+    shutil.rmtree(path, ignore_errors=True)
+    return [f"work directory {path}"]
 
 
 def live_runs(directory: Path = STATE_DIR) -> list[int]:

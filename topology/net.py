@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from topology import capture, naming, tc
-from topology.cleanup import StateFile, prefixed_links
+from topology.cleanup import WORKDIR_PREFIX, StateFile, prefixed_links
 from topology.proc import check_output, terminate
 from topology.profiles import DIRECTIONS, Profile, ScheduleStep, load_profile
 from topology.runtime import HostRuntime, ProcessRuntime
@@ -170,7 +170,7 @@ class Testbed:
         self._procs: list[subprocess.Popen] = []
         self._procs_lock = threading.Lock()  # popen may be called from several threads (cross-traffic timers)
         self._iptables_rules: list[list[str]] = []
-        self._workdir = Path(tempfile.mkdtemp(prefix="pddlab-"))
+        self._workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
         self._sigterm = _SigtermAsInterrupt()
         self._state: StateFile | None = None
         self._owns_prefix = False  # set once preflight found the prefix free: only then is it ours to clean
@@ -199,7 +199,7 @@ class Testbed:
         preflight()
         self._owns_prefix = True
         self.backend_choice = choose_backend(self.config.backend)
-        self._state = StateFile()
+        self._state = StateFile(workdir=self._workdir)
         self._start_runtime()
         self._build()
         for host in self.net.hosts:

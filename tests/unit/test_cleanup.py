@@ -122,3 +122,36 @@ def test_clean_of_another_directory_leaves_a_live_run_of_this_machine_alone(tmp_
         removed = cleanup.clean(other)
         assert link in cleanup.prefixed_links(), removed
         assert any("left alone" in line for line in removed), removed
+
+
+RUN_WITH_WORKDIR = """
+import sys, tempfile, time
+from pathlib import Path
+from topology.cleanup import WORKDIR_PREFIX, StateFile
+work = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
+(work / "emulator.sock").write_text("")
+StateFile(Path(sys.argv[1]), workdir=work)
+print(work, flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_dead_runs_work_directory_is_removed_and_nothing_outside_the_temporary_directory(tmp_path):
+    state_dir = tmp_path / "state"
+    run = subprocess.Popen([sys.executable, "-c", RUN_WITH_WORKDIR, str(state_dir)], stdout=subprocess.PIPE, text=True)
+    work = Path(run.stdout.readline().strip())
+    assert work.is_dir() and json.loads(next(state_dir.glob("testbed-*.json")).read_text())["workdir"] == str(work)
+    assert cleanup.kill_leftovers(state_dir) == (
+        [f"skipped testbed-{run.pid}.json: its run (pid {run.pid}) is still alive"],
+        [run.pid],
+    )
+    assert work.is_dir()  # a live run's directory is its own
+    run.kill()
+    run.wait()
+    removed, live = cleanup.kill_leftovers(state_dir)
+    assert f"work directory {work}" in removed and live == [] and not work.exists()
+    # A recorded path that is not one of ours is never removed.
+    mine = tmp_path / "pddlab-not-in-tmp"
+    mine.mkdir()
+    assert cleanup._remove_workdir(str(mine)) == [] and mine.is_dir()
+    assert cleanup._remove_workdir(None) == []
