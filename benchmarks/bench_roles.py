@@ -41,6 +41,7 @@ from crc32c import crc32c
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from topology import iperf  # noqa: E402
 from workers.model import DEFAULT  # noqa: E402
 from workers.roles.config import PathConfig  # noqa: E402
 from workers.roles.events import NullLog  # noqa: E402
@@ -285,12 +286,12 @@ def bench_iperf3(streams: int, seconds: float) -> dict:
     if shutil.which("iperf3") is None:
         raise RuntimeError("iperf3 not installed")
     port = free_port()
-    server_cmd = ["iperf3", "-s", "-1", "-p", str(port), "-B", "127.0.0.1"]
+    server_cmd = iperf.server_argv(port, bind="127.0.0.1", report=False)
     log.info("running %s", " ".join(server_cmd))
     server = subprocess.Popen(server_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_port(port)
-        client_cmd = ["iperf3", "-c", "127.0.0.1", "-p", str(port), "-t", str(seconds), "-P", str(streams), "-J"]
+        client_cmd = iperf.client_argv("127.0.0.1", seconds, port, streams=streams, server_report=False)
         log.info("running %s", " ".join(client_cmd))
         out = subprocess.run(client_cmd, capture_output=True, text=True, check=True, timeout=60)
         end = json.loads(out.stdout)["end"]

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from topology import naming
+from topology import iperf, naming
 
 KINDS = ("tcp", "udp")
 FLOW_DIRECTIONS = ("a_to_b", "b_to_a", "both")
@@ -34,8 +34,6 @@ FLOW_DIRECTIONS = ("a_to_b", "b_to_a", "both")
 # above the calibration's 5201 and below every role's port (deploy.PORTS).
 PORT_BASE = 5301
 MAX_STREAMS = 128
-# UDP datagram payload (bytes): one datagram per 1500-byte frame, no IP fragments on the WAN.
-UDP_PAYLOAD_BYTES = 1400
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,40}$")
 _CC_FILES = ("tcp_available_congestion_control", "tcp_allowed_congestion_control")
 
@@ -188,35 +186,29 @@ def last_event_s(flows: tuple[CrossFlow, ...]) -> float:
 # ---- command builders (pure) ---------------------------------------------
 def server_cmd(run: FlowRun) -> list[str]:
     """argv of the one-off iperf3 server for a run (in its receiver host)."""
-    return ["iperf3", "-s", "-1", "-B", run.receiver.ip, "-p", str(run.port)]
+    return iperf.server_argv(run.port, bind=run.receiver.ip, report=False)
 
 
 def client_cmd(run: FlowRun, logfile: str | Path) -> list[str]:
     """argv of the iperf3 client for a run (in its sender host), JSON to logfile."""
     f = run.flow
-    argv = [
-        "iperf3",
-        "-c",
-        run.receiver.ip,
-        "-B",
-        run.sender.ip,
-        "-p",
-        str(run.port),
-        "-t",
-        str(int(f.duration_s)),
-        "-P",
-        str(f.streams),
-        "-J",
-        "--logfile",
-        str(logfile),
-    ]
+    extra = []
     if f.rate_mbit:  # iperf3's -b applies to each stream: the flow's total is split among them
-        argv += ["-b", f"{f.rate_mbit / f.streams:.6g}M"]
+        extra += ["-b", f"{f.rate_mbit / f.streams:.6g}M"]
     if f.kind == "udp":
-        argv += ["-u", "-l", str(UDP_PAYLOAD_BYTES)]
+        extra += ["-u", "-l", str(iperf.UDP_PAYLOAD_BYTES)]
     elif f.congestion:
-        argv += ["-C", f.congestion]
-    return argv
+        extra += ["-C", f.congestion]
+    return iperf.client_argv(
+        run.receiver.ip,
+        int(f.duration_s),  # iperf3 takes whole seconds
+        run.port,
+        extra=extra,
+        bind=run.sender.ip,
+        streams=f.streams,
+        logfile=logfile,
+        server_report=False,
+    )
 
 
 def metadata_entry(run: FlowRun, start_ns: int, end_ns: int | None, iperf_json: str, congestion: str | None) -> dict:

@@ -21,6 +21,7 @@ mean over the window is kept for capacity, where only a lower bound matters.
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 from typing import Any, Sequence
 
 DEFAULT_PORT = 5201
@@ -34,9 +35,12 @@ class IperfReportError(ValueError):
     """The report lacks what a goodput needs (no server output, or nothing after the warm-up)."""
 
 
-def server_argv(port: int = DEFAULT_PORT, bind: str | None = None) -> list[str]:
-    """A one-off server (`-1`) whose report travels back to the client in JSON."""
-    argv = ["iperf3", "-s", "-1", "-J", "-p", str(port)]
+UDP_PAYLOAD_BYTES = 1400  # one datagram per 1500-byte frame: no IP fragments on the WAN
+
+
+def server_argv(port: int = DEFAULT_PORT, bind: str | None = None, report: bool = True) -> list[str]:
+    """A one-off server (`-1`); report: in JSON, for a client that asks for it (`--get-server-output`)."""
+    argv = ["iperf3", "-s", "-1", *(["-J"] if report else []), "-p", str(port)]
     return argv + (["-B", bind] if bind else [])
 
 
@@ -47,12 +51,20 @@ def client_argv(
     warmup_s: float = 0.0,
     udp_mbit: float | None = None,
     extra: Sequence[str] = (),
+    bind: str | None = None,
+    streams: int = 1,
+    logfile: str | Path | None = None,
+    server_report: bool = True,
 ) -> list[str]:
-    """A client that sends for warmup_s + seconds and asks for the server's report."""
+    """A client that sends for warmup_s + seconds, its JSON report on stdout (or to logfile), from bind
+    if given, on `streams` parallel connections; server_report: with the server's report in it."""
     total = round(warmup_s + seconds, 3)
-    argv = ["iperf3", "-c", addr, "-p", str(port), "-t", f"{total:g}", "-J", "--get-server-output"]
+    argv = ["iperf3", "-c", addr, *(["-B", bind] if bind else []), "-p", str(port), "-t", f"{total:g}"]
+    argv += ["-P", str(streams)] if streams > 1 else []
+    argv += ["-J", *(["--logfile", str(logfile)] if logfile else [])]
+    argv += ["--get-server-output"] if server_report else []
     if udp_mbit:
-        argv += ["-u", "-b", f"{udp_mbit:g}M", "-l", "1400"]
+        argv += ["-u", "-b", f"{udp_mbit:g}M", "-l", str(UDP_PAYLOAD_BYTES)]
     return argv + list(extra)
 
 

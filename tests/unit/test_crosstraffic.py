@@ -77,7 +77,7 @@ def test_command_lines():
             CrossFlow("udp", 4, direction="b_to_a", rate_mbit=10, streams=4),
         )
     )
-    assert ct.server_cmd(tcp) == ["iperf3", "-s", "-1", "-B", "10.2.0.90", "-p", "5301"]
+    assert ct.server_cmd(tcp) == ["iperf3", "-s", "-1", "-p", "5301", "-B", "10.2.0.90"]
     assert ct.client_cmd(tcp, "/r/x.json") == [
         "iperf3",
         "-c",
