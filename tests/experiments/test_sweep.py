@@ -69,6 +69,20 @@ def test_repeats_alone_are_a_sweep_of_one_point():
     assert [p.name for p in points] == ["p00-r0", "p00-r1", "p00-r2"] and [p.seed for p in points] == [1, 2, 3]
 
 
+def test_the_same_command_gives_every_point_the_same_workload(tmp_path):
+    from experiments import workload
+
+    def workloads(pl):
+        return [
+            [(r.request_id, r.head_tokens) for r in workload.build(sweep.point_spec(pl, p, tmp_path))]
+            for p in validate(pl)
+        ]
+
+    first = workloads(plan("link.loss_pct=0,3", repeat=2))
+    assert first == workloads(plan("link.loss_pct=0,3", repeat=2))
+    assert first[0] == first[2] and first[0] != first[1]  # the link does not change it; the repeat's seed does
+
+
 def test_a_profile_field_becomes_a_derived_profile_and_a_swept_loss_replaces_the_loss_model(tmp_path):
     pl = plan("link.loss_pct=2", profile="wan-lossy")
     (p,) = validate(pl)
