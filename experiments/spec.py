@@ -23,10 +23,12 @@ import yaml
 from experiments.crosstraffic import CrossFlow
 from experiments import faults
 from experiments.faults import Fault
+from workers.roles.config import HANDOFFS, MODES
 
 SPEC_DIR = Path(__file__).resolve().parent / "specs"
-VARIANTS = ("colocated", "pd-intra", "pd-cross", "pdd")
-RUNTIMES = ("process", "docker")
+VARIANTS = MODES  # every serving mode is a variant of its own name
+Runtime = Literal["process", "docker"]
+RUNTIMES = get_args(Runtime)
 
 
 class SpecError(ValueError):
@@ -99,7 +101,7 @@ class ExperimentSpec:
     description: str = ""
     profile: str = "wan-cross-country"  # netem profile name or YAML path (the WAN link)
     backend: Literal["auto", "tc", "userspace"] = "auto"
-    runtime: Literal["process", "docker"] = "process"  # how roles run in the hosts; docker: see runtime.py
+    runtime: Runtime = "process"  # how roles run in the hosts; docker: see runtime.py
     variants: tuple[str, ...] = VARIANTS  # compared on the same topology and workload, in this order:
     # modes, or names defined in variant_defs
     # more variants of one mode side by side: name -> {mode: <a mode>, deployment: {overrides of the roles'
@@ -108,7 +110,7 @@ class ExperimentSpec:
     model: str = "default"  # workers.model config
     weights_seed: int = 0  # every worker loads the same seeded weights
     block_size: int = 16  # KV block / DRC granularity (tokens)
-    handoff: Literal["oneshot", "chunked", "auto", "kv"] = "oneshot"
+    handoff: Literal[HANDOFFS] = "oneshot"  # workers.roles.config's handoff modes
     capacity_tokens: Capacity = Capacity()
     deployment: dict = field(default_factory=dict)  # overrides of the roles' config: policy, kv, decode
     workload: Workload = Workload()
