@@ -52,14 +52,24 @@ def is_same_process(pid: int, started: int | None) -> bool:
 # Where a testbed's scratch directory may be (tempfile.mkdtemp(prefix=WORKDIR_PREFIX)): `clean` removes a dead
 # run's only there, and only by that prefix.
 WORKDIR_PREFIX = "pddlab-"
+# What keeps a state file: a testbed (topology.net) or a stock-kernel VM run (vm.run: qemu, virtiofsd).
+RUN_KINDS = ("testbed", "vm")
+
+
+def _state_paths(directory: Path) -> list[Path]:
+    if not directory.exists():
+        return []
+    return sorted(p for kind in RUN_KINDS for p in directory.glob(f"{kind}-*.json"))
 
 
 class StateFile:
-    """The PIDs one testbed started, and its scratch directory, kept on disk until its teardown finishes."""
+    """The PIDs one run started, and its scratch directory, kept on disk until its teardown finishes."""
 
-    def __init__(self, directory: Path = STATE_DIR, workdir: Path | None = None):
+    def __init__(self, directory: Path = STATE_DIR, workdir: Path | None = None, kind: str = "testbed"):
+        if kind not in RUN_KINDS:
+            raise ValueError(f"unknown run kind {kind!r}; known: {', '.join(RUN_KINDS)}")
         directory.mkdir(parents=True, exist_ok=True)
-        self.path = directory / f"testbed-{os.getpid()}.json"
+        self.path = directory / f"{kind}-{os.getpid()}.json"
         self.workdir = workdir
         self._entries: list[dict] = []
         self._write()
@@ -112,7 +122,7 @@ def kill_leftovers(directory: Path = STATE_DIR) -> tuple[list[str], list[int]]:
     """Kill the recorded processes of every run that died without teardown, forgetting those runs;
     returns (a line per process killed or run skipped, the PIDs of runs still alive)."""
     removed, live = [], []
-    for path in sorted(directory.glob("testbed-*.json")) if directory.exists() else []:
+    for path in _state_paths(directory):
         state = json.loads(path.read_text())
         if _owner_alive(state):
             removed.append(f"skipped {path.name}: its run (pid {state['owner']}) is still alive")
@@ -132,13 +142,22 @@ def _remove_workdir(recorded: str | None) -> list[str]:
     path = Path(recorded)
     if path.parent != Path(tempfile.gettempdir()) or not path.name.startswith(WORKDIR_PREFIX) or not path.is_dir():
         return []
+    if _mounts_under(path):  # never delete through a mount (a VM run's view of the host root is one)
+        return [f"work directory {path} left alone: mounts under it ({', '.join(_mounts_under(path))})"]
     shutil.rmtree(path, ignore_errors=True)
     return [f"work directory {path}"]
 
 
+def _mounts_under(path: Path) -> list[str]:
+    """Mount points at or below path in this process's mount namespace."""
+    text = Path("/proc/self/mounts").read_text()
+    points = [line.split()[1].encode().decode("unicode_escape") for line in text.splitlines() if line.strip()]
+    return [m for m in points if m == str(path) or m.startswith(f"{path}/")]
+
+
 def live_runs(directory: Path = STATE_DIR) -> list[int]:
     """The owner PIDs of the runs recorded in directory that are still alive."""
-    states = sorted(directory.glob("testbed-*.json")) if directory.exists() else []
+    states = _state_paths(directory)
     return [s["owner"] for s in (json.loads(p.read_text()) for p in states) if _owner_alive(s)]
 
 
@@ -173,7 +192,7 @@ NOTHING = {"links": [], "state_files": [], "live_recorded_pids": [], "iptables":
 
 def leftovers(directory: Path = STATE_DIR) -> dict:
     """Everything a testbed could have left on this machine (all empty after a clean teardown)."""
-    states = sorted(directory.glob("testbed-*.json")) if directory.exists() else []
+    states = _state_paths(directory)
     entries = [e for s in states for e in json.loads(s.read_text())["procs"]]
     return {
         "links": prefixed_links(),

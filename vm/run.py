@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from topology.cleanup import StateFile
 from vm.initramfs import ensure_initramfs, run_archive
 from vm.kernel import REPO_ROOT, Kernel, ensure_kernel
 
@@ -358,6 +359,7 @@ def _boot(
 ) -> VMResult:
     daemons: list[tuple[str, subprocess.Popen]] = []
     qemu = None
+    state = StateFile(workdir=run_dir, kind="vm")  # `make clean` ends them (by PID) if this process is SIGKILLed
     try:
         sockets = {"hostroot": run_dir / "root.sock", "share": run_dir / "share.sock"}
         root_view = run_dir / "hostroot"
@@ -370,13 +372,16 @@ def _boot(
                 ),
             )
         )
+        state.add(daemons[-1][1].pid, daemons[-1][0])
         daemons.append(
             (f"virtiofsd {share}", _start_virtiofsd(share, sockets["share"], "auto", run_dir / "virtiofsd-share.log"))
         )
+        state.add(daemons[-1][1].pid, daemons[-1][0])
         argv = qemu_command(kernel, initrd, sockets, memory_mb, cpus)
         log.info("run: %s", shlex.join(argv))
         t0 = time.monotonic()
         qemu = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        state.add(qemu.pid, "qemu")
         streams = _Streams(qemu, t0, echo)
         try:
             qemu.wait(timeout_s)
@@ -398,6 +403,7 @@ def _boot(
             _stop(qemu, "qemu")
         for name, proc in daemons:
             _stop(proc, name, grace_s=DAEMON_EXIT_S)
+        state.remove()
 
 
 def _default_share() -> Path:

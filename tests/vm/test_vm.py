@@ -17,6 +17,7 @@ import statistics
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -116,3 +117,41 @@ def test_output_is_streamed_completely(booted):
 def test_boot_time_is_measured(booted):
     result, _, _ = booted
     assert 0 < result.boot_s < result.wall_s
+
+
+def test_a_sigkilled_vm_run_leaves_nothing_after_make_clean(tmp_path):
+    from topology.cleanup import STATE_DIR
+
+    vm_run = subprocess.Popen(
+        [sys.executable, "-m", "vm.run", "--timeout", "300", "--share", str(tmp_path), "--", "sleep", "300"],
+        cwd=REPO_ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    state_file = STATE_DIR / f"vm-{vm_run.pid}.json"
+    try:
+        for _ in range(600):  # qemu is recorded right after it starts (virtiofsd first)
+            if state_file.exists() and len(json.loads(state_file.read_text())["procs"]) == 3:
+                break
+            time.sleep(0.1)
+        state = json.loads(state_file.read_text())
+    finally:
+        vm_run.kill()  # no finally block of vm.run runs: qemu and both virtiofsd are orphaned
+        vm_run.wait()
+    pids = [e["pid"] for e in state["procs"]]
+    assert [e["what"].split()[0] for e in state["procs"]] == ["virtiofsd", "virtiofsd", "qemu"]
+    assert _running(pids) == pids and Path(state["workdir"]).is_dir()  # what a SIGKILL leaves
+    clean = subprocess.run(
+        [sys.executable, "-m", "experiments.cli", "clean"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert clean.returncode == 0, clean.stderr
+    # Checked with ps itself, not with the testbed's bookkeeping: no process of that run, by PID or by its
+    # work directory on a command line, and the directory is gone.
+    assert _running(pids) == [], clean.stdout
+    args = subprocess.run(["ps", "-eo", "args="], capture_output=True, text=True).stdout
+    assert state["workdir"] not in args and not Path(state["workdir"]).exists() and not state_file.exists()
+
+
+def _running(pids: list[int]) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=,stat=", "-p", ",".join(map(str, pids))], capture_output=True, text=True)
+    return [int(p) for p, stat in (line.split() for line in out.stdout.splitlines()) if not stat.startswith("Z")]
