@@ -6,12 +6,14 @@ import signal
 import subprocess
 import sys
 
+import observe
 import pytest
 
 from docker_rt import LABEL_RUN
 from docker_rt.engine import docker
 from docker_rt.host import DockerOptions, WorkerCrashed, runtime_for
 from topology import naming
+from topology.cleanup import STATE_DIR
 from topology.net import Testbed, TopologyConfig
 from topology.profiles import load_profile
 
@@ -134,16 +136,22 @@ def test_a_container_that_ignores_sigterm_is_gone_once_its_client_is_killed(
 
 
 def test_make_clean_removes_containers_of_a_killed_run(worker_image, tiny_weights, nothing_left_behind):
-    """A testbed killed with SIGKILL (no teardown at all): `make clean` removes its containers by label."""
+    """A testbed killed with SIGKILL (no teardown at all): `make clean` removes its containers by label, and
+    nothing of the run is left, observed with docker, ps, ip and iptables themselves (tests/observe.py)."""
     proc = subprocess.Popen([sys.executable, "-c", KILLED_SCRIPT, worker_image.ref], stdout=subprocess.PIPE, text=True)
     run_id = proc.stdout.readline().strip()
+    tree = observe.process_tree(proc.pid)  # docker clients, host shells, the emulator, tcpdump
+    workdir = json.loads((STATE_DIR / f"testbed-{proc.pid}.json").read_text())["workdir"]
     proc.kill()
     proc.wait()
     assert len(run_containers(run_id)) == 4 + 1
+    assert observe.left_behind(tree, workdir)["links"]
     out = subprocess.run([sys.executable, "-m", "docker_rt.host", "clean"], capture_output=True, text=True)
     assert out.returncode == 0 and f"pddlab-{run_id}-md1" in out.stdout
     assert run_containers(run_id) == []
-    subprocess.run([sys.executable, "-m", "experiments.cli", "clean"], capture_output=True, check=True)
+    clean = subprocess.run([sys.executable, "-m", "experiments.cli", "clean"], capture_output=True, text=True)
+    assert clean.returncode == 0, clean.stderr
+    assert observe.left_behind(tree, workdir) == observe.NOTHING_LEFT, clean.stdout
 
 
 def test_sigterm_tears_down_every_container(worker_image, tiny_weights, nothing_left_behind):

@@ -1,18 +1,20 @@
 """The live topology: addressing, reachability, captures, live profile changes, teardown in every case."""
 
 import dataclasses
+import json
 import signal
 import subprocess
 import sys
 import textwrap
 import time
 
+import observe
 import pytest
 
 from experiments.calibration import run_probes
 from experiments.linkstats import ProbePlan, probe_stats
 from topology import naming
-from topology.cleanup import NOTHING, leftovers
+from topology.cleanup import NOTHING, STATE_DIR, leftovers
 from topology.net import Testbed, TestbedError, TopologyConfig
 from topology.profiles import ScheduleStep, load_profile
 
@@ -168,15 +170,21 @@ def test_busy_prefix_is_a_clear_error(backend):
 
 
 def test_make_clean_removes_a_crashed_run(backend):
-    """A run killed with SIGKILL (no teardown at all) is cleaned by `pddlab clean`, by its own PIDs."""
+    """A run killed with SIGKILL (no teardown at all) is cleaned by `pddlab clean`, by its own PIDs; what is
+    left is observed with ps, ip and iptables themselves, before and after (tests/observe.py)."""
     proc = subprocess.Popen([sys.executable, "-c", SIGTERM_SCRIPT, backend], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "up"
+    tree = observe.process_tree(proc.pid)  # host shells, the emulator (userspace), tcpdump ...
+    workdir = json.loads((STATE_DIR / f"testbed-{proc.pid}.json").read_text())["workdir"]
     proc.kill()
     proc.wait()
     # Host shells exit by themselves once their stdin closes; bridges, rules and the emulator stay.
-    assert leftovers()["links"] and leftovers()["iptables"] and leftovers()["state_files"]
+    before = observe.left_behind(tree, workdir)
+    assert before["links"] and before["iptables"] and before["workdir"], before
+    assert leftovers()["state_files"]
     out = subprocess.run([sys.executable, "-m", "experiments.cli", "clean"], capture_output=True, text=True)
-    assert out.returncode == 0 and "link pdd-sa" in out.stdout
+    assert out.returncode == 0 and "link pdd-sa" in out.stdout and f"work directory {workdir}" in out.stdout
+    assert observe.left_behind(tree, workdir) == observe.NOTHING_LEFT, out.stdout
     assert leftovers() == NOTHING
 
 

@@ -1,11 +1,13 @@
 """Faults under load, in the real topology: every component killed mid-run, the WAN down for 20 s, 30% loss.
 
-Two experiments (tiny model, process runtime, pdd, a few concurrent sessions over ~20 s):
+Three experiments (tiny model, pdd, a few concurrent sessions over ~20 s; process runtime unless said):
 
 - kills: one variant per target (the spec's `faults:`): P, the RLD, the MD, the router, the load
   generator, each SIGKILLed KILL_AT_S into its variant's window, and last the userspace emulator (the WAN
   stops forwarding for good, so it goes last);
-- wan: 30% loss both ways for 10 s, then a 20 s outage (100% loss both ways).
+- wan: 30% loss both ways for 10 s, then a 20 s outage (100% loss both ways);
+- docker-kills: the RLD and the MD each SIGKILLed in the Docker runtime, where the kill ends the role's
+  container.
 
 For each variant: every workload request is accounted for in requests.jsonl (its tokens where it
 completed, equal to the greedy reference; otherwise a recorded error, or never sent); requests end within
@@ -26,6 +28,7 @@ pytestmark = [pytest.mark.emulation, pytest.mark.slow]
 
 KILL_AT_S = 4.0
 TARGETS = ("p", "rld", "md", "router", "loadgen", "emulator")  # the emulator last: the WAN stays dead
+DOCKER_TARGETS = ("rld", "md")  # also in the Docker runtime: its kill ends the role's container
 REQUEST_S = 30
 LOSS = (2, 12, 30)  # s into the window: from, to, loss %
 OUTAGE = (14, 34)  # s: 100% loss both ways
@@ -119,9 +122,31 @@ def check_nobody_hung(meta, variant: str, killed: str | None) -> None:
     assert all(code != -9 for code in spared.values()), f"a role had to be SIGKILLed at teardown: {codes}"
 
 
+@pytest.fixture(scope="module")
+def docker_kills(tmp_path_factory):
+    """The roles whose kill differs in the Docker runtime (the container, not a process) killed there."""
+    defs = ", ".join(f"kill-{t}: {{mode: pdd}}" for t in DOCKER_TARGETS)
+    faults = ", ".join(f"{{kill: {t}, at_s: {KILL_AT_S}, variants: [kill-{t}]}}" for t in DOCKER_TARGETS)
+    variants = f"variants=[{', '.join(f'kill-{t}' for t in DOCKER_TARGETS)}]"
+    return _run(
+        tmp_path_factory, "docker-kills", [f"variant_defs={{{defs}}}", variants, f"faults=[{faults}]", "runtime=docker"]
+    )
+
+
 @pytest.mark.parametrize("target", TARGETS)
 def test_a_component_killed_mid_run(kills, reference, target):
-    out, meta, summary = kills
+    check_kill(kills, reference, target)
+
+
+@pytest.mark.parametrize("target", DOCKER_TARGETS)
+def test_a_role_container_killed_mid_run(docker_kills, reference, target):
+    _, meta, _ = docker_kills
+    assert meta["runtime"] == "docker"
+    check_kill(docker_kills, reference, target)
+
+
+def check_kill(run, reference, target: str) -> None:
+    out, meta, summary = run
     variant = f"kill-{target}"
     window = meta["variants"][variant]
     [fault] = window["faults"]
