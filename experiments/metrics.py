@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from statistics import mean
+from statistics import mean, stdev
 
 import numpy as np
 
@@ -44,13 +44,13 @@ def percentile(xs: list[float], p: float) -> float:
 
 
 def stats(xs: list[float]) -> dict:
-    """mean, p50, p90, p95, p99, max, and `ci95`: the 95% interval of the mean (t) and of each percentile
-    (bootstrap over the values; experiments.confidence), absent under two values. None-free input;
-    empty -> n=0 only."""
+    """mean, std (sample), p50, p90, p95, p99, max, and `ci95`: the 95% interval of the mean (t) and of
+    each percentile (bootstrap over the values; experiments.confidence), absent under two values.
+    None-free input; empty -> n=0 only."""
     xs = [x for x in xs if x is not None]
     if not xs:
         return {"n": 0}
-    out = {"n": len(xs), "mean": mean(xs)}
+    out = {"n": len(xs), "mean": mean(xs), "std": stdev(xs) if len(xs) > 1 else 0.0}
     out.update({f"p{p}": percentile(xs, p) for p in PERCENTILES})
     out["max"] = max(xs)
     cis = confidence.percentile_cis(xs, PERCENTILES)

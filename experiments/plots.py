@@ -11,6 +11,7 @@ Responsible for: drawing, one function per plot:
                         shaded, link changes as vertical lines, cross-traffic windows as hatched spans
     hit_buckets.png     requests per hit-rate bucket (expected, and the DRC's measured in pdd)
     handoff_gaps.png    inter-token gaps around the RLD->MD handoff
+    handoff_latency.png the handoff latency distribution (CDF) of each variant that hands off, its modes named
 and a sweep's (experiments.sweep): <metric>.png, each main metric against the swept value per variant.
 Not responsible for: the numbers (experiments.metrics) or reading raw logs.
 """
@@ -18,6 +19,7 @@ Not responsible for: the numbers (experiments.metrics) or reading raw logs.
 from __future__ import annotations
 
 import logging
+import statistics
 from pathlib import Path
 
 import matplotlib
@@ -33,7 +35,15 @@ from experiments.workload import bucket_names, bucket_of  # noqa: E402
 from workers.roles.routing import Route  # noqa: E402
 
 log = logging.getLogger(__name__)
-PLOTS = ("ttft_cdf.png", "timeline.png", "wan_throughput.png", "tcp_wan.png", "hit_buckets.png", "handoff_gaps.png")
+PLOTS = (
+    "ttft_cdf.png",
+    "timeline.png",
+    "wan_throughput.png",
+    "tcp_wan.png",
+    "hit_buckets.png",
+    "handoff_gaps.png",
+    "handoff_latency.png",
+)
 COLORS = {"colocated": "tab:gray", "pd-intra": "tab:green", "pd-cross": "tab:red", "pdd": "tab:blue"}
 PHASES = (
     ("prefill", "tab:orange"),
@@ -305,6 +315,36 @@ def handoff_gaps(recs: list[RequestRecord], path: Path) -> None:
     _save(fig, path)
 
 
+def handoff_latency(recs: list[RequestRecord], variants: list[str], path: Path) -> None:
+    """CDF of the final handoffs' latency (RLD start to MD reply) per variant; the legend says how many, their
+    modes and the std (the handoff microbenchmark compares token IDs with KV: experiments/specs)."""
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for k, v in enumerate(variants):
+        hs = [r.handoff for r in recs if r.variant == v and r.handoff]
+        xs = sorted(h["duration_ms"] for h in hs)
+        if not xs:
+            continue
+        modes = ", ".join(sorted({str(h.get("mode")) for h in hs}))
+        sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
+        color = COLORS.get(v, f"C{k}")
+        ax.step(
+            xs,
+            [(i + 1) / len(xs) for i in range(len(xs))],
+            where="post",
+            color=color,
+            label=f"{v} ({modes}): n={len(xs)}, std {sd:.1f} ms",
+        )
+    if ax.lines:
+        ax.legend(fontsize=8, loc="lower right")
+    else:
+        _empty(ax, "no handoffs recorded")
+    ax.set_xlabel("handoff latency (ms): RLD's start to the MD's reply")
+    ax.set_ylabel("fraction of handoffs")
+    ax.set_title("Handoff latency by variant")
+    ax.grid(alpha=0.3)
+    _save(fig, path)
+
+
 def draw_all(
     run_dir: Path,
     recs: list[RequestRecord],
@@ -326,6 +366,7 @@ def draw_all(
     tcp_wan(events or [], rm, out / "tcp_wan.png")
     hit_buckets(measured, variants, out / "hit_buckets.png")
     handoff_gaps(measured, out / "handoff_gaps.png")
+    handoff_latency(measured, variants, out / "handoff_latency.png")
     return [out / p for p in PLOTS]
 
 

@@ -80,6 +80,7 @@ def markdown(summary: dict, meta: dict) -> str:
     lines += _wan_bytes_section(per)
     lines += _fallback_section(per)
     lines += _pdd_section(per.get("pdd"), summary)
+    lines += _handoff_section(per)
     lines += _bucket_section(per)
     lines += _streams_section(summary["streams"])
     return "\n".join(lines) + "\n"
@@ -241,6 +242,66 @@ def _fallback_section(per: dict) -> list[str]:
             f"{_f(occ.get('mean'), 2)} / {occ.get('max', '–')} |"
         )
     return lines
+
+
+# ../shared/PDD.md, point 3: a 100-token handoff over the WAN.
+PUBLISHED_HANDOFF = (
+    "published (100 tokens over the WAN): KV 4649 KB, mean 185 ms, peaks 512.6 ms; token IDs + recompute "
+    "1.5 KB, mean 305 ms, max 321.4 ms, std 4.8 ms"
+)
+IDS_MODES = ("oneshot", "chunked", "auto:oneshot", "auto:chunked")  # handoffs by token IDs
+
+
+def _handoff_section(per: dict) -> list[str]:
+    """Per variant with handoffs: their latency distribution (RLD's handoff start to the MD's reply), what
+    the MD spent absorbing them (extend, or KV import), payload, and the KV transfer of `kv` handoffs; with
+    an IDs variant and a KV variant side by side, std(IDs) / std(KV)."""
+    rows = [(v, s["handoff"]) for v, s in per.items() if (s.get("handoff") or {}).get("count")]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "## Handoffs by variant",
+        "",
+        "| variant | modes | count | tokens p50 | payload mean | latency mean / std / p50 / p99 / max ms | "
+        "MD absorb mean ms | handoff KV transfer p50 ms |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for v, h in rows:
+        lat, kv = h["latency_ms"], (per[v].get("kv_paths") or {}).get("handoff") or {}
+        lines.append(
+            f"| {v} | {', '.join(f'{m}: {n}' for m, n in h['modes'].items())} | {h['count']} | "
+            f"{_f(h['tokens'].get('p50'))} | {_mb(h['payload_bytes'].get('mean'))} | {_f(lat.get('mean'), 1)} / "
+            f"{_f(lat.get('std'), 1)} / {_f(lat.get('p50'), 1)} / {_f(lat.get('p99'), 1)} / "
+            f"{_f(lat.get('max'), 1)} | {_f(h['extend_ms'].get('mean'), 1)} | "
+            f"{_f((kv.get('time_ms') or {}).get('p50'), 1)} |"
+        )
+    lines += [
+        "",
+        "latency: the RLD's handoff start (before a KV export) to the MD's reply, so one WAN round trip is in "
+        "it; MD absorb: the MD's extend of the handed IDs, or its wait for and import of their KV; tokens: "
+        "IDs sent, P's token included (the overlap the MD checks). " + PUBLISHED_HANDOFF + ".",
+    ]
+    ratio = std_ratio(per)
+    if ratio is not None:
+        lines.append(f"- std(IDs) / std(KV) of the handoff latency: {ratio:.2f} (below 1: IDs are the steadier)")
+    return lines
+
+
+def std_ratio(per: dict) -> float | None:
+    """std of handoff latency in the variant handing off only by IDs over the one handing off only by KV
+    (the first of each), None without both."""
+
+    def pick(kv: bool):
+        for s in per.values():
+            h = s.get("handoff") or {}
+            modes = set(h.get("modes") or {})
+            if h.get("count", 0) > 1 and modes and (modes == {"kv"} if kv else modes <= set(IDS_MODES)):
+                return h["latency_ms"].get("std")
+        return None
+
+    ids, kv = pick(False), pick(True)
+    return ids / kv if ids is not None and kv else None
 
 
 def _pdd_section(p: dict | None, summary: dict) -> list[str]:

@@ -32,6 +32,10 @@ METRICS: dict[str, tuple[str, ...]] = {
     "rld_token_share": ("rld_token_share",),
     "fallbacks": ("fallbacks",),
     "wan_kv_retrans_bytes": ("wan_bytes", "bytes_retrans"),
+    "handoffs": ("handoff", "count"),
+    "handoff_mean_ms": ("handoff", "latency_ms", "mean"),
+    "handoff_std_ms": ("handoff", "latency_ms", "std"),
+    "handoff_p99_ms": ("handoff", "latency_ms", "p99"),
 }
 PLOTTED = (
     "ttft_p50_ms",
@@ -42,6 +46,8 @@ PLOTTED = (
     "rld_token_share",
     "fallbacks",
     "wan_kv_retrans_bytes",
+    "handoff_mean_ms",
+    "handoff_std_ms",
 )
 
 
@@ -133,7 +139,17 @@ def _cell(m: dict, digits: int) -> str:
     return s + (f" (n={m['n']})" if m["n"] > 1 else "")
 
 
-DIGITS = {"tpot_p50_ms": 1, "goodput_rps": 3, "rld_token_share": 3, "completed": 1, "fallbacks": 1}
+DIGITS = {
+    "tpot_p50_ms": 1,
+    "goodput_rps": 3,
+    "rld_token_share": 3,
+    "completed": 1,
+    "fallbacks": 1,
+    "handoffs": 1,
+    "handoff_mean_ms": 1,
+    "handoff_std_ms": 1,
+    "handoff_p99_ms": 1,
+}
 
 
 def markdown(plan: Plan, points: list[Point], agg: list[dict], topologies: list[dict] = ()) -> str:

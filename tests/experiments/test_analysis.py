@@ -180,3 +180,37 @@ def test_requests_missing_from_a_client_log_count_against_the_workload(tmp_path)
     assert p["requests"] == 9 and p["completed"] == 3 and p["failed"] == 6, p
     assert all("no record: the load generator stopped" in e for e in p["errors"]), p["errors"]
     assert "3/9" in (run / "summary.md").read_text()
+
+
+def _handoffs(modes: dict, latencies: list[float]) -> dict:
+    lat = metrics.stats(latencies)
+    return {
+        "handoff": {
+            "count": len(latencies),
+            "modes": modes,
+            "latency_ms": lat,
+            "tokens": {"p50": 101},
+            "payload_bytes": {"mean": 500},
+            "extend_ms": {"mean": 3.0},
+        }
+    }
+
+
+def test_handoffs_by_variant_and_the_std_ratio_of_ids_to_kv():
+    from experiments import summary_md
+
+    per = {
+        "ids": _handoffs({"oneshot": 3}, [300.0, 302.0, 304.0]),  # std 2
+        "kv": _handoffs({"kv": 3}, [150.0, 190.0, 230.0]),  # std 40
+        "pd-intra": {"handoff": {"count": 0}},
+    }
+    assert summary_md.std_ratio(per) == pytest.approx(2 / 40)
+    lines = "\n".join(summary_md._handoff_section(per))
+    assert "## Handoffs by variant" in lines and "| ids | oneshot: 3 | 3 | 101 |" in lines
+    assert "302.0 / 2.0 / 302.0" in lines and "std(IDs) / std(KV) of the handoff latency: 0.05" in lines
+    assert "| pd-intra |" not in lines and "published" in lines
+    assert summary_md.std_ratio({"ids": per["ids"]}) is None and summary_md._handoff_section({}) == []
+
+
+def test_stats_has_the_sample_std():
+    assert metrics.stats([1.0, 3.0])["std"] == pytest.approx(math.sqrt(2)) and metrics.stats([5.0])["std"] == 0.0

@@ -187,3 +187,17 @@ def test_derived_profiles_are_valid_profile_files(tmp_path):
         path = sweep.point_spec(pl, p, tmp_path).profile
         data = yaml.safe_load(open(path))
         assert data["name"] == p.name.replace("-r0", "") and "link" not in data
+
+
+def test_a_points_metrics_come_from_its_summary_with_the_runs_own_intervals():
+    s = {
+        "ttft_ms": {"p50": 120.0, "ci95": {"p50": [100.0, 150.0]}},
+        "fallbacks": {"completed_on_rld:md_never_ready": 2, "kv_send_retry": 1},
+        "handoff": {"count": 3, "latency_ms": {"mean": 5.0, "std": 1.0, "ci95": {"mean": [4.0, 6.0]}}},
+        "wan_bytes": {"bytes_retrans": 10},
+    }
+    m = sweep_report.point_metrics(s)
+    assert m["ttft_p50_ms"] == {"value": 120.0, "ci95": [100.0, 150.0]} and m["fallbacks"]["value"] == 3
+    assert m["handoffs"]["value"] == 3 and m["handoff_mean_ms"] == {"value": 5.0, "ci95": [4.0, 6.0]}
+    assert m["handoff_std_ms"]["value"] == 1.0 and m["wan_kv_retrans_bytes"]["value"] == 10
+    assert m["tpot_p50_ms"]["value"] is None and m["goodput_rps"]["value"] is None

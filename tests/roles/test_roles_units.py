@@ -28,6 +28,7 @@ def test_config_defaults_and_addresses():
         ({"policy": {"mode": "pd"}}, "policy.mode='pd'"),
         ({"rld": {"name": "rld1", "grpc_port": 3}}, "rld.kv_port=0 out of range"),
         ({"seed": "zero"}, "seed: expected int"),
+        ({"decode": {"handoff_min_tokens": -1}}, "decode.handoff_min_tokens=-1 out of range"),
     ],
 )
 def test_config_errors_name_the_field(patch, needle):

@@ -97,6 +97,10 @@ class DecodeConfig:
     kv_wait_ms: int = 30000  # hard deadline for the prompt KV to arrive; past it the request ends here
     handoff_timeout_ms: int = 10000  # a handoff RPC slower than this failed; the RLD keeps decoding
     auto_oneshot_load: int = 2  # auto handoff: oneshot when the RLD has at least this many sessions
+    # the RLD hands over only once it generated this many tokens past P's first (0: as soon as the MD holds
+    # the prompt KV); a handoff then carries exactly this many tokens to recompute or import, where the MD
+    # was ready before: the handoff microbenchmark's K (experiments/specs/handoff-microbench.yaml)
+    handoff_min_tokens: int = 0
     max_sessions: int = 64  # concurrent decode sessions per worker; more get RESOURCE_EXHAUSTED
     max_batch: int = 32  # sessions decoded in one batched engine step at most (1: each alone)
 
@@ -218,6 +222,7 @@ def validate(cfg: DeploymentConfig) -> DeploymentConfig:
     _check_range("decode.kv_wait_ms", cfg.decode.kv_wait_ms, 10, 3_600_000)
     _check_range("decode.max_sessions", cfg.decode.max_sessions, 1, 100_000)
     _check_range("decode.max_batch", cfg.decode.max_batch, 1, 4096)
+    _check_range("decode.handoff_min_tokens", cfg.decode.handoff_min_tokens, 0, 1 << 20)
     if cfg.grpc_threads < cfg.decode.max_sessions + GRPC_SPARE_THREADS:
         raise ConfigError(
             f"grpc_threads={cfg.grpc_threads} must be at least decode.max_sessions ({cfg.decode.max_sessions}) "

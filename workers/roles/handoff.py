@@ -271,6 +271,8 @@ class RelayHandoff:
         """Called between decode steps; True when the final handoff is done (stop decoding)."""
         if self.mode == H.HANDOFF_NONE or not self.session.md_ready:
             return False
+        if len(toks) <= self.s.cfg.decode.handoff_min_tokens:  # toks[0] is P's: K more before handing over
+            return False
         if self.inflight is not None:
             if not self.inflight.done():
                 return False
