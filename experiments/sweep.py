@@ -299,6 +299,8 @@ def _run_point(plan: Plan, p: Point, out: Path, topologies: "_Topologies") -> No
         run_dir = runner.run(spec, results=out / "runs", out=out / "runs" / p.name, shared=shared)
         p.run_dir = str(run_dir.relative_to(out))
         _read_point(out, p)
+        if p.status != "complete":
+            topologies.close()  # whatever broke the run (a dead emulator, say) must not carry into the next
     except KeyboardInterrupt:
         p.status = "interrupted"
         raise
