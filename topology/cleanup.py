@@ -63,7 +63,8 @@ def _state_paths(directory: Path) -> list[Path]:
 
 
 class StateFile:
-    """The PIDs one run started, and its scratch directory, kept on disk until its teardown finishes."""
+    """The PIDs one run started, and its scratch directory, kept on disk until its teardown finishes.
+    vm.run writes the same format itself (vm imports nothing of the project): keep the two in step."""
 
     def __init__(self, directory: Path = STATE_DIR, workdir: Path | None = None, kind: str = "testbed"):
         if kind not in RUN_KINDS:

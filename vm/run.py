@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import codecs
 import ctypes
+import json
 import logging
 import os
 import shlex
@@ -44,7 +45,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from topology.cleanup import StateFile
 from vm.initramfs import ensure_initramfs, run_archive
 from vm.kernel import REPO_ROOT, Kernel, ensure_kernel
 
@@ -359,7 +359,7 @@ def _boot(
 ) -> VMResult:
     daemons: list[tuple[str, subprocess.Popen]] = []
     qemu = None
-    state = StateFile(workdir=run_dir, kind="vm")  # `make clean` ends them (by PID) if this process is SIGKILLed
+    state = _RunRecord(run_dir)  # `make clean` ends them (by PID) if this process is SIGKILLed
     try:
         sockets = {"hostroot": run_dir / "root.sock", "share": run_dir / "share.sock"}
         root_view = run_dir / "hostroot"
@@ -404,6 +404,43 @@ def _boot(
         for name, proc in daemons:
             _stop(proc, name, grace_s=DAEMON_EXIT_S)
         state.remove()
+
+
+# `make clean` (topology.cleanup, RUN_KINDS "vm") reads this file. vm imports nothing of the project (the
+# layers: tests/unit/test_shape.py), so it writes topology.cleanup.StateFile's format itself: the owner and
+# its start time, each process with its start time (/proc/PID/stat field 22: survives exec, so a reused
+# PID is never mistaken for ours), and the work directory.
+STATE_DIR = Path("/run/pddlab")
+
+
+def _start_time(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except OSError:
+        return None
+
+
+class _RunRecord:
+    """This VM run's processes and work directory, on disk until its teardown finishes."""
+
+    def __init__(self, workdir: Path):
+        STATE_DIR.mkdir(parents=True, exist_ok=True)
+        self.path = STATE_DIR / f"vm-{os.getpid()}.json"
+        owner = os.getpid()
+        self.state = {"owner": owner, "owner_started": _start_time(owner), "procs": [], "workdir": str(workdir)}
+        self._write()
+
+    def add(self, pid: int, what: str) -> None:
+        self.state["procs"].append({"pid": pid, "what": what, "started": _start_time(pid)})
+        self._write()
+
+    def _write(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.state))
+        tmp.replace(self.path)
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)
 
 
 def _default_share() -> Path:
