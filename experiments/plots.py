@@ -69,6 +69,11 @@ def _save(fig, path: Path) -> None:
     plt.close(fig)
 
 
+def _cdf(ax, xs: list[float], **kw) -> None:
+    """The empirical CDF of sorted xs as a step line."""
+    ax.step(xs, [(i + 1) / len(xs) for i in range(len(xs))], where="post", **kw)
+
+
 def _empty(ax, text: str) -> None:
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes)
 
@@ -82,7 +87,7 @@ def ttft_cdf(recs: list[RequestRecord], variants: list[str], path: Path) -> None
         for v in variants:
             xs = sorted(getattr(r, attr) for r in recs if r.variant == v and r.ok and getattr(r, attr) is not None)
             if xs:
-                ax.step(xs, [(i + 1) / len(xs) for i in range(len(xs))], where="post", label=v, color=COLORS.get(v))
+                _cdf(ax, xs, label=v, color=COLORS.get(v))
         ax.set_xscale("log")
         ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}"))
@@ -326,14 +331,7 @@ def handoff_latency(recs: list[RequestRecord], variants: list[str], path: Path) 
             continue
         modes = ", ".join(sorted({str(h.get("mode")) for h in hs}))
         sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
-        color = COLORS.get(v, f"C{k}")
-        ax.step(
-            xs,
-            [(i + 1) / len(xs) for i in range(len(xs))],
-            where="post",
-            color=color,
-            label=f"{v} ({modes}): n={len(xs)}, std {sd:.1f} ms",
-        )
+        _cdf(ax, xs, color=COLORS.get(v, f"C{k}"), label=f"{v} ({modes}): n={len(xs)}, std {sd:.1f} ms")
     if ax.lines:
         ax.legend(fontsize=8, loc="lower right")
     else:

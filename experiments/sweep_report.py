@@ -80,20 +80,8 @@ def aggregate(points: list[Point]) -> list[dict]:
         for v in variants:
             per[v] = {}
             for name in METRICS:
-                vals = [p.metrics[v][name]["value"] for p in done if v in p.metrics]
-                vals = [x for x in vals if x is not None]
-                if not vals:
-                    per[v][name] = {"n": 0}
-                    continue
-                ci = confidence.mean_ci(vals)
-                if ci is None and len(done) == 1:
-                    ci = done[0].metrics[v][name].get("ci95")
-                per[v][name] = {
-                    "n": len(vals),
-                    "mean": sum(vals) / len(vals),
-                    "ci95": list(ci) if ci else None,
-                    "values": vals,
-                }
+                entries = [p.metrics[v][name] for p in done if v in p.metrics]
+                per[v][name] = _over_repeats(entries, "value", single=len(done) == 1) or {"n": 0}
         out.append(
             {
                 "index": index,
@@ -112,22 +100,23 @@ def _aggregate_comparisons(done: list[Point]) -> dict:
     repeats; with one repeat the run's bootstrap interval), n, and the verdict of that interval."""
     out = {}
     for key in dict.fromkeys(k for p in done for k in p.comparisons):
-        vals = [p.comparisons[key]["ratio"] for p in done if key in p.comparisons]
-        vals = [x for x in vals if x is not None]
-        if not vals:
-            continue
-        ci = confidence.mean_ci(vals)
-        if ci is None and len(done) == 1:
-            ci = done[0].comparisons[key].get("ci95")
-        out[key] = {
-            "variant": done[0].comparisons[key]["variant"],
-            "n": len(vals),
-            "mean": sum(vals) / len(vals),
-            "ci95": list(ci) if ci else None,
-            "verdict": confidence.verdict(ci),
-            "values": vals,
-        }
+        entries = [p.comparisons[key] for p in done if key in p.comparisons]
+        agg = _over_repeats(entries, "ratio", single=len(done) == 1)
+        if agg is not None:
+            out[key] = {"variant": entries[0]["variant"], **agg, "verdict": confidence.verdict(agg["ci95"])}
     return out
+
+
+def _over_repeats(entries: list[dict], key: str, single: bool) -> dict | None:
+    """entries[key] over the repeats: n, mean, 95% interval (Student's t; with a single complete repeat, its
+    own ci95) and the values; None when no repeat has one."""
+    vals = [e[key] for e in entries if e[key] is not None]
+    if not vals:
+        return None
+    ci = confidence.mean_ci(vals)
+    if ci is None and single:
+        ci = entries[0].get("ci95")
+    return {"n": len(vals), "mean": sum(vals) / len(vals), "ci95": list(ci) if ci else None, "values": vals}
 
 
 def _cell(m: dict, digits: int) -> str:
