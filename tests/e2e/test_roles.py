@@ -539,7 +539,10 @@ def test_md_disappearing_mid_request_completes_on_the_rld(dep, reference, slow_w
     prompt, n = fresh_prompt(50), 60
     result = {}
     warm = fresh_prompt(64)  # ends at the MD: the router's DRC mirror then routes P->MD
-    check_stream(generate(dep.channel, warm + fresh_prompt(8), 8, mode="pdd"), 8)
+    check_stream(generate(dep.channel, warm + fresh_prompt(8), 8, mode="pdd", request_id="warm-md"), 8)
+    # The mirror learns only once the MD's session ends (drained in the background): wait for it,
+    # or the blackhole below could hold that WAN copy back too and the mirror would never learn.
+    wait_for(lambda: events_of(dep, "router", "warm-md", "drc_learned"), what="the mirror to learn the warm prefix")
     # Hold the WAN copy back, so the MD dies before any handoff (deterministically, however
     # busy the machine); an MD dying after it took over ends the request with UNAVAILABLE.
     dep.proxy.faults.blackhole = True
