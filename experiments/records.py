@@ -30,6 +30,7 @@ FALLBACK_EVENTS = (
     "handoff_diverged",
     "failed",
     "route_fallback",
+    "resumed_on_rld",
     "kv_send_retry",
     "prefix_lost",
 )

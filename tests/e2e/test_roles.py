@@ -58,13 +58,13 @@ def events_of(dep, worker: str, rid: str, name: str | None = None):
     return [e for e in dep.events(worker) if e.request_id == rid and (name is None or e.event == name)]
 
 
-def wait_for(pred, timeout_s: float = 10.0, what: str = "condition"):
+def wait_for(pred, timeout_s: float = 10.0, what: str = "condition", poll_s: float = 0.05):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         v = pred()
         if v:
             return v
-        time.sleep(0.05)
+        time.sleep(poll_s)
     raise AssertionError(f"timed out waiting for {what}")
 
 
@@ -544,7 +544,7 @@ def test_md_disappearing_mid_request_completes_on_the_rld(dep, reference, slow_w
     # or the blackhole below could hold that WAN copy back too and the mirror would never learn.
     wait_for(lambda: events_of(dep, "router", "warm-md", "drc_learned"), what="the mirror to learn the warm prefix")
     # Hold the WAN copy back, so the MD dies before any handoff (deterministically, however
-    # busy the machine); an MD dying after it took over ends the request with UNAVAILABLE.
+    # busy the machine); an MD dying after it took over: test_md_after_handoff.py.
     dep.proxy.faults.blackhole = True
 
     def run():

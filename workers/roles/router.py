@@ -17,7 +17,10 @@ Routes: see routing.py (the decision itself is pure and lives there). A pdd
 P->MD request whose WAN target fails before its first token (P cannot reach
 the MD's DRC, the MD's stream ends without a token) is re-routed here to the
 RLD (p-rld-fallback): PDD keeps serving while the WAN struggles; pd-cross, the
-naive baseline, has no such fallback.
+naive baseline, has no such fallback. A pdd request whose MD stream fails after
+tokens were streamed (the MD died after it took over, or mid P->MD decode)
+resumes on the RLD: the RLD recomputes the prompt and the tokens so far from
+their IDs, as a handoff does, and decodes the rest (event resumed_on_rld).
 """
 
 from __future__ import annotations
@@ -222,6 +225,7 @@ class _RequestRun:
         self.first_error: grpc.StatusCode | None = None
         self.md_cached_tokens: int | None = None  # the MD's DRC hit as its session pinned it (Accepted)
         self.fell_back = False
+        self.resumed = False  # the RLD took the request back from a failed MD (_resume_on_rld)
         self.final_source: str | None = None  # the stream that delivered the last token first
         self.md_end: str | None = None  # how the MD's stream ended (its end reason, or the RPC's code)
 
@@ -231,6 +235,8 @@ class _RequestRun:
         while not self.merge.complete:
             if self.live == 0 and self._can_fall_back():
                 self._fall_back("; ".join(self.merge.notes) or "every worker stream ended")
+            elif self.live == 0 and self._can_resume():
+                self._resume_on_rld()
             if self.live == 0:
                 self._fail(
                     self.first_error or grpc.StatusCode.UNAVAILABLE,
@@ -322,24 +328,26 @@ class _RequestRun:
             targets.insert(0, pdd_pb2.KVTarget(path="fast", kv_address=cfg.rld.kv_address, start_tokens=0))
         self._prefill(targets)
 
-    def _open_stream(self, source: str, worker: WorkerConfig, req: pdd_pb2.DecodeRequest) -> None:
+    def _open_stream(self, source: str, worker: WorkerConfig, req: pdd_pb2.DecodeRequest, offset: int = 0) -> None:
         """Start a Decode stream without waiting for its Accepted: waiting would put a round trip to the
         MD (a WAN one) before the prefill. KV or a DRC query that overtakes the call waits for the session
-        at the worker (kvwire.EXPECT_WAIT_S, decode.SESSION_WAIT_S)."""
+        at the worker (kvwire.EXPECT_WAIT_S, decode.SESSION_WAIT_S). offset: added to the stream's token
+        indices (a resumed stream's prompt holds the request's first `offset` output tokens)."""
         call = self.s._stub(pdd_pb2_grpc.DecodeStub, worker).Decode(req, timeout=REQUEST_TIMEOUT_S)
         self.calls.append(call)
         self.live += 1
         t = threading.Thread(
-            target=self._pump, args=(source, worker, call), name=f"pump-{source}-{self.rid}", daemon=True
+            target=self._pump, args=(source, worker, call, offset), name=f"pump-{source}-{self.rid}", daemon=True
         )
         self.threads.append(t)
         t.start()
 
-    def _pump(self, source: str, worker: WorkerConfig, call) -> None:
+    def _pump(self, source: str, worker: WorkerConfig, call, offset: int = 0) -> None:
         try:
             for ev in call:
                 kind = ev.WhichOneof("kind")
                 if kind == "token":
+                    ev.token.index += offset
                     self.queue.put((source, "token", ev.token))
                 elif kind == "accepted":
                     if source == "md":
@@ -393,6 +401,33 @@ class _RequestRun:
             and not self.fell_back
             and self.merge.next_index == 0
         )
+
+    def _can_resume(self) -> bool:
+        """A pdd request that ended at the MD, whose streams all ended after some tokens but before the last."""
+        return (
+            self.decision.use_drc
+            and self.decision.route in ENDS_AT_MD
+            and not self.resumed
+            and 0 < self.merge.next_index < self.max_tokens
+        )
+
+    def _resume_on_rld(self) -> None:
+        """The MD failed after it took over: the RLD recomputes the prompt and the n tokens the client has
+        (by their IDs, as a token-ID handoff does, in one local prefill) and decodes the rest; its tokens
+        keep their request indices (offset n). Nothing reaches the MD again, so its DRC learns nothing."""
+        self.resumed = True
+        n = self.merge.next_index
+        done = [self.merge.seen[i] for i in range(n)]
+        self.s.events.emit(
+            "resumed_on_rld", self.rid, from_index=n, reason="; ".join(self.merge.notes) or "the MD's stream ended"
+        )
+        req = pdd_pb2.DecodeRequest(
+            request_id=self.rid,
+            prompt_tokens=self.prompt + done,
+            max_tokens=self.max_tokens - n,
+            kv_source=pdd_pb2.KV_SOURCE_LOCAL,
+        )
+        self._open_stream("rld", self.cfg.rld, req, offset=n)
 
     def _fall_back(self, reason: str) -> None:
         """The WAN target failed: drop the MD's session, prefill again (P's prefix cache holds the prompt)
