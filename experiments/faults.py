@@ -1,10 +1,10 @@
 """Faults a spec plays in each variant's window: a role, the load generator or the WAN's emulator killed on cue.
 
 Responsible for: the spec's `faults:` entries (`Fault`: what is SIGKILLed, when
-on the variant's clock, in which variants), their validation, and playing one
-variant's faults (`FaultPlayer`: a thread that kills each target when due
-through the callable the runner gives it, and the record of what it did, for
-metadata.json).
+on the variant's clock or on which event after it, in which variants), their
+validation, and playing one variant's faults (`FaultPlayer`: a thread that kills
+each target when due through the callable the runner gives it, watching the
+roles' event logs for a cue, and the record of what it did, for metadata.json).
 Not responsible for: how a target is killed (the runtime's and the testbed's
 kill by PID), or what the system makes of it (the roles fall back or fail the
 request; the analysis counts the failures by cause).
@@ -12,16 +12,20 @@ request; the analysis counts the failures by cause).
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 log = logging.getLogger(__name__)
 
 TARGETS = ("p", "rld", "md", "router", "loadgen", "emulator")
+CUE_POLL_S = 0.005  # how often the roles' event logs are read for a fault's cue
 
 
 @dataclass(frozen=True)
@@ -32,11 +36,16 @@ class Fault:
       emulator (the userspace WAN emulator: the WAN stops forwarding for the rest of the run)
     at_s: when, seconds after the variant's window opened (the load generator's t0)
     variants: the variants it plays in; empty = every variant
+    after: an event name: the kill waits, from at_s on, for the first such event any role logs (an event
+      with a `final` field counts only when final: `handoff_end` = the MD took a request over), and is
+      not played if none comes in the window; "" = at at_s. Faults play in time order: one waiting for
+      its cue holds back those after it.
     """
 
     kill: Literal["p", "rld", "md", "router", "loadgen", "emulator"]
     at_s: float
     variants: tuple[str, ...] = ()
+    after: str = ""
 
 
 def validate(faults: tuple[Fault, ...], variants: tuple[str, ...], window_s: float) -> None:
@@ -46,6 +55,8 @@ def validate(faults: tuple[Fault, ...], variants: tuple[str, ...], window_s: flo
         where = f"faults[{i}]"
         if not 0 <= f.at_s < window_s:
             raise ValueError(f"{where}.at_s={f.at_s}: must lie in the variant's window [0, {window_s}) s")
+        if f.after and not re.fullmatch(r"[a-z][a-z_]*", f.after):
+            raise ValueError(f"{where}.after={f.after!r}: an event name (lower case and '_'), e.g. handoff_end")
         unknown = [v for v in f.variants if v not in variants]
         if unknown:
             raise ValueError(f"{where}.variants: {unknown} not among the spec's variants {list(variants)}")
@@ -69,11 +80,19 @@ class FaultPlayer:
     """Plays one variant's faults from t0_ns (time.monotonic_ns()).
 
     killers: target -> a callable that SIGKILLs it and returns the PID killed (None: nothing was running)
-    records: one dict per fault once played (kill, at_s, offset_s, pid, or error), for metadata.json
+    events_dir: the variant's event logs (<worker>.jsonl), read for the faults' `after` cues
+    records: one dict per fault once played (kill, at_s, offset_s, pid, or error; the cue's event), for
+      metadata.json
     """
 
-    def __init__(self, faults: tuple[Fault, ...], t0_ns: int, killers: dict[str, Callable[[], int | None]]):
-        self.faults, self.t0_ns, self.killers = faults, t0_ns, killers
+    def __init__(
+        self,
+        faults: tuple[Fault, ...],
+        t0_ns: int,
+        killers: dict[str, Callable[[], int | None]],
+        events_dir: Path | None = None,
+    ):
+        self.faults, self.t0_ns, self.killers, self.events_dir = faults, t0_ns, killers, events_dir
         self.records: list[dict] = []
         self._played: set[int] = set()  # ids of the faults played
         self._stop = threading.Event()
@@ -100,6 +119,11 @@ class FaultPlayer:
             if self._stop.wait(max(0.0, (due_ns - time.monotonic_ns()) / 1e9)):
                 return
             record = {"kill": f.kill, "at_s": f.at_s, "played": True}
+            if f.after:
+                cue = self._await_event(f.after, due_ns)
+                if cue is None:
+                    return
+                record["after"] = {k: cue.get(k) for k in ("event", "worker", "request_id", "t_ns")}
             try:
                 record["pid"] = self.killers[f.kill]()
             except Exception as err:  # noqa: BLE001 — a fault that could not be played is recorded, not raised
@@ -109,3 +133,23 @@ class FaultPlayer:
             log.warning("fault: %s killed at %.1f s (pid %s)", f.kill, record["offset_s"], record.get("pid"))
             self.records.append(record)
             self._played.add(id(f))
+
+    def _await_event(self, name: str, since_ns: int) -> dict | None:
+        """The first event `name` (final, where it says) any role logged at or after since_ns; None once
+        stopped first. Reads each log from where it last stopped (a line still being written waits)."""
+        offsets: dict[Path, int] = {}
+        while not self._stop.is_set():
+            for path in sorted(self.events_dir.glob("*.jsonl")) if self.events_dir else ():
+                with open(path, "rb") as fh:
+                    fh.seek(offsets.get(path, 0))
+                    for line in iter(fh.readline, b""):
+                        if not line.endswith(b"\n"):
+                            break
+                        offsets[path] = offsets.get(path, 0) + len(line)
+                        if name.encode() not in line:
+                            continue
+                        e = json.loads(line)
+                        if e.get("event") == name and e.get("t_ns", 0) >= since_ns and e.get("final", True):
+                            return e
+            self._stop.wait(CUE_POLL_S)
+        return None

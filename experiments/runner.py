@@ -390,7 +390,7 @@ def _drive(
                 proc.wait(10)
                 raise
             player = faultsmod.FaultPlayer(
-                faultsmod.for_variant(spec.faults, variant), t0.ns, _killers(tb, runtime, proc)
+                faultsmod.for_variant(spec.faults, variant), t0.ns, _killers(tb, runtime, proc), vdir / "events"
             ).start()
         code = proc.wait(timeout=max(0.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:

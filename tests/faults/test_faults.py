@@ -7,7 +7,10 @@ Three experiments (tiny model, pdd, a few concurrent sessions over ~20 s; proces
   stops forwarding for good, so it goes last);
 - wan: 30% loss both ways for 10 s, then a 20 s outage (100% loss both ways);
 - docker-kills: the RLD and the MD each SIGKILLed in the Docker runtime, where the kill ends the role's
-  container.
+  container;
+- md-after-handoff: the MD SIGKILLed on the first handoff after KILL_AT_S (the fault's `after` cue), while
+  it decodes the request it took over (single-turn requests with long outputs, so it has tens of tokens
+  left): the router resumes that request on the RLD.
 
 For each variant: every workload request is accounted for in requests.jsonl (its tokens where it
 completed, equal to the greedy reference; otherwise a recorded error, or never sent); requests end within
@@ -133,6 +136,22 @@ def docker_kills(tmp_path_factory):
     )
 
 
+@pytest.fixture(scope="module")
+def md_after_handoff(tmp_path_factory):
+    long_outputs = [
+        "workload.synthetic.sessions=8",
+        "workload.synthetic.turns=[1, 1]",
+        "workload.synthetic.session_rate_per_s=2.0",
+        "workload.synthetic.system_prompt_tokens=16",
+        "workload.synthetic.output_tokens=[80, 96]",
+        "workload.synthetic.fresh_requests=0",
+        "workload.synthetic.singular_fraction=0.0",
+    ]
+    fault = f"faults=[{{kill: md, at_s: {KILL_AT_S / 2}, after: handoff_end}}]"
+    # wan-regional: the MD holds the prompt KV within a few RLD tokens (cross-country: after the RLD is done)
+    return _run(tmp_path_factory, "md-after-handoff", [*long_outputs, "profile=wan-regional", "variants=[pdd]", fault])
+
+
 @pytest.mark.parametrize("target", TARGETS)
 def test_a_component_killed_mid_run(kills, reference, target):
     check_kill(kills, reference, target)
@@ -179,3 +198,24 @@ def test_the_wan_down_for_20_s_and_30_percent_loss(wan, reference):
     assert v["failed"] == 0 and v["completed"] == v["requests"], v["errors"]
     assert v["fallbacks"], "the outage caught no request"
     check_nobody_hung(meta, "pdd", None)
+
+
+def test_the_md_killed_after_it_took_over_a_request(md_after_handoff, reference):
+    out, meta, summary = md_after_handoff
+    [fault] = meta["variants"]["pdd"]["faults"]
+    print("fault:", fault)
+    assert fault["played"] and fault.get("pid") and "error" not in fault, fault
+    assert fault["after"]["event"] == "handoff_end", fault
+    v = check_accounted(out, meta, summary, "pdd", reference)
+    print(f"md-after-handoff: {v['completed']} completed, {v['failed']} failed; fallbacks {v['fallbacks']}")
+    check_nobody_hung(meta, "pdd", "md")
+    # nothing is lost: the request the MD was decoding resumes on the RLD, later ones are served in cluster A
+    assert v["failed"] == 0 and v["completed"] == v["requests"], v["errors"]
+    assert v["fallbacks"].get("resumed_on_rld", 0) >= 1, v["fallbacks"]
+    recs = {r.request_id: r for r in records.read(out) if r.variant == "pdd"}
+    resumed = recs[fault["after"]["request_id"].removeprefix("pdd.")]  # the router's ids are <variant>.<id>
+    assert "resumed_on_rld" in resumed.fallbacks, resumed.fallbacks
+    workers = resumed.token_workers
+    assert "md1" in workers and workers[-1] == "rld1", workers  # the MD decoded, then the RLD took it back
+    took, back = workers.index("md1"), len(workers) - workers[::-1].index("md1")
+    print(f"{resumed.request_id}: the MD decoded tokens {took}..{back - 1} of {len(workers)}; the RLD the rest")
