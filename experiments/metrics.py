@@ -1,13 +1,14 @@
 """Metrics of a PDD experiment, per variant, from the per-request records (pure functions).
 
 Responsible for: latency statistics named as in vLLM's and SGLang's serving
-benchmarks (TTFT, TPOT, ITL, E2E: mean, p50, p90, p95, p99, max), goodput
-under the spec's SLOs, WAN bytes (per request, total, and from the pcap),
-DRC hit rate overall and per hit-rate bucket, the RLD's share of output
-tokens, handoff latency and the largest inter-token gap around it, extend
-time, singular requests and the WAN bytes they saved, fallbacks, token
-streams compared across variants, 95% intervals (experiments.confidence) and
-pdd's ratios to each baseline; the summary as JSON.
+benchmarks (TTFT, TPOT, ITL, E2E: mean, p50, p90, p95, p99, max; and the same
+under vLLM's own result names, `vllm_names`), goodput under the spec's SLOs,
+WAN bytes (per request, total, and from the pcap), DRC hit rate overall and
+per hit-rate bucket, the RLD's share of output tokens, handoff latency and the
+largest inter-token gap around it, extend time, singular requests and the WAN
+bytes they saved, fallbacks, token streams compared across variants, 95%
+intervals (experiments.confidence) and pdd's ratios to each baseline; the
+summary as JSON.
 Not responsible for: reading raw logs (experiments.records), rendering it
 (experiments.summary_md) or plotting.
 
@@ -113,15 +114,38 @@ def _handoffs(recs: list[RequestRecord]) -> dict:
     }
 
 
+# vLLM's benchmark names (`vllm bench serve --save-result`): <stat>_<metric>_ms, read from the stats blocks
+# above (one computation, two names), so results line up with numbers people already have.
+VLLM_METRICS = {"ttft": "ttft_ms", "tpot": "tpot_ms", "itl": "itl_ms", "e2el": "e2e_ms"}
+VLLM_STATS = {"mean": "mean", "median": "p50", "std": "std", "p90": "p90", "p99": "p99"}
+
+
+def vllm_names(v: dict) -> dict:
+    """One variant's summary under vLLM's benchmark names (None where a stat has no values)."""
+    out = {
+        "completed": v["completed"],
+        "total_input_tokens": v["input_tokens_total"],
+        "total_output_tokens": v["output_tokens_total"],
+        "request_throughput": v["throughput_rps"],
+        "request_goodput": v["goodput_rps"],
+        "output_throughput": v["output_tokens_per_s"],
+        "total_token_throughput": v["total_tokens_per_s"],
+    }
+    for metric, key in VLLM_METRICS.items():
+        out.update({f"{name}_{metric}_ms": v[key].get(stat) for name, stat in VLLM_STATS.items()})
+    return out
+
+
 def variant_summary(recs: list[RequestRecord], slo) -> dict:
-    """Every metric of one variant."""
+    """Every metric of one variant (and the same under vLLM's names: `vllm`)."""
     ok = [r for r in recs if r.ok]
     dur = _duration_s(recs)
     good = [r for r in ok if meets_slo(r, slo)]
     out_tokens = sum(r.output_tokens for r in ok)
+    in_tokens = sum(r.prompt_tokens for r in ok)
     singular = [r for r in recs if r.route == "p-rld-singular"]
     issued = [r for r in recs if r.issued]
-    return {
+    out = {
         "requests": len(recs),
         "issued": len(issued),
         "not_issued": len(recs) - len(issued),
@@ -131,6 +155,9 @@ def variant_summary(recs: list[RequestRecord], slo) -> dict:
         "duration_s": dur,
         "throughput_rps": len(ok) / dur if dur else 0.0,
         "output_tokens_per_s": out_tokens / dur if dur else 0.0,
+        "input_tokens_total": in_tokens,
+        "output_tokens_total": out_tokens,
+        "total_tokens_per_s": (in_tokens + out_tokens) / dur if dur else 0.0,
         "ttft_ms": stats([r.ttft_ms for r in ok]),
         "ttft_decode_ms": stats([r.ttft_decode_ms for r in ok]),
         "tpot_ms": stats([r.tpot_ms for r in ok]),
@@ -159,6 +186,8 @@ def variant_summary(recs: list[RequestRecord], slo) -> dict:
         "fallbacks": dict(Counter(f for r in recs for f in r.fallbacks)),
         "errors": [f"{r.request_id}: {r.error}" for r in recs if r.error][:20],
     }
+    out["vllm"] = vllm_names(out)
+    return out
 
 
 def compare_streams(records: list[RequestRecord], variants: list[str]) -> dict:

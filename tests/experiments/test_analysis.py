@@ -38,6 +38,25 @@ def test_summary_has_every_metric_per_variant(run):
     assert p["wan_bytes_pcap"] == {} and s["variants"]["colocated"]["wan_bytes_pcap"] == {"a_to_b": 3000, "b_to_a": 66}
 
 
+def test_every_variant_has_vllms_benchmark_names_read_from_the_same_stats(run):
+    s = json.loads((run / "summary.json").read_text())
+    recs = [r for r in read_records(run) if r.variant == "pd-cross" and r.kind != "warmup"]
+    v = s["variants"]["pd-cross"]
+    names = v["vllm"]
+    for metric, key in (("ttft", "ttft_ms"), ("tpot", "tpot_ms"), ("itl", "itl_ms"), ("e2el", "e2e_ms")):
+        for stat, ours in (("mean", "mean"), ("median", "p50"), ("std", "std"), ("p90", "p90"), ("p99", "p99")):
+            assert names[f"{stat}_{metric}_ms"] == v[key][ours], (stat, metric)
+    assert names["median_ttft_ms"] == pytest.approx(90)
+    assert names["completed"] == 9 and names["total_output_tokens"] == sum(r.output_tokens for r in recs)
+    assert names["total_input_tokens"] == sum(r.prompt_tokens for r in recs) > 0
+    dur = v["duration_s"]
+    assert names["request_throughput"] == pytest.approx(9 / dur)
+    assert names["output_throughput"] == pytest.approx(names["total_output_tokens"] / dur)
+    total = names["total_input_tokens"] + names["total_output_tokens"]
+    assert names["total_token_throughput"] == pytest.approx(total / dur)
+    assert names["request_goodput"] == v["goodput_rps"]
+
+
 def test_every_latency_has_intervals_and_pdd_is_compared_with_each_baseline(run):
     s = json.loads((run / "summary.json").read_text())
     for v in s["variants"].values():
