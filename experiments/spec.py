@@ -58,11 +58,23 @@ class SessionWorkload:
 
 
 @dataclass(frozen=True)
+class MooncakeOptions:
+    """How a Mooncake FAST'25 trace is replayed (source: mooncake; experiments/mooncake.py)."""
+
+    tokens_per_hash_block: int = 512  # tokens per hash id here (the trace's 512; smaller to fit the context)
+    time_scale: float = 1.0  # arrival = (timestamp - start_s) x time_scale: 0.1 replays ten times faster
+    start_s: float = 0.0  # the window starts at this trace time (s)
+    max_requests: int = 100  # the window's first requests (0 = to the end of the trace)
+    max_output_tokens: int = 0  # cap on the scaled output (0 = only the context)
+
+
+@dataclass(frozen=True)
 class Workload:
-    source: Literal["synthetic", "trace"] = "synthetic"
-    trace: str = ""  # JSON-lines trace (source: trace); relative to the repo
+    source: Literal["synthetic", "trace", "mooncake"] = "synthetic"
+    trace: str = ""  # JSON-lines trace (source: trace, or mooncake: the FAST'25 format); relative to the repo
     seed: int = 1  # everything random in the workload
     synthetic: SessionWorkload = SessionWorkload()
+    mooncake: MooncakeOptions = MooncakeOptions()
     warmup: bool = True  # one system-prompt request per variant before measuring (excluded)
 
 
@@ -209,8 +221,14 @@ def _validate_workload(w: Workload, context_tokens: int) -> None:
     _range("workload.synthetic.think_s_mean", s.think_s_mean, 0, 600)
     _range("workload.synthetic.fresh_requests", s.fresh_requests, 0, 10000)
     _range("workload.synthetic.max_context_tokens", s.max_context_tokens, 0, context_tokens)
-    if w.source == "trace" and not w.trace:
-        raise SpecError("workload.trace: required when workload.source is 'trace'")
+    if w.source in ("trace", "mooncake") and not w.trace:
+        raise SpecError(f"workload.trace: required when workload.source is {w.source!r}")
+    m = w.mooncake
+    _range("workload.mooncake.tokens_per_hash_block", m.tokens_per_hash_block, 1, 512)
+    _range("workload.mooncake.time_scale", m.time_scale, 1e-6, 1e3)
+    _range("workload.mooncake.start_s", m.start_s, 0, 1e7)
+    _range("workload.mooncake.max_requests", m.max_requests, 0, 1_000_000)
+    _range("workload.mooncake.max_output_tokens", m.max_output_tokens, 0, context_tokens - 1)
 
 
 # A spec's name names its run directory: no separators, no traversal.

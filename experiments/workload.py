@@ -38,6 +38,8 @@ import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from experiments import mooncake
+
 KINDS = ("warmup", "turn", "fresh", "singular", "trace")
 WARMUP_OUTPUT_TOKENS = 16  # above any singular output cap, so the warm-up reaches the MD in pdd
 HIT_BUCKETS = ((0, 90), (90, 93), (93, 95), (95, 97), (97, 98), (98, 99), (99, 100))  # percent, PDD.md
@@ -315,6 +317,30 @@ def _trace_request(
     )
 
 
+def _mooncake(path: Path, opts, vocab: int, block: int, context: int, seed: int) -> list[WorkloadRequest]:
+    """A Mooncake FAST'25 trace's window (experiments.mooncake) as one-turn requests of kind `trace`."""
+    try:
+        entries = mooncake.load(path, opts, vocab, block, context, seed)
+    except mooncake.MooncakeError as err:
+        raise TraceError(str(err)) from None
+    return [
+        WorkloadRequest(
+            f"r{n:04d}",
+            f"m{e.line}",
+            1,
+            "trace",
+            e.max_tokens,
+            e.arrival_s,
+            None,
+            0.0,
+            e.tokens,
+            len(e.tokens),
+            e.cached_tokens,
+        )
+        for n, e in enumerate(entries, 1)
+    ]
+
+
 # ---------------------------------------------------------------- entry points
 
 
@@ -325,10 +351,12 @@ def build(spec) -> list[WorkloadRequest]:
     model = get_config(spec.model)
     w = spec.workload
     context = w.synthetic.max_context_tokens or model.max_seq_len
-    if w.source == "trace":
+    if w.source in ("trace", "mooncake"):
         path = Path(w.trace)
         if not path.is_absolute():
             path = Path(__file__).resolve().parent.parent / path
+        if w.source == "mooncake":
+            return _mooncake(path, w.mooncake, model.vocab_size, spec.block_size, context, w.seed)
         return load_trace(path, model.vocab_size, spec.block_size, context, w.seed)
     reqs = synthetic(w.synthetic, model.vocab_size, spec.block_size, context, w.seed)
     return reqs if w.warmup else [r for r in reqs if r.kind != "warmup"]
