@@ -8,7 +8,7 @@ PROFILE ?= wan-cross-country
 BACKEND ?= auto
 PYTEST  := $(PY) -m pytest -q -rs
 
-.PHONY: setup image lint test test-unit test-roles test-emulation test-faults test-docker vm-test bench run-experiment sweep analyze clean profiles
+.PHONY: setup image lint test test-unit test-roles test-emulation test-faults test-docker vm-test bench run-experiment sweep analyze clean profiles net
 
 setup:
 	@bash scripts/setup.sh
@@ -78,6 +78,10 @@ analyze: setup
 
 profiles: setup
 	@$(PDDLAB) profiles
+
+# The topology alone with Mininet's CLI (p1 ping -c 3 md1, link, swap PROFILE, capture start|stop, exit)
+net: setup
+	$(PDDLAB) net --profile $(PROFILE) --backend $(BACKEND)
 
 clean:
 	@if [ -x $(PDDLAB) ]; then $(PDDLAB) clean; fi

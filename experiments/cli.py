@@ -11,6 +11,8 @@ experiments and maintenance commands. Not responsible for: the experiments.
                                          the experiment over a grid of values x repeats (experiments.sweep)
     pddlab sweep --resume SWEEP_DIR      run the points an interrupted sweep had not finished
     pddlab analyze RUN_DIR               recompute summary and plots of a serving experiment's run
+    pddlab net [--profile NAME] [--exec LINE ...]
+                                         the topology alone with Mininet's CLI (experiments.netshell)
     pddlab experiments                   list the experiments
     pddlab clean                         remove leftovers of crashed runs
 
@@ -126,6 +128,12 @@ def _analyze(args) -> int:
     return 0
 
 
+def _net(args) -> int:
+    from experiments import netshell
+
+    return netshell.run(args.profile, args.backend, args.cross_hosts, tuple(args.exec))
+
+
 def _experiments(_args) -> int:
     print("\n".join(experiments()))
     return 0
@@ -214,6 +222,14 @@ def parser() -> argparse.ArgumentParser:
     an = sub.add_parser("analyze", help="recompute summary and plots of a run directory")
     an.add_argument("run_dir")
     an.set_defaults(func=_analyze)
+    net = sub.add_parser("net", help="bring the topology up alone, with Mininet's CLI (like mn)")
+    net.add_argument("--profile", default=DEFAULT_PROFILE, help="profile name or YAML path")
+    net.add_argument("--backend", default="auto", choices=BACKENDS)
+    net.add_argument("--cross-hosts", action="store_true", help="add the cross-traffic hosts xa and xb")
+    net.add_argument(
+        "--exec", action="append", default=[], metavar="LINE", help="run a CLI line, then leave (repeatable)"
+    )
+    net.set_defaults(func=_net)
     sub.add_parser("experiments", help="list the experiments").set_defaults(func=_experiments)
     sub.add_parser("clean", help="remove leftovers of crashed runs").set_defaults(func=_clean)
     return ap
