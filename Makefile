@@ -8,7 +8,7 @@ PROFILE ?= wan-cross-country
 BACKEND ?= auto
 PYTEST  := $(PY) -m pytest -q -rs
 
-.PHONY: setup image lint test test-unit test-roles test-emulation test-faults test-docker vm-test bench run-experiment sweep analyze clean profiles net
+.PHONY: setup image lint test test-unit test-roles test-emulation test-faults test-docker vm-test bench run-experiment sweep analyze clean profiles net serve
 
 setup:
 	@bash scripts/setup.sh
@@ -78,6 +78,11 @@ analyze: setup
 
 profiles: setup
 	@$(PDDLAB) profiles
+
+# The roles behind an OpenAI-compatible API on 127.0.0.1:$(PORT) until Ctrl-C: make serve EXP=pdd-smoke
+PORT    ?= 8000
+serve: setup
+	$(PDDLAB) serve $(EXP) --port $(PORT) --backend $(BACKEND) $(if $(filter command line,$(origin PROFILE)),--profile $(PROFILE)) $(foreach s,$(SET),--set $(s))
 
 # The topology alone with Mininet's CLI (p1 ping -c 3 md1, link, swap PROFILE, capture start|stop, exit)
 net: setup

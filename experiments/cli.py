@@ -11,6 +11,8 @@ experiments and maintenance commands. Not responsible for: the experiments.
                                          the experiment over a grid of values x repeats (experiments.sweep)
     pddlab sweep --resume SWEEP_DIR      run the points an interrupted sweep had not finished
     pddlab analyze RUN_DIR               recompute summary and plots of a serving experiment's run
+    pddlab serve [EXPERIMENT] [--profile NAME] [--mode pdd] [--port 8000] [--set KEY=VALUE ...]
+                                         the roles behind an OpenAI-compatible API until Ctrl-C (experiments.serve)
     pddlab net [--profile NAME] [--exec LINE ...]
                                          the topology alone with Mininet's CLI (experiments.netshell)
     pddlab experiments                   list the experiments
@@ -128,6 +130,25 @@ def _analyze(args) -> int:
     return 0
 
 
+def _serve(args) -> int:
+    from experiments import serve, spec
+
+    known = experiments()[1:]
+    if args.experiment not in known and not args.experiment.endswith((".yaml", ".yml")):
+        raise UsageError(f"unknown serving spec {args.experiment!r}; available: {', '.join(known)}")
+    if not 1 <= args.port <= 65535:
+        raise UsageError(f"--port {args.port}: not a TCP port")
+    s = spec.load_spec(
+        args.experiment, args.set, profile=args.profile, backend=None if args.backend == "auto" else args.backend
+    )
+    try:
+        out = serve.run(s, mode=args.mode, port=args.port)
+    except serve.ServeError as err:
+        raise UsageError(str(err)) from None
+    print(f"session directory: {out}")
+    return 0
+
+
 def _net(args) -> int:
     from experiments import netshell
 
@@ -222,6 +243,14 @@ def parser() -> argparse.ArgumentParser:
     an = sub.add_parser("analyze", help="recompute summary and plots of a run directory")
     an.add_argument("run_dir")
     an.set_defaults(func=_analyze)
+    sv = sub.add_parser("serve", help="serve an OpenAI-compatible API from the testbed until Ctrl-C")
+    sv.add_argument("experiment", nargs="?", default=DEFAULT_EXPERIMENT, help="the spec: model, runtime, roles")
+    sv.add_argument("--profile", default=None, help="profile name or YAML path (default: the spec's)")
+    sv.add_argument("--backend", default="auto", choices=BACKENDS)
+    sv.add_argument("--mode", default="pdd", help="the default PDD mode (a request may name its own: `mode`)")
+    sv.add_argument("--port", type=int, default=8000, help="on 127.0.0.1 here and on the client host's address")
+    sv.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="as for run")
+    sv.set_defaults(func=_serve)
     net = sub.add_parser("net", help="bring the topology up alone, with Mininet's CLI (like mn)")
     net.add_argument("--profile", default=DEFAULT_PROFILE, help="profile name or YAML path")
     net.add_argument("--backend", default="auto", choices=BACKENDS)
