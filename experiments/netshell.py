@@ -14,6 +14,7 @@ Not responsible for: building, shaping or tearing down the network (topology.Tes
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 import tempfile
 import time
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from experiments.rundir import RESULTS
 from topology import naming
-from topology.net import Testbed, TopologyConfig
+from topology.net import STOP_SIGNALS, Testbed, TopologyConfig
 from topology.profiles import ProfileError, load_profile
 from topology.shaping import DIRECTIONS
 
@@ -62,16 +63,37 @@ def _cli_class():
 
         def __init__(self, tb: Testbed, script: str | None = None):
             self.tb = tb
-            super().__init__(tb.net, script=script)
+            self.stop_signal: int | None = None
+            old = {sig: signal.signal(sig, self._on_stop) for sig in STOP_SIGNALS}
+            try:
+                super().__init__(tb.net, script=script)
+            finally:
+                for sig, handler in old.items():
+                    signal.signal(sig, handler)
+
+        def _on_stop(self, signum, frame):
+            # Mininet's waitForNode takes any KeyboardInterrupt for "interrupt the command": remember that
+            # this one means "leave", and leave once the command is interrupted.
+            self.stop_signal = signum
+            raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+        def _leave_if_stopped(self) -> None:
+            if self.stop_signal is not None:
+                raise KeyboardInterrupt(f"signal {signal.Signals(self.stop_signal).name}")
+
+        def waitForNode(self, node):  # noqa: N802 (Mininet's name)
+            super().waitForNode(node)
+            self._leave_if_stopped()
 
         def run(self):
             while True:
                 try:
                     self.cmdloop()
                     return
-                except KeyboardInterrupt as exc:
+                except KeyboardInterrupt:
+                    self._leave_if_stopped()
                     busy = [n for n in self.mn.values() if n.waiting]
-                    if str(exc).startswith("signal") or not busy:  # SIGTERM/SIGHUP, or Ctrl-C at the prompt
+                    if not busy:  # Ctrl-C at the prompt
                         raise
                     for node in busy:
                         node.sendInt()
@@ -124,7 +146,9 @@ def _cli_class():
 
 def run(profile: str, backend: str = "auto", cross_hosts: bool = False, execute: tuple[str, ...] = ()) -> int:
     """Bring the network up, run the CLI (or the lines of `execute`), tear it down; the exit status."""
-    logging.getLogger("mininet").setLevel(MININET_OUTPUT)
+    mn_log = logging.getLogger("mininet")
+    mn_log.setLevel(MININET_OUTPUT)
+    mn_log.propagate = False  # Mininet's own handler prints it; the root's would print it twice
     cfg = TopologyConfig(wan_profile=load_profile(profile), backend=backend, cross_hosts=cross_hosts)
     with Testbed(cfg) as tb:
         print(describe(tb), flush=True)

@@ -18,6 +18,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 
 import openai
 import pytest
@@ -40,10 +41,11 @@ def _interruptible() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # a background job may inherit SIGINT ignored
 
 
-@pytest.fixture(scope="module")
-def session(tmp_path_factory):
+@contextmanager
+def serving(tmp_path):
+    """`pddlab serve` up; torn down with Ctrl-C (SIGKILL only if that fails) whatever the test did."""
     port = _free_port()
-    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    log = tmp_path / "serve.log"
     out = open(log, "w")
     argv = [
         sys.executable,
@@ -57,18 +59,21 @@ def session(tmp_path_factory):
         "runtime=process",
     ]
     proc = subprocess.Popen(argv, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_interruptible)
-    deadline = time.monotonic() + 180
-    while "Ctrl-C stops" not in log.read_text():
-        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-        time.sleep(0.5)
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=60)
-    state = {"proc": proc, "port": port, "log": log, "client": client, "completed": []}
     try:
-        yield state
+        deadline = time.monotonic() + 180
+        while "Ctrl-C stops" not in log.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.5)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=60)
+        yield {"proc": proc, "port": port, "log": log, "client": client, "completed": []}
     finally:
         if proc.poll() is None:
-            proc.kill()
-            proc.wait(30)
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(30)
         out.close()
 
 
@@ -83,7 +88,7 @@ def _post(port: int, path: str, raw: bytes) -> tuple[int, dict]:
         return err.code, json.loads(err.read())
 
 
-def test_a_streamed_chat_completion_across_the_wan(session):
+def check_a_streamed_chat_completion_across_the_wan(session):
     client = session["client"]
     assert [m.id for m in client.models.list().data] == [MODEL]
     stream = client.chat.completions.create(
@@ -109,37 +114,36 @@ def test_a_streamed_chat_completion_across_the_wan(session):
     session["completed"].append(("completion", whole.usage.prompt_tokens, 6))
 
 
-@pytest.mark.parametrize(
-    "call,exc,needle",
-    [
-        (
-            lambda c: c.completions.create(model="gpt-9", prompt="x", max_tokens=2),
-            openai.NotFoundError,
-            "does not exist",
-        ),
-        (
-            lambda c: c.completions.create(model=MODEL, prompt="x", max_tokens=500),
-            openai.BadRequestError,
-            "maximum context length is 128",
-        ),
-        (
-            lambda c: c.completions.create(model=MODEL, prompt="x" * 200, max_tokens=2),
-            openai.BadRequestError,
-            "the prompt has 200",
-        ),
-        (
-            lambda c: c.completions.create(model=MODEL, prompt="x", max_tokens=2, n=2),
-            openai.BadRequestError,
-            "n=2 is not supported",
-        ),
-        (
-            lambda c: c.completions.create(model=MODEL, prompt="x", max_tokens=2, extra_body={"tools": []}),
-            openai.BadRequestError,
-            "unsupported parameter: 'tools'",
-        ),
-    ],
+BAD_INPUT = (
+    (
+        lambda c: c.completions.create(model="gpt-9", prompt="x", max_tokens=2),
+        openai.NotFoundError,
+        "does not exist",
+    ),
+    (
+        lambda c: c.completions.create(model=MODEL, prompt="x", max_tokens=500),
+        openai.BadRequestError,
+        "maximum context length is 128",
+    ),
+    (
+        lambda c: c.completions.create(model=MODEL, prompt="x" * 200, max_tokens=2),
+        openai.BadRequestError,
+        "the prompt has 200",
+    ),
+    (
+        lambda c: c.completions.create(model=MODEL, prompt="x", max_tokens=2, n=2),
+        openai.BadRequestError,
+        "n=2 is not supported",
+    ),
+    (
+        lambda c: c.completions.create(model=MODEL, prompt="x", max_tokens=2, extra_body={"tools": []}),
+        openai.BadRequestError,
+        "unsupported parameter: 'tools'",
+    ),
 )
-def test_bad_input_gets_an_openai_style_error_and_the_server_keeps_serving(session, call, exc, needle):
+
+
+def check_bad_input(session, call, exc, needle):
     with pytest.raises(exc) as info:
         call(session["client"])
     assert needle in str(info.value), info.value
@@ -154,7 +158,7 @@ def test_bad_input_gets_an_openai_style_error_and_the_server_keeps_serving(sessi
     session["completed"].append(("after-error", ok.usage.prompt_tokens, 3))
 
 
-def test_metrics_parse_and_count_every_completed_request(session):
+def check_metrics(session):
     with urllib.request.urlopen(f"http://127.0.0.1:{session['port']}/metrics", timeout=30) as r:
         text = r.read().decode()
     families = {f.name: f for f in text_string_to_metric_families(text)}
@@ -165,7 +169,7 @@ def test_metrics_parse_and_count_every_completed_request(session):
     assert any(s.labels.get("route") for s in families["pddlab:requests_by_route"].samples)
 
 
-def test_ctrl_c_ends_the_session_and_its_directory_is_analysed(session):
+def check_ctrl_c_ends_the_session_and_its_directory_is_analysed(session):
     proc = session["proc"]
     proc.send_signal(signal.SIGINT)
     assert proc.wait(120) == 0, session["log"].read_text()[-3000:]
@@ -175,3 +179,12 @@ def test_ctrl_c_ends_the_session_and_its_directory_is_analysed(session):
     got = sorted((r.prompt_tokens, r.output_tokens) for r in recs)
     assert got == sorted((p, n) for _, p, n in session["completed"]), (got, session["completed"])
     assert {r.mode for r in recs} == {"pdd", "pd-cross"} and json.loads((out / "summary.json").read_text())
+
+
+def test_a_serve_session_driven_by_the_openai_client(tmp_path):
+    with serving(tmp_path) as session:
+        check_a_streamed_chat_completion_across_the_wan(session)
+        for call, exc, needle in BAD_INPUT:
+            check_bad_input(session, call, exc, needle)
+        check_metrics(session)
+        check_ctrl_c_ends_the_session_and_its_directory_is_analysed(session)
