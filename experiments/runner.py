@@ -37,6 +37,7 @@ from pathlib import Path
 
 from experiments import deploy, faults as faultsmod, rundir, spec as specmod, window as winmod, workload as wl
 from experiments.spec import ExperimentSpec
+from experiments.progress import Progress
 
 log = logging.getLogger(__name__)
 HEALTH_MARGIN_S = 30.0  # on top of the spec's ready_s: the health command's own start-up
@@ -430,13 +431,23 @@ class _T0:
 
 
 def _show_progress(proc: subprocess.Popen, variant: str, t0: _T0) -> None:
-    for line in proc.stdout:
-        line = line.rstrip()
-        if line.startswith("start t0_ns="):
-            t0.ns = int(line.split()[1].split("=")[1])
-            t0.seen.set()
-            log.info("[%s] measured window opens (t0_ns=%d)", variant, t0.ns)
-        elif line.startswith("progress"):
-            log.info("[%s] %s", variant, line)
-        elif line:
-            log.debug("[%s] loadgen: %s", variant, line)
+    """The load generator's output: its t0, and its `progress DONE/TOTAL failed=F not_issued=N last=ID` lines
+    as a bar on a terminal (plain lines every 10 s otherwise: experiments.progress)."""
+    bar = None
+    try:
+        for line in proc.stdout:
+            line = line.rstrip()
+            if line.startswith("start t0_ns="):
+                t0.ns = int(line.split()[1].split("=")[1])
+                t0.seen.set()
+                log.info("[%s] measured window opens (t0_ns=%d)", variant, t0.ns)
+            elif line.startswith("progress "):
+                words = line.split()
+                done, total = (int(x) for x in words[1].split("/"))
+                bar = bar or Progress(f"[{variant}] requests", total, log, unit="req")
+                bar.update(done, " ".join(w for w in words[2:4] if not w.endswith("=0")))
+            elif line:
+                log.debug("[%s] loadgen: %s", variant, line)
+    finally:
+        if bar is not None:
+            bar.close()
