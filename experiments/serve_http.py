@@ -282,8 +282,8 @@ class FrontDoor:
                     }
         except grpc.aio.AioRpcError as err:
             rec["error"] = f"{err.code().name}: {err.details()}"
-        except asyncio.CancelledError:  # the client went away: the router's call is cancelled with it
-            rec["error"] = "CANCELLED: the client closed the connection"
+        except (asyncio.CancelledError, GeneratorExit):  # the client went away: so does the router's call
+            rec["error"] = rec["error"] or "CANCELLED: the client closed the connection"
             call.cancel()
             raise
         finally:
@@ -352,13 +352,18 @@ class FrontDoor:
         if chat:
             await send(chunk(role=True))
         ids, shown = [], ""
-        async for tok in self._tokens(rec):
-            ids.append(tok)
-            text = self._text(ids)
-            if text.endswith("\ufffd"):  # half a UTF-8 character: wait for the rest
-                continue
-            await send(chunk(text[len(shown) :]))
-            shown = text
+        tokens = self._tokens(rec)
+        try:
+            async for tok in tokens:
+                ids.append(tok)
+                text = self._text(ids)
+                if text.endswith("\ufffd"):  # half a UTF-8 character: wait for the rest
+                    continue
+                await send(chunk(text[len(shown) :]))
+                shown = text
+        except ConnectionError:  # the client closed the stream: end the router's call, record it failed
+            await tokens.aclose()
+            raise
         if rec["error"] is not None:
             await send(
                 {
