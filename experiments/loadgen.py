@@ -168,18 +168,7 @@ class Client:
             self._inflight[req.request_id] = (rec, call)
         try:
             for ev in call:
-                if ev.WhichOneof("kind") == "token":
-                    t = ev.token
-                    rec["tokens"].append([t.index, t.token, t.worker, time.monotonic_ns(), t.t_ns])
-                else:
-                    d = ev.done
-                    rec["done"] = {
-                        "route": d.route,
-                        "finish_reason": d.finish_reason,
-                        "duplicates": d.duplicates,
-                        "md_cached_tokens": d.md_cached_tokens,
-                        "notes": list(d.notes),
-                    }
+                record_event(rec, ev)
         except grpc.RpcError as err:
             rec["error"] = f"{err.code().name}: {err.details()}"
         finally:
@@ -190,6 +179,23 @@ class Client:
             self.outputs[req.request_id] = (prompt, tuple(t[1] for t in rec["tokens"]))
         self.rec.write(rec)
         return rec["error"] is None
+
+
+def record_event(rec: dict, ev) -> None:
+    """One GenerateEvent into a client.jsonl record: a token row [index, token, worker, t_recv_ns, t_ns] or
+    the done message (also the serve front door's records, experiments.serve_http)."""
+    if ev.WhichOneof("kind") == "token":
+        t = ev.token
+        rec["tokens"].append([t.index, t.token, t.worker, time.monotonic_ns(), t.t_ns])
+    else:
+        d = ev.done
+        rec["done"] = {
+            "route": d.route,
+            "finish_reason": d.finish_reason,
+            "duplicates": d.duplicates,
+            "md_cached_tokens": d.md_cached_tokens,
+            "notes": list(d.notes),
+        }
 
 
 def chains(requests: list[WorkloadRequest]) -> list[list[WorkloadRequest]]:

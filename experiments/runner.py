@@ -118,20 +118,27 @@ def _analyze_safely(out: Path) -> None:
         log.exception("analysis of %s failed (rerun: pddlab analyze %s)", out, out)
 
 
-def _run_topology(spec: ExperimentSpec, profile, out: Path, meta: dict) -> None:
-    from topology.net import Testbed, TopologyConfig
+def topology_config(spec: ExperimentSpec, profile, out: Path, play_schedule: bool):
+    """The topology a run of spec builds for itself: captures, logs and containers in out (also serve's)."""
+    from topology.net import TopologyConfig
 
-    cfg = TopologyConfig(
+    return TopologyConfig(
         wan_profile=winmod.link_profile(spec, profile),
         backend=spec.backend,
         capture_dir=out / "pcap",
         snaplen_bytes=spec.snaplen_bytes,
         seed=spec.topology_seed,
         log_dir=out / "logs",
-        play_schedule=spec.schedule_clock == "link",
+        play_schedule=play_schedule,
         cross_hosts=bool(spec.cross_traffic),
         **deploy.topology_kwargs(spec, out),
     )
+
+
+def _run_topology(spec: ExperimentSpec, profile, out: Path, meta: dict) -> None:
+    from topology.net import Testbed
+
+    cfg = topology_config(spec, profile, out, play_schedule=spec.schedule_clock == "link")
     held = _HeldSignals()
     try:
         with Testbed(cfg) as tb:

@@ -25,7 +25,6 @@ from pathlib import Path
 
 from experiments import deploy, rundir, runner
 from experiments import spec as specmod
-from experiments import window as winmod
 from topology import naming
 from workers.model import get_config
 
@@ -146,7 +145,7 @@ def _wait_line(proc: subprocess.Popen, line: str, log_path: Path, timeout_s: flo
 
 def run(spec, mode: str = "pdd", port: int = 8000, until=None) -> Path:
     """Serve until Ctrl-C/SIGTERM/SIGHUP (or until `until()` returns True, for tests); the session dir."""
-    from topology.net import Testbed, TopologyConfig, preflight
+    from topology.net import Testbed, preflight
     from topology.profiles import load_profile
 
     if mode not in specmod.VARIANTS:
@@ -167,15 +166,7 @@ def run(spec, mode: str = "pdd", port: int = 8000, until=None) -> Path:
     }
     rundir.write_json(out / "metadata.json", meta)
     profile = load_profile(spec.profile)
-    cfg = TopologyConfig(
-        wan_profile=winmod.link_profile(spec, profile),
-        backend=spec.backend,
-        capture_dir=out / "pcap",
-        snaplen_bytes=spec.snaplen_bytes,
-        seed=spec.topology_seed,
-        log_dir=out / "logs",
-        **deploy.topology_kwargs(spec, out),
-    )
+    cfg = runner.topology_config(spec, profile, out, play_schedule=True)  # no variant windows: the link's clock
     sockdir = Path(tempfile.mkdtemp(prefix="pddlab-serve-"))
     try:
         with Testbed(cfg) as tb:

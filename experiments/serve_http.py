@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from tokenizers import Tokenizer
 
+from experiments.loadgen import record_event
 from workers.proto import pdd_pb2, pdd_pb2_grpc
 from workers.roles.config import MODES
 
@@ -267,19 +268,9 @@ class FrontDoor:
         )
         try:
             async for ev in call:
+                record_event(rec, ev)
                 if ev.WhichOneof("kind") == "token":
-                    t = ev.token
-                    rec["tokens"].append([t.index, t.token, t.worker, time.monotonic_ns(), t.t_ns])
-                    yield t.token
-                else:
-                    d = ev.done
-                    rec["done"] = {
-                        "route": d.route,
-                        "finish_reason": d.finish_reason,
-                        "duplicates": d.duplicates,
-                        "md_cached_tokens": d.md_cached_tokens,
-                        "notes": list(d.notes),
-                    }
+                    yield ev.token.token
         except grpc.aio.AioRpcError as err:
             rec["error"] = f"{err.code().name}: {err.details()}"
         except (asyncio.CancelledError, GeneratorExit):  # the client went away: so does the router's call
