@@ -29,7 +29,7 @@ test-roles: setup
 
 # The worker image, built from a local debootstrap base (no registry); BASE_IMAGE=... overrides.
 image: setup
-	$(PY) -m docker_rt.image build
+	$(PDDLAB) image
 
 test-docker: setup image
 	$(PYTEST) tests/docker

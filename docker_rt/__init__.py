@@ -2,7 +2,8 @@
 
 Modules, one concept each:
 
-    engine   the Docker engine on this machine: install, start, answer; every docker CLI call
+    engine   the Docker engine on this machine: install, start, answer; the docker SDK's client and the
+             few docker CLI calls the SDK cannot make
     base     the base image, debootstrapped from the Debian mirror apt uses (or BASE_IMAGE)
     image    the one worker image for every role, rebuilt only when its inputs change
     host     Docker hosts in the Mininet topology: a holder container per host whose
@@ -22,7 +23,9 @@ Containers are only ever removed by the testbed's labels; nothing else on the
 host is touched.
 
 This package is called `docker_rt`, not `docker`, so that it never shadows the
-`docker` module of PyPI; it drives the docker CLI with plain subprocess calls.
+`docker` module of PyPI (the docker SDK), through which it reads and removes
+what the engine holds; the CLI stays only where the SDK lacks something
+(`docker_rt.engine` says which).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from docker_rt import BASE_REPO, DockerError
-from docker_rt.engine import CACHE_DIR, check_free_space, docker, ensure_debs
+from docker_rt.engine import SDK_ERRORS, CACHE_DIR, check_free_space, client, docker, ensure_debs, image_id
 
 log = logging.getLogger(__name__)
 SUITE = "bookworm"
@@ -47,12 +47,6 @@ def recipe_hash() -> str:
     """Hash of every input of the debootstrapped base: suite, mirror, packages, recipe version."""
     text = "|".join([RECIPE_VERSION, SUITE, "minbase", MIRROR, ",".join(sorted(PACKAGES))])
     return hashlib.sha256(text.encode()).hexdigest()
-
-
-def image_id(ref: str) -> str | None:
-    """The local image id of ref, or None when no such image is here."""
-    proc = docker(["image", "inspect", "--format", "{{.Id}}", ref], check=False, quiet=True)
-    return proc.stdout.strip() if proc.returncode == 0 else None
 
 
 def debootstrap_cmd(rootfs: Path) -> list[str]:
@@ -109,6 +103,7 @@ def import_rootfs(rootfs: Path, ref: str) -> None:
         "-",
         ref,
     ]
+    # The CLI, not the SDK: tar's output streams into it; the SDK's import_image takes a file or the bytes.
     log.info("run: %s | docker %s", " ".join(tar), " ".join(imp))
     producer = subprocess.Popen(tar, stdout=subprocess.PIPE)
     try:
@@ -136,12 +131,12 @@ def user_base(ref: str) -> BaseImage:
     """A BASE_IMAGE of the user's: local, or pulled; DockerError saying what to do otherwise."""
     found = image_id(ref)
     if found is None:
-        pulled = docker(["pull", ref], timeout_s=900, check=False)
-        found = image_id(ref) if pulled.returncode == 0 else None
-        if found is None:
+        try:
+            found = client().images.pull(ref).id
+        except SDK_ERRORS as err:
             raise DockerError(
                 f"BASE_IMAGE {ref!r} does not exist here and could not be pulled "
-                f"({pulled.stderr.strip()[-300:]}). Name an image that `docker images` lists "
+                f"({getattr(err, 'explanation', None) or err}). Name an image that `docker images` lists "
                 "or that your registry serves, or unset BASE_IMAGE to build the Debian base "
                 "locally with debootstrap."
             )

@@ -1,11 +1,16 @@
-"""The Docker engine on this machine: installed, running, answering; and every docker CLI call.
+"""The Docker engine on this machine: installed, running, answering; and the two ways to talk to it.
 
 Responsible for: installing Debian packages the Docker runtime needs
 (`docker.io`, `debootstrap`) when they are absent; starting `dockerd` when
-`docker info` does not answer (its own pid file `/run/pddlab/dockerd.pid`, its
+the engine does not answer (its own pid file `/run/pddlab/dockerd.pid`, its
 own log `.cache/docker/dockerd.log`, Docker's default data root) and waiting
-until it answers; checking free disk space before a build; and `docker()`,
-through which every docker CLI call goes (logged, raising DockerError).
+until it answers; checking free disk space before a build; `client()`, the
+docker SDK's client through which the testbed reads and removes what the engine
+holds (images, containers, labels, states, logs), and `docker()`, through which
+the few docker CLI calls go (logged, raising DockerError) where the SDK lacks
+what the testbed needs: an attached `docker run` whose client process stands
+for the container (docker_rt.host), a BuildKit build (docker_rt.image) and an
+import streamed from tar (docker_rt.base).
 Not responsible for: images (`docker_rt.base`, `docker_rt.image`) or
 containers (`docker_rt.host`).
 
@@ -34,9 +39,13 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+import docker as docker_sdk
+import requests
 
 from docker_rt import DockerError
 
@@ -50,6 +59,10 @@ IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
 LOG_FILE = CACHE_DIR / "dockerd.log"
 START_TIMEOUT_S = 60.0
 LOG_TAIL_LINES = 20
+# What the SDK raises: its own errors (HTTP ones as APIError) and, when nothing listens on the socket,
+# the requests library's.
+SDK_ERRORS = (docker_sdk.errors.DockerException, requests.RequestException)
+_client: docker_sdk.DockerClient | None = None
 
 
 @dataclass(frozen=True)
@@ -87,6 +100,34 @@ def docker(
         err = proc.stderr if isinstance(proc.stderr, str) else (proc.stderr or b"").decode(errors="replace")
         raise DockerError(f"`docker {' '.join(args)}` failed ({proc.returncode}): {err.strip()[-2000:]}")
     return proc
+
+
+def client(timeout_s: float = 120) -> docker_sdk.DockerClient:
+    """The docker SDK's client of the engine the CLI talks to (DOCKER_HOST honoured, else the local socket),
+    made once per process; DockerError when no engine answers."""
+    global _client
+    if _client is None:
+        try:
+            _client = docker_sdk.from_env(timeout=int(timeout_s))
+        except SDK_ERRORS as err:
+            raise DockerError(f"no Docker engine answers ({err}); `make setup` starts one") from None
+    return _client
+
+
+def sdk_error(what: str, err: Exception) -> DockerError:
+    """A DockerError saying what failed and the engine's own words."""
+    words = getattr(err, "explanation", None) or str(err)
+    return DockerError(f"{what} failed: {words}")
+
+
+def image_id(ref: str) -> str | None:
+    """The local image id of ref, or None when no such image is here."""
+    try:
+        return client().images.get(ref).id
+    except docker_sdk.errors.ImageNotFound:
+        return None
+    except SDK_ERRORS as err:
+        raise sdk_error(f"looking up image {ref}", err) from None
 
 
 # ---------------------------------------------------------------- packages
@@ -136,17 +177,13 @@ def ensure_installed() -> None:
 
 # ---------------------------------------------------------------- daemon
 def engine_info() -> EngineInfo | None:
-    """What `docker info` says, or None when no daemon answers."""
+    """What the engine says of itself (`docker info`), or None when no daemon answers (polled while dockerd
+    starts)."""
     try:
-        proc = docker(
-            ["info", "--format", "{{.ServerVersion}}|{{.DockerRootDir}}"], timeout_s=20, check=False, quiet=True
-        )  # polled while dockerd starts
-    except DockerError:
+        info = client().info()
+    except (DockerError, *SDK_ERRORS):
         return None
-    if proc.returncode != 0 or "|" not in proc.stdout:
-        return None
-    version, root = proc.stdout.strip().split("|", 1)
-    return EngineInfo(version, Path(root), started_here=_our_dockerd_pid() is not None)
+    return EngineInfo(info["ServerVersion"], Path(info["DockerRootDir"]), started_here=_our_dockerd_pid() is not None)
 
 
 def _our_dockerd_pid() -> int | None:
@@ -167,7 +204,7 @@ def _log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
 
 
 def start_dockerd(timeout_s: float = START_TIMEOUT_S) -> int:
-    """Start dockerd in its own session, logging to LOG_FILE; return its PID once `docker info` answers."""
+    """Start dockerd in its own session, logging to LOG_FILE; return its PID once the engine answers."""
     STATE_DIR.mkdir(parents=True, exist_ok=True)
     LOG_FILE.parent.mkdir(parents=True, exist_ok=True)
     HOST_STATE_FILE.write_text(json.dumps(host_state()))
@@ -185,16 +222,18 @@ def start_dockerd(timeout_s: float = START_TIMEOUT_S) -> int:
                 f"last lines of {LOG_FILE}:\n{_log_tail(LOG_FILE)}"
             )
         if engine_info() is not None:
+            # Whoever stops it later (`make clean`, another process), this process reaps it: no zombie.
+            threading.Thread(target=proc.wait, name="reap-dockerd", daemon=True).start()
             return proc.pid
         time.sleep(0.5)  # polling a real check (`docker info`), not waiting blind
     raise DockerError(
-        f"dockerd (pid {proc.pid}) did not answer `docker info` within {timeout_s:.0f} s; "
+        f"dockerd (pid {proc.pid}) did not answer within {timeout_s:.0f} s; "
         f"last lines of {LOG_FILE}:\n{_log_tail(LOG_FILE)}"
     )
 
 
 def ensure_running() -> EngineInfo:
-    """Install if needed, start dockerd if nothing answers, and return what `docker info` says."""
+    """Install if needed, start dockerd if nothing answers, and return what the engine says of itself."""
     ensure_installed()
     info = engine_info()
     if info is not None:
@@ -204,7 +243,7 @@ def ensure_running() -> EngineInfo:
     start_dockerd()
     info = engine_info()
     if info is None:
-        raise DockerError(f"dockerd started but `docker info` does not answer; see {LOG_FILE}")
+        raise DockerError(f"dockerd started but does not answer; see {LOG_FILE}")
     log.info("docker engine %s ready (data root %s)", info.server_version, info.root_dir)
     return info
 

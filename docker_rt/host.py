@@ -26,7 +26,10 @@ are per namespace, so they still apply to the host alone.
 A process container runs attached (`docker run` without -d), so the docker
 client's PID stands for it: its exit code is the container's, its stdout and
 stderr are the container's, and SIGTERM to it reaches the process (the client
-proxies signals; `--init` makes the process not PID 1).
+proxies signals; `--init` makes the process not PID 1). That is why containers
+are created with the CLI (the holders too, so both kinds share one set of
+flags) while everything read or removed afterwards (states, exit codes, labels,
+logs) goes through the docker SDK (`docker_rt.engine.client`).
 """
 
 from __future__ import annotations
@@ -39,8 +42,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
+import docker.errors as docker_sdk_errors
+
 from docker_rt import LABEL_HOST, LABEL_KIND, LABEL_OWNER, LABEL_RUN, DockerError, holder_name, proc_name
-from docker_rt.engine import docker, docker_bin, ensure_running
+from docker_rt.engine import SDK_ERRORS, client, docker, docker_bin, ensure_running, image_id, sdk_error
 
 log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -244,7 +249,7 @@ class DockerRuntime:
     def start(self) -> None:
         """Engine up and the image present; DockerError saying what to do otherwise."""
         ensure_running()
-        if docker(["image", "inspect", self.options.image], check=False, quiet=True).returncode != 0:
+        if image_id(self.options.image) is None:
             raise DockerError(
                 f"worker image {self.options.image!r} does not exist: run `make image` "
                 "(python -m docker_rt.image build)"
@@ -257,13 +262,10 @@ class DockerRuntime:
 
     def metadata(self) -> dict:
         """How the containers were made, for the run's metadata.json."""
-        image_id = docker(
-            ["image", "inspect", "--format", "{{.Id}}", self.options.image], check=False, quiet=True
-        ).stdout.strip()
         return {
             "run_id": self.run_id,
             "image": self.options.image,
-            "image_id": image_id,
+            "image_id": image_id(self.options.image) or "",
             "roles": list(self.options.roles),
             "limits": {r: vars(self.options.limits_for(r)) for r in self.options.roles},
         }
@@ -279,8 +281,12 @@ class DockerRuntime:
 
     def start_holder(self, host: str) -> int:
         """Start a host's holder container; return its init's PID (whose namespaces Mininet joins)."""
-        name = docker(holder_run_args(self.options, self.run_id, host)).stdout.strip()
-        pid = int(docker(["inspect", "--format", "{{.State.Pid}}", name], quiet=True).stdout.strip())
+        name = holder_name(self.run_id, host)
+        docker(holder_run_args(self.options, self.run_id, host))
+        try:
+            pid = int(client().containers.get(name).attrs["State"]["Pid"])
+        except SDK_ERRORS as err:
+            raise sdk_error(f"looking up the holder container of {host}", err) from None
         if pid <= 0:
             raise DockerError(f"holder container of {host} is not running: {self.last_lines(name)}")
         return pid
@@ -303,24 +309,21 @@ class DockerRuntime:
     # ---- state and crashes
     def containers(self) -> list[ContainerState]:
         """Every container of this run, running or not."""
-        ids = docker(["ps", "-aq", "--filter", f"label={LABEL_RUN}={self.run_id}"], quiet=True).stdout.split()
-        if not ids:
-            return []
-        fmt = (
-            f'{{{{.Name}}}}|{{{{index .Config.Labels "{LABEL_HOST}"}}}}|{{{{index .Config.Labels "{LABEL_KIND}"}}}}'
-            "|{{.State.Status}}|{{.State.ExitCode}}|{{.State.OOMKilled}}"
-        )
-        out = docker(["inspect", "--format", fmt, *ids], quiet=True).stdout
-        states = []
-        for line in out.splitlines():
-            name, host, kind, status, code, oom = line.split("|")
-            states.append(ContainerState(name.lstrip("/"), host, kind, status, int(code), oom == "true"))
-        return states
+        return [
+            ContainerState(
+                c.name,
+                c.labels.get(LABEL_HOST, ""),
+                c.labels.get(LABEL_KIND, ""),
+                c.attrs["State"]["Status"],
+                int(c.attrs["State"]["ExitCode"]),
+                bool(c.attrs["State"]["OOMKilled"]),
+            )
+            for c in labelled(f"{LABEL_RUN}={self.run_id}")
+        ]
 
     def last_lines(self, name: str, lines: int = LOG_TAIL_LINES) -> str:
         """The last log lines of a container (stdout and stderr)."""
-        proc = docker(["logs", "--tail", str(lines), name], check=False, quiet=True)
-        return (proc.stdout + proc.stderr).strip() or "(no output)"
+        return container_log(name, tail=lines).strip() or "(no output)"
 
     def crashes(self) -> list[str]:
         """A message per container that stopped on its own: role, host, exit code, OOM, last log lines."""
@@ -357,9 +360,8 @@ class DockerRuntime:
         directory.mkdir(parents=True, exist_ok=True)
         written = []
         for c in self.containers():
-            proc = docker(["logs", "--timestamps", c.name], check=False, quiet=True)
             path = directory / f"{c.name}.log"
-            path.write_text(proc.stdout + proc.stderr)
+            path.write_text(container_log(c.name, timestamps=True))
             written.append(path)
         return written
 
@@ -385,35 +387,49 @@ def runtime_for(name: str, options: DockerOptions | None = None):
     raise DockerError(f"runtime {name!r} is unknown; allowed: process, docker")
 
 
+def labelled(*labels: str) -> list:
+    """Every container (running or not) carrying every one of labels (k=v), as the SDK's Container objects
+    (inspected; one removed meanwhile is left out)."""
+    try:
+        return client().containers.list(all=True, filters={"label": list(labels)}, ignore_removed=True)
+    except SDK_ERRORS as err:
+        raise sdk_error(f"listing containers labelled {', '.join(labels)}", err) from None
+
+
+def container_log(name: str, tail: int | None = None, timestamps: bool = False) -> str:
+    """A container's log, stdout and stderr interleaved as they came; "" when the container is gone."""
+    try:
+        raw = client().containers.get(name).logs(tail="all" if tail is None else tail, timestamps=timestamps)
+    except docker_sdk_errors.NotFound:
+        return ""
+    except SDK_ERRORS as err:
+        return f"(its log could not be read: {err})"
+    return raw.decode(errors="replace")
+
+
 def remove_labelled(*labels: str) -> list[str]:
-    """`docker rm -f` every container carrying every one of labels (k=v); return their names."""
-    filters = [a for label in labels for a in ("--filter", f"label={label}")]
-    ids = docker(["ps", "-aq", *filters], quiet=True).stdout.split()
-    if not ids:
-        return []
-    names = docker(["inspect", "--format", "{{.Name}}", *ids], quiet=True).stdout.split()
-    docker(["rm", "-f", "-v", *ids], timeout_s=120)
-    return [n.lstrip("/") for n in names]
+    """Remove (forced, with anonymous volumes: `docker rm -f -v`) every container carrying every one of
+    labels (k=v); return their names."""
+    removed = []
+    for c in labelled(*labels):
+        try:
+            c.remove(force=True, v=True)
+        except docker_sdk_errors.NotFound:
+            pass  # gone on its own meanwhile
+        except SDK_ERRORS as err:
+            raise sdk_error(f"removing container {c.name}", err) from None
+        removed.append(c.name)
+    return removed
 
 
 def clean_orphans() -> list[str]:
     """Remove containers of runs whose testbed process is gone (for `make clean`); return their names."""
     try:
-        out = docker(
-            [
-                "ps",
-                "-a",
-                "--filter",
-                f"label={LABEL_RUN}",
-                "--format",
-                f'{{{{.Label "{LABEL_RUN}"}}}}|{{{{.Label "{LABEL_OWNER}"}}}}',
-            ],
-            quiet=True,
-        ).stdout
+        runs = {(c.labels[LABEL_RUN], c.labels.get(LABEL_OWNER, "")) for c in labelled(LABEL_RUN)}
     except DockerError:
         return []  # no engine: nothing of ours can be running
     removed = []
-    for run_id, owner in sorted({tuple(line.split("|")) for line in out.splitlines() if "|" in line}):
+    for run_id, owner in sorted(runs):
         if owner.isdigit() and int(owner) != os.getpid() and Path(f"/proc/{owner}").exists():
             continue  # its testbed is alive and will tear it down
         removed += [f"container {n}" for n in remove_labelled(f"{LABEL_RUN}={run_id}")]

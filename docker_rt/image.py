@@ -25,17 +25,30 @@ import logging
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
+import threading
 import time
 import tomllib
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 from docker_rt import LABEL_INPUTS, WORKER_REPO, DockerError
-from docker_rt.base import BaseImage, ensure_base, image_id
-from docker_rt.engine import CACHE_DIR, REPO_ROOT, check_free_space, docker, ensure_running
+from docker_rt.base import BaseImage, ensure_base
+from docker_rt.engine import (
+    CACHE_DIR,
+    REPO_ROOT,
+    SDK_ERRORS,
+    check_free_space,
+    client,
+    docker_bin,
+    ensure_running,
+    image_id,
+    sdk_error,
+)
 
 log = logging.getLogger(__name__)
 DOCKERFILE = Path(__file__).resolve().parent / "Dockerfile"
@@ -48,6 +61,10 @@ EXTRA_SOURCES = ("docker_rt", "netem_profiles", "pyproject.toml")
 IMAGE_NEED_BYTES = 4 * 2**30  # the image is ~1.3 GB; layers are unpacked once more while building
 WHEELS_NEED_BYTES = 1 * 2**30  # ~300 MB of wheels, torch's CPU wheel being 183 MB
 BUILD_TIMEOUT_S = 1800
+# A line of BuildKit's plain progress that starts a step of the Dockerfile: `#7 [3/6] RUN pip install ...`.
+STEP_LINE = re.compile(r"^#\d+ \[(\d+)/(\d+)\] (.*)")
+# on_step(steps done, steps in all, what runs now): how a caller shows the build's progress.
+OnStep = Callable[[int, int, str], None]
 WHEEL_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "linux_x86_64")
 
 
@@ -136,25 +153,16 @@ def pip_download_cmd(dest: Path, python_version: str, reqs: Path, constraints: P
 
 def base_python_version(base: BaseImage) -> str:
     """`3.11`: the Python of the base image, asked by running it (no network)."""
-    proc = docker(
-        [
-            "run",
-            "--rm",
-            "--network",
-            "none",
-            base.ref,
-            "python3",
-            "-c",
-            "import sys; print('%d.%d' % sys.version_info[:2])",
-        ],
-        check=False,
-    )
-    if proc.returncode != 0:
+    code = "import sys; print('%d.%d' % sys.version_info[:2])"
+    try:
+        out = client().containers.run(base.ref, ["python3", "-c", code], network_mode="none", remove=True)
+    except SDK_ERRORS as err:  # ContainerError (python3 failed or is absent) carries its stderr
+        said = (getattr(err, "stderr", None) or b"").decode(errors="replace").strip() or str(err)
         raise DockerError(
-            f"base image {base.ref} has no working python3 ({proc.stderr.strip()[-200:]}); "
+            f"base image {base.ref} has no working python3 ({said[-200:]}); "
             "use a base with Python 3.11+ (e.g. python:3.11-slim)"
-        )
-    return proc.stdout.strip()
+        ) from None
+    return out.decode().strip()
 
 
 def fill_wheelhouse(python_version: str) -> None:
@@ -218,6 +226,8 @@ def build_cmd(base: BaseImage, digest: str, ref: str, no_cache: bool = False) ->
     network = "none" if base.local else "default"
     return [
         "build",
+        "--progress",
+        "plain",  # a line per step, parsed for the progress shown (build_step)
         *(["--no-cache"] if no_cache else []),
         "--network",
         network,
@@ -238,39 +248,72 @@ def build_cmd(base: BaseImage, digest: str, ref: str, no_cache: bool = False) ->
 
 
 def image_size_bytes(ref: str) -> int:
-    return int(docker(["image", "inspect", "--format", "{{.Size}}", ref], quiet=True).stdout.strip())
+    try:
+        return int(client().images.get(ref).attrs["Size"])
+    except SDK_ERRORS as err:
+        raise sdk_error(f"looking up image {ref}", err) from None
 
 
-def _run_build(args: list[str], log_path: Path) -> None:
-    env = {**os.environ, "DOCKER_BUILDKIT": "1"}  # RUN --mount: the wheels never land in a layer
+def build_step(line: str) -> tuple[int, int, str] | None:
+    """(k, n, what) of a line of BuildKit's plain progress that starts step k of n; None for any other line."""
+    m = STEP_LINE.match(line)
+    return (int(m[1]), int(m[2]), m[3].strip()[:60]) if m else None
+
+
+def _run_build(args: list[str], log_path: Path, on_step: OnStep | None = None) -> None:
+    """`docker build`, its output into log_path line by line, each step's start to on_step (else logged).
+
+    The CLI, not the SDK: the SDK speaks the classic builder's API only, and the Dockerfile needs BuildKit
+    (`RUN --mount`: the wheels never land in a layer)."""
+    argv = [docker_bin(), *args]
+    env = {**os.environ, "DOCKER_BUILDKIT": "1"}
     log.info("building the worker image (log %s)", log_path)
+    log.debug("run: %s", " ".join(argv))
+    done, total = 0, 0
     with open(log_path, "wb") as out:
-        docker(
-            args,
-            timeout_s=BUILD_TIMEOUT_S,
-            check=False,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            capture_output=False,
-            text=False,
-            env=env,
-        )
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+        watchdog = threading.Timer(BUILD_TIMEOUT_S, proc.kill)  # a build that hangs, silent or not
+        watchdog.start()
+        try:
+            for raw in proc.stdout:
+                out.write(raw)
+                step = build_step(raw.decode(errors="replace"))
+                if step is None:
+                    continue
+                (k, total, what), done = step, max(done, step[0] - 1)
+                if on_step:
+                    on_step(done, total, what)
+                else:
+                    log.info("build step %d/%d: %s", k, total, what)
+        finally:
+            proc.wait()
+            watchdog.cancel()
+    if proc.returncode == -signal.SIGKILL:
+        raise DockerError(f"docker build did not finish within {BUILD_TIMEOUT_S} s; see {log_path}")
     if image_id(args[args.index("-t") + 1]) is None:
         tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-25:])
         raise DockerError(f"docker build failed; last lines of {log_path}:\n{tail}")
+    if on_step and total:
+        on_step(total, total, "done")
 
 
 def _remove_older(current: str) -> None:
     """Untag worker images of earlier inputs (only our repository; ones a container still uses stay)."""
-    tags = docker(["images", WORKER_REPO, "--format", "{{.Repository}}:{{.Tag}}"], quiet=True).stdout.split()
-    old = [t for t in tags if t not in (current, f"{WORKER_REPO}:latest")]
-    if old:
-        docker(["rmi", *old], check=False)
+    try:
+        tags = [t for img in client().images.list(name=WORKER_REPO) for t in img.tags]
+    except SDK_ERRORS as err:
+        raise sdk_error("listing worker images", err) from None
+    for tag in tags:
+        if tag.startswith(f"{WORKER_REPO}:") and tag not in (current, f"{WORKER_REPO}:latest"):
+            try:
+                client().images.remove(tag)
+            except SDK_ERRORS as err:  # in use by a container: stays, as `docker rmi` would leave it
+                log.info("worker image %s stays: %s", tag, getattr(err, "explanation", None) or err)
 
 
-def ensure_image(base_image: str | None = None, no_cache: bool = False) -> WorkerImage:
+def ensure_image(base_image: str | None = None, no_cache: bool = False, on_step: OnStep | None = None) -> WorkerImage:
     """The worker image for the current inputs: built if absent (always, without layer cache, with
-    no_cache), else the existing one."""
+    no_cache), else the existing one; a build's steps go to on_step as they start."""
     info = ensure_running()
     base = ensure_base(base_image)
     fill_wheelhouse(base_python_version(base))
@@ -282,12 +325,15 @@ def ensure_image(base_image: str | None = None, no_cache: bool = False) -> Worke
     if found is None or no_cache:
         check_free_space(info.root_dir, IMAGE_NEED_BYTES, "building the worker image")
         start = time.monotonic()
-        _run_build(build_cmd(base, digest, ref, no_cache), CACHE_DIR / "build.log")
+        _run_build(build_cmd(base, digest, ref, no_cache), CACHE_DIR / "build.log", on_step)
         built, build_s, found = True, time.monotonic() - start, image_id(ref)
         _remove_older(ref)
     else:
         log.info("worker image %s is up to date", ref)
-        docker(["tag", ref, f"{WORKER_REPO}:latest"], quiet=True)
+        try:
+            client().images.get(ref).tag(WORKER_REPO, "latest")
+        except SDK_ERRORS as err:
+            raise sdk_error(f"tagging {ref} as {WORKER_REPO}:latest", err) from None
     return WorkerImage(ref, found, digest, base.ref, image_size_bytes(ref), built, build_s)
 
 

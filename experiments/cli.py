@@ -173,6 +173,20 @@ def _run_calibration(args) -> int:
     return 0
 
 
+def _image(args) -> int:
+    from docker_rt import DockerError
+    from experiments.deploy import worker_image
+
+    try:
+        image = worker_image(args.base_image, args.no_cache)
+    except DockerError as err:
+        print(f"pddlab: error: {err}", file=sys.stderr)
+        return 1
+    state = f"built in {image.build_s:.1f} s" if image.built else "up to date"
+    print(f"{image.ref} ({image.size_bytes / 1e6:.0f} MB, FROM {image.base_ref}): {state}")
+    return 0
+
+
 def _clean(_args) -> int:
     from docker_rt.engine import stop_dockerd
     from docker_rt.host import clean_orphans
@@ -259,6 +273,10 @@ def parser() -> argparse.ArgumentParser:
         "--exec", action="append", default=[], metavar="LINE", help="run a CLI line, then leave (repeatable)"
     )
     net.set_defaults(func=_net)
+    im = sub.add_parser("image", help="build the worker image unless it is up to date (make image)")
+    im.add_argument("--base-image", default=None, help="FROM this image (default: $BASE_IMAGE, else Debian's)")
+    im.add_argument("--no-cache", action="store_true", help="rebuild every layer")
+    im.set_defaults(func=_image)
     sub.add_parser("experiments", help="list the experiments").set_defaults(func=_experiments)
     sub.add_parser("clean", help="remove leftovers of crashed runs").set_defaults(func=_clean)
     return ap

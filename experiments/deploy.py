@@ -70,15 +70,26 @@ def topology_kwargs(spec, run_dir: Path | None = None) -> dict:
     if spec.runtime == "process" or run_dir is None:
         return {}
     from docker_rt.host import DockerOptions, DockerRuntime
-    from docker_rt.image import ensure_image
     from workers.model import get_config, get_or_create_weights
 
     get_or_create_weights(get_config(spec.model), spec.weights_seed)
     return {
         "runtime": DockerRuntime(
-            DockerOptions(image=ensure_image().ref, mounts=(run_dir,), log_dir=run_dir / "containers")
+            DockerOptions(image=worker_image().ref, mounts=(run_dir,), log_dir=run_dir / "containers")
         ),
     }
+
+
+def worker_image(base_image: str | None = None, no_cache: bool = False):
+    """docker_rt.image.ensure_image, its build's steps shown as progress (nothing when it is up to date)."""
+    from docker_rt.image import ensure_image
+    from experiments.progress import Progress
+
+    bar = Progress("worker image build", None, log, unit="step")
+    try:
+        return ensure_image(base_image, no_cache, on_step=lambda done, total, what: bar.update(done, what, total))
+    finally:
+        bar.close()
 
 
 @dataclass

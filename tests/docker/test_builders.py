@@ -72,6 +72,37 @@ def test_build_needs_no_network_for_the_local_base():
     assert "BASE_IMAGE=python:3.11-slim" in _pairs(other, "--build-arg")
     assert f"pddlab.inputs={'d' * 64}" in _pairs(local, "--label")
 
+    assert _pairs(local, "--progress") == ["plain"]  # a line per step: what the progress is read from
+
+
+def test_build_steps_are_read_from_buildkit_plain_lines():
+    assert image.build_step("#7 [3/6] RUN --mount=type=bind,source=wheels,target=/wheels  pip install") == (
+        3,
+        6,
+        "RUN --mount=type=bind,source=wheels,target=/wheels  pip inst",
+    )
+    assert image.build_step("#4 [1/6] FROM docker.io/library/pddlab-base:2ba0c6b42846\n")[:2] == (1, 6)
+    for other in ("#7 2.948 Looking in links: /wheels", "#3 [internal] load metadata for x", "#7 DONE 12.0s", ""):
+        assert image.build_step(other) is None
+
+
+BUILD_OUTPUT = "#1 [internal] load build definition\n#4 [1/3] FROM base\n#5 [2/3] RUN x\n#5 0.1 out\n#6 [3/3] COPY src\n"
+
+
+def test_a_build_reports_its_steps_and_keeps_its_log(tmp_path, monkeypatch):
+    fake = tmp_path / "docker"  # prints what BuildKit's plain progress prints (the real build: make image)
+    fake.write_text(f"#!/bin/sh\nprintf '{BUILD_OUTPUT}'\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(image, "docker_bin", lambda: str(fake))
+    monkeypatch.setattr(image, "image_id", lambda ref: "sha256:x")
+    steps = []
+    image._run_build(["build", "-t", "r:1", "."], tmp_path / "build.log", lambda *step: steps.append(step))
+    assert steps == [(0, 3, "FROM base"), (1, 3, "RUN x"), (2, 3, "COPY src"), (3, 3, "done")]
+    assert (tmp_path / "build.log").read_text() == BUILD_OUTPUT
+    monkeypatch.setattr(image, "image_id", lambda ref: None)  # the build made no image: it failed
+    with pytest.raises(DockerError, match=r"(?s)docker build failed; last lines of .*#6 \[3/3\] COPY src"):
+        image._run_build(["build", "-t", "r:1", "."], tmp_path / "build.log")
+
 
 def test_wheels_are_binary_for_the_image_python():
     cmd = image.pip_download_cmd(Path("/d"), "3.11", Path("/r.txt"), Path("/c.txt"))

@@ -107,6 +107,8 @@ from topology.profiles import load_profile
 cfg = TopologyConfig(wan_profile=load_profile("wan-regional"), runtime=DockerRuntime(DockerOptions(image=sys.argv[1])))
 with Testbed(cfg) as tb:
     tb.popen("md1", ["sleep", "300"])
+    while not [c for c in cfg.runtime.containers() if c.kind == "proc"]:  # its docker client has made it
+        time.sleep(0.05)
     print(tb.metadata()["runtime_metadata"]["run_id"], flush=True)
     time.sleep(300)
 """
@@ -163,8 +165,13 @@ def test_sigterm_tears_down_every_container(worker_image, tiny_weights, nothing_
         "    sys.exit(42)\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", script, worker_image.ref], stdout=subprocess.PIPE, text=True)
-    run_id = proc.stdout.readline().strip()
-    assert len(run_containers(run_id)) == 4 + 1
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == 42
-    assert run_containers(run_id) == []
+    try:
+        run_id = proc.stdout.readline().strip()
+        assert len(run_containers(run_id)) == 4 + 1
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 42
+        assert run_containers(run_id) == []
+    finally:
+        if proc.poll() is None:  # a failed check above: the testbed still tears itself down
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)

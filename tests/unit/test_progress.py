@@ -42,3 +42,24 @@ def test_on_a_terminal_a_bar(caplog):
     out = tty.getvalue()
     assert "[pdd] requests" in out and "3/4" in out and "failed=1" in out
     assert not [m for m in caplog.messages if "requests" in m]  # the bar, not log lines
+
+
+def test_a_total_learnt_later_and_a_step_that_never_moves_shows_nothing(caplog):
+    log = logging.getLogger("test.progress4")
+    with caplog.at_level(logging.INFO, logger="test.progress4"):
+        idle = Progress("worker image build", None, log, every_s=0, stream=io.StringIO())
+        idle.close()  # the image was up to date: no build, no line
+        p = Progress("worker image build", None, log, every_s=3600, stream=io.StringIO())
+        p.update(2, "RUN pip install", total=6)
+        p.update(6, "done")
+        p.close()
+    assert caplog.messages == ["worker image build: 6/6 (done)"]
+
+
+def test_bytes_are_lines_in_megabytes(caplog):
+    log = logging.getLogger("test.progress5")
+    with caplog.at_level(logging.INFO, logger="test.progress5"):
+        p = Progress("pcap wan-a.pcap", 200_000_000, log, every_s=0, stream=io.StringIO(), as_bytes=True)
+        p.update(50_000_000)
+        p.close()
+    assert caplog.messages == ["pcap wan-a.pcap: 50/200 MB"]
