@@ -32,12 +32,14 @@ RTT, two estimates, both at the capture of the end that opened or sends:
 
 from __future__ import annotations
 
+import logging
 import struct
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
 from experiments.metrics import stats
+from experiments.progress import Progress
 from experiments.pcap import LINKTYPE_ETHERNET, PcapError, _A_PREFIX, _GWA_WAN
 
 TCP, UDP = 6, 17
@@ -48,6 +50,9 @@ CLASSES = ("kv", "cross", "other")
 _IP = struct.Struct("!xxHxxxxxBxx4s4s")  # IPv4: total length, protocol, source, destination
 _TCP = struct.Struct("!HHIIBB")  # ports, seq, ack, data offset, flags
 _UDP = struct.Struct("!HH")
+PCAP_HEADER, PCAP_RECORD_HEADER = 24, 16  # classic pcap: the file's header, each record's
+PROGRESS_EVERY = 20_000  # records between two progress updates
+log = logging.getLogger(__name__)
 
 
 class Flow:
@@ -169,10 +174,14 @@ def _records(path: Path):
 
 
 def scan(path: Path, side: str, flows: dict) -> int:
-    """Add one capture (side "a": wan-a.pcap at gwa, "b": wan-b.pcap at gwb) to flows; returns its frame count."""
-    n = 0
+    """Add one capture (side "a": wan-a.pcap at gwa, "b": wan-b.pcap at gwb) to flows; returns its frame count.
+    Its bytes read so far are shown as progress (a default run's captures are ~200 MB each)."""
+    n, read = 0, PCAP_HEADER
+    bar = Progress(f"reading {path.name}", path.stat().st_size, log, as_bytes=True)
     for t, wire, data in _records(path):
-        n += 1
+        n, read = n + 1, read + PCAP_RECORD_HEADER + len(data)
+        if n % PROGRESS_EVERY == 0:
+            bar.update(read)
         if len(data) < 34 or data[12:14] != b"\x08\x00":
             continue  # not IPv4 (ARP, IPv6): not a flow
         ihl = (data[14] & 0x0F) * 4
@@ -200,6 +209,8 @@ def scan(path: Path, side: str, flows: dict) -> int:
                 if flags & SYN and back.syn_s is not None and back.rtt_handshake_ms is None:
                     back.rtt_handshake_ms = (t - back.syn_s) * 1e3
                 back.acked(t, ack)
+    bar.update(read)
+    bar.close()
     return n
 
 

@@ -51,6 +51,7 @@ from typing import Any
 import yaml
 
 from experiments import rundir
+from experiments.progress import Progress
 from experiments.sweep_report import PLOTTED, aggregate, markdown, point_metrics
 from experiments.spec import ExperimentSpec, SpecError, load_spec
 from topology.profiles import DIRECTIONS, LinkParams, ProfileError, load_profile, profile_from_dict
@@ -274,13 +275,17 @@ def run(plan: Plan, out: Path, points: list[Point] | None = None) -> Path:
     log.info("sweep %s: %d points x %d repeats, %d to run", out, len(points) // plan.repeat, plan.repeat, len(todo))
     topologies = _Topologies(out, plan.share_topology, first_id=1 + max((p.topology or 0 for p in points), default=0))
     earlier = list(state.get("topologies") or [])
+    bar = Progress("sweep points", len(todo), log, unit="point", every_s=0)
     try:
         for k, p in enumerate(todo, 1):
             log.info("sweep point %d/%d: %s (repeat %d, seed %d)", k, len(todo), p.values, p.repeat, p.seed)
             _run_point(plan, p, out, topologies)
             state["topologies"] = earlier + topologies.all_records()
             _write(out, state, points)
+            failed = sum(q.status == "failed" for q in todo)
+            bar.update(k, f"failed {failed}" if failed else "")
     finally:
+        bar.close()
         topologies.close()
         state["topologies"] = earlier + topologies.all_records()
         _write(out, state, points, finished=True)
