@@ -33,12 +33,12 @@ from topology.profiles import DIRECTIONS, Profile, ScheduleStep, load_profile
 from topology.runtime import HostRuntime, ProcessRuntime
 from topology.shaping import (
     AppliedChange,
+    Backend,
     BackendChoice,
     LinkState,
     ScheduleRunner,
-    TcBackend,
-    UserspaceBackend,
     choose_backend,
+    make_backend,
 )
 
 log = logging.getLogger(__name__)
@@ -163,6 +163,7 @@ class Testbed:
         self.config = config
         self.net: Any = None
         self.backend_choice: BackendChoice | None = None
+        self.backend: Backend | None = None  # the shaping backend: it says how the WAN is wired
         self.link: LinkState | None = None
         self._schedule: ScheduleRunner | None = None
         self._played: list[ScheduleRunner] = []  # schedules played on a caller's clock (play_schedule)
@@ -199,6 +200,11 @@ class Testbed:
         preflight()
         self._owns_prefix = True
         self.backend_choice = choose_backend(self.config.backend)
+        log_dir = self.config.log_dir or self._workdir
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.backend = make_backend(
+            self.backend_choice, self.run, self.ns_prefix, self._workdir, self.config.seed, log_dir
+        )
         self._state = StateFile(workdir=self._workdir)
         self._start_runtime()
         self._build()
@@ -271,10 +277,10 @@ class Testbed:
             )
             self.net.addLink(host, switch[spec.cluster])
         gwa, gwb = self.net.get(naming.GATEWAY_A), self.net.get(naming.GATEWAY_B)
-        if self.backend_choice.name == "userspace":
-            wire = self.net.addHost(naming.WIRE, ip=None)
-            self.net.addLink(gwa, wire)  # gwa-eth1 <-> wan-eth0
-            self.net.addLink(wire, gwb)  # wan-eth1 <-> gwb-eth1
+        if self.backend.wire_host:  # a host of the backend's own on the wire (the userspace forwarder's)
+            wire = self.net.addHost(self.backend.wire_host, ip=None)
+            self.net.addLink(gwa, wire)  # gwa-eth1 <-> <wire>-eth0
+            self.net.addLink(wire, gwb)  # <wire>-eth1 <-> gwb-eth1
         else:
             self.net.addLink(gwa, gwb)  # gwa-eth1 <-> gwb-eth1
         log.info("building topology: %d hosts", len(self.net.hosts))
@@ -295,9 +301,7 @@ class Testbed:
             self.run(name, ["sysctl", "-qw", "net.ipv4.ip_forward=1"])  # namespace-local
         for host in self.net.hosts:  # keep captures to the experiment's own IPv4 traffic
             self.run(host.name, ["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1"])
-        if self.backend_choice.name == "userspace":
-            for dev in ("eth0", "eth1"):
-                self.run(naming.WIRE, ["ip", "link", "set", f"{naming.WIRE}-{dev}", "promisc", "on", "up"])
+        self.backend.wire_up()
 
     def _check_connectivity(self) -> None:
         """Readiness by a real check: every host reaches its gateway and the gateways each other.
@@ -323,20 +327,12 @@ class Testbed:
             self._iptables_rules.append(rule)
 
     def _shape(self) -> None:
-        wan, lan = self.config.wan_profile, self.config.lan_profile
-        if self.backend_choice.name == "tc":
-            backend = TcBackend(self.run)
-            self._shape_lan(lan)
-        else:
-            log_dir = self.config.log_dir or self._workdir
-            log_dir.mkdir(parents=True, exist_ok=True)
-            backend = UserspaceBackend(
-                self.ns_prefix(naming.WIRE), self._workdir / "emulator.sock", self.config.seed, log_dir / "emulator.log"
-            )
+        wan, backend = self.config.wan_profile, self.backend
+        backend.shape_lan(self._lan_ends(), self.config.lan_profile.a_to_b)
         self._offloads_off()
         backend.start(wan.a_to_b, wan.b_to_a)
-        if getattr(backend, "pid", None):
-            self._state.add(backend.pid, "userspace emulator")
+        if backend.pid:
+            self._state.add(backend.pid, f"{backend.name} shaper")
         self.link = LinkState(backend=backend, current={d: wan.direction(d) for d in DIRECTIONS})
 
     def _offloads_off(self) -> None:
@@ -345,14 +341,14 @@ class Testbed:
             for end in (link.intf1, link.intf2):
                 self.run(None if _is_switch(end.node) else end.node.name, tc.offload_off_cmd(end.name))
 
-    def _shape_lan(self, lan: Profile) -> None:
-        """netem on both ends of every intra-cluster link (tc backend only; see README limits)."""
-        for link in self.net.links:
-            ends = (link.intf1, link.intf2)
-            if not any(_is_switch(e.node) for e in ends):
-                continue  # the WAN link
-            for end in ends:
-                self.run(None if _is_switch(end.node) else end.node.name, tc.netem_cmd(end.name, lan.a_to_b, "replace"))
+    def _lan_ends(self) -> list[tuple[str | None, str]]:
+        """(host, interface) of both ends of every intra-cluster link (a switch's end: host None)."""
+        return [
+            (None if _is_switch(end.node) else end.node.name, end.name)
+            for link in self.net.links
+            if any(_is_switch(e.node) for e in (link.intf1, link.intf2))  # else the WAN link
+            for end in (link.intf1, link.intf2)
+        ]
 
     def _start_captures(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
@@ -396,7 +392,7 @@ class Testbed:
     def kill_emulator(self) -> int | None:
         """SIGKILL the userspace WAN emulator (a fault an experiment plays: the WAN stops forwarding for
         the rest of the run); its PID, or None where none runs (the tc backend)."""
-        pid = getattr(self.link.backend, "pid", None) if self.link else None
+        pid = self.link.backend.pid if self.link else None
         if pid:
             os.kill(pid, signal.SIGKILL)
         return pid
@@ -445,9 +441,9 @@ class Testbed:
         failed = [r for r in ([self._schedule] if self._schedule else []) + self._played if r.error]
         self._played = [r for r in self._played if not r.error and r.running]
         problems = [f"schedule failed: {r.error}" for r in failed]
-        code = getattr(self.link.backend, "exit_code", None) if self.link else None
+        code = self.link.backend.exit_code if self.link else None
         if code is not None:
-            problems.append(f"the userspace emulator exited (status {code}): the WAN no longer forwards")
+            problems.append(f"the {self.link.backend.name} shaper exited (status {code}): the WAN no longer forwards")
         if problems:
             raise TestbedError("; ".join(problems))
 
@@ -458,9 +454,7 @@ class Testbed:
             "backend": self.backend_choice.name if self.backend_choice else None,
             "backend_requested": c.backend,
             "backend_reason": self.backend_choice.reason if self.backend_choice else None,
-            "lan_shaping": "netem"
-            if self.backend_choice and self.backend_choice.name == "tc"
-            else "none (kernel lacks netem; veth base latency applies)",
+            "lan_shaping": self.backend.lan_shaping if self.backend else None,
             "wan_profile": c.wan_profile.to_dict(),
             "lan_profile": c.lan_profile.to_dict(),
             "hosts": [h.__dict__ for h in self._host_specs()],

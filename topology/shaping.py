@@ -1,9 +1,12 @@
 """Shaping backends behind one interface, and the timed schedule that drives them.
 
-Responsible for: choosing a backend (`tc` | `userspace` | `auto`), applying a
-direction's `LinkParams` to the live WAN link, live profile swaps, and playing
-a profile's schedule. Not responsible for: building the topology (`topology.net`)
-or the per-packet semantics (the kernel's netem, or `topology.netem_model`).
+Responsible for: choosing a backend (`tc` | `userspace` | `auto`), each
+backend's own wiring of the WAN (a host of its own on the wire, its
+interfaces, its process) and LAN shaping, applying a direction's `LinkParams`
+to the live WAN link, live profile swaps, and playing a profile's schedule.
+Not responsible for: building the topology (`topology.net`, which asks the
+backend what to wire and never branches on its name) or the per-packet
+semantics (the kernel's netem, or `topology.netem_model`).
 
 `auto` picks `tc` when the kernel accepts a netem qdisc and `userspace`
 otherwise; the choice and its reason are logged and recorded in run metadata.
@@ -24,8 +27,10 @@ from topology.profiles import DIRECTIONS, LinkParams, Profile, ScheduleStep, sch
 log = logging.getLogger(__name__)
 BACKENDS = ("auto", "tc", "userspace")
 
-# Runs argv inside a named topology host, raising on failure.
-HostRunner = Callable[[str, list[str]], str]
+# Runs argv inside a named topology host (None: the root namespace), raising on failure.
+HostRunner = Callable[[str | None, list[str]], str]
+# The argv prefix that runs a command inside a named topology host's namespaces.
+PrefixOf = Callable[[str], list[str]]
 
 
 class ShapingError(RuntimeError):
@@ -59,10 +64,24 @@ def choose_backend(requested: str) -> BackendChoice:
 
 
 class Backend(Protocol):
-    """What the topology needs from a shaping backend."""
+    """What the topology needs from a shaping backend: how to wire the WAN, and the link's shaping.
+
+    wire_host: a host of the backend's own between the gateways (its interfaces `<wire_host>-eth0` towards
+    gwa and `-eth1` towards gwb), or None: the gateways' WAN interfaces are joined directly.
+    lan_shaping: what it does to the intra-cluster links, in words (run metadata).
+    pid / exit_code: the backend's own process while it runs / its exit status once it died (None where
+    it has none: the kernel shapes)."""
 
     name: str
+    wire_host: str | None
+    lan_shaping: str
 
+    @property
+    def pid(self) -> int | None: ...
+    @property
+    def exit_code(self) -> int | None: ...
+    def wire_up(self) -> None: ...  # after addressing: the wire host's interfaces ready to carry frames
+    def shape_lan(self, ends: list[tuple[str | None, str]], params: LinkParams) -> None: ...  # (host, dev)
     def start(self, a_to_b: LinkParams, b_to_a: LinkParams) -> None: ...
     def apply(self, direction: str, params: LinkParams) -> None: ...
     def stats(self) -> dict: ...
@@ -74,10 +93,22 @@ class TcBackend:
     """The kernel's netem as the root qdisc of each gateway's WAN interface."""
 
     name = "tc"
+    wire_host = None
+    lan_shaping = "netem"
+    pid = None  # the kernel shapes: no process of its own
+    exit_code = None
 
     def __init__(self, run: HostRunner):
         self._run = run
         self._installed: set[str] = set()
+
+    def wire_up(self) -> None:
+        """Nothing to bring up: the gateways are joined directly."""
+
+    def shape_lan(self, ends: list[tuple[str | None, str]], params: LinkParams) -> None:
+        """netem on both ends of every intra-cluster link (see README limits)."""
+        for host, dev in ends:
+            self._run(host, tc.netem_cmd(dev, params, "replace"))
 
     def start(self, a_to_b: LinkParams, b_to_a: LinkParams) -> None:
         """Install netem on both directions."""
@@ -117,13 +148,23 @@ class UserspaceBackend:
     """The userspace emulator forwarding frames between wan-eth0 and wan-eth1."""
 
     name = "userspace"
+    wire_host = naming.WIRE
+    lan_shaping = "none (kernel lacks netem; veth base latency applies)"
 
-    def __init__(self, ns_prefix: list[str], control_path: Path, seed: int, log_path: Path | None = None):
-        self._ns_prefix = ns_prefix
+    def __init__(self, run: HostRunner, prefix_of: PrefixOf, control_path: Path, seed: int, log_path: Path | None):
+        self._run, self._prefix_of = run, prefix_of
         self._control_path = control_path
         self._seed = seed
         self._log_path = log_path
         self._emulator = None
+
+    def wire_up(self) -> None:
+        """The wire host's two interfaces up and promiscuous: the forwarder sees every frame."""
+        for dev in ("eth0", "eth1"):
+            self._run(naming.WIRE, ["ip", "link", "set", f"{naming.WIRE}-{dev}", "promisc", "on", "up"])
+
+    def shape_lan(self, ends: list[tuple[str | None, str]], params: LinkParams) -> None:
+        """The forwarder sits on the WAN only: the LAN links stay as veth makes them."""
 
     @property
     def pid(self) -> int | None:
@@ -141,7 +182,7 @@ class UserspaceBackend:
             b_to_a=b_to_a,
             control_path=self._control_path,
             seed=self._seed,
-            prefix=self._ns_prefix,
+            prefix=self._prefix_of(naming.WIRE),
             log_path=self._log_path,
         )
         self._emulator.start()
@@ -174,6 +215,16 @@ class UserspaceBackend:
         if self._emulator:
             self._emulator.stop()
             self._emulator = None
+
+
+def make_backend(
+    choice: BackendChoice, run: HostRunner, prefix_of: PrefixOf, workdir: Path, seed: int, log_dir: Path
+) -> Backend:
+    """The backend choice names, for a topology whose hosts run and prefix_of reach (workdir: its control
+    socket; log_dir: its log)."""
+    if choice.name == "tc":
+        return TcBackend(run)
+    return UserspaceBackend(run, prefix_of, workdir / "emulator.sock", seed, log_dir / "emulator.log")
 
 
 @dataclass
