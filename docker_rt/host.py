@@ -46,9 +46,9 @@ import docker.errors as docker_sdk_errors
 
 from docker_rt import LABEL_HOST, LABEL_KIND, LABEL_OWNER, LABEL_RUN, DockerError, holder_name, proc_name
 from docker_rt.engine import SDK_ERRORS, client, docker, docker_bin, ensure_running, image_id, sdk_error
+from workers import cache
 
 log = logging.getLogger(__name__)
-REPO_ROOT = Path(__file__).resolve().parent.parent
 WEIGHTS_MOUNT = "/cache/weights"  # PDDLAB_CACHE_DIR=/cache in the image
 LOG_TAIL_LINES = 20
 STOP_GRACE_S = 5
@@ -80,11 +80,6 @@ DEFAULT_LIMITS: Mapping[str, RoleLimits] = {
 }
 
 
-def _default_weights_dir() -> Path:
-    root = os.environ.get("PDDLAB_CACHE_DIR")
-    return (Path(root) if root else REPO_ROOT / ".cache") / "weights"
-
-
 @dataclass(frozen=True)
 class DockerOptions:
     """image: worker image ref (`docker_rt.image.ensure_image().ref`)
@@ -100,7 +95,7 @@ class DockerOptions:
     roles: tuple[str, ...] = ("router", "p", "rld", "md")
     limits: Mapping[str, RoleLimits] = field(default_factory=dict)
     mounts: tuple[Path, ...] = ()
-    weights_dir: Path = field(default_factory=_default_weights_dir)
+    weights_dir: Path = field(default_factory=cache.weights_dir)
     log_dir: Path | None = None
     env: Mapping[str, str] = field(default_factory=dict)
 

@@ -31,11 +31,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from workers import cache
+
 log = logging.getLogger(__name__)
 
 WEIGHTS_FORMAT_VERSION = 1
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 class WeightsError(RuntimeError):
@@ -276,9 +277,8 @@ class Transformer(nn.Module):
 
 
 def default_weights_dir() -> Path:
-    """$PDDLAB_CACHE_DIR/weights, else <repo>/.cache/weights."""
-    root = os.environ.get("PDDLAB_CACHE_DIR")
-    return (Path(root) if root else REPO_ROOT / ".cache") / "weights"
+    """$PDDLAB_CACHE_DIR/weights, else <repo>/.cache/weights (workers.cache)."""
+    return cache.weights_dir()
 
 
 def weights_path(config: ModelConfig, seed: int, weights_dir: Path | None = None) -> Path:
