@@ -113,8 +113,7 @@ def main() -> int:
         from experiments.spec import load_spec
 
         spec = load_spec("pdd-vs-baselines")
-        runner.prepare(spec)
-        run_dir = runner.run(spec)
+        run_dir = runner.run(runner.prepare(spec))
     summary = json.loads((run_dir / "summary.json").read_text())
     print(f"reproduction table ({run_dir}):\n")
     print(table(summary))

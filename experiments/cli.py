@@ -79,8 +79,8 @@ def _run(args) -> int:
     s = spec.load_spec(
         args.experiment, args.set, profile=args.profile, backend=None if args.backend == "auto" else args.backend
     )
-    runner.prepare(s)  # the workload and trace: fail before anything starts
-    out = runner.run(s, results=Path(args.results)) if args.results else runner.run(s)
+    plan = runner.prepare(s)  # the profile, the workload and trace: fail before anything starts
+    out = runner.run(plan, results=Path(args.results)) if args.results else runner.run(plan)
     md = out / "summary.md"
     print(md.read_text() if md.exists() else "(no summary)")
     print(f"run directory: {out}")

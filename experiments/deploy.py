@@ -45,11 +45,11 @@ START_ORDER = ("md", "rld", "p", "router")  # the router last: it dials the othe
 STOP_GRACE_S = 10.0
 
 
-def write_deployment(spec, path: Path, events_dir: Path, mode: str, overrides: dict | None = None) -> Path:
-    """Write (and validate) the deployment YAML the roles read."""
+def write_deployment(spec, path: Path, events_dir: Path, mode: str, overrides: dict | None = None, wan=None) -> Path:
+    """Write (and validate) the deployment YAML the roles read; wan: the Profile the link runs now."""
     from workers.roles.config import parse_config
 
-    data = deployment_dict(spec, str(events_dir), mode, overrides)
+    data = deployment_dict(spec, str(events_dir), mode, overrides, wan)
     parse_config(data)
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path

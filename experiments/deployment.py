@@ -11,6 +11,8 @@ of the spec (experiments.spec, which calls this to judge `deployment`).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from topology import naming
 
 # Ports, the same on every host (each host has its own address).
@@ -63,25 +65,28 @@ def roles_config(
     return data
 
 
-def deployment_dict(spec, events_dir: str, mode: str = "pdd", overrides: dict | None = None) -> dict:
+def deployment_dict(spec, events_dir: str, mode: str = "pdd", overrides: dict | None = None, wan=None) -> dict:
     """The roles' deployment config for this spec and variant mode, as data; spec.deployment merged in,
-    then the variant's own overrides (spec.variant_defs)."""
+    then the variant's own overrides (spec.variant_defs). wan: the WAN Profile the link runs (the route
+    decision's rate comes from it; None: spec.profile, loaded)."""
     data = roles_config(
         events_dir,
         spec.model,
         spec.weights_seed,
         spec.block_size,
         {"p": spec.capacity_tokens.p, "rld": spec.capacity_tokens.rld, "md": spec.capacity_tokens.md},
-        policy={"mode": mode, "handoff": spec.handoff, "wan_rate_mbit": _wan_rate_mbit(spec.profile)},
+        policy={"mode": mode, "handoff": spec.handoff, "wan_rate_mbit": _wan_rate_mbit(wan or spec.profile)},
     )
     return _merge(_merge(data, spec.deployment), overrides or {})
 
 
-def _wan_rate_mbit(profile: str) -> float:
-    """The A->B rate the router's route decision assumes: the profile's (200 if unlimited)."""
+def _wan_rate_mbit(profile) -> float:
+    """The A->B rate the router's route decision assumes: the profile's (a Profile, or a name or path to
+    load), 200 if unlimited."""
     from topology.profiles import load_profile
 
-    return float(load_profile(profile).a_to_b.rate_mbit or 200.0)
+    wan = load_profile(profile) if isinstance(profile, (str, Path)) else profile
+    return float(wan.a_to_b.rate_mbit or 200.0)
 
 
 def _merge(base: dict, extra: dict) -> dict:

@@ -33,11 +33,13 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from experiments import deploy, faults as faultsmod, rundir, spec as specmod, window as winmod, workload as wl
 from experiments.spec import ExperimentSpec
 from experiments.progress import Progress
+from topology.profiles import Profile
 
 log = logging.getLogger(__name__)
 HEALTH_MARGIN_S = 30.0  # on top of the spec's ready_s: the health command's own start-up
@@ -48,23 +50,38 @@ class VariantError(RuntimeError):
     """A variant could not run (a role died or never became ready)."""
 
 
-def prepare(spec: ExperimentSpec) -> list[wl.WorkloadRequest]:
-    """Everything that can fail before the topology: the workload (trace lines), the runtime."""
+@dataclass(frozen=True)
+class Plan:
+    """A run's inputs, checked and built once before anything starts: the spec, its WAN profile parsed,
+    the workload's requests."""
+
+    spec: ExperimentSpec
+    profile: Profile
+    requests: tuple[wl.WorkloadRequest, ...]
+
+
+def prepare(spec: ExperimentSpec) -> Plan:
+    """Everything that can fail before the topology: the profile, the workload (trace lines), the runtime."""
+    from topology.profiles import load_profile
+
     deploy.topology_kwargs(spec)
-    return wl.build(spec)
+    return Plan(spec, load_profile(spec.profile), tuple(wl.build(spec)))
 
 
 def run(
-    spec: ExperimentSpec, results: Path = rundir.RESULTS, out: Path | None = None, shared: SharedTopology | None = None
+    spec: ExperimentSpec | Plan,
+    results: Path = rundir.RESULTS,
+    out: Path | None = None,
+    shared: SharedTopology | None = None,
 ) -> Path:
-    """Run every variant; return the run directory (analysed, even after Ctrl-C or a failure): `out` if
-    given (it must not exist yet: a sweep names its points), else a new one under `results`. With `shared`,
-    on that running topology (the link swapped to the spec's profile, captures into this run) instead of
-    a topology of its own."""
+    """Run every variant of a spec (prepared here) or of a Plan (prepared already); return the run
+    directory (analysed, even after Ctrl-C or a failure): `out` if given (it must not exist yet: a sweep
+    names its points), else a new one under `results`. With `shared`, on that running topology (the link
+    swapped to the spec's profile, captures into this run) instead of a topology of its own."""
     from topology.net import preflight
-    from topology.profiles import load_profile
 
-    requests = prepare(spec)
+    plan = spec if isinstance(spec, Plan) else prepare(spec)
+    spec, requests = plan.spec, list(plan.requests)
     if shared is None:
         preflight()
     elif not shared.fits(spec):
@@ -90,9 +107,9 @@ def run(
     log.info("run directory: %s", out)
     try:
         if shared is None:
-            _run_topology(spec, load_profile(spec.profile), out, meta)
+            _run_topology(spec, plan.profile, out, meta)
         else:
-            shared.run(spec, load_profile(spec.profile), out, meta)
+            shared.run(spec, plan.profile, out, meta)
         meta["complete"] = all(v.get("status") == "ok" for v in meta["variants"].values()) and len(
             meta["variants"]
         ) == len(spec.variants)
@@ -293,6 +310,7 @@ def run_variant(
         vdir / "events",
         mode=specmod.variant_mode(spec, variant),
         overrides=specmod.variant_overrides(spec, variant),
+        wan=tb.config.wan_profile,  # the link as it runs (a sweep's shared topology swaps it per run)
     )
     runtime = deploy.Runtime(tb, config, vdir / "logs")
     win = winmod.VariantWindow(tb, imp or winmod.Impairment(), vdir, out)

@@ -186,7 +186,7 @@ def run(spec, mode: str = "pdd", port: int = 8000, until=None) -> Path:
 def _serve_in(tb, spec, mode: str, out: Path, port: int, sock: str, meta: dict, until) -> None:
     vdir = out / "variants" / mode
     (vdir / "events").mkdir(parents=True, exist_ok=True)
-    config = deploy.write_deployment(spec, vdir / "deployment.yaml", vdir / "events", mode=mode)
+    config = deploy.write_deployment(spec, vdir / "deployment.yaml", vdir / "events", mode, wan=tb.config.wan_profile)
     runtime = deploy.Runtime(tb, config, vdir / "logs")
     window = meta["variants"][mode] = {"status": "starting", "t_start_ns": time.monotonic_ns()}
     runtime.start()

@@ -99,3 +99,21 @@ def test_deployment_follows_the_profile_rate():
     cfg = parse_config(deployment_dict(s, "/tmp/ev", mode="pd-cross"))
     assert cfg.policy.wan_rate_mbit == 100.0 and cfg.policy.mode == "pd-cross"
     assert cfg.md.host == "10.2.0.61" and cfg.rld.host == "10.1.0.41" and cfg.router.host == "10.1.0.11"
+
+
+def test_a_plan_parses_the_profile_once_and_the_link_it_runs_sets_the_rate():
+    import dataclasses
+
+    from experiments import runner, workload
+    from experiments.deploy import deployment_dict
+    from topology.profiles import load_profile
+
+    s = load_spec("pdd-smoke", profile="wan-lossy")
+    plan = runner.prepare(s)
+    assert plan.spec is s and plan.profile == load_profile("wan-lossy")
+    assert list(plan.requests) == workload.build(s)
+    # A shared topology swapped to another link: the roles are told the rate of the link as it runs.
+    swapped = load_profile("wan-regional")
+    swapped = dataclasses.replace(swapped, a_to_b=dataclasses.replace(swapped.a_to_b, rate_mbit=37.0))
+    assert deployment_dict(s, "/tmp/ev", wan=swapped)["policy"]["wan_rate_mbit"] == 37.0
+    assert deployment_dict(s, "/tmp/ev")["policy"]["wan_rate_mbit"] == 100.0  # none given: spec.profile's
