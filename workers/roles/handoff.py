@@ -31,6 +31,14 @@ RELAY_LOST_EMIT_FROM = 0
 RELAY_PROBE_S = 1.0  # MD waiting for a handoff: ask the RLD this often whether it still holds the request
 
 
+class Diverged(Exception):
+    """Tokens handed over differ from those this worker holds at the same output index (greedy divergence)."""
+
+    def __init__(self, index: int, mine: int | None, theirs: int | None):
+        super().__init__(f"token at index {index} is {mine} here but {theirs} in the handoff")
+        self.index, self.mine, self.theirs = index, mine, theirs
+
+
 def _call_relay(method, request):
     """An RPC to the relay. UNAVAILABLE may only mean the channel is between reconnect attempts (the RLD
     restarted): then once more, waiting up to RELAY_RECONNECT_S for the channel (longer than its
@@ -85,6 +93,21 @@ class MDHandoff:
                 session.relay_lost, session.emit_from = True, RELAY_LOST_EMIT_FROM  # decode alone
                 return True
 
+    def _recompute(self, session: Session, ids: list[int], start: int, held_to: int) -> list[int]:
+        """Under the engine lock. ids are output tokens from index start; this worker holds those before
+        index held_to already, and they must be equal (else Diverged, at the first index that differs);
+        the rest are recomputed in one extend step (EngineError when they cannot be) and returned."""
+        have = self.engine.tokens(session.request_id)[session.prompt_len :]
+        for i in range(start, held_to):
+            mine = have[i] if i < len(have) else None
+            theirs = ids[i - start] if i - start < len(ids) else None
+            if mine != theirs:
+                raise Diverged(i, mine, theirs)
+        rest = ids[held_to - start :]
+        if rest:
+            self.engine.extend(session.request_id, rest)
+        return rest
+
     def _end_without_handoff(self, session: Session) -> str:
         """The relay finished alone: recompute its output here when it sent it, so this worker's DRC keeps
         prompt + output (the session's next turn then ships only what is new). The session's end reason:
@@ -95,18 +118,13 @@ class MDHandoff:
             return "relay_done"
         rid, ids = session.request_id, list(session.relay_output)
         t0 = time.monotonic_ns()
+        reason = ""
         with self.lock:
-            have = list(self.engine.tokens(rid)[session.prompt_len :])  # P's first token
-            rest = ids[len(have) :]
-            if ids[: len(have)] != have:
-                reason = f"the relay's output starts {ids[: len(have)]}, this worker holds {have}"
-            else:
-                try:
-                    if rest:
-                        self.engine.extend(rid, rest)
-                    reason = ""
-                except EngineError as err:
-                    reason = str(err)
+            held = len(self.engine.tokens(rid)) - session.prompt_len  # P's first token
+            try:
+                rest = self._recompute(session, ids, 0, held)
+            except (Diverged, EngineError) as err:
+                reason = f"the relay's output: {err}"
         if reason:
             self.events.emit("relay_absorb_failed", rid, reason=reason)
             return "relay_done"
@@ -208,21 +226,14 @@ class MDHandoff:
                 f"[{start}, {start + len(ids)}) but this worker's next token without KV is index {pend}",
             )
         with self.lock:
-            have = self.engine.tokens(rid)[session.prompt_len :]
-            overlap = ids[: pend - start + 1]
-            if list(have[start : pend + 1]) != overlap:
-                self.events.emit("handoff_diverged", rid, index=pend, mine=have[pend], theirs=ids[pend - start])
-                context.abort(
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    f"request {rid!r}: token at index {pend} is "
-                    f"{have[pend]} here but {ids[pend - start]} in the handoff (greedy divergence)",
-                )
-            rest = ids[pend - start + 1 :]
+            try:
+                rest = self._recompute(session, ids, start, pend + 1)  # this worker holds up to pend
+            except Diverged as err:
+                self.events.emit("handoff_diverged", rid, index=err.index, mine=err.mine, theirs=err.theirs)
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"request {rid!r}: {err} (greedy divergence)")
+            except EngineError as err:
+                context.abort(status_of(err), str(err))
             if rest:
-                try:
-                    self.engine.extend(rid, rest)
-                except EngineError as err:
-                    context.abort(status_of(err), str(err))
                 session.pending_index = pend + len(rest) + 1
         self.events.emit("extend", rid, tokens=len(rest), start_index=pend)
 

@@ -1,0 +1,46 @@
+"""The MD's one recompute step for tokens handed over by ID (pure logic: an engine that records extends)."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from workers.roles.handoff import Diverged, MDHandoff
+
+PROMPT = (1, 2, 3)
+
+
+class _Engine:
+    def __init__(self, held: tuple[int, ...]):
+        self.seq, self.extended = list(PROMPT + held), []
+
+    def tokens(self, rid):
+        return tuple(self.seq)
+
+    def extend(self, rid, ids):
+        self.extended.append(list(ids))
+        self.seq += ids
+
+
+def _md(held: tuple[int, ...]):
+    md = MDHandoff()
+    md.engine = _Engine(held)
+    session = SimpleNamespace(request_id="r", prompt_len=len(PROMPT))
+    return md, session
+
+
+def test_the_overlap_is_checked_and_only_the_rest_recomputed():
+    md, s = _md(held=(7, 8))  # output indices 0 and 1 held here
+    assert md._recompute(s, [8, 9, 10], start=1, held_to=2) == [9, 10]
+    assert md.engine.extended == [[9, 10]]
+    assert md._recompute(s, [7], start=0, held_to=1) == [] and md.engine.extended == [[9, 10]]  # nothing new
+
+
+def test_a_token_that_differs_is_named_with_its_index_and_nothing_is_extended():
+    md, s = _md(held=(7, 8))
+    with pytest.raises(Diverged) as err:
+        md._recompute(s, [7, 5, 6], start=0, held_to=2)
+    assert (err.value.index, err.value.mine, err.value.theirs) == (1, 8, 5)
+    with pytest.raises(Diverged) as short:  # the relay's output ends before what this worker holds
+        md._recompute(s, [7], start=0, held_to=2)
+    assert (short.value.index, short.value.mine, short.value.theirs) == (1, 8, None)
+    assert md.engine.extended == []
