@@ -5,9 +5,7 @@ tests/faults) need root, Mininet and the tools below; without them their tests a
 reason, and each of their tests checks that teardown left nothing behind.
 """
 
-import os
-import shutil
-
+import needs
 import pytest
 
 TOPOLOGY_TIERS = ("tests/emulation", "tests/faults")
@@ -27,16 +25,7 @@ def _in_topology_tier(path) -> bool:
 
 
 def _requirement_missing() -> str | None:
-    if os.geteuid() != 0:
-        return "emulation tests need root (namespaces, veth, tc)"
-    try:
-        import mininet.net  # noqa: F401
-    except ImportError:
-        return "Mininet's Python library is missing (make setup installs it)"
-    for tool in ("mnexec", "iperf3", "tcpdump", "tshark", "ethtool"):
-        if not shutil.which(tool):
-            return f"{tool} is missing (make setup installs it)"
-    return None
+    return needs.missing("emulation tests", ("mnexec", "iperf3", "tcpdump", "tshark", "ethtool"))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -6,9 +6,7 @@ pdd- links, iptables rules, state files or recorded processes
 label. `test_builders.py` needs nothing and always runs.
 """
 
-import os
-import shutil
-
+import needs
 import pytest
 
 from topology.cleanup import NOTHING, leftovers
@@ -17,15 +15,7 @@ NO_ROOT_FILES = ("test_builders.py",)
 
 
 def requirement_missing() -> str | None:
-    if os.geteuid() != 0:
-        return "Docker tests need root (dockerd, namespaces, veth)"
-    try:
-        import mininet.net  # noqa: F401
-    except ImportError:
-        return "Mininet's Python library is missing (make setup installs it)"
-    if not shutil.which("mnexec"):
-        return "mnexec is missing (make setup installs mininet)"
-    return None
+    return needs.missing("Docker tests", ("mnexec",))
 
 
 def pytest_configure(config):

@@ -86,7 +86,7 @@ def test_build_steps_are_read_from_buildkit_plain_lines():
         assert image.build_step(other) is None
 
 
-BUILD_OUTPUT = "#1 [internal] load build definition\n#4 [1/3] FROM base\n#5 [2/3] RUN x\n#5 0.1 out\n#6 [3/3] COPY src\n"
+BUILD_OUTPUT = "#1 [internal] load build\n#4 [1/3] FROM base\n#5 [2/3] RUN x\n#5 0.1 out\n#6 [3/3] COPY src\n"
 
 
 def test_a_build_reports_its_steps_and_keeps_its_log(tmp_path, monkeypatch):
