@@ -8,6 +8,7 @@ import sys
 import pytest
 import torch
 
+from workers.cache import REPO_ROOT
 from workers.model import (
     DEFAULT,
     TINY,
@@ -15,7 +16,6 @@ from workers.model import (
     build_model,
     generate_state,
     get_config,
-    REPO_ROOT,
     get_or_create_weights,
     load_weights,
     model_fingerprint,

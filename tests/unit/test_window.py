@@ -29,6 +29,7 @@ LABELS = ("profile p step 0",)
 
 class RecordingBackend:
     name = "recording"
+    pid = exit_code = None  # no process of its own (topology.shaping.Backend)
 
     def __init__(self, fail: bool = False):
         self.applied, self.fail = [], fail
