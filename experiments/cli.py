@@ -16,6 +16,8 @@ experiments and maintenance commands. Not responsible for: the experiments.
     pddlab net [--profile NAME] [--exec LINE ...]
                                          the topology alone with Mininet's CLI (experiments.netshell)
     pddlab experiments                   list the experiments
+    pddlab image [--no-cache] [--base-image REF]
+                                         build the worker image unless it is up to date (docker_rt.image)
     pddlab clean                         remove leftovers of crashed runs
 
 Experiments: `link-calibration` (experiments/calibration.py) and every spec in
