@@ -62,6 +62,7 @@ LOG_TAIL_LINES = 20
 # What the SDK raises: its own errors (HTTP ones as APIError) and, when nothing listens on the socket,
 # the requests library's.
 SDK_ERRORS = (docker_sdk.errors.DockerException, requests.RequestException)
+CLIENT_TIMEOUT_S = 120  # a container removal (docker rm -f) may take its stop grace and more
 _client: docker_sdk.DockerClient | None = None
 
 
@@ -102,13 +103,13 @@ def docker(
     return proc
 
 
-def client(timeout_s: float = 120) -> docker_sdk.DockerClient:
+def client() -> docker_sdk.DockerClient:
     """The docker SDK's client of the engine the CLI talks to (DOCKER_HOST honoured, else the local socket),
-    made once per process; DockerError when no engine answers."""
+    made once per process, each call answering within CLIENT_TIMEOUT_S; DockerError when no engine answers."""
     global _client
     if _client is None:
         try:
-            _client = docker_sdk.from_env(timeout=int(timeout_s))
+            _client = docker_sdk.from_env(timeout=CLIENT_TIMEOUT_S)
         except SDK_ERRORS as err:
             raise DockerError(f"no Docker engine answers ({err}); `make setup` starts one") from None
     return _client
