@@ -20,7 +20,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from docker_rt import BASE_REPO, DockerError
-from docker_rt.engine import SDK_ERRORS, CACHE_DIR, check_free_space, client, docker, ensure_debs, image_id
+from docker_rt.engine import (
+    CACHE_DIR,
+    SDK_ERRORS,
+    check_free_space,
+    client,
+    docker,
+    engine_words,
+    ensure_debs,
+    image_id,
+)
 
 log = logging.getLogger(__name__)
 SUITE = "bookworm"
@@ -136,7 +145,7 @@ def user_base(ref: str) -> BaseImage:
         except SDK_ERRORS as err:
             raise DockerError(
                 f"BASE_IMAGE {ref!r} does not exist here and could not be pulled "
-                f"({getattr(err, 'explanation', None) or err}). Name an image that `docker images` lists "
+                f"({engine_words(err)}). Name an image that `docker images` lists "
                 "or that your registry serves, or unset BASE_IMAGE to build the Debian base "
                 "locally with debootstrap."
             )

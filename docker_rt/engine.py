@@ -41,6 +41,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,20 +116,27 @@ def client() -> docker_sdk.DockerClient:
     return _client
 
 
-def sdk_error(what: str, err: Exception) -> DockerError:
-    """A DockerError saying what failed and the engine's own words."""
-    words = getattr(err, "explanation", None) or str(err)
-    return DockerError(f"{what} failed: {words}")
+def engine_words(err: Exception) -> str:
+    """What the engine said of a failed SDK call (its explanation), else the error itself."""
+    return getattr(err, "explanation", None) or str(err)
+
+
+@contextmanager
+def sdk(what: str):
+    """Around SDK calls: an SDK error becomes a DockerError saying what failed and the engine's words."""
+    try:
+        yield
+    except SDK_ERRORS as err:
+        raise DockerError(f"{what} failed: {engine_words(err)}") from None
 
 
 def image_id(ref: str) -> str | None:
     """The local image id of ref, or None when no such image is here."""
-    try:
-        return client().images.get(ref).id
-    except docker_sdk.errors.ImageNotFound:
-        return None
-    except SDK_ERRORS as err:
-        raise sdk_error(f"looking up image {ref}", err) from None
+    with sdk(f"looking up image {ref}"):
+        try:
+            return client().images.get(ref).id
+        except docker_sdk.errors.ImageNotFound:
+            return None
 
 
 # ---------------------------------------------------------------- packages

@@ -45,7 +45,7 @@ from typing import Mapping
 import docker.errors as docker_sdk_errors
 
 from docker_rt import LABEL_HOST, LABEL_KIND, LABEL_OWNER, LABEL_RUN, DockerError, holder_name, proc_name
-from docker_rt.engine import SDK_ERRORS, client, docker, docker_bin, ensure_running, image_id, sdk_error
+from docker_rt.engine import SDK_ERRORS, client, docker, docker_bin, ensure_running, image_id, sdk
 from workers import cache
 
 log = logging.getLogger(__name__)
@@ -278,10 +278,8 @@ class DockerRuntime:
         """Start a host's holder container; return its init's PID (whose namespaces Mininet joins)."""
         name = holder_name(self.run_id, host)
         docker(holder_run_args(self.options, self.run_id, host))
-        try:
+        with sdk(f"looking up the holder container of {host}"):
             pid = int(client().containers.get(name).attrs["State"]["Pid"])
-        except SDK_ERRORS as err:
-            raise sdk_error(f"looking up the holder container of {host}", err) from None
         if pid <= 0:
             raise DockerError(f"holder container of {host} is not running: {self.last_lines(name)}")
         return pid
@@ -385,10 +383,8 @@ def runtime_for(name: str, options: DockerOptions | None = None):
 def labelled(*labels: str) -> list:
     """Every container (running or not) carrying every one of labels (k=v), as the SDK's Container objects
     (inspected; one removed meanwhile is left out)."""
-    try:
+    with sdk(f"listing containers labelled {', '.join(labels)}"):
         return client().containers.list(all=True, filters={"label": list(labels)}, ignore_removed=True)
-    except SDK_ERRORS as err:
-        raise sdk_error(f"listing containers labelled {', '.join(labels)}", err) from None
 
 
 def container_log(name: str, tail: int | None = None, timestamps: bool = False) -> str:
@@ -407,12 +403,11 @@ def remove_labelled(*labels: str) -> list[str]:
     labels (k=v); return their names."""
     removed = []
     for c in labelled(*labels):
-        try:
-            c.remove(force=True, v=True)
-        except docker_sdk_errors.NotFound:
-            pass  # gone on its own meanwhile
-        except SDK_ERRORS as err:
-            raise sdk_error(f"removing container {c.name}", err) from None
+        with sdk(f"removing container {c.name}"):
+            try:
+                c.remove(force=True, v=True)
+            except docker_sdk_errors.NotFound:
+                pass  # gone on its own meanwhile
         removed.append(c.name)
     return removed
 

@@ -45,9 +45,10 @@ from docker_rt.engine import (
     check_free_space,
     client,
     docker_bin,
+    engine_words,
     ensure_running,
     image_id,
-    sdk_error,
+    sdk,
 )
 
 log = logging.getLogger(__name__)
@@ -248,10 +249,8 @@ def build_cmd(base: BaseImage, digest: str, ref: str, no_cache: bool = False) ->
 
 
 def image_size_bytes(ref: str) -> int:
-    try:
+    with sdk(f"looking up image {ref}"):
         return int(client().images.get(ref).attrs["Size"])
-    except SDK_ERRORS as err:
-        raise sdk_error(f"looking up image {ref}", err) from None
 
 
 def build_step(line: str) -> tuple[int, int, str] | None:
@@ -299,16 +298,14 @@ def _run_build(args: list[str], log_path: Path, on_step: OnStep | None = None) -
 
 def _remove_older(current: str) -> None:
     """Untag worker images of earlier inputs (only our repository; ones a container still uses stay)."""
-    try:
+    with sdk("listing worker images"):
         tags = [t for img in client().images.list(name=WORKER_REPO) for t in img.tags]
-    except SDK_ERRORS as err:
-        raise sdk_error("listing worker images", err) from None
     for tag in tags:
         if tag.startswith(f"{WORKER_REPO}:") and tag not in (current, f"{WORKER_REPO}:latest"):
             try:
                 client().images.remove(tag)
             except SDK_ERRORS as err:  # in use by a container: stays, as `docker rmi` would leave it
-                log.info("worker image %s stays: %s", tag, getattr(err, "explanation", None) or err)
+                log.info("worker image %s stays: %s", tag, engine_words(err))
 
 
 def ensure_image(base_image: str | None = None, no_cache: bool = False, on_step: OnStep | None = None) -> WorkerImage:
@@ -330,10 +327,8 @@ def ensure_image(base_image: str | None = None, no_cache: bool = False, on_step:
         _remove_older(ref)
     else:
         log.info("worker image %s is up to date", ref)
-        try:
+        with sdk(f"tagging {ref} as {WORKER_REPO}:latest"):
             client().images.get(ref).tag(WORKER_REPO, "latest")
-        except SDK_ERRORS as err:
-            raise sdk_error(f"tagging {ref} as {WORKER_REPO}:latest", err) from None
     return WorkerImage(ref, found, digest, base.ref, image_size_bytes(ref), built, build_s)
 
 
