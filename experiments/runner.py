@@ -32,6 +32,7 @@ import signal
 import subprocess
 import sys
 import threading
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -192,20 +193,15 @@ class SharedTopology:
     containers' logs go to `root` (the sweep directory, which the containers mount)."""
 
     def __init__(self, spec: ExperimentSpec, root: Path, ident: int = 0):
-        from topology.net import TopologyConfig
         from topology.profiles import load_profile
 
         self.key, self.ident, self.runs = topology_key(spec), ident, 0
-        log_dir = root / "topology" / f"t{ident}"
-        self.config = TopologyConfig(
-            wan_profile=load_profile(spec.profile),
-            backend=spec.backend,
-            snaplen_bytes=spec.snaplen_bytes,
-            seed=spec.topology_seed,
-            log_dir=log_dir,
-            play_schedule=False,
-            cross_hosts=bool(spec.cross_traffic),
-            **deploy.topology_kwargs(spec, root),
+        # A run's own topology, but no captures of its own (each run captures into its directory) and its
+        # logs beside the sweep's runs; the link's schedule plays on each run's variant clock (can_share).
+        self.config = dataclasses.replace(
+            topology_config(spec, load_profile(spec.profile), root, play_schedule=False),
+            capture_dir=None,
+            log_dir=root / "topology" / f"t{ident}",
         )
         self.tb = None
         self.started_s = 0.0
