@@ -82,7 +82,7 @@ def bench_ready(runtime: str, image: str) -> list[str]:
     )
     with Testbed(topo) as tb:
         started = {}
-        for role, host in deploy.worker_names().items():
+        for role, host in ((role, names[0]) for role, names in deploy.worker_names().items()):
             started[role] = time.monotonic()
             tb.popen(
                 host,

@@ -1,18 +1,27 @@
-"""Engine microbenchmark: KV size, prefill vs matmul peak, decode vs weight-read bound, extend, handoff size.
+"""Engine microbenchmark: KV size, prefill vs matmul peak, decode and extend vs their bounds, chunked prefill.
 
 Responsible for: measuring this machine (single-thread fp32 matmul FLOP/s,
 memory bandwidth by a large tensor copy) and the engine on one CPU thread,
-and printing one table with each number next to its bound or published
-counterpart. Not responsible for: network effects (the PDD experiments).
+and printing one table with each number next to its bound, its target, its
+value before and after the attention rework (BEFORE_AFTER_MS) or its
+published counterpart:
+prefill; decode steps at batch 1/8/32; extend 16/64/128; chunked prefill
+(chunk size vs whole prompt; 1, 4 and 16 concurrent prompts one at a time vs
+chunked and batched); the time per output token of 8 decoding sessions while
+a long prompt is prefilled on the same engine, whole (stalling them) vs in
+chunks mixed into their steps; the 100-token handoff.
+Not responsible for: network effects (the PDD experiments).
 
     .venv/bin/python benchmarks/bench_engine.py [--config default] [--json out.json]
 
 FLOP accounting (prefill of T tokens, causal): 2 * (matmul weights) * T for
 the projections and MLPs, + 2 * T^2 * head_dim * n_head * n_layer for QK^T and
 AV (each 2*T^2*hs per head, halved by the causal mask), + 2 * d_model * vocab
-for the LM head on the last token only. Decode bound: the matmul weights
-(everything but the embedding table, which is only indexed) read once per
-step at the copy bandwidth, plus the batch's KV read once.
+for the LM head on the last token only. Decode and extend have two bounds:
+memory, the matmul weights (everything but the embedding table, which is only
+indexed) read once per step at the copy bandwidth plus the batch's KV read
+once; and compute, their matmul FLOPs (LM head on every row) at the measured
+matmul peak. A step cannot beat the larger of the two.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from typing import Callable
 
 import torch
 
+from workers.chunked import DEFAULT_BUDGET_TOKENS, ChunkScheduler
 from workers.engine import Engine, GenerationRequest
 
 log = logging.getLogger("bench_engine")
@@ -40,7 +50,20 @@ DECODE_BATCHES = (1, 8, 32)
 EXTEND_TOKENS = (16, 64, 128)
 HANDOFF_TOKENS = 100
 PUBLISHED_HANDOFF = ("1.5 KB", "4649 KB")  # token IDs vs incremental KV, PDD.md
-SECTIONS = ("KV", "machine", "prefill", "decode", "extend", "handoff")  # table order
+CHUNK_BUDGETS = (64, 128, 256, 512)  # tokens per step
+CONCURRENT_PROMPTS = (1, 4, 16)
+# prompt lengths, drawn uniformly: uncached suffixes of requests with high prefix hits, and of varied ones
+CONCURRENT_PROMPT_TOKENS = ((4, 32), (16, 512))
+SESSIONS = 8  # decoding while a long prompt is prefilled on the same engine
+LONG_PROMPT_TOKENS = 2048  # or the model's context, whichever is smaller
+SECTIONS = ("KV", "machine", "prefill", "decode", "extend", "chunked", "TPOT", "handoff")  # table order
+# The default model before and after attention read KV in place (889ea78: every request's KV gathered into a
+# padded batch per layer, then SDPA; weights row-major -> 6436be1), both engines timed alternately in one process:
+# best of 5 paired rounds (ms) on this 2-core machine, others' jobs running. Load changes between sittings, so
+# the pair is printed as measured, beside (not instead of) this run's own number.
+BEFORE_AFTER = ("889ea78", "6436be1")
+BEFORE_AFTER_MS = {"decode 1": (17.6, 12.9), "decode 8": (40.2, 37.9), "decode 32": (126.3, 96.1)}
+BEFORE_AFTER_MS |= {"extend 16": (44.8, 46.1), "extend 64": (114.0, 111.1), "extend 128": (194.4, 193.1)}
 
 
 @dataclass(frozen=True)
@@ -63,6 +86,19 @@ def timed(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:
         fn()
         times.append(time.perf_counter() - t0)
     return min(times)
+
+
+def timed_pair(a: Callable[[], object], b: Callable[[], object], repeats: int) -> tuple[float, float]:
+    """Best wall times (s) of a and b, run alternately after one warmup each: two variants compared under
+    the same load, whatever else the machine runs meanwhile."""
+    a(), b()
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(repeats):
+        for fn, out in ((a, times[0]), (b, times[1])):
+            t0 = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t0)
+    return min(times[0]), min(times[1])
 
 
 def measure_matmul_flops(dtype: torch.dtype) -> float:
@@ -191,12 +227,36 @@ class Bench:
             f"{matmul_weight_bytes(self.engine) / 1e6:.0f} MB at copy bandwidth",
         )
         for batch, t in steps.items():
-            kv_s = batch * DECODE_CONTEXT * self.engine.kv_bytes_per_token / self.bandwidth
-            ref = f"{t / weight_s:.2f}x weight read" + (
-                " (target <= 2x)" if batch == 1 else f"; weights+KV bound {(weight_s + kv_s) * 1e3:.1f} ms"
+            memory_s = weight_s + batch * DECODE_CONTEXT * self.engine.kv_bytes_per_token / self.bandwidth
+            compute_s = self.matmul_flops(batch, DECODE_CONTEXT) / self.flops
+            target = " (target <= 2x weight read)" if batch == 1 else ""
+            if batch == DECODE_BATCHES[-1]:
+                target = f" (target <= 2x weights+KV: {2 * memory_s * 1e3:.1f} ms)"
+            ref = (
+                f"{t / weight_s:.2f}x weight read{target}; bounds: weights+KV {memory_s * 1e3:.1f} ms "
+                f"({t / memory_s:.1f}x), matmul FLOPs {compute_s * 1e3:.1f} ms ({t / compute_s:.1f}x)"
             )
-            self.add("decode", f"decode step, batch {batch}, context {DECODE_CONTEXT}", t * 1e3, "ms", ref)
+            self.add(
+                "decode",
+                f"decode step, batch {batch}, context {DECODE_CONTEXT}",
+                t * 1e3,
+                "ms",
+                ref + self.before(f"decode {batch}"),
+            )
         return steps[1]
+
+    def matmul_flops(self, rows: int, context: int) -> float:
+        """FLOPs of a pass of `rows` tokens (LM head on each) on `context` positions of KV each."""
+        c = self.engine.config
+        params = sum(p.numel() for n, p in self.engine.model.named_parameters() if p.dim() == 2 and n != "wte.weight")
+        return 2 * params * rows + 4 * rows * context * c.n_head * c.head_dim * c.n_layer
+
+    def before(self, key: str) -> str:
+        """'; <before> -> <after> ms paired' for a default-model row measured across the attention rework."""
+        if self.engine.config.name != "default" or key not in BEFORE_AFTER_MS:
+            return ""
+        (b, a), (before, after) = BEFORE_AFTER, BEFORE_AFTER_MS[key]
+        return f"; {b} -> {a}, paired: {before:.1f} -> {after:.1f} ms"
 
     def _time_decode(self, batch: int) -> float:
         """Best time (s) of a decode step over `batch` requests with 256 tokens of context each."""
@@ -210,22 +270,156 @@ class Bench:
         for k in EXTEND_TOKENS:
             ids = list(random_tokens(self.engine, k, seed=3 + k))
             t = min(self._time_extend(ids) for _ in range(5))
+            compute_s = self.matmul_flops(k, DECODE_CONTEXT + k // 2) / self.flops
+            target = " (target <= 3x)" if k == 64 else ""
             self.add(
                 "extend",
                 f"extend {k} tokens on context {DECODE_CONTEXT}",
                 t * 1e3,
                 "ms",
-                f"{t / step_b1:.1f}x one decode step ({step_b1 * 1e3:.1f} ms); {k} steps = {k * step_b1 * 1e3:.0f} ms",
+                f"{t / step_b1:.1f}x one decode step ({step_b1 * 1e3:.1f} ms){target}; matmul FLOPs alone "
+                f"{compute_s * 1e3:.0f} ms = {compute_s / step_b1:.1f}x a step; {k} steps = {k * step_b1 * 1e3:.0f} ms"
+                + self.before(f"extend {k}"),
             )
+        ids = list(random_tokens(self.engine, 64, seed=3 + 64))
+        t = min(self._time_extend(ids, all_logits=False) for _ in range(5))
+        self.add(
+            "extend",
+            "extend 64 tokens, next token only",
+            t * 1e3,
+            "ms",
+            f"{t / step_b1:.1f}x one decode step: the LM head on the last row only (what the MD's handoff needs)",
+        )
 
-    def _time_extend(self, ids: list[int]) -> float:
+    def _time_extend(self, ids: list[int], all_logits: bool = True) -> float:
         """Wall time (s) of one extend over ids on a fresh 256-token context (setup not timed)."""
         rid = self._open_with_context(len(ids) + 2)
         t0 = time.perf_counter()
-        self.engine.extend(rid, ids)
+        self.engine.extend(rid, ids, all_logits=all_logits)
         elapsed = time.perf_counter() - t0
         self.engine.abort(rid)
         return elapsed
+
+    def chunk_sizes(self) -> None:
+        """A prompt prefilled in chunks of each budget, against the whole prompt in one pass."""
+        prompt = random_tokens(self.engine, PREFILL_TOKENS, seed=2)
+        for budget in CHUNK_BUDGETS:
+            whole, t = timed_pair(lambda: self._whole([prompt]), lambda: self._chunked([prompt], budget), repeats=3)
+            self.add(
+                "chunked",
+                f"prefill {PREFILL_TOKENS} tokens in chunks of {budget}",
+                PREFILL_TOKENS / t,
+                "tokens/s",
+                f"{whole / t:.0%} of the whole prompt's {PREFILL_TOKENS / whole:,.0f} tokens/s (timed alternately)",
+            )
+
+    def concurrent_prefill(self) -> None:
+        """Prefill throughput of n prompts that arrive together: one at a time, whole, vs chunked + batched."""
+        for lo, hi in CONCURRENT_PROMPT_TOKENS:
+            lengths = torch.randint(lo, hi + 1, (max(CONCURRENT_PROMPTS),), generator=torch.Generator().manual_seed(5))
+            for n in CONCURRENT_PROMPTS:
+                prompts = [random_tokens(self.engine, int(m), seed=100 + i) for i, m in enumerate(lengths[:n])]
+                tokens = sum(len(p) for p in prompts)
+                whole, chunked = timed_pair(
+                    lambda: self._whole(prompts), lambda: self._chunked(prompts, DEFAULT_BUDGET_TOKENS), repeats=3
+                )
+                sched = self._chunked(prompts, DEFAULT_BUDGET_TOKENS)
+                what = f"{n} concurrent prompts of {lo}-{hi} tokens"
+                self.add("chunked", f"{what}, whole, one at a time", tokens / whole, "tokens/s", f"{tokens} tokens")
+                self.add(
+                    "chunked",
+                    f"{what}, chunked + batched",
+                    tokens / chunked,
+                    "tokens/s",
+                    f"{whole / chunked:.2f}x; budget {DEFAULT_BUDGET_TOKENS}: {sched.steps} steps, "
+                    f"{sched.lone_tail_steps} with a lone tail chunk",
+                )
+
+    def _whole(self, prompts: list[tuple[int, ...]]) -> None:
+        for p in prompts:
+            rid = self._open(p, 1)
+            self.engine.prefill(rid)
+            self.engine.abort(rid)
+
+    def _chunked(self, prompts: list[tuple[int, ...]], budget: int) -> ChunkScheduler:
+        rids = [self._open(p, 1) for p in prompts]
+        sched = ChunkScheduler(self.engine, budget)
+        for rid in rids:
+            sched.submit(rid)
+        while sched.step() is not None:
+            pass
+        for rid in rids:
+            self.engine.abort(rid)
+        return sched
+
+    def tpot_under_prefill(self) -> None:
+        """Time per output token of SESSIONS decoding sessions while a long prompt is prefilled on the same engine:
+        whole between two of their steps (they stall), or in chunks mixed into their steps."""
+        n = min(LONG_PROMPT_TOKENS, self.engine.config.max_seq_len - 1)
+        prompt = random_tokens(self.engine, n, seed=6)
+        alone = self._time_decode(SESSIONS)
+        what = f"{n}-token prompt" + ("" if n == LONG_PROMPT_TOKENS else " (the model's context)")
+        runs = {mode: [] for mode in ("whole", "chunked")}
+        for _ in range(3):  # alternately, so both modes see the same load
+            for mode, out in runs.items():
+                out.append(self._sessions_during_prefill(prompt, mode == "chunked"))
+        for mode, mode_runs in runs.items():
+            gaps = sorted(g for run in mode_runs for g in run[0])
+            worst = sorted(max(run[0]) for run in mode_runs)[1]  # median of the 3 runs' worst gaps
+            ttft = sorted(run[1] for run in mode_runs)[1]
+            how = (
+                "prefilled whole between two steps"
+                if mode == "whole"
+                else f"in chunks of {DEFAULT_BUDGET_TOKENS} tokens with their steps"
+            )
+            what_mode = f"{SESSIONS} sessions, {what} {mode}"
+            self.add(
+                "TPOT",
+                f"{what_mode}: worst TPOT",
+                worst * 1e3,
+                "ms",
+                f"{how} (median of 3); a step of {SESSIONS} alone: {alone * 1e3:.1f} ms",
+            )
+            self.add(
+                "TPOT",
+                f"{what_mode}: median TPOT",
+                gaps[len(gaps) // 2] * 1e3,
+                "ms",
+                f"while the prompt is prefilled ({len(gaps) // 3} steps)",
+            )
+            self.add(
+                "TPOT",
+                f"{what_mode}: prompt's TTFT",
+                ttft * 1e3,
+                "ms",
+                "median of 3: its prefill, from arrival to first token",
+            )
+
+    def _sessions_during_prefill(self, prompt: tuple[int, ...], chunked: bool) -> tuple[list[float], float]:
+        """The sessions' inter-token gaps (s) while the prompt is prefilled, and its time to first token (s)."""
+        steps = len(prompt) // max(1, DEFAULT_BUDGET_TOKENS - SESSIONS) + 4
+        sessions = [self._open_with_context(steps + 4) for _ in range(SESSIONS)]
+        self.engine.decode_step(sessions)
+        last = time.perf_counter()
+        rid = self._open(prompt, 1)
+        gaps = []
+        if chunked:
+            sched = ChunkScheduler(self.engine, DEFAULT_BUDGET_TOKENS)
+            sched.submit(rid)
+            while sched.waiting:
+                sched.step(decode=sessions)
+                now = time.perf_counter()
+                gaps.append(now - last)
+                last = now
+            ttft = sum(gaps)
+        else:
+            self.engine.prefill(rid)
+            ttft = time.perf_counter() - last
+            self.engine.decode_step(sessions)
+            gaps.append(time.perf_counter() - last)
+        for r in sessions + [rid]:
+            self.engine.abort(r)
+        return gaps, ttft
 
     def handoff(self) -> None:
         ids = list(random_tokens(self.engine, HANDOFF_TOKENS, seed=4))
@@ -293,6 +487,11 @@ def main(argv: list[str] | None = None) -> int:
     step_b1 = bench.decode()
     log.info("extend")
     bench.extend(step_b1)
+    log.info("chunked prefill")
+    bench.chunk_sizes()
+    bench.concurrent_prefill()
+    log.info("TPOT while a long prompt is prefilled")
+    bench.tpot_under_prefill()
     bench.handoff()
     bench.machine()  # the best of the measurements taken before and during the sections
     print(

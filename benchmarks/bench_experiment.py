@@ -13,6 +13,9 @@ import json
 import sys
 from pathlib import Path
 
+from experiments import metadata
+from experiments.metadata import RunMetadata
+
 # Published figures (../shared/PDD.md), as the table prints them.
 PUBLISHED = {
     "ttft_cross_vs_intra": "median TTFT 4.2 s -> 6.7 s (x1.6) when decode moves to another city",
@@ -86,7 +89,7 @@ def table(summary: dict) -> str:
     return "\n".join(rows)
 
 
-def run_time(meta: dict) -> str:
+def run_time(meta: RunMetadata) -> str:
     """How long the run took and what dominated it: per variant, role start (start to every role ready) and
     the measured window (ready to roles stopped); the rest is topology set-up, teardown and analysis."""
     import datetime
@@ -94,10 +97,9 @@ def run_time(meta: dict) -> str:
     def at(s: str) -> datetime.datetime:
         return datetime.datetime.strptime(s, "%Y-%m-%dT%H:%M:%S%z")
 
-    total = (at(meta["finished_at"]) - at(meta["provenance"]["started_at"])).total_seconds()
-    windows = meta.get("variants") or {}
-    start = sum((w["t_ready_ns"] - w["t_start_ns"]) / 1e9 for w in windows.values() if w.get("t_ready_ns"))
-    measured = sum((w["t_end_ns"] - w["t_ready_ns"]) / 1e9 for w in windows.values() if w.get("t_end_ns"))
+    total = (at(meta.require("finished_at")) - at(meta.provenance.started_at)).total_seconds()
+    start = sum(w.role_start_s for w in meta.variants.values())
+    measured = sum(w.measured_s for w in meta.variants.values())
     rest = total - start - measured
     parts = {"measured windows": measured, "role start": start, "topology, teardown, analysis": rest}
     top = max(parts, key=parts.get)
@@ -117,7 +119,7 @@ def main() -> int:
     summary = json.loads((run_dir / "summary.json").read_text())
     print(f"reproduction table ({run_dir}):\n")
     print(table(summary))
-    print("\n" + run_time(json.loads((run_dir / "metadata.json").read_text())))
+    print("\n" + run_time(metadata.read(run_dir)))
     print("\nKV-vs-IDs handoff microbenchmark (100 tokens, std and payload): benchmarks/bench_roles.py")
     return 0
 

@@ -1,4 +1,5 @@
-"""PDD roles benchmark: KV data-plane throughput next to iperf3 on loopback; a 100-token handoff, IDs vs KV.
+"""PDD roles benchmark: KV data plane vs iperf3 on loopback; a 100-token handoff, IDs vs KV; a decode worker's TPOT
+while it prefills a long prompt.
 
 Responsible for: measuring, in one run on 127.0.0.1, (1) the KV data plane
 (workers/roles/kvwire.py: framing, crc32c on both ends, N connections,
@@ -8,12 +9,18 @@ streams on the same path, and next to two plain-TCP references that move the
 same memory from Python (without, then with, crc32c on both ends), in
 alternating windows so that a noisy host treats all alike; CPU seconds per GB
 on each side; (2) a 100-token handoff on the default model:
-token IDs (protobuf HandoffRequest + the MD's extend step) vs shipping the
-tokens' KV (export, data plane, import). Prints one table; --json writes it.
+token IDs (protobuf HandoffRequest + the MD's recompute, `DecodeSteps.extend`)
+vs shipping the tokens' KV (export, data plane, import); (3) an RLD's
+DecodeServicer in process (its own code, called as gRPC calls it): the time
+per output token of SESSIONS colocated sessions while a LONG_PROMPT_TOKENS
+prompt is prefilled on the same worker, under each `decode.step_budget_tokens`
+(0: whole, between two of their steps; 256: in chunks mixed into them),
+alternately. Prints one table per section; --json writes them.
 Not responsible for: WAN effects (the PDD experiments run this over the
 emulated topology).
 
     .venv/bin/python benchmarks/bench_roles.py [--mbytes 256] [--rounds 3] [--seconds 2] [--json out.json]
+        [--sections dataplane handoff decode] [--model default] [--budgets 0 256]
 
 Published counterparts (PDD.md): 100-token handoff as KV 4649 KB, 185 ms mean
 (peaks 512.6 ms) over the WAN; as token IDs 1.5 KB, 305 ms mean, 4.8 ms std.
@@ -33,6 +40,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -51,6 +59,7 @@ log = logging.getLogger("bench_roles")
 FINGERPRINT = "00" * 16
 HANDOFF_TOKENS = 100
 HANDOFF_CONTEXT = 512  # prompt tokens before the handoff
+SECTIONS = ("dataplane", "handoff", "decode")
 
 
 def free_port() -> int:
@@ -358,10 +367,14 @@ def bench_handoff(repeats: int) -> dict:
     from workers.engine import Engine, GenerationRequest
     from workers.proto import pdd_pb2
     from workers.kvcache import blob_kv_view
+    from workers.roles.config import DecodeConfig
     from workers.roles.kvwire import meta_for, send_blob
+    from workers.roles.steps import DecodeSteps
 
     torch.set_num_threads(1)
     eng = Engine("default", capacity_tokens=8192, block_size=16, device="cpu", prefix_cache=False)
+    cfg = DecodeConfig()  # the MD's recompute as the role runs it: chunked steps under the default budget
+    md = DecodeSteps(eng, threading.Lock(), cfg.step_budget_tokens, cfg.max_batch, NullLog())
     prompt = tuple(np.random.default_rng(0).integers(0, DEFAULT.vocab_size, HANDOFF_CONTEXT).tolist())
     L, n = len(prompt), HANDOFF_TOKENS
 
@@ -379,12 +392,13 @@ def bench_handoff(repeats: int) -> dict:
                 eng.open(GenerationRequest(rid, prompt, n + 4))
                 eng.import_kv(rid, eng.export_kv("rld", 0, L))
                 eng.append_tokens(rid, [gen[0]])
-            # IDs: the message the RLD sends, parsed by the MD, then one extend step
+            # IDs: the message the RLD sends, parsed by the MD, then its recompute (DecodeSteps.extend)
             t0 = time.perf_counter()
             msg = pdd_pb2.HandoffRequest(request_id=f"ids{r}", start_index=0, token_ids=gen[: n + 1], final=True)
             wire = msg.SerializeToString()
             got = pdd_pb2.HandoffRequest.FromString(wire)
-            ids_next = eng.extend(f"ids{r}", list(got.token_ids[1:])).next_token
+            md.extend(f"ids{r}", list(got.token_ids[1:]))
+            ids_next = eng.tokens(f"ids{r}")[-1]
             ids_ms.append((time.perf_counter() - t0) * 1e3)
             ids_payload = len(wire)
             # KV: export, send on the data plane, import, then the one token without KV
@@ -416,28 +430,169 @@ def bench_handoff(repeats: int) -> dict:
     }
 
 
+# ---------------------------------------------------------------- a decode worker: TPOT while it prefills a long prompt
+
+SESSIONS = 8  # sessions decoding on the worker when the long prompt arrives
+LONG_PROMPT_TOKENS = 2048
+SESSION_PROMPT_TOKENS = 64
+SESSION_MAX_TOKENS = 1024  # more than they decode while the long prompt is prefilled: stopped once it has its first
+WARM_TOKENS = 4  # tokens every session has streamed before the long prompt arrives
+
+
+class _InProcess:
+    """What DecodeServicer.Decode uses of a grpc.ServicerContext, in this process."""
+
+    def add_callback(self, fn) -> None:
+        pass
+
+    def abort(self, code, details: str):
+        raise RuntimeError(f"{code.name}: {details}")
+
+
+def decode_worker(model: str, budget_tokens: int, capacity_tokens: int = 16384, engine=None, events=None):
+    """An RLD's DecodeServicer in this process, without a gRPC server: the role's own code, driven by calling
+    its Decode. engine: shared between workers run one after another (default: a new one); events: its log."""
+    from workers.roles.config import parse_config
+    from workers.roles.decode import DecodeServicer
+    from workers.roles.server import build_engine
+
+    cfg = parse_config(
+        {
+            "model": model,
+            "router": {"name": "router", "grpc_port": 1},
+            "p": {"name": "p1", "grpc_port": 2},
+            "rld": {"name": "rld1", "grpc_port": 3, "kv_port": 4, "capacity_tokens": capacity_tokens},
+            "md": {"name": "md1", "grpc_port": 5, "kv_port": 6},
+            "decode": {"step_budget_tokens": budget_tokens},
+        }
+    )
+    engine = engine if engine is not None else build_engine(cfg, cfg.rld[0], prefix_cache=True)
+    return DecodeServicer(cfg, cfg.rld[0], "rld", engine, Inbox(), events if events is not None else NullLog())
+
+
+def colocated(rid: str, prompt: list[int], max_tokens: int):
+    """A Decode request that prefills on the worker itself (colocated), past any prefix cache."""
+    from workers.proto import pdd_pb2
+
+    return pdd_pb2.DecodeRequest(
+        request_id=rid, prompt_tokens=prompt, max_tokens=max_tokens, kv_source=pdd_pb2.KV_SOURCE_LOCAL
+    )
+
+
+class Stream(threading.Thread):
+    """One session's Decode stream, read in a thread as gRPC would: when each token was emitted (ns)."""
+
+    def __init__(self, servicer, request):
+        super().__init__(name=f"stream-{request.request_id}", daemon=True)
+        self.servicer, self.request = servicer, request
+        self.t_ns: list[int] = []
+        self.ended = ""  # the end reason, if the stream ended before it was stopped
+        self.error: Exception | None = None
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        gen = self.servicer.Decode(self.request, _InProcess())
+        try:
+            for ev in gen:
+                if ev.WhichOneof("kind") == "token":
+                    self.t_ns.append(ev.token.t_ns)
+                elif ev.WhichOneof("kind") == "end":
+                    self.ended = ev.end.reason
+                if self._halt.is_set():
+                    break
+        except Exception as err:  # raised in stop()
+            self.error = err
+        finally:
+            gen.close()
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(120)
+        if self.error is not None:
+            raise self.error
+
+
+@dataclass(frozen=True)
+class PrefillStall:
+    """Sessions decoding on a worker while a long prompt is prefilled there.
+
+    ttft_s: the prompt's arrival to its first token (s)
+    gaps_s: the sessions' gaps between consecutive tokens that overlap that span (s)
+    alone_s: their median gap before it arrived (s)
+    """
+
+    ttft_s: float
+    gaps_s: tuple[float, ...]
+    alone_s: float
+
+    @property
+    def worst_s(self) -> float:
+        return max(self.gaps_s)
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.gaps_s)
+
+
+def prefill_stall(servicer, prompt: list[int], sessions: int, tag: str, seed: int = 0) -> PrefillStall:
+    """Start `sessions` colocated sessions on the servicer, then the long prompt once each has streamed
+    WARM_TOKENS; how its prefill held their tokens. The sessions stop once it has its first token."""
+    rng = np.random.default_rng(seed)
+    vocab = servicer.engine.config.vocab_size
+    prompts = [rng.integers(0, vocab, SESSION_PROMPT_TOKENS).tolist() for _ in range(sessions)]
+    streams = [Stream(servicer, colocated(f"{tag}-s{i}", p, SESSION_MAX_TOKENS)) for i, p in enumerate(prompts)]
+    for st in streams:
+        st.start()
+    try:
+        deadline = time.monotonic() + 120
+        while min(len(st.t_ns) for st in streams) < WARM_TOKENS:
+            if time.monotonic() > deadline or any(not st.is_alive() for st in streams):
+                raise RuntimeError(f"the sessions did not start decoding: {[len(st.t_ns) for st in streams]}")
+            time.sleep(0.005)
+        t0 = time.monotonic_ns()
+        long = servicer.Decode(colocated(f"{tag}-long", prompt, 1), _InProcess())
+        t_first = next(ev.token.t_ns for ev in long if ev.WhichOneof("kind") == "token")
+        long.close()
+    finally:
+        for st in streams:
+            st.stop()
+    if any(st.ended for st in streams):
+        raise RuntimeError("a session ended before the long prompt's first token: raise SESSION_MAX_TOKENS")
+    gaps, alone = [], []
+    for st in streams:
+        for a, b in zip(st.t_ns, st.t_ns[1:]):
+            if b > t0 and a < t_first:
+                gaps.append((b - a) / 1e9)
+            elif b <= t0:
+                alone.append((b - a) / 1e9)
+    return PrefillStall((t_first - t0) / 1e9, tuple(gaps), statistics.median(alone))
+
+
+def bench_decode_worker(model: str, budgets: list[int], repeats: int, prompt_tokens: int, sessions: int) -> dict:
+    """prefill_stall on one engine under each step budget, alternately (so each sees the same load)."""
+    from workers.model import get_config
+
+    n = min(prompt_tokens, get_config(model).max_seq_len - 1)
+    workers = {}
+    for budget in budgets:
+        engine = next(iter(workers.values())).engine if workers else None
+        workers[budget] = decode_worker(model, budget, engine=engine)
+    runs: dict[int, list[PrefillStall]] = {b: [] for b in budgets}
+    for r in range(repeats):
+        prompt = np.random.default_rng(100 + r).integers(0, get_config(model).vocab_size, n).tolist()
+        for budget, servicer in workers.items():
+            runs[budget].append(prefill_stall(servicer, prompt, sessions, f"b{budget}-r{r}", seed=r))
+    for servicer in workers.values():
+        servicer.close()
+    return {"model": model, "prompt_tokens": n, "sessions": sessions, "runs": runs}
+
+
 def summary(xs: list[float]) -> str:
     sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
     return f"mean {statistics.mean(xs):8.2f}  max {max(xs):8.2f}  std {sd:6.2f}"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mbytes", type=int, default=256, help="KV per data-plane transfer (MiB)")
-    parser.add_argument(
-        "--frame-kib",
-        type=int,
-        default=PathConfig.frame_bytes >> 10,
-        help="kvwire frame payload (kv.<path>.frame_bytes)",
-    )
-    parser.add_argument("--rounds", type=int, default=3, help="alternating kvwire / iperf3 windows")
-    parser.add_argument("--seconds", type=float, default=2.0, help="length of each window")
-    parser.add_argument("--repeats", type=int, default=3, help="handoff repeats (+2)")
-    parser.add_argument("--connections", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--json", type=Path)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    results: dict = {"dataplane": [], "handoff": None}
+def print_dataplane(args, results: dict) -> None:
     print(
         f"KV data plane vs iperf3 on 127.0.0.1: {args.mbytes} MiB of default-model KV per transfer, back to back, "
         f"receiver in another process;\n{args.rounds} alternating windows of {args.seconds:g} s each "
@@ -477,12 +632,69 @@ def main(argv: list[str] | None = None) -> int:
         "  side (on loopback the sender also pays the receive path's TCP work). 'cold' = the slowest\n"
         "  warm-up transfer, into fresh (not pooled) memory"
     )
+
+
+def print_handoff(args, results: dict) -> None:
     h = bench_handoff(args.repeats + 2)
     results["handoff"] = h
     print(f"\n{h['tokens']}-token handoff on the default model (context {h['context_tokens']}), loopback, 1 thread")
     print(f"  token IDs: payload {h['ids_payload_bytes']:>9} B   latency ms {summary(h['ids_ms'])}")
     print(f"  KV       : payload {h['kv_payload_bytes']:>9} B   latency ms {summary(h['kv_ms'])}")
     print("  published (WAN): IDs 1.5 KB, 305 ms mean, 4.8 ms std; KV 4649 KB, 185 ms mean, peaks 512.6 ms")
+
+
+def print_decode_worker(args, results: dict) -> None:
+    d = bench_decode_worker(args.model, args.budgets, args.repeats, LONG_PROMPT_TOKENS, SESSIONS)
+    print(
+        f"\nAn RLD (DecodeServicer in process, model {d['model']}, 1 thread): {d['sessions']} colocated sessions "
+        f"decoding when a {d['prompt_tokens']}-token prompt arrives there;\n{args.repeats} alternating runs per "
+        "decode.step_budget_tokens (0: the prompt prefilled whole between two steps). Medians of the runs:"
+    )
+    print(
+        f"{'budget':>7} {'TPOT alone':>11} {'TPOT while prefilled':>21} {'worst':>8} {'prompt TTFT':>12}  worst per run"
+    )
+    for budget, runs in d["runs"].items():
+        ms = {
+            k: statistics.median(getattr(r, k) for r in runs) * 1e3
+            for k in ("alone_s", "median_s", "worst_s", "ttft_s")
+        }
+        print(
+            f"{budget:>7} {ms['alone_s']:>8.1f} ms {ms['median_s']:>18.1f} ms {ms['worst_s']:>5.0f} ms "
+            f"{ms['ttft_s']:>9.0f} ms   " + " ".join(f"{r.worst_s * 1e3:.0f}" for r in runs)
+        )
+    print(
+        "  TPOT: a session's gap between consecutive tokens (median over every gap that overlaps the prompt's\n"
+        "  prefill; worst: the longest such gap); prompt TTFT: its arrival to its first token"
+    )
+    results["decode_worker"] = {**d, "runs": {b: [asdict(r) for r in runs] for b, runs in d["runs"].items()}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mbytes", type=int, default=256, help="KV per data-plane transfer (MiB)")
+    parser.add_argument(
+        "--frame-kib",
+        type=int,
+        default=PathConfig.frame_bytes >> 10,
+        help="kvwire frame payload (kv.<path>.frame_bytes)",
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="alternating kvwire / iperf3 windows")
+    parser.add_argument("--seconds", type=float, default=2.0, help="length of each window")
+    parser.add_argument("--repeats", type=int, default=3, help="handoff repeats (+2)")
+    parser.add_argument("--connections", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--model", default="default", help="model of the decode worker section")
+    parser.add_argument("--budgets", type=int, nargs="+", default=[0, 256], help="decode.step_budget_tokens")
+    parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS))
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    results: dict = {"dataplane": [], "handoff": None, "decode_worker": None}
+    if "dataplane" in args.sections:
+        print_dataplane(args, results)
+    if "handoff" in args.sections:
+        print_handoff(args, results)
+    if "decode" in args.sections:
+        print_decode_worker(args, results)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     return 0

@@ -141,7 +141,7 @@ def forwarding_rate(wire: NetnsWire, seconds: float) -> ForwardingResult:
 PROFILES = {
     "wan-30ms-5ms-loss0.1": LinkParams(delay_ms=30, jitter_ms=5, loss_pct=0.1),
     "rated-200mbit-30ms": LinkParams(rate_mbit=200, delay_ms=30, jitter_ms=5),
-    # Same with a queue that holds the delay line plus 1.5 x BDP: TCP no longer overflows it.
+    # Same with a queue of 3,000 frames (about the delay line plus 1.5 x BDP; the derived limit is now 2 x BDP).
     "rated-200mbit-30ms-limit3000": LinkParams(rate_mbit=200, delay_ms=30, jitter_ms=5, limit_pkts=3000),
     "regional-100mbit-10ms-normal": LinkParams(rate_mbit=100, delay_ms=10, jitter_ms=2, delay_distribution="normal"),
 }

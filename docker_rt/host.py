@@ -60,10 +60,12 @@ class WorkerCrashed(DockerError):
 
 @dataclass(frozen=True)
 class RoleLimits:
-    """cpus: CPU time, in cores (docker --cpus); memory_mb: hard memory limit, swap included (MiB)."""
+    """cpus: CPU time, in cores (docker --cpus); memory_mb: hard memory limit, swap included (MiB); cpuset: the
+    cores it may run on (docker --cpuset-cpus, e.g. "1" or "0-1"; "" = any): a pool's own hardware"""
 
     cpus: float
     memory_mb: int
+    cpuset: str = ""
 
 
 # Small model, CPU only: these leave headroom on a 2-core machine and catch a runaway role. A worker of
@@ -178,6 +180,7 @@ def proc_run_args(opts: DockerOptions, run_id: str, host: str, role: str, index:
         f"{lim.memory_mb}m",
         "--memory-swap",
         f"{lim.memory_mb}m",
+        *(["--cpuset-cpus", lim.cpuset] if lim.cpuset else []),
         "-v",
         f"{opts.weights_dir}:{WEIGHTS_MOUNT}:ro",
     ]

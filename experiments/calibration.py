@@ -4,7 +4,8 @@ Responsible for: bringing the topology up with a profile, probing both
 directions at once (UDP one-way delay probes), measuring TCP and UDP
 throughput with iperf3, capturing pcap, and writing the run directory:
 
-    metadata.json     resolved profile, backend and why, seeds, provenance
+    metadata.json     resolved profile, backend and why, seeds, provenance (experiments.metadata's layout,
+                      as every run's; `complete` only when the link's schedule, if any, played without error)
     calibration.json  per direction: configured, expected, measured, checks
     calibration.md    the measured-vs-configured table, human-readable
     probes/*.json     raw probe results (sequence numbers and one-way delays, arrival order)
@@ -20,11 +21,11 @@ import json
 import logging
 import subprocess
 import sys
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from experiments import rundir
+from experiments import metadata, rundir
+from experiments.metadata import RunMetadata, Seeds
 from experiments.linkstats import (
     Check,
     DirectionStats,
@@ -378,21 +379,27 @@ def run(
     """The whole experiment: topology up, calibrate, write the run directory, tear down."""
     preflight()  # fail before a run directory exists
     out = rundir.new_run_dir("link-calibration", results_root)
-    meta = {"experiment": "link-calibration", "complete": False, "calibration": asdict(cfg), **rundir.provenance()}
-    rundir.write_json(out / "metadata.json", meta)
+    meta = RunMetadata(
+        experiment="link-calibration",
+        complete=False,
+        provenance=rundir.provenance(),
+        seeds=Seeds(topology=seed),
+        calibration=asdict(cfg),
+    )
+    metadata.write(out, meta)
     topo = TopologyConfig(
         wan_profile=profile, backend=backend, capture_dir=out / "pcap", seed=seed, log_dir=out / "logs"
     )
-    try:
+    with metadata.recording(out, meta):
         with Testbed(topo) as testbed:
-            results = calibrate(testbed, cfg, out)
-            meta.update(topology=testbed.metadata())
-        rundir.write_json(out / "calibration.json", [asdict(r) | {"ok": r.ok} for r in results])
-        (out / "calibration.md").write_text(markdown_table(profile, meta["topology"]["backend"], results))
-        meta["complete"] = True
-        meta["all_checks_ok"] = all(r.ok for r in results)
-    finally:
-        meta["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-        rundir.write_json(out / "metadata.json", meta)
+            try:
+                results = calibrate(testbed, cfg, out)
+            finally:
+                meta.topology = metadata.topology_of(testbed)
+            rundir.write_json(out / "calibration.json", [asdict(r) | {"ok": r.ok} for r in results])
+            (out / "calibration.md").write_text(markdown_table(profile, meta.topology.backend, results))
+            testbed.check()  # a failed schedule step or a dead shaper: the numbers are kept, the run incomplete
+        meta.complete = True
+        meta.all_checks_ok = all(r.ok for r in results)
     log.info("run directory: %s", out)
     return out

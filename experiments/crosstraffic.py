@@ -3,8 +3,8 @@
 Responsible for: the spec's `cross_traffic:` entries (`CrossFlow`) and their
 validation against the link and the variant window; expanding a flow into
 its directed runs (`FlowRun`: sender, receiver, port, output file); the pure
-builders of the iperf3 command lines; the metadata entry of a run (one home
-for that format); reading iperf3's JSON back (per-interval throughput, mean
+builders of the iperf3 command lines; a run's entry in metadata.json (built
+here, its layout experiments.metadata.CrossTrafficEntry); reading iperf3's JSON back (per-interval throughput, mean
 throughput, retransmits or loss); Jain's fairness index; and `summarize`,
 which turns a run directory's cross flows into numbers.
 Not responsible for: starting or stopping anything (experiments.window plays
@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from schema import Float, Int, Str, schema
+from experiments.metadata import CrossTrafficEntry, RunMetadata
 from topology import iperf, naming
 
 KINDS = ("tcp", "udp")
@@ -42,7 +44,7 @@ class CrossTrafficError(ValueError):
     """A cross_traffic entry is invalid; the message names the field and the allowed values."""
 
 
-@dataclass(frozen=True)
+@schema
 class CrossFlow:
     """One competing flow on the WAN (a spec's `cross_traffic:` entry).
 
@@ -57,13 +59,13 @@ class CrossFlow:
     """
 
     kind: Literal["tcp", "udp"]
-    duration_s: float
+    duration_s: Float
     direction: Literal["a_to_b", "b_to_a", "both"] = "a_to_b"
-    start_s: float = 0.0
-    name: str = ""
-    streams: int = 1
-    congestion: str = ""
-    rate_mbit: float = 0.0
+    start_s: Float = 0.0
+    name: Str = ""
+    streams: Int = 1
+    congestion: Str = ""
+    rate_mbit: Float = 0.0
 
     def directions(self) -> tuple[str, ...]:
         """The WAN directions it runs in."""
@@ -115,16 +117,12 @@ def _fail(where: str, message: str) -> None:
 def _check_flow(
     flow: CrossFlow, where: str, rates: dict[str, float], window_s: float, congestions: tuple[str, ...]
 ) -> None:
-    if flow.kind not in KINDS:
-        _fail(where, f".kind={flow.kind!r}; allowed: {list(KINDS)}")
-    if flow.direction not in FLOW_DIRECTIONS:
-        _fail(where, f".direction={flow.direction!r}; allowed: {list(FLOW_DIRECTIONS)}")
     if not 1 <= flow.streams <= MAX_STREAMS:
         _fail(where, f".streams={flow.streams} out of range [1, {MAX_STREAMS}]")
     if flow.duration_s < 1 or not float(flow.duration_s).is_integer():
         _fail(where, f".duration_s={flow.duration_s}: allowed: a whole number of seconds >= 1 (iperf3 -t)")
     if flow.start_s < 0:
-        _fail(where, f".start_s={flow.start_s} out of range [0, {window_s}]")
+        _fail(where, f".start_s={flow.start_s:g} out of range [0, {window_s}]")
     if flow.end_s > window_s:
         _fail(
             where,
@@ -211,21 +209,23 @@ def client_cmd(run: FlowRun, logfile: str | Path) -> list[str]:
     )
 
 
-def metadata_entry(run: FlowRun, start_ns: int, end_ns: int | None, iperf_json: str, congestion: str | None) -> dict:
+def metadata_entry(
+    run: FlowRun, start_ns: int, end_ns: int | None, iperf_json: str, congestion: str | None
+) -> CrossTrafficEntry:
     """The run's record in metadata.json's `variants.<v>.cross_traffic` (iperf_json relative to the run dir)."""
     f = run.flow
-    return {
-        "name": run.name,
-        "kind": f.kind,
-        "direction": run.direction,
-        "start_ns": start_ns,
-        "end_ns": end_ns,
-        "port": run.port,
-        "iperf_json": iperf_json,
-        "streams": f.streams,
-        "congestion": congestion if f.kind == "tcp" else None,
-        "rate_mbit": f.rate_mbit or None,
-    }
+    return CrossTrafficEntry(
+        name=run.name,
+        kind=f.kind,
+        direction=run.direction,
+        start_ns=start_ns,
+        end_ns=end_ns,
+        port=run.port,
+        iperf_json=iperf_json,
+        streams=f.streams,
+        congestion=congestion if f.kind == "tcp" else None,
+        rate_mbit=f.rate_mbit or None,
+    )
 
 
 # ---- reading iperf3's JSON -------------------------------------------------
@@ -293,32 +293,28 @@ def jain_index(shares: list[float]) -> float:
     return total * total / (len(shares) * squares) if squares > 0 else math.nan
 
 
-def summarize(run_dir: Path) -> dict:
+def summarize(run_dir: Path, meta: RunMetadata) -> dict:
     """Per variant and flow run: mean Mbit/s, retransmits (tcp) or lost % (udp), Jain's index of its streams,
     error; per direction with two or more runs, Jain's index of their mean throughputs. {} when the run had
     no cross traffic."""
-    run_dir = Path(run_dir)
-    meta = json.loads((run_dir / "metadata.json").read_text())
     out: dict = {}
-    for variant, window in meta.get("variants", {}).items():
-        entries = window.get("cross_traffic") or []
-        if not entries:
+    for variant, window in meta.variants.items():
+        if not window.cross_traffic:
             continue
         flows, by_direction = {}, {}
-        for e in entries:
-            path = run_dir / e["iperf_json"]
-            r = _read_result(path, e["kind"])
-            flows[f"{e['name']}-{e['direction']}"] = {
-                "kind": e["kind"],
-                "direction": e["direction"],
+        for e in window.cross_traffic:
+            r = _read_result(Path(run_dir) / e.iperf_json, e.kind)
+            flows[f"{e.name}-{e.direction}"] = {
+                "kind": e.kind,
+                "direction": e.direction,
                 "mean_mbit": r.mean_mbit if r else None,
                 "retransmits": r.retransmits if r else None,
                 "lost_pct": r.lost_pct if r else None,
                 "streams_jain_index": _finite(jain_index(list(r.stream_mbit))) if r and r.stream_mbit else None,
-                "error": (r.error if r else f"no iperf3 output at {e['iperf_json']}"),
+                "error": (r.error if r else f"no iperf3 output at {e.iperf_json}"),
             }
             if r:
-                by_direction.setdefault(e["direction"], []).append(r.mean_mbit)
+                by_direction.setdefault(e.direction, []).append(r.mean_mbit)
         out[variant] = {
             "flows": flows,
             "jain_index": {d: _finite(jain_index(x)) for d, x in by_direction.items() if len(x) >= 2},

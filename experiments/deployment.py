@@ -18,24 +18,34 @@ from topology import naming
 # Ports, the same on every host (each host has its own address).
 PORTS = {"router": 50050, "p": 50051, "rld": 50052, "md": 50053}
 KV_PORTS = {"rld": 50062, "md": 50063}
+ROLES = ("router", "p", "rld", "md")
 
 
-def worker_names() -> dict[str, str]:
-    """role -> worker (= host) name."""
+def worker_names(pools: dict[str, int] | None = None) -> dict[str, list[str]]:
+    """role -> its workers' (= hosts') names: router; p1..pN, rld1..rldM, md1..mdK (pools: role -> N, 1 each
+    by default)."""
+    n = {"router": 1, "p": 1, "rld": 1, "md": 1, **(pools or {})}
     return {
-        "router": "router",
-        "p": naming.host_name("p", 1),
-        "rld": naming.host_name("rld", 1),
-        "md": naming.host_name("md", 1),
+        role: ["router"] if role == "router" else [naming.host_name(role, i) for i in range(1, n[role] + 1)]
+        for role in ROLES
     }
 
 
-def worker_ip(role: str) -> str:
-    return naming.host_ip(role, 0 if role == "router" else 1)
+def role_of(worker: str) -> str:
+    """router | p | rld | md of a worker name (p2 -> p)."""
+    return worker if worker == "router" else worker.rstrip("0123456789")
 
 
-def grpc_address(role: str) -> str:
-    return f"{worker_ip(role)}:{PORTS[role]}"
+def worker_ip(worker: str) -> str:
+    """The host address of a worker name (router, p1, md2, ...) or of a role's first worker (p = p1)."""
+    role = role_of(worker)
+    index = 0 if role == "router" else int(worker[len(role) :] or 1)
+    return naming.host_ip(role, index)
+
+
+def grpc_address(worker: str) -> str:
+    """host:port of a worker's gRPC (a role name: its first worker)."""
+    return f"{worker_ip(worker)}:{PORTS[role_of(worker)]}"
 
 
 def roles_config(
@@ -44,19 +54,35 @@ def roles_config(
     seed: int = 0,
     block_size: int = 16,
     capacity_tokens: dict[str, int] | None = None,
+    pools: dict[str, int] | None = None,
+    threads: dict[str, int] | None = None,
+    devices: dict[str, str] | None = None,
     **sections,
 ) -> dict:
     """The roles' deployment config (workers/roles/config.py) as data: every worker on its host of the
-    topology at PORTS / KV_PORTS; capacity_tokens per role (p, rld, md; else the config default); further
-    sections (policy, kv, decode, ...) merged in."""
-    names, cap = worker_names(), capacity_tokens or {}
+    topology at PORTS / KV_PORTS; pools: workers per role (p, rld, md; 1 each by default); capacity_tokens,
+    threads and devices (cpu | cuda) per role (else the config default); further sections (policy, kv,
+    decode, ...) merged in (a role's section, e.g. md: {capacity_tokens: ...}, applies to each worker of its pool)."""
+    cap, threads, devices = capacity_tokens or {}, threads or {}, devices or {}
     data = {"model": model, "seed": seed, "block_size": block_size, "events_dir": events_dir}
-    for role in ("router", "p", "rld", "md"):
-        data[role] = {"name": names[role], "host": worker_ip(role), "grpc_port": PORTS[role]}
-        if role in KV_PORTS:
-            data[role]["kv_port"] = KV_PORTS[role]
-        if role in cap:
-            data[role]["capacity_tokens"] = cap[role]
+    for role, names in worker_names(pools).items():
+        workers = []
+        for name in names:
+            w = {"name": name, "host": worker_ip(name), "grpc_port": PORTS[role]}
+            if role in KV_PORTS:
+                w["kv_port"] = KV_PORTS[role]
+            if role in cap:
+                w["capacity_tokens"] = cap[role]
+            if role in threads:
+                w["threads"] = threads[role]
+            if role in devices:
+                w["device"] = devices[role]
+            workers.append(w)
+        data[role] = workers[0] if role == "router" else workers
+    for role in ("p", "rld", "md"):  # a role's overrides reach every worker of its pool
+        if isinstance(sections.get(role), dict):
+            data[role] = [_merge(w, sections[role]) for w in data[role]]
+            sections = {k: v for k, v in sections.items() if k != role}
     for section, value in sections.items():
         if isinstance(value, dict) and isinstance(data.get(section), dict):
             data[section] = _merge(data[section], value)
@@ -65,19 +91,36 @@ def roles_config(
     return data
 
 
-def deployment_dict(spec, events_dir: str, mode: str = "pdd", overrides: dict | None = None, wan=None) -> dict:
+def deployment_dict(
+    spec, events_dir: str, mode: str = "pdd", overrides: dict | None = None, wan=None, pools: dict | None = None
+) -> dict:
     """The roles' deployment config for this spec and variant mode, as data; spec.deployment merged in,
     then the variant's own overrides (spec.variant_defs). wan: the WAN Profile the link runs (the route
-    decision's rate comes from it; None: spec.profile, loaded)."""
-    data = roles_config(
+    decision's rate comes from it; None: spec.profile, loaded); pools: the variant's workers per role (None:
+    the spec's pools)."""
+    policy = {"mode": mode, "handoff": spec.handoff, "wan_rate_mbit": _wan_rate_mbit(wan or spec.profile)}
+    sections = _merge(_merge({"policy": policy}, spec.deployment), overrides or {})
+    return roles_config(
         events_dir,
         spec.model,
         spec.weights_seed,
         spec.block_size,
-        {"p": spec.capacity_tokens.p, "rld": spec.capacity_tokens.rld, "md": spec.capacity_tokens.md},
-        policy={"mode": mode, "handoff": spec.handoff, "wan_rate_mbit": _wan_rate_mbit(wan or spec.profile)},
+        {role: getattr(spec.capacity_tokens, role) for role in ("p", "rld", "md")},
+        pools or pool_sizes(spec),
+        {role: getattr(spec.pools, role).threads for role in ("p", "rld", "md")},
+        {role: getattr(spec.pools, role).device for role in ("p", "rld", "md")},
+        **sections,
     )
-    return _merge(_merge(data, spec.deployment), overrides or {})
+
+
+def pool_cpusets(spec) -> dict[str, str]:
+    """role -> the cores its workers run on, where its pool names any (spec.pools.<role>.cpuset)."""
+    return {role: getattr(spec.pools, role).cpuset for role in ("p", "rld", "md") if getattr(spec.pools, role).cpuset}
+
+
+def pool_sizes(spec) -> dict[str, int]:
+    """role -> workers in its pool (spec.pools)."""
+    return {role: getattr(spec.pools, role).workers for role in ("p", "rld", "md")}
 
 
 def _wan_rate_mbit(profile) -> float:
@@ -94,3 +137,48 @@ def _merge(base: dict, extra: dict) -> dict:
     for k, v in extra.items():
         out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
+
+
+# ---------------------------------------------------------------- memory a deployment needs (estimate)
+# A role's process before its model: Python, torch, gRPC (a tiny-model worker's RSS when SERVING here: 323 MiB,
+# benchmarks/bench_scale.py).
+PROCESS_BASE_MB = 330
+# The router and the load generator together.
+FRONT_MB = 600
+
+
+def worker_memory_mb(model, capacity_tokens: int, step_rows: int) -> int:
+    """An estimate of one worker's memory (MiB): its process, the weights, its preallocated KV cache, and what
+    one engine step holds: one layer's attention scores (and their softmax, fp32) of step_rows rows over a whole
+    context, plus intermediate buffers the allocator keeps, about half the weights (fitted to bench_scale's
+    peaks after a request: default 1,589 MiB measured for P and MD, 1,588 estimated; small 658 / 681; tiny
+    334 / 331). step_rows: the worker's step budget (prefill. or decode.step_budget_tokens; 0: whole prompts,
+    up to the context at once). model: a
+    workers.model ModelConfig."""
+    c = model
+    attn = c.d_model * (c.n_head * c.head_dim) * 2 + c.d_model * (c.n_kv_head * c.head_dim) * 2
+    params = c.n_layer * (attn + 3 * c.d_model * c.d_ff) + 2 * c.vocab_size * c.d_model
+    weights = params * c.dtype_bytes
+    kv = capacity_tokens * c.kv_bytes_per_token
+    rows = min(step_rows or c.max_seq_len, c.max_seq_len)
+    step = c.n_head * rows * c.max_seq_len * 4 * 2 + weights // 2
+    return PROCESS_BASE_MB + (weights + kv + step) // 2**20
+
+
+def memory_estimate_mb(spec) -> dict[str, tuple[int, int]]:
+    """role -> (MiB one of its workers needs, workers) for a spec's deployment."""
+    from workers.model import get_config
+
+    from workers.roles.config import parse_config
+
+    model, sizes = get_config(spec.model), pool_sizes(spec)
+    cfg = parse_config(deployment_dict(spec, events_dir="/nonexistent"))  # the step budgets the roles run with
+    rows = {
+        "p": cfg.prefill.step_budget_tokens,
+        "rld": cfg.decode.step_budget_tokens,
+        "md": cfg.decode.step_budget_tokens,
+    }
+    return {
+        role: (worker_memory_mb(model, getattr(spec.capacity_tokens, role), rows[role]), sizes[role])
+        for role in ("p", "rld", "md")
+    }

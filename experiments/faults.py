@@ -18,9 +18,9 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+
+from schema import Float, Str, schema
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ TARGETS = ("p", "rld", "md", "router", "loadgen", "emulator")
 CUE_POLL_S = 0.005  # how often the roles' event logs are read for a fault's cue
 
 
-@dataclass(frozen=True)
+@schema
 class Fault:
     """One `faults:` entry.
 
@@ -42,17 +42,22 @@ class Fault:
       its cue holds back those after it.
     """
 
-    kill: Literal["p", "rld", "md", "router", "loadgen", "emulator"]
-    at_s: float
-    variants: tuple[str, ...] = ()
-    after: str = ""
+    kill: Str
+    at_s: Float
+    variants: tuple[Str, ...] = ()
+    after: Str = ""
 
 
-def validate(faults: tuple[Fault, ...], variants: tuple[str, ...], window_s: float) -> None:
-    """Raise ValueError naming the entry: a time outside the window, an unknown variant, a target twice."""
+def validate(
+    faults: tuple[Fault, ...], variants: tuple[str, ...], window_s: float, workers: tuple[str, ...] = ()
+) -> None:
+    """Raise ValueError naming the entry: an unknown target, a time outside the window, an unknown variant, a
+    target twice. workers: the deployment's worker names (md2 ...), targets besides TARGETS (a role: its first)."""
     seen: set[tuple[str, str]] = set()
     for i, f in enumerate(faults):
         where = f"faults[{i}]"
+        if f.kill not in (*TARGETS, *workers):
+            raise ValueError(f"{where}.kill={f.kill!r}; allowed: {[*TARGETS, *workers]}")
         if not 0 <= f.at_s < window_s:
             raise ValueError(f"{where}.at_s={f.at_s}: must lie in the variant's window [0, {window_s}) s")
         if f.after and not re.fullmatch(r"[a-z][a-z_]*", f.after):

@@ -38,6 +38,7 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
+from experiments.metadata import VariantRecord
 from experiments.metrics import stats
 from experiments.progress import Progress
 from experiments.pcap import LINKTYPE_ETHERNET, PcapError, _A_PREFIX, _GWA_WAN
@@ -256,7 +257,9 @@ class WanFlows:
         }
 
 
-def load(pcap_dir: Path, kv_ports: set[int], cross_ports: set[int], windows: dict) -> WanFlows | None:
+def load(
+    pcap_dir: Path, kv_ports: set[int], cross_ports: set[int], windows: dict[str, VariantRecord]
+) -> WanFlows | None:
     """Both WAN captures of a run, classified and attributed to variants; None without both captures."""
     flows, frames = read_wan(pcap_dir)
     if not frames:
@@ -303,15 +306,16 @@ def row(f: Flow, cls: str, variant: str | None) -> dict:
     }
 
 
-def variant_of(t_s: float, windows: dict) -> str | None:
-    """The variant whose wall-clock window [wall_start, wall_end) holds t_s."""
+def variant_of(t_s: float, windows: dict[str, VariantRecord]) -> str | None:
+    """The variant whose wall-clock window [wall_start, wall_end) holds t_s (one still open: to the end)."""
     for v, w in windows.items():
-        if "wall_start" in w and w["wall_start"] <= t_s < w.get("wall_end", float("inf")):
+        end = w.wall_end if w.wall_end is not None else float("inf")
+        if w.wall_start is not None and w.wall_start <= t_s < end:
             return v
     return None
 
 
-def table(flows: dict, kv_ports: set[int], cross_ports: set[int], windows: dict) -> list[dict]:
+def table(flows: dict, kv_ports: set[int], cross_ports: set[int], windows: dict[str, VariantRecord]) -> list[dict]:
     """Every flow's row, largest first."""
     rows = [row(f, classify(f, kv_ports, cross_ports), variant_of(f.first_s, windows)) for f in flows.values()]
     return sorted(rows, key=lambda r: -(r["bytes_sent"] + r["bytes_delivered"]))

@@ -14,19 +14,20 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from experiments.metadata import LinkChange, VariantRecord
+
 DIRECTION = "a_to_b"  # the KV's way across the WAN
 
 
-def impaired_intervals(changes: list[dict], window_end_ns: int | None) -> list[tuple[int, int]]:
+def impaired_intervals(changes: list[LinkChange], window_end_ns: int | None) -> list[tuple[int, int]]:
     """[start_ns, end_ns) of each stretch during which a schedule step had changed the A->B link."""
     out, start = [], None
-    for c in sorted((c for c in changes if c.get("direction") == DIRECTION), key=lambda c: c["t_ns"]):
-        cause = c.get("cause", "")
-        ends = cause.endswith(" ends") or cause.startswith("restore")
+    for c in sorted((c for c in changes if c.direction == DIRECTION), key=lambda c: c.t_ns):
+        ends = c.cause.endswith(" ends") or c.cause.startswith("restore")
         if not ends and start is None:
-            start = c["t_ns"]
+            start = c.t_ns
         elif ends and start is not None:
-            out.append((start, c["t_ns"]))
+            out.append((start, c.t_ns))
             start = None
     if start is not None and window_end_ns:
         out.append((start, window_end_ns))
@@ -61,10 +62,11 @@ def retrans_rates(samples: list[dict], intervals: list[tuple[int, int]], window:
     }
 
 
-def variant_retrans(events: list[dict], window: dict) -> dict | None:
-    """The WAN KV connections' retransmissions inside vs outside the variant's schedule impairments."""
-    start, end = window.get("window_start_ns"), window.get("window_end_ns")
+def variant_retrans(events: list[dict], window: VariantRecord) -> dict | None:
+    """The WAN KV connections' retransmissions inside vs outside the variant's schedule impairments (None
+    where its window never opened)."""
+    start, end = window.window_start_ns, window.window_end_ns
     if start is None or end is None:
         return None
     samples = [e for e in events if e["event"] == "kv_tcp_info" and e.get("path") == "wan" and start <= e["t_ns"] < end]
-    return retrans_rates(samples, impaired_intervals(window.get("link_changes") or [], end), (start, end))
+    return retrans_rates(samples, impaired_intervals(window.link_changes, end), (start, end))

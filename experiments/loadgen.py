@@ -10,13 +10,21 @@ the roles log with), and printing one progress line per finished request.
 A later turn whose previous turn failed is still sent, with the reference
 reply (`--reference`: the colocated variant's client log, the greedy reference
 every variant must reproduce) in the prompt, so one failure does not drop the
-rest of a session; its record says `prompt_source: reference`. Past
+rest of a session; its record says `prompt_source: reference`. With
+`--settle ADDR...` (the variant's MDs, where its mode ships KV across the WAN)
+the clock starts only once the warm-up has filled what it is for: some MD's
+DRC holds the warm-up prompt's whole blocks (Decode.Lookup, polled), or
+`--settle-timeout-s` has passed; a `settle ok=... s=... cached=.../...` line
+says which. Without it, pdd's RLD finishes the warm-up long before its WAN
+copy lands on a slow line (26 MB, 20-30 s on wan-lossy), and every first
+turn's MD session waits on that copy inside the window. Past
 `--issue-until-s` into the run no request is sent: the rest are recorded as
 not issued (`issued: false`), so a baseline too slow for the window ends with
 every request it was given measured, and the count of those it was not.
 Not responsible for: metrics (experiments.metrics reads what this writes).
 
-Output: one JSON object per line, appended as each request ends, so an
+Output: one ClientRecord per line (experiments.clientlog: the layout, its writer
+and reader), appended as each request ends, so an
 interrupted run keeps every finished request; on SIGINT, SIGTERM or SIGHUP
 the requests in flight are recorded as interrupted (their calls cancelled)
 and those not sent as not issued, so the log holds the whole workload.
@@ -28,17 +36,19 @@ and those not sent as not issued, so the log holds the whole workload.
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import logging
 import signal
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 
+from experiments import clientlog
+from experiments.clientlog import ClientRecord
 from experiments.workload import WorkloadRequest, read
 from workers.proto import pdd_pb2, pdd_pb2_grpc
 from workers.roles.client import wait_healthy
@@ -55,21 +65,20 @@ class Recorder:
         self.total, self.done, self.failed, self.not_issued = total, 0, 0, 0
         self.written: set[str] = set()
 
-    def write(self, record: dict) -> None:
+    def write(self, record: ClientRecord) -> None:
         """Append one request's record; a second record for the same request is dropped (an interrupted
         run records what was in flight, and the RPC's own end may follow)."""
         with self.lock:
-            if record["request_id"] in self.written:
+            if record.request_id in self.written:
                 return
-            self.written.add(record["request_id"])
-            self.file.write(json.dumps(record, separators=(",", ":")) + "\n")
+            self.written.add(record.request_id)
+            self.file.write(clientlog.line(record))
             self.done += 1
-            issued = record.get("issued", True)
-            self.failed += issued and record["error"] is not None
-            self.not_issued += not issued
+            self.failed += record.issued and record.error is not None
+            self.not_issued += not record.issued
             print(
                 f"progress {self.done}/{self.total} failed={self.failed} not_issued={self.not_issued} "
-                f"last={record['request_id']}",
+                f"last={record.request_id}",
                 flush=True,
             )
 
@@ -93,7 +102,7 @@ class Client:
         self.rec = recorder
         self.outputs: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}  # request_id -> (prompt, reply)
         self.reference = reference or {}
-        self._inflight: dict[str, tuple[dict, object]] = {}  # request_id -> (its record so far, its call)
+        self._inflight: dict[str, tuple[ClientRecord, object]] = {}  # request_id -> (its record so far, its call)
         self._lock = threading.Lock()
 
     def interrupt(self, requests: list[WorkloadRequest], t0_ns: int, why: str) -> None:
@@ -103,7 +112,9 @@ class Client:
             inflight = list(self._inflight.values())
         now = time.monotonic_ns()
         for rec, call in inflight:
-            self.rec.write({**rec, "tokens": list(rec["tokens"]), "error": f"interrupted: {why}", "t_done_ns": now})
+            self.rec.write(
+                rec.model_copy(update={"tokens": list(rec.tokens), "error": f"interrupted: {why}", "t_done_ns": now})
+            )
             call.cancel()
         for req in requests:
             if req.request_id not in self.rec.written:
@@ -119,44 +130,28 @@ class Client:
                 return prev[0] + prev[1] + req.head_tokens, source
         return None, "none"
 
-    def _record(self, req: WorkloadRequest, prompt: tuple[int, ...] | None, t0_ns: int) -> dict:
-        return {
-            "request_id": req.request_id,
-            "router_id": f"{self.variant}.{req.request_id}",
-            "variant": self.variant,
-            "mode": self.mode,
-            "session": req.session,
-            "turn": req.turn,
-            "kind": req.kind,
-            "max_tokens": req.max_tokens,
-            "prompt_tokens": len(prompt or ()),
-            "prompt_sha1": _sha1(prompt or ()),
-            "prompt": list(prompt or ()),
-            "t0_ns": t0_ns,
-            "t_send_ns": time.monotonic_ns(),
-            "tokens": [],
-            "done": None,
-            "error": None,
-            "issued": True,
-        }
+    def _record(self, req: WorkloadRequest, prompt: tuple[int, ...] | None, t0_ns: int) -> ClientRecord:
+        return clientlog.new_record(
+            req.request_id, self.variant, self.mode, req.session, req.turn, req.kind, req.max_tokens, prompt, t0_ns
+        )
 
     def not_issued(self, req: WorkloadRequest, t0_ns: int, reason: str) -> None:
         rec = self._record(req, None, t0_ns)
-        rec.update(issued=False, error=f"not issued: {reason}", t_done_ns=rec["t_send_ns"])
+        rec.issued, rec.error, rec.t_done_ns = False, f"not issued: {reason}", rec.t_send_ns
         self.rec.write(rec)
 
     def send(self, req: WorkloadRequest, t0_ns: int) -> bool:
         """One request to the end; records it; True when it completed."""
         prompt, source = self.prompt_of(req)
         rec = self._record(req, prompt, t0_ns)
-        rec["prompt_source"] = source
+        rec.prompt_source = source
         if prompt is None:
-            rec["error"] = f"previous turn {req.after} did not complete (and no reference reply)"
+            rec.error = f"previous turn {req.after} did not complete (and no reference reply)"
             self.rec.write(rec)
             return False
         call = self.stub.Generate(
             pdd_pb2.GenerateRequest(
-                request_id=rec["router_id"],
+                request_id=rec.router_id,
                 prompt_tokens=prompt,
                 max_tokens=req.max_tokens,
                 mode=self.mode,
@@ -168,34 +163,17 @@ class Client:
             self._inflight[req.request_id] = (rec, call)
         try:
             for ev in call:
-                record_event(rec, ev)
+                clientlog.add_event(rec, ev)
         except grpc.RpcError as err:
-            rec["error"] = f"{err.code().name}: {err.details()}"
+            rec.error = f"{err.code().name}: {err.details()}"
         finally:
             with self._lock:
                 self._inflight.pop(req.request_id, None)
-        rec["t_done_ns"] = time.monotonic_ns()
-        if rec["error"] is None:
-            self.outputs[req.request_id] = (prompt, tuple(t[1] for t in rec["tokens"]))
+        rec.t_done_ns = time.monotonic_ns()
+        if rec.error is None:
+            self.outputs[req.request_id] = (prompt, tuple(rec.reply()))
         self.rec.write(rec)
-        return rec["error"] is None
-
-
-def record_event(rec: dict, ev) -> None:
-    """One GenerateEvent into a client.jsonl record: a token row [index, token, worker, t_recv_ns, t_ns] or
-    the done message (also the serve front door's records, experiments.serve_http)."""
-    if ev.WhichOneof("kind") == "token":
-        t = ev.token
-        rec["tokens"].append([t.index, t.token, t.worker, time.monotonic_ns(), t.t_ns])
-    else:
-        d = ev.done
-        rec["done"] = {
-            "route": d.route,
-            "finish_reason": d.finish_reason,
-            "duplicates": d.duplicates,
-            "md_cached_tokens": d.md_cached_tokens,
-            "notes": list(d.notes),
-        }
+        return rec.error is None
 
 
 def chains(requests: list[WorkloadRequest]) -> list[list[WorkloadRequest]]:
@@ -233,17 +211,77 @@ def _run_chain(
 
 def read_reference(path: Path) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
     """request_id -> (prompt, reply) of every completed request of a reference client log."""
-    out = {}
-    if not path.exists():
-        return out
-    for line in path.read_text().splitlines():
+    return {
+        r.request_id: (tuple(r.prompt), tuple(r.reply()))
+        for r in clientlog.read(path)
+        if r.error is None and r.tokens and r.prompt is not None
+    }
+
+
+@dataclass(frozen=True)
+class Settled:
+    """How the warm-up's prefix reached the MDs' DRC before the clock started."""
+
+    ok: bool  # some MD holds `want` tokens of the warm-up prompt
+    wait_s: float
+    cached: int  # the best MD's hit on the warm-up prompt at the end of the wait
+    want: int
+
+    def line(self) -> str:
+        return f"settle ok={int(self.ok)} s={self.wait_s:.2f} cached={self.cached}/{self.want}"
+
+    @staticmethod
+    def parse(line: str) -> Settled:
+        """The inverse of line() (the runner reads it from this process's output)."""
+        f = dict(w.split("=", 1) for w in line.split()[1:])
+        cached, want = (int(x) for x in f["cached"].split("/"))
+        return Settled(f["ok"] == "1", float(f["s"]), cached, want)
+
+
+def drc_blocks(prompt_len: int, block_size: int) -> int:
+    """The DRC hit a worker that holds a prompt reports for it: its whole blocks short of the last token."""
+    return (prompt_len - 1) // block_size * block_size if prompt_len > 1 else 0
+
+
+def settle(
+    lookups: Sequence[Callable[[], int]], want: int, timeout_s: float, poll_s: float = 0.1, clock=time.monotonic
+) -> Settled:
+    """Poll every MD's hit on the warm-up prompt (lookups: one call per MD, its hit now; an unreachable MD
+    counts 0) until one holds `want` tokens or timeout_s has passed."""
+    t0, best = clock(), 0
+    while True:
+        best = max((lookup() for lookup in lookups), default=0)
+        waited = clock() - t0
+        if best >= want or waited >= timeout_s:
+            return Settled(best >= want, waited, best, want)
+        time.sleep(poll_s)
+
+
+def _lookup(stub, prompt: Sequence[int]) -> Callable[[], int]:
+    def hit() -> int:
         try:
-            r = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a torn last line
-        if r.get("error") is None and r.get("tokens"):
-            out[r["request_id"]] = (tuple(r["prompt"]), tuple(t[1] for t in sorted(r["tokens"])))
-    return out
+            return stub.Lookup(pdd_pb2.LookupRequest(prompt_tokens=prompt), timeout=5).cached_tokens
+        except grpc.RpcError:
+            return 0
+
+    return hit
+
+
+def settle_warmup(client: Client, warm: list[WorkloadRequest], args) -> None:
+    """After the warm-ups, wait for their prompts in the MDs' DRC (--settle) and print the settle line."""
+    done = [r for r in warm if r.request_id in client.outputs]
+    if not args.settle or not done:
+        return
+    channels = [grpc.insecure_channel(a) for a in args.settle]
+    try:
+        stubs = [pdd_pb2_grpc.DecodeStub(ch) for ch in channels]
+        for r in done:
+            prompt = client.outputs[r.request_id][0]
+            lookups = [_lookup(stub, prompt) for stub in stubs]
+            print(settle(lookups, drc_blocks(len(prompt), args.block_size), args.settle_timeout_s).line(), flush=True)
+    finally:
+        for ch in channels:
+            ch.close()
 
 
 def run(args) -> int:
@@ -259,6 +297,7 @@ def run(args) -> int:
         client = Client(ch, args.variant, args.handoff, args.request_timeout_s, rec, reference, args.mode)
         for r in warm:  # alone, before the clock starts: fills the caches with the shared system prompt
             client.send(r, time.monotonic_ns())
+        settle_warmup(client, warm, args)
         t0 = time.monotonic_ns()
         print(f"start t0_ns={t0} requests={len(measured)}", flush=True)
         threads = [
@@ -290,10 +329,6 @@ def health(args) -> int:
     return 0
 
 
-def _sha1(tokens) -> str:
-    return hashlib.sha1(json.dumps(list(tokens)).encode()).hexdigest()[:16]
-
-
 def _interrupted(signum, frame) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
@@ -315,6 +350,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--request-timeout-s", type=float, default=240.0)
     r.add_argument("--reference", default="", help="client log whose replies stand in for failed turns")
     r.add_argument("--issue-until-s", type=float, default=0.0, help="send no request later than this (0: no limit)")
+    r.add_argument("--settle", nargs="*", default=[], metavar="ADDR", help="MDs whose DRC the warm-up must fill")
+    r.add_argument("--settle-timeout-s", type=float, default=120.0)
+    r.add_argument("--block-size", type=int, default=16, help="the KV block (DRC granularity) in tokens")
     r.set_defaults(func=run)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s loadgen: %(message)s")

@@ -30,6 +30,7 @@ import numpy as np
 from experiments import confidence
 from experiments.records import RequestRecord
 from experiments.workload import bucket_names, bucket_of
+from workers.roles.routing import Route
 
 PERCENTILES = (50, 90, 95, 99)
 
@@ -143,7 +144,7 @@ def variant_summary(recs: list[RequestRecord], slo) -> dict:
     good = [r for r in ok if meets_slo(r, slo)]
     out_tokens = sum(r.output_tokens for r in ok)
     in_tokens = sum(r.prompt_tokens for r in ok)
-    singular = [r for r in recs if r.route == "p-rld-singular"]
+    singular = [r for r in recs if r.route == Route.P_RLD_SINGULAR]
     issued = [r for r in recs if r.issued]
     out = {
         "requests": len(recs),
@@ -231,13 +232,16 @@ def comparison_subject(variants: list[str]) -> str | None:
     return "pdd" if "pdd" in variants else (variants[-1] if variants else None)
 
 
-def comparisons(records: list[RequestRecord], variants: list[str]) -> list[dict]:
+def comparisons(records: list[RequestRecord], variants: list[str], slo=None) -> list[dict]:
     """The subject variant's metrics over each other variant's, as ratios with 95% bootstrap intervals
     (requests resampled within each variant) and a verdict: 'lower' / 'higher' where the interval excludes 1,
-    else 'no significant difference'. Latencies over completed requests; WAN bytes over every request."""
+    else 'no significant difference'. Latencies over completed requests; WAN bytes over every request; with an
+    slo, goodput (requests meeting it per second of each variant's own duration: the bathtub's gain)."""
     subject = comparison_subject(variants)
     out = []
     for base in (v for v in variants if v != subject):
+        if slo is not None:
+            out += _goodput_ratio(records, subject, base, slo)
         for name, (value, stat) in COMPARED.items():
             xs, ys = (_values(records, v, value, completed=name != "wan_bytes_total") for v in (subject, base))
             if not xs or not ys:
@@ -256,6 +260,23 @@ def comparisons(records: list[RequestRecord], variants: list[str]) -> list[dict]
                 }
             )
     return out
+
+
+def _goodput_ratio(records: list[RequestRecord], subject: str, base: str, slo) -> list[dict]:
+    """goodput(subject) / goodput(base): each request counts 1/duration of its variant if it met the SLO, so a
+    resample's sum is that variant's goodput (requests resampled, durations kept)."""
+    rows = {}
+    for v in (subject, base):
+        recs = [r for r in records if r.variant == v and r.issued]
+        dur = _duration_s(recs)
+        rows[v] = [float(meets_slo(r, slo)) / dur for r in recs] if dur else []
+    xs, ys = rows[subject], rows[base]
+    if not xs or not ys or not sum(ys):
+        return []
+    ci = confidence.ratio_ci(xs, ys, confidence.sum_of_rows)
+    ratio = sum(xs) / sum(ys)
+    entry = {"metric": "goodput_rps", "variant": subject, "baseline": base, "ratio": ratio}
+    return [{**entry, "ci95": list(ci) if ci else None, "verdict": confidence.verdict(ci)}]
 
 
 def _values(records: list[RequestRecord], variant: str, value, completed: bool) -> list[float]:
@@ -290,7 +311,7 @@ def summarize(
     med = percentile(uncached, 50) if uncached else 0.0
     return {
         "variants": per,
-        "comparisons": comparisons(measured, variants),
+        "comparisons": comparisons(measured, variants, slo),
         "streams": compare_streams(measured, variants),
         "reference": {
             "kv_bytes_per_token": kv_bytes_per_token,

@@ -12,6 +12,8 @@ Responsible for: drawing, one function per plot:
     hit_buckets.png     requests per hit-rate bucket (expected, and the DRC's measured in pdd)
     handoff_gaps.png    inter-token gaps around the RLD->MD handoff
     handoff_latency.png the handoff latency distribution (CDF) of each variant that hands off, its modes named
+    ablation.png        pdd-ablation only: P's and the MD's hit, the share finished on the RLD, the RLD's open
+                        sessions and TTFT p50 over the run, pdd beside the ablation (experiments.ablation)
 and a sweep's (experiments.sweep): <metric>.png, each main metric against the swept value per variant.
 Not responsible for: the numbers (experiments.metrics) or reading raw logs.
 """
@@ -29,6 +31,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from experiments import flows, pcap  # noqa: E402
+from experiments.metadata import LinkChange, RunMetadata  # noqa: E402
 from experiments.records import RequestRecord  # noqa: E402
 from experiments.runmeta import RunMeta  # noqa: E402
 from experiments.workload import bucket_names, bucket_of  # noqa: E402
@@ -115,16 +118,16 @@ def _timeline_picks(recs: list[RequestRecord], n: int = 4) -> list[str]:
     return picks[:n]
 
 
-def _row_changes(ax, r: RequestRecord, y: int, changes: list) -> None:
+def _row_changes(ax, r: RequestRecord, y: int, changes: list[tuple[str, LinkChange]]) -> None:
     """Link changes that fell inside this request's life, as a short purple line across its row."""
     end_ms = max([s[1] for s in r.spans.values()] + r.token_ms + [0.0])
-    for c in changes:
-        x = (c.t_ns - r.t_send_ns) / 1e6 if c.variant == r.variant and c.t_ns is not None else None
-        if x is not None and 0 <= x <= end_ms:
+    for variant, c in changes:
+        x = (c.t_ns - r.t_send_ns) / 1e6
+        if variant == r.variant and 0 <= x <= end_ms:
             ax.plot([x, x], [y - 0.45, y + 0.45], color=CHANGE_COLOR, lw=2, label="link change")
 
 
-def timeline(recs: list[RequestRecord], path: Path, changes: list | None = None) -> None:
+def timeline(recs: list[RequestRecord], path: Path, changes: list[tuple[str, LinkChange]] | None = None) -> None:
     changes = changes or []
     by = {(r.variant, r.request_id): r for r in recs}
     rows = []
@@ -165,13 +168,12 @@ def _decorate(ax, rm: RunMeta) -> None:
     """Variants shaded and named, link changes as vertical lines, cross-traffic windows as hatched spans."""
     t0 = rm.origin_s
     for v, w in rm.windows.items():
-        if "wall_start" in w:
-            ax.axvspan(
-                w["wall_start"] - t0, w.get("wall_end", w["wall_start"]) - t0, alpha=0.08, color=COLORS.get(v, "gray")
-            )
-            ax.text(w["wall_start"] - t0, 0.97, v, fontsize=8, va="top", transform=ax.get_xaxis_transform())
-    for c in rm.link_changes:
-        x = rm.change_s(c)
+        if w.wall_start is not None:
+            end = w.wall_end if w.wall_end is not None else w.wall_start
+            ax.axvspan(w.wall_start - t0, end - t0, alpha=0.08, color=COLORS.get(v, "gray"))
+            ax.text(w.wall_start - t0, 0.97, v, fontsize=8, va="top", transform=ax.get_xaxis_transform())
+    for v, c in rm.link_changes:
+        x = rm.axis_s(v, c.t_ns)
         if x is not None:
             ax.axvline(x, color=CHANGE_COLOR, lw=1, ls=":", label="link change")
             ax.text(
@@ -184,8 +186,8 @@ def _decorate(ax, rm: RunMeta) -> None:
                 transform=ax.get_xaxis_transform(),
                 va="bottom",
             )
-    for x in rm.cross_traffic:
-        a, b = rm.axis_s(x.variant, x.start_ns), rm.axis_s(x.variant, x.end_ns)
+    for v, x in rm.cross_traffic:
+        a, b = rm.axis_s(v, x.start_ns), rm.axis_s(v, x.end_ns)
         if a is not None and b is not None:
             ax.axvspan(
                 a, b, fill=False, hatch="//", edgecolor=CROSS_COLOR, lw=0, alpha=0.5, label=f"cross traffic ({x.kind})"
@@ -205,9 +207,13 @@ def _legend(ax, **kw) -> None:
 
 
 def wan_throughput(
-    frames: list[pcap.Frame], meta: dict, path: Path, rm: RunMeta | None = None, wan: flows.WanFlows | None = None
+    frames: list[pcap.Frame],
+    meta: RunMetadata,
+    path: Path,
+    rm: RunMeta | None = None,
+    wan: flows.WanFlows | None = None,
 ) -> None:
-    rm = rm or RunMeta(windows=meta.get("variants", {}))
+    rm = rm or RunMeta(windows=meta.variants)
     fig, ax = plt.subplots(figsize=(11, 4))
     if not frames:
         _empty(ax, "no WAN capture")
@@ -221,8 +227,8 @@ def wan_throughput(
             ax.plot([p[0] for p in series], [p[1] for p in series], label={"a_to_b": "A→B", "b_to_a": "B→A"}[d], lw=1)
     if frames and rm.origin_s is not None:
         _decorate(ax, rm)
-    rate = meta.get("topology", {}).get("wan_profile", {}).get("a_to_b", {}).get("rate_mbit")
-    if rate:
+    rate = meta.topology.wan_profile.a_to_b.rate_mbit if meta.topology else None
+    if rate:  # 0: unlimited
         ax.axhline(rate, ls="--", color="gray", lw=0.8, label=f"A→B rate {rate:g} Mbit/s")
     ax.set_xlabel("s since the first variant started (delivered traffic: A→B seen at gwb, B→A at gwa)")
     ax.set_ylabel("Mbit/s (250 ms bins)")
@@ -347,7 +353,7 @@ def draw_all(
     run_dir: Path,
     recs: list[RequestRecord],
     variants: list[str],
-    meta: dict,
+    meta: RunMetadata,
     frames: list[pcap.Frame],
     events: list[dict] | None = None,
     rm: RunMeta | None = None,
@@ -356,7 +362,7 @@ def draw_all(
     """Every plot into run_dir/plots; returns their paths."""
     out = run_dir / "plots"
     out.mkdir(exist_ok=True)
-    rm = rm or RunMeta(windows=meta.get("variants", {}))
+    rm = rm or RunMeta(windows=meta.variants)
     measured = [r for r in recs if r.kind != "warmup"]
     ttft_cdf(measured, variants, out / "ttft_cdf.png")
     timeline(measured, out / "timeline.png", rm.link_changes)
@@ -368,14 +374,103 @@ def draw_all(
     return [out / p for p in PLOTS]
 
 
+def ablation_over_time(abl: dict, path: Path) -> None:
+    """Four panels over the run (bins of experiments.ablation): hits (P solid, MD dashed), % finished on the RLD,
+    the RLD's open sessions, TTFT p50; pdd and the ablation variant side by side."""
+    fig, axes = plt.subplots(4, 1, figsize=(8, 10), sharex=True)
+    panels = (
+        (("p_hit", "-", "P"), ("md_hit", "--", "MD")),
+        (("on_rld", "-", ""),),
+        (("rld_sessions", "-", ""),),
+        (("ttft_p50_ms", "-", ""),),
+    )
+    labels = ("prefix hit (% of prompt)", "finished on the RLD (%)", "RLD open sessions", "TTFT p50 (ms)")
+    for k, (v, bins) in enumerate(abl["variants"].items()):
+        color = COLORS.get(v, f"C{k + 1}")
+        for ax, series in zip(axes, panels):
+            for key, style, who in series:
+                pts = [(b["t_s"], b[key]) for b in bins if b[key] is not None]
+                if pts:
+                    ax.plot(*zip(*pts), style, marker="o", ms=3, color=color, label=f"{v} {who}".strip())
+    for ax, label in zip(axes, labels):
+        ax.set_ylabel(label, fontsize=8)
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            _legend(ax, fontsize=7)
+    verdict = abl["verdict"]
+    axes[0].set_title(
+        f"MD hit behind P's (last third): pdd {_pp(verdict['md_hit_gap_pp']['pdd'])}, "
+        f"{abl['ablation_variant']} {_pp(verdict['md_hit_gap_pp']['ablation'])}",
+        fontsize=9,
+    )
+    axes[-1].set_xlabel(f"seconds since the variant's first request ({abl['bin_s']:g} s bins)")
+    _save(fig, path)
+
+
+def _pp(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.0f} points"
+
+
+def sweep_ratio_plots(axes, aggregate: list[dict], out: Path, metrics: tuple[str, ...]) -> list[Path]:
+    """<metric>_ratio.png per compared metric of a sweep: the subject variant's ratio to each baseline (mean over
+    repeats, 95% band) against the swept value, 1 marked: the bathtub of goodput gain against hit rate."""
+    out.mkdir(parents=True, exist_ok=True)
+    xs, labels, numeric = _sweep_x(axes, aggregate)
+    paths = []
+    for name in metrics:
+        keys = list(
+            dict.fromkeys(k for a in aggregate for k in a.get("comparisons") or {} if k.startswith(f"{name} / "))
+        )
+        if not keys:
+            continue
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for k, key in enumerate(keys):
+            pts = [(x, a["comparisons"][key]) for x, a in zip(xs, aggregate) if key in (a.get("comparisons") or {})]
+            subject = pts[0][1]["variant"]
+            ax.plot(
+                [x for x, _ in pts],
+                [c["mean"] for _, c in pts],
+                marker="o",
+                color=f"C{k}",
+                label=f"{subject} / {key.split(' / ')[1]}",
+            )
+            banded = [(x, c["ci95"]) for x, c in pts if c.get("ci95")]
+            if banded:
+                ax.fill_between(
+                    [x for x, _ in banded],
+                    [c[0] for _, c in banded],
+                    [c[1] for _, c in banded],
+                    alpha=0.2,
+                    color=f"C{k}",
+                )
+        ax.axhline(1.0, color="gray", lw=0.8, ls="--")
+        if not numeric:
+            ax.set_xticks(xs, labels, rotation=20, ha="right", fontsize=7)
+        ax.set_xlabel(axes[0].key if numeric else "grid point")
+        ax.set_ylabel(f"{name} ratio")
+        ax.set_title(f"{name}: ratio to each baseline, mean over repeats, 95% band", fontsize=9)
+        ax.grid(alpha=0.3)
+        _legend(ax, fontsize=8)
+        path = out / f"{name}_ratio.png"
+        _save(fig, path)
+        paths.append(path)
+    return paths
+
+
+def _sweep_x(axes, aggregate: list[dict]) -> tuple[list, list[str], bool]:
+    """A sweep plot's x: the single numeric axis's values, else the grid points' indexes (with labels)."""
+    numeric = len(axes) == 1 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in axes[0].values)
+    labels = [", ".join(f"{k}={v}" for k, v in a["values"].items()) or "all" for a in aggregate]
+    xs = [a["values"][axes[0].key] for a in aggregate] if numeric else list(range(len(aggregate)))
+    return xs, labels, numeric
+
+
 def sweep_plots(axes, aggregate: list[dict], out: Path, metrics: tuple[str, ...]) -> list[Path]:
     """One plot per metric of a sweep (experiments.sweep): the mean over repeats against the swept value, a
     line per variant with its 95% band; x is the value of a single numeric axis, else the grid point's label.
     Returns the paths."""
     out.mkdir(parents=True, exist_ok=True)
-    numeric = len(axes) == 1 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in axes[0].values)
-    labels = [", ".join(f"{k}={v}" for k, v in a["values"].items()) or "all" for a in aggregate]
-    xs = [a["values"][axes[0].key] for a in aggregate] if numeric else list(range(len(aggregate)))
+    xs, labels, numeric = _sweep_x(axes, aggregate)
     variants = list(dict.fromkeys(v for a in aggregate for v in a["variants"]))
     paths = []
     for name in metrics:

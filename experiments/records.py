@@ -1,10 +1,10 @@
 """Per-request records: the client's view of each request joined with the roles' events.
 
 Responsible for: reading a run directory's raw files (variants/<v>/client.jsonl
-and variants/<v>/events/*.jsonl), merging every role's events into one
+through experiments.clientlog, and variants/<v>/events/*.jsonl), merging every role's events into one
 events.jsonl (ordered by t_ns, tagged with the variant), and writing
-requests.jsonl: one line per request and variant with its route, hit rates,
-token timeline, bytes per path, handoff, fallbacks.
+requests.jsonl: one line per request and variant with its route, the workers
+it used, hit rates, token timeline, bytes per path, handoff, fallbacks.
 Not responsible for: statistics across requests (experiments.metrics).
 
 Times: every t_ns is time.monotonic_ns() (shared by all namespaces of the
@@ -18,6 +18,9 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from experiments import clientlog
+from experiments.clientlog import ClientRecord
+from experiments.deployment import role_of
 from experiments.workload import WorkloadRequest, read as read_workload
 
 FALLBACK_EVENTS = (
@@ -33,10 +36,14 @@ FALLBACK_EVENTS = (
     "resumed_on_rld",
     "kv_send_retry",
     "prefix_lost",
+    "kv_room_wait",  # not a fallback: a decode worker's cache was full for now and the session queued for room
 )
 REASON_KEYED = ("completed_on_rld", "route_fallback")  # their cause is `event:reason` (see fallback_cause)
 CAUSE_REASON_CHARS = 40  # a free-text reason (an error message) is cut to its first clause and this length
 HANDOFF_GAP_WINDOW = 3  # tokens on each side of the RLD->MD switch searched for the largest gap
+# Events that name the worker taking a request's part in its role: P's own, a decode worker's own, and the
+# router's session_open (its `worker` is the decode worker that accepted the session).
+SERVED_BY = ("prefill_arrival", "decode_open", "session_open")
 
 
 @dataclass
@@ -83,6 +90,7 @@ class RequestRecord:
     mode: str = ""  # the serving mode (= variant, unless the spec's variant_defs names it)
     issued: bool = True  # False: never sent (past the variant's timeouts.issue_s)
     prompt_source: str = ""  # workload | previous | reference (a failed turn's reply from colocated)
+    workers: dict[str, str] = field(default_factory=dict)  # role (p, rld, md) -> the worker that took its part
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -185,6 +193,17 @@ def _spans(evs: list[dict], rec: RequestRecord, t0: int) -> None:
     rec.spans = {k: v for k, v in s.items() if v is not None}
 
 
+def _workers(route_ev: dict, evs: list[dict]) -> dict[str, str]:
+    """role -> the worker the request used there: the router's picks (its route event), then every worker the
+    events show taking part (SERVED_BY), the later winning: the RLD a fallback or a resume picked after the
+    route is the one the request ended on."""
+    out = dict(route_ev.get("workers") or {})
+    for e in evs:
+        if e["event"] in SERVED_BY and e.get("worker"):
+            out[role_of(e["worker"])] = e["worker"]
+    return out
+
+
 def _decode_batch(evs: list[dict]) -> float | None:
     """Mean size of the batched engine steps this request's decode sessions ran in (their decode_done
     events, weighted by steps); None where no session reported steps (older runs, no decode steps)."""
@@ -193,49 +212,50 @@ def _decode_batch(evs: list[dict]) -> float | None:
     return sum(e["steps"] * e["mean_batch"] for e in done) / steps if steps else None
 
 
-def build_record(raw: dict, wreq: WorkloadRequest | None, evs: list[dict]) -> RequestRecord:
+def build_record(raw: ClientRecord, wreq: WorkloadRequest | None, evs: list[dict]) -> RequestRecord:
     """One request: the client's record, its workload entry and its events."""
-    t0 = raw["t_send_ns"]
-    toks = sorted(raw["tokens"], key=lambda t: t[0])
-    token_ms = [_ms(t[3], t0) for t in toks]
-    done = raw.get("done") or {}
+    t0 = raw.t_send_ns
+    toks = sorted(raw.tokens)
+    token_ms = [_ms(t.t_recv_ns, t0) for t in toks]
     route_ev = next((e for e in evs if e["event"] == "route"), {})
-    route = done.get("route") or route_ev.get("route")
-    cached = done.get("md_cached_tokens", route_ev.get("md_cached_tokens", 0)) or 0
+    if raw.done is not None:
+        route, cached = raw.done.route or route_ev.get("route"), raw.done.md_cached_tokens
+    else:  # no done message (the request failed): what the router's route event said
+        route, cached = route_ev.get("route"), route_ev.get("md_cached_tokens") or 0
     n_out = len(toks)
-    mode = raw.get("mode") or raw["variant"]  # a variant of variant_defs runs a mode of another name
     rec = RequestRecord(
-        variant=raw["variant"],
-        request_id=raw["request_id"],
-        session=raw["session"],
-        turn=raw["turn"],
-        kind=raw["kind"],
-        ok=raw["error"] is None and n_out == raw["max_tokens"],
-        error=raw["error"],
-        prompt_tokens=raw["prompt_tokens"],
-        max_tokens=raw["max_tokens"],
+        variant=raw.variant,
+        request_id=raw.request_id,
+        session=raw.session,
+        turn=raw.turn,
+        kind=raw.kind,
+        ok=raw.error is None and n_out == raw.max_tokens,
+        error=raw.error,
+        prompt_tokens=raw.prompt_tokens,
+        max_tokens=raw.max_tokens,
         output_tokens=n_out,
         route=route,
         expected_hit=wreq.expected_hit if wreq else 0.0,
-        drc_hit=(cached / raw["prompt_tokens"]) if mode == "pdd" and raw["prompt_tokens"] else None,
-        mode=mode,
+        drc_hit=(cached / raw.prompt_tokens) if raw.mode == "pdd" and raw.prompt_tokens else None,
+        mode=raw.mode,
         md_cached_tokens=cached,
-        token_ids=[t[1] for t in toks],
+        token_ids=[t.token for t in toks],
         token_ms=token_ms,
-        token_workers=[t[2] for t in toks],
+        token_workers=[t.worker for t in toks],
         t_send_ns=t0,
-        t_done_ns=raw.get("t_done_ns", t0),
+        t_done_ns=raw.t_done_ns if raw.t_done_ns is not None else t0,
         ttft_ms=token_ms[0] if token_ms else None,
         ttft_decode_ms=token_ms[1] if len(token_ms) > 1 else None,
         tpot_ms=(token_ms[-1] - token_ms[0]) / (n_out - 1) if n_out > 1 else None,
-        e2e_ms=_ms(raw["t_done_ns"], t0) if raw.get("t_done_ns") and raw["error"] is None else None,
-        issued=raw.get("issued", True),
-        prompt_source=raw.get("prompt_source", ""),
+        e2e_ms=_ms(raw.t_done_ns, t0) if raw.t_done_ns and raw.error is None else None,
+        issued=raw.issued,
+        prompt_source=raw.prompt_source,
     )
     rec.rld_tokens = sum(w.startswith("rld") for w in rec.token_workers)
     rec.md_tokens = sum(w.startswith("md") for w in rec.token_workers)
     rec.p_tokens = sum(w.startswith("p") for w in rec.token_workers)
     rec.decode_batch = _decode_batch(evs)
+    rec.workers = _workers(route_ev, evs)
     _bytes(evs, rec)
     _md_cache(evs, rec)
     _handoff(evs, rec, t0)
@@ -266,39 +286,38 @@ def collect(run_dir: Path) -> tuple[list[RequestRecord], list[dict]]:
         for e in evs:
             if e.get("request_id"):
                 by_req[e["request_id"]].append(e)
-        raws = _read_jsonl(vdir / "client.jsonl")
+        raws = clientlog.read(vdir / "client.jsonl")
         raws += _missing(variant, raws, workload)
         for raw in raws:
-            records.append(build_record(raw, workload.get(raw["request_id"]), by_req.get(raw["router_id"], [])))
+            records.append(build_record(raw, workload.get(raw.request_id), by_req.get(raw.router_id, [])))
     return records, sorted(events, key=lambda e: e["t_ns"])
 
 
 MISSING = "no record: the load generator stopped before it recorded this request (killed or crashed)"
 
 
-def _missing(variant: str, raws: list[dict], workload: dict[str, WorkloadRequest]) -> list[dict]:
+def _missing(variant: str, raws: list[ClientRecord], workload: dict[str, WorkloadRequest]) -> list[ClientRecord]:
     """A record for every workload request the variant's client log lacks, so the summary counts against
     the workload, never against what happened to be written (a client log ends early when its writer dies)."""
-    seen = {r["request_id"] for r in raws}
-    t_ref = min((r["t_send_ns"] for r in raws), default=0)  # inside the window: the duration stays the log's
-    mode = next((r.get("mode") for r in raws if r.get("mode")), variant)
+    seen = {r.request_id for r in raws}
+    t_ref = min((r.t_send_ns for r in raws), default=0)  # inside the window: the duration stays the log's
+    mode = raws[0].mode if raws else variant
     return [
-        {
-            "request_id": w.request_id,
-            "router_id": f"{variant}.{w.request_id}",
-            "variant": variant,
-            "mode": mode,
-            "session": w.session,
-            "turn": w.turn,
-            "kind": w.kind,
-            "max_tokens": w.max_tokens,
-            "prompt_tokens": w.prompt_len,
-            "tokens": [],
-            "error": MISSING,
-            "issued": True,
-            "t_send_ns": t_ref,
-            "t_done_ns": t_ref,
-        }
+        ClientRecord(
+            request_id=w.request_id,
+            router_id=f"{variant}.{w.request_id}",
+            variant=variant,
+            mode=mode,
+            session=w.session,
+            turn=w.turn,
+            kind=w.kind,
+            max_tokens=w.max_tokens,
+            prompt_tokens=w.prompt_len,
+            tokens=[],
+            error=MISSING,
+            t_send_ns=t_ref,
+            t_done_ns=t_ref,
+        )
         for w in workload.values()
         if w.request_id not in seen
     ]

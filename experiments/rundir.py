@@ -1,8 +1,11 @@
 """Run directories: where a run writes everything, and how it records how it was made.
 
 Responsible for: creating `results/<time>-<experiment>/`, writing JSON files,
-and collecting provenance (git commit and dirty flag, kernel, tool versions).
-Not responsible for: what the experiment measures.
+reading a file's JSON back into a typed record (pydantic) with an error that
+names the file and the field, and collecting provenance (git commit and dirty
+flag, kernel, tool versions).
+Not responsible for: what the experiment measures, or the records' layouts
+(experiments.metadata: metadata.json; experiments.clientlog: client.jsonl).
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parent.parent
@@ -45,6 +50,35 @@ def write_json(path: Path, data: Any) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
     tmp.replace(path)
+
+
+class RecordError(ValueError):
+    """A run directory's file does not hold the record it should; the message names the file and the field."""
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse(model: type[M], data: Any, where: str, error: type[RecordError] = RecordError) -> M:
+    """data (decoded JSON) as model, or `error` naming `where` (a file, a file:line) and each bad field."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        problems = "; ".join(
+            f"{'.'.join(str(x) for x in e['loc']) or '(top level)'}: {e['msg']}" for e in err.errors()[:5]
+        )
+        raise error(f"{where}: {problems}") from None
+
+
+def read_record(model: type[M], path: Path, error: type[RecordError] = RecordError) -> M:
+    """A JSON file as model, or `error` naming the file: absent, not JSON, or a bad field."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise error(f"{path}: no such file") from None
+    except json.JSONDecodeError as err:
+        raise error(f"{path}: not JSON ({err})") from None
+    return parse(model, data, str(path), error)
 
 
 def _first_line(argv: list[str]) -> str | None:

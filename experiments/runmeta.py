@@ -1,16 +1,14 @@
-"""What metadata.json and the deployments say about each variant, typed: its window, link changes, cross
-traffic and data-plane ports, and the clock that puts monotonic event times on the pcap's time axis.
+"""The analysis's view of a run's variants: their records on the plots' clock, their workers, the data-plane ports.
 
-Responsible for: reading meta["variants"][v] (wall_start / wall_end in Unix s,
-t_start_ns / t_ready_ns / t_end_ns in CLOCK_MONOTONIC ns, link_changes,
-cross_traffic) and variants/<v>/deployment.yaml (kv ports); every key may be
-missing in older runs, which then yield no entries rather than errors.
-Not responsible for: writing metadata (experiments.runner), what the
+Responsible for: each variant's VariantRecord (experiments.metadata: window, link changes, cross
+traffic) put on one time axis; each variant's workers as it deployed them (variants/<v>/deployment.yaml,
+read through workers.roles.config) with what each was given, and the decode workers' kv ports.
+Not responsible for: metadata.json's layout, writing or reading (experiments.metadata), what the
 entries mean for the metrics or plots.
 
-Time axis: plots use seconds since the first variant's wall_start (the pcap
-is in Unix time). An event's t_ns (monotonic) maps onto it through its
-variant's pair (wall_start, t_start_ns), both taken at the variant's start.
+Time axis: plots use seconds since the first variant's wall_start (the pcap is in Unix time). An event's
+t_ns (monotonic) maps onto it through its variant's pair (wall_start, t_start_ns), both taken at the
+variant's start; a variant whose record lacks the pair (it never started) is off the axis (None).
 """
 
 from __future__ import annotations
@@ -19,119 +17,113 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
+from experiments.metadata import CrossTrafficEntry, LinkChange, RunMetadata, VariantRecord
+from workers.roles.config import ConfigError, DeploymentConfig, load_config
 
 log = logging.getLogger(__name__)
 DEFAULT_KV_PORTS = (50062, 50063)  # rld, md (experiments.deploy.KV_PORTS) where no deployment.yaml says
 
 
 @dataclass(frozen=True)
-class LinkChange:
-    """One change of the WAN's parameters during a variant (direction a_to_b | b_to_a)."""
+class WorkerSetup:
+    """One worker as its variant deployed it.
 
-    variant: str
-    t_ns: int | None
-    offset_s: float | None  # from the variant's measured start
-    direction: str
-    params: dict
-    cause: str
+    name: p1, rld2, md1, ... (topology.naming); role: p | rld | md; capacity_tokens: its engine's KV slots
+    (tokens); threads: its engine's torch threads; kv_address: host:port peers send it KV at ('' for P);
+    cpus, memory_mb: the CPU (cores) and memory (MiB) limits its container ran under (the docker runtime's
+    record), None where none was enforced (the process runtime)
+    """
 
-
-@dataclass(frozen=True)
-class CrossTraffic:
-    """One cross-traffic stream (iperf3) during a variant."""
-
-    variant: str
     name: str
-    kind: str  # tcp | udp
-    direction: str
-    start_ns: int | None
-    end_ns: int | None
-    port: int | None
-    iperf_json: str | None  # relative to the run directory
+    role: str
+    capacity_tokens: int
+    threads: int
+    kv_address: str = ""
+    cpus: float | None = None
+    memory_mb: int | None = None
 
 
 @dataclass
 class RunMeta:
-    """Per-variant windows, link changes, cross traffic and ports of one run directory."""
+    """windows: each variant's record (metadata.json's `variants`); kv_ports: the decode workers' kv ports;
+    workers: each variant's workers (router left out) as its deployment.yaml says, {} where it has none."""
 
-    windows: dict[str, dict]
-    link_changes: list[LinkChange] = field(default_factory=list)
-    cross_traffic: list[CrossTraffic] = field(default_factory=list)
+    windows: dict[str, VariantRecord]
     kv_ports: set[int] = field(default_factory=lambda: set(DEFAULT_KV_PORTS))
+    workers: dict[str, list[WorkerSetup]] = field(default_factory=dict)
 
     @property
     def origin_s(self) -> float | None:
         """The plots' time zero: the first variant's wall_start (Unix s)."""
-        starts = [w["wall_start"] for w in self.windows.values() if "wall_start" in w]
+        starts = [w.wall_start for w in self.windows.values() if w.wall_start is not None]
         return min(starts) if starts else None
 
-    def axis_s(self, variant: str, t_ns: int | None) -> float | None:
+    def axis_s(self, variant: str | None, t_ns: int | None) -> float | None:
         """A monotonic t_ns of variant's events in s on the plots' axis; None where the window lacks the pair."""
-        w = self.windows.get(variant, {})
-        if t_ns is None or "wall_start" not in w or "t_start_ns" not in w:
+        w = self.windows.get(variant)
+        if t_ns is None or w is None or w.wall_start is None or w.t_start_ns is None:
             return None
-        return w["wall_start"] - self.origin_s + (t_ns - w["t_start_ns"]) / 1e9
+        return w.wall_start - self.origin_s + (t_ns - w.t_start_ns) / 1e9
 
-    def change_s(self, c: LinkChange) -> float | None:
-        """A link change on the plots' axis (from t_ns, else from offset_s)."""
-        at = self.axis_s(c.variant, c.t_ns)
-        w = self.windows.get(c.variant, {})
-        if at is None and c.offset_s is not None and "wall_start" in w:
-            at = w["wall_start"] - self.origin_s + c.offset_s
-        return at
+    @property
+    def link_changes(self) -> list[tuple[str, LinkChange]]:
+        """(variant, change) of every variant's link changes."""
+        return [(v, c) for v, w in self.windows.items() for c in w.link_changes]
+
+    @property
+    def cross_traffic(self) -> list[tuple[str, CrossTrafficEntry]]:
+        """(variant, entry) of every variant's cross flows."""
+        return [(v, c) for v, w in self.windows.items() for c in w.cross_traffic]
 
     @property
     def cross_ports(self) -> set[int]:
-        return {c.port for c in self.cross_traffic if c.port}
+        return {c.port for _, c in self.cross_traffic}
 
 
-def _changes(v: str, w: dict) -> list[LinkChange]:
-    return [
-        LinkChange(
-            v, c.get("t_ns"), c.get("offset_s"), c.get("direction", "?"), c.get("params") or {}, c.get("cause", "")
-        )
-        for c in w.get("link_changes") or []
-        if isinstance(c, dict)
-    ]
-
-
-def _cross(v: str, w: dict) -> list[CrossTraffic]:
-    return [
-        CrossTraffic(
-            v,
-            c.get("name", "?"),
-            c.get("kind", "?"),
-            c.get("direction", "?"),
-            c.get("start_ns"),
-            c.get("end_ns"),
-            c.get("port"),
-            c.get("iperf_json"),
-        )
-        for c in w.get("cross_traffic") or []
-        if isinstance(c, dict)
-    ]
-
-
-def kv_ports(run_dir: Path) -> set[int]:
-    """The decode workers' kv_port of every variant's deployment.yaml (rld: handoff, md: WAN KV)."""
-    ports = set()
+def deployments(run_dir: Path) -> dict[str, DeploymentConfig]:
+    """variant -> its roles' config (variants/<v>/deployment.yaml); one that does not read is left out, logged."""
+    out = {}
     for path in sorted(Path(run_dir).glob("variants/*/deployment.yaml")):
         try:
-            dep = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as err:
-            log.warning("%s: %s", path, err)
-            continue
-        ports |= {dep[r]["kv_port"] for r in ("rld", "md") if isinstance(dep.get(r), dict) and dep[r].get("kv_port")}
+            out[path.parent.name] = load_config(path)
+        except (ConfigError, OSError, ValueError) as err:
+            log.warning("%s", err)
+    return out
+
+
+def kv_ports(deps: dict[str, DeploymentConfig]) -> set[int]:
+    """The decode workers' kv_port of every variant's deployment (rld: handoff, md: WAN KV)."""
+    ports = {w.kv_port for cfg in deps.values() for w in cfg.rld + cfg.md if w.kv_port}
     return ports or set(DEFAULT_KV_PORTS)
 
 
-def load(run_dir: Path, meta: dict) -> RunMeta:
+def worker_setups(cfg: DeploymentConfig, meta: RunMetadata) -> list[WorkerSetup]:
+    """Every P, RLD and MD of one variant's deployment, with the container limits of its role where the run's
+    runtime enforced some (metadata.json's topology.runtime_metadata.limits: the docker runtime)."""
+    limits = ((meta.topology.runtime_metadata if meta.topology else None) or {}).get("limits") or {}
+    out = []
+    for role in ("p", "rld", "md"):
+        lim = limits.get(role) or {}
+        out += [
+            WorkerSetup(
+                w.name,
+                role,
+                w.capacity_tokens,
+                w.threads,
+                w.kv_address if w.kv_port or w.kv_connect else "",
+                lim.get("cpus"),
+                lim.get("memory_mb"),
+            )
+            for w in getattr(cfg, role)
+        ]
+    return out
+
+
+def load(run_dir: Path, meta: RunMetadata) -> RunMeta:
     """RunMeta of a run directory whose metadata.json is already read into meta."""
-    variants = {v: w for v, w in (meta.get("variants") or {}).items() if isinstance(w, dict)}
+    deps = deployments(run_dir)
     return RunMeta(
-        windows=variants,
-        link_changes=[c for v, w in variants.items() for c in _changes(v, w)],
-        cross_traffic=[c for v, w in variants.items() for c in _cross(v, w)],
-        kv_ports=kv_ports(run_dir),
+        windows=meta.variants,
+        kv_ports=kv_ports(deps),
+        workers={v: worker_setups(cfg, meta) for v, cfg in deps.items()},
     )

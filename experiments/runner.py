@@ -17,6 +17,7 @@ directory), the topology (topology.net), the roles (workers.roles).
 Run directory (results/<time>-<experiment>/):
 
     metadata.json        resolved spec, profile, backend, seeds, provenance, per-variant windows, complete
+                         (experiments.metadata: its layout, writer and reader)
     workload.jsonl       the requests, identical for every variant
     variants/<v>/        deployment.yaml, client.jsonl (raw), events/<worker>.jsonl, logs/<worker>.log,
                          cross/<flow>-<direction>.json (iperf3 -J of each cross flow)
@@ -37,7 +38,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from experiments import deploy, faults as faultsmod, rundir, spec as specmod, window as winmod, workload as wl
+from experiments import deploy, faults as faultsmod, metadata, rundir, spec as specmod, window as winmod
+from experiments import workload as wl
+from experiments.metadata import RunMetadata, Seeds, SharedTopologyRecord, VariantRecord
+from experiments.deployment import pool_cpusets, role_of
+from experiments.loadgen import Settled
 from experiments.spec import ExperimentSpec
 from experiments.progress import Progress
 from topology.profiles import Profile
@@ -92,39 +97,33 @@ def run(
     else:
         out.mkdir(parents=True)
     wl.write(requests, out / "workload.jsonl")
-    meta = {
-        "experiment": spec.name,
-        "spec": specmod.to_dict(spec),
-        "complete": False,
-        "seeds": {"workload": spec.workload.seed, "weights": spec.weights_seed, "topology": spec.topology_seed},
-        "runtime": spec.runtime,
-        "workload": wl.hit_profile(requests),
-        "variants": {},
-        "provenance": rundir.provenance(),
-    }
-    if shared is not None:
-        meta["shared_topology"] = shared.record()
-    rundir.write_json(out / "metadata.json", meta)
+    meta = RunMetadata(
+        experiment=spec.name,
+        complete=False,
+        provenance=rundir.provenance(),
+        spec=specmod.to_dict(spec),
+        seeds=Seeds(workload=spec.workload.seed, weights=spec.weights_seed, topology=spec.topology_seed),
+        runtime=spec.runtime,
+        workload=wl.hit_profile(requests),
+        shared_topology=shared.record() if shared is not None else None,
+    )
+    metadata.write(out, meta)
     log.info("run directory: %s", out)
     try:
-        if shared is None:
-            _run_topology(spec, plan.profile, out, meta)
-        else:
-            shared.run(spec, plan.profile, out, meta)
-        meta["complete"] = all(v.get("status") == "ok" for v in meta["variants"].values()) and len(
-            meta["variants"]
-        ) == len(spec.variants)
-    except KeyboardInterrupt:
-        meta["interrupted"] = True
-        raise
-    except Exception as exc:
-        meta["error"] = f"{type(exc).__name__}: {exc}"
-        raise
+        with metadata.recording(out, meta):
+            if shared is None:
+                _run_topology(spec, plan.profile, out, meta)
+            else:
+                shared.run(spec, plan.profile, out, meta)
+            meta.complete = complete(meta, spec)
     finally:
-        meta["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-        rundir.write_json(out / "metadata.json", meta)
         _analyze_safely(out)
     return out
+
+
+def complete(meta: RunMetadata, spec: ExperimentSpec) -> bool:
+    """A run is complete when every variant of its spec ran to the end with every request answered."""
+    return set(meta.variants) == set(spec.variants) and all(v.status == "ok" for v in meta.variants.values())
 
 
 def _analyze_safely(out: Path) -> None:
@@ -149,11 +148,14 @@ def topology_config(spec: ExperimentSpec, profile, out: Path, play_schedule: boo
         log_dir=out / "logs",
         play_schedule=play_schedule,
         cross_hosts=bool(spec.cross_traffic),
+        n_p=spec.pools.p.workers,
+        n_rld=spec.pools.rld.workers,
+        n_md=spec.pools.md.workers,
         **deploy.topology_kwargs(spec, out),
     )
 
 
-def _run_topology(spec: ExperimentSpec, profile, out: Path, meta: dict) -> None:
+def _run_topology(spec: ExperimentSpec, profile, out: Path, meta: RunMetadata) -> None:
     from topology.net import Testbed
 
     cfg = topology_config(spec, profile, out, play_schedule=spec.schedule_clock == "link")
@@ -178,6 +180,7 @@ def topology_key(spec: ExperimentSpec) -> tuple:
         spec.snaplen_bytes,
         spec.topology_seed,
         bool(spec.cross_traffic),
+        spec.pools,
     )
 
 
@@ -227,11 +230,11 @@ class SharedTopology:
             held.release()
         return False
 
-    def record(self) -> dict:
+    def record(self) -> SharedTopologyRecord:
         """What metadata.json says of it: its id, how long it took to come up, how many runs used it before."""
-        return {"id": self.ident, "runs_before": self.runs, "start_s": round(self.started_s, 3)}
+        return SharedTopologyRecord(id=self.ident, runs_before=self.runs, start_s=round(self.started_s, 3))
 
-    def run(self, spec: ExperimentSpec, profile, out: Path, meta: dict) -> None:
+    def run(self, spec: ExperimentSpec, profile, out: Path, meta: RunMetadata) -> None:
         self.runs += 1
         self.tb.swap_profile(profile)
         self.tb.capture_to(out / "pcap")
@@ -269,35 +272,40 @@ class _HeldSignals:
             raise KeyboardInterrupt(f"signal {self.caught}")
 
 
-def _run_variants(tb, spec: ExperimentSpec, out: Path, meta: dict, imp: winmod.Impairment) -> None:
+def _run_variants(tb, spec: ExperimentSpec, out: Path, meta: RunMetadata, imp: winmod.Impairment) -> None:
     """Every variant in turn on the running testbed; metadata.json rewritten at each step."""
-    meta["topology"] = tb.metadata()
-    rundir.write_json(out / "metadata.json", meta)
+    meta.topology = metadata.topology_of(tb)
+    metadata.write(out, meta)
     for variant in spec.variants:
-        window = meta["variants"][variant] = {"status": "running"}
-        rundir.write_json(out / "metadata.json", meta)
+        window = meta.variants[variant] = VariantRecord(status="running")
+        metadata.write(out, meta)
         try:
             run_variant(tb, spec, variant, out, imp, window)
         except VariantError as err:
-            window.update(status="failed", error=str(err))
+            window.status, window.error = "failed", str(err)
             log.error("variant %s failed: %s", variant, err)
         except KeyboardInterrupt:
-            window["status"] = "interrupted"
+            window.status = "interrupted"
             raise
         finally:
-            rundir.write_json(out / "metadata.json", meta)
-    meta["topology"] = tb.metadata()  # with link changes
+            metadata.write(out, meta)
+    meta.topology = metadata.topology_of(tb)  # with link changes
 
 
 def run_variant(
-    tb, spec: ExperimentSpec, variant: str, out: Path, imp: winmod.Impairment | None = None, window: dict | None = None
-) -> dict:
+    tb,
+    spec: ExperimentSpec,
+    variant: str,
+    out: Path,
+    imp: winmod.Impairment | None = None,
+    window: VariantRecord | None = None,
+) -> VariantRecord:
     """Fresh roles, readiness, the workload in its window, roles stopped; fills and returns the variant's
     record (window, status, link changes, cross traffic). Raises VariantError when the link's schedule or a
     cross flow failed (the record is filled first)."""
     from topology.net import TestbedError
 
-    window = {} if window is None else window
+    window = VariantRecord(status="running") if window is None else window
     vdir = out / "variants" / variant
     (vdir / "events").mkdir(parents=True, exist_ok=True)
     config = deploy.write_deployment(
@@ -307,15 +315,16 @@ def run_variant(
         mode=specmod.variant_mode(spec, variant),
         overrides=specmod.variant_overrides(spec, variant),
         wan=tb.config.wan_profile,  # the link as it runs (a sweep's shared topology swaps it per run)
+        pools=specmod.variant_pools(spec, variant),
     )
-    runtime = deploy.Runtime(tb, config, vdir / "logs")
+    runtime = deploy.Runtime(tb, config, vdir / "logs", specmod.variant_pools(spec, variant), pool_cpusets(spec))
     win = winmod.VariantWindow(tb, imp or winmod.Impairment(), vdir, out)
-    window.update(wall_start=time.time(), t_start_ns=time.monotonic_ns())
+    window.wall_start, window.t_start_ns = time.time(), time.monotonic_ns()
     log.info("variant %s: starting roles", variant)
     runtime.start()
     try:
         _wait_ready(tb, spec, runtime)
-        window["t_ready_ns"] = time.monotonic_ns()
+        window.t_ready_ns = time.monotonic_ns()
         status = _drive(tb, spec, variant, out, vdir, runtime, win, window)
         if status != "timeout":
             win.hold(variant)  # every variant meets the whole schedule
@@ -323,11 +332,11 @@ def run_variant(
         raise VariantError(f"the variant's window could not open: {err}") from err
     finally:
         try:
-            window.update(win.close())
+            win.close(window)
         finally:
-            window["exit_codes"] = runtime.stop()
-            window["wall_end"], window["t_end_ns"] = time.time(), time.monotonic_ns()
-    window["status"] = status
+            window.exit_codes = runtime.stop()
+            window.wall_end, window.t_end_ns = time.time(), time.monotonic_ns()
+    window.status = status
     if win.start_ns is None and (win.imp.steps or win.imp.flows):  # loadgen's `start t0_ns=` line is the cue
         raise VariantError("the load generator never reported its t0: the schedule and cross traffic did not run")
     try:
@@ -344,7 +353,7 @@ def _python_in_host(module: str, *args: str) -> list[str]:
 
 def _wait_ready(tb, spec: ExperimentSpec, runtime: deploy.Runtime) -> None:
     """Every role's gRPC health SERVING, checked from the client host (the only way into the namespaces)."""
-    addresses = [deploy.grpc_address(r) for r in deploy.START_ORDER]
+    addresses = [deploy.grpc_address(w) for w in runtime.workers]
     argv = _python_in_host("experiments.loadgen", "health", "--timeout-s", str(spec.timeouts.ready_s), *addresses)
     proc = tb.popen(
         "client", argv, cwd=deploy.REPO, env=deploy._env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -368,10 +377,10 @@ def _drive(
     vdir: Path,
     runtime: deploy.Runtime,
     win: winmod.VariantWindow,
-    window: dict,
+    window: VariantRecord,
 ) -> str:
     """The load generator in the client host, the window opened at its t0 (after the warm-up), the spec's
-    faults played from t0 (recorded in window['faults']); progress logged; 'ok', 'failed_requests' or
+    faults played from t0 (recorded in window.faults); progress logged; 'ok', 'failed_requests' or
     'timeout'."""
     reference = out / "variants" / REFERENCE_VARIANT / "client.jsonl"
     argv = _python_in_host(
@@ -392,12 +401,13 @@ def _drive(
         "--issue-until-s",
         str(spec.timeouts.issue_s),
         *(["--reference", str(reference)] if variant != REFERENCE_VARIANT else []),
+        *_settle_args(spec, variant, runtime),
     )
     proc = tb.popen(
         "client", argv, cwd=deploy.REPO, env=deploy._env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     t0 = _T0()
-    reader = threading.Thread(target=_show_progress, args=(proc, variant, t0), daemon=True)
+    reader = threading.Thread(target=_show_progress, args=(proc, variant, t0, window), daemon=True)
     reader.start()
     deadline = time.monotonic() + spec.timeouts.variant_s
     player = None
@@ -422,11 +432,31 @@ def _drive(
         return "timeout"
     finally:
         if player is not None:
-            window["faults"] = player.stop()
+            window.faults = player.stop()
         reader.join(5)
     if runtime.dead():
         log.error("variant %s: roles exited during the run: %s", variant, runtime.dead())
     return "ok" if code == 0 else "failed_requests"
+
+
+SETTLE_MODES = ("pdd",)  # its warm-up's KV crosses the WAN into an MD's DRC (pd-cross's MD keeps no DRC)
+
+
+def _settle_args(spec: ExperimentSpec, variant: str, runtime: deploy.Runtime) -> list[str]:
+    """loadgen's --settle arguments: the variant's MDs where its mode brings the warm-up to one (the clock
+    starts once an MD's DRC holds it; the wait counts against variant_s, so at most a quarter of it), else
+    none."""
+    if not spec.workload.warmup or specmod.variant_mode(spec, variant) not in SETTLE_MODES:
+        return []
+    mds = [deploy.grpc_address(w) for w in runtime.workers if role_of(w) == "md"]
+    return [
+        "--block-size",
+        str(spec.block_size),
+        "--settle-timeout-s",
+        str(min(spec.timeouts.request_s, spec.timeouts.variant_s / 4)),
+        "--settle",
+        *mds,
+    ]
 
 
 def _killers(tb, runtime: deploy.Runtime, loadgen: subprocess.Popen) -> dict:
@@ -439,8 +469,15 @@ def _killers(tb, runtime: deploy.Runtime, loadgen: subprocess.Popen) -> dict:
         tb.kill("client", loadgen)
         return loadgen.pid
 
-    killers = {role: (lambda role=role: runtime.kill(role)) for role in deploy.START_ORDER}
+    targets = [*deploy.START_ORDER, *runtime.workers]  # a role (its first worker) or a worker by name
+    killers = {t: (lambda t=t: runtime.kill(t)) for t in targets}
     return {**killers, "loadgen": kill_loadgen, "emulator": tb.kill_emulator}
+
+
+def _settled(line: str) -> metadata.WarmupSettle:
+    """loadgen's `settle ok=1 s=2.50 cached=512/512` line (its format's one home: loadgen.Settled)."""
+    s = Settled.parse(line)
+    return metadata.WarmupSettle(ok=s.ok, wait_s=s.wait_s, cached_tokens=s.cached, want_tokens=s.want)
 
 
 class _T0:
@@ -451,14 +488,25 @@ class _T0:
         self.ns = 0
 
 
-def _show_progress(proc: subprocess.Popen, variant: str, t0: _T0) -> None:
-    """The load generator's output: its t0, and its `progress DONE/TOTAL failed=F not_issued=N last=ID` lines
-    as a bar on a terminal (plain lines every 10 s otherwise: experiments.progress)."""
+def _show_progress(proc: subprocess.Popen, variant: str, t0: _T0, window: VariantRecord) -> None:
+    """The load generator's output: its warm-up's settle line (into window.warmup_settle), its t0, and its
+    `progress DONE/TOTAL failed=F not_issued=N last=ID` lines as a bar on a terminal (plain lines every 10 s
+    otherwise: experiments.progress)."""
     bar = None
     try:
         for line in proc.stdout:
             line = line.rstrip()
-            if line.startswith("start t0_ns="):
+            if line.startswith("settle "):
+                window.warmup_settle = _settled(line)
+                how = "in" if window.warmup_settle.ok else "NOT in (settle timeout)"
+                log.info(
+                    "[%s] warm-up prefix %s the MDs' DRC after %.1f s: %s",
+                    variant,
+                    how,
+                    window.warmup_settle.wait_s,
+                    line,
+                )
+            elif line.startswith("start t0_ns="):
                 t0.ns = int(line.split()[1].split("=")[1])
                 t0.seen.set()
                 log.info("[%s] measured window opens (t0_ns=%d)", variant, t0.ns)

@@ -2,7 +2,8 @@
 
 Responsible for: a serve session's directory (`results/<time>-serve-<spec>/`, laid out like a run's, so
 `pddlab analyze` reads it: variants/<mode>/client.jsonl, events/, logs/, pcap/), the topology and one
-variant's roles as the spec says (runtime, model, profile, deployment), the front door
+variant's roles as the spec says (runtime, model, profile, deployment), its metadata.json (the layout of a
+run's, experiments.metadata; a failed step of the link's schedule ends the session incomplete), the front door
 (experiments.serve_http) in the client host — on the client's address and its loopback, and on a UNIX
 socket — and a forwarder from 127.0.0.1:PORT of this machine to that socket (the client host's network
 is a namespace of its own; a socket file crosses namespaces); teardown of all of it on Ctrl-C, SIGTERM
@@ -23,10 +24,11 @@ import threading
 import time
 from pathlib import Path
 
-from experiments import deploy, rundir, runner
+from experiments import deploy, deployment, metadata, rundir, runner
 from experiments import spec as specmod
+from experiments.metadata import RunMetadata, Seeds, VariantRecord
 from topology import naming
-from workers.model import get_config
+from workers.model import get_config, precision_base
 
 log = logging.getLogger(__name__)
 TOKENIZERS = Path(__file__).resolve().parent / "tokenizers"
@@ -95,9 +97,14 @@ class _Forwarder:
         self.thread.join(5)
 
 
+def tokenizer_dir(model: str) -> Path:
+    """A model config's tokenizer: its own vocabulary's (a half-precision variant shares its base's)."""
+    return TOKENIZERS / precision_base(model)
+
+
 def _front_door_argv(spec, mode: str, vdir: Path, port: int, sock: str) -> list[str]:
-    names = deploy.worker_names()
-    workers = [f"--worker={names[r]}={deploy.grpc_address(r)}" for r in ("p", "rld", "md")]
+    names = deploy.worker_names(deployment.pool_sizes(spec))
+    workers = [f"--worker={w}={deploy.grpc_address(w)}" for r in ("p", "rld", "md") for w in names[r]]
     return [
         sys.executable,
         "-m",
@@ -105,7 +112,7 @@ def _front_door_argv(spec, mode: str, vdir: Path, port: int, sock: str) -> list[
         "--router",
         deploy.grpc_address("router"),
         "--tokenizer",
-        str(TOKENIZERS / spec.model),
+        str(tokenizer_dir(spec.model)),
         "--model",
         served_name(spec),
         "--context",
@@ -150,45 +157,50 @@ def run(spec, mode: str = "pdd", port: int = 8000, until=None) -> Path:
 
     if mode not in specmod.VARIANTS:
         raise ServeError(f"mode {mode!r} not in {list(specmod.VARIANTS)}")
-    if not (TOKENIZERS / spec.model / "tokenizer.json").exists():
+    if not (tokenizer_dir(spec.model) / "tokenizer.json").exists():
         raise ServeError(f"no tokenizer for model {spec.model!r} in {TOKENIZERS} (scripts/make_tokenizers.py)")
     preflight()
     out = rundir.new_run_dir(f"serve-{spec.name}")
     spec = dataclasses.replace(spec, variants=(mode,))
-    meta = {
-        "experiment": f"serve-{spec.name}",
-        "spec": specmod.to_dict(spec),
-        "complete": False,
-        "serve": True,
-        "runtime": spec.runtime,
-        "variants": {},
-        "provenance": rundir.provenance(),
-    }
-    rundir.write_json(out / "metadata.json", meta)
+    meta = RunMetadata(
+        experiment=f"serve-{spec.name}",
+        complete=False,
+        provenance=rundir.provenance(),
+        spec=specmod.to_dict(spec),
+        seeds=Seeds(weights=spec.weights_seed, topology=spec.topology_seed),
+        runtime=spec.runtime,
+        serve=True,
+    )
+    metadata.write(out, meta)
     profile = load_profile(spec.profile)
     cfg = runner.topology_config(spec, profile, out, play_schedule=True)  # no variant windows: the link's clock
     sockdir = Path(tempfile.mkdtemp(prefix="pddlab-serve-"))
     try:
-        with Testbed(cfg) as tb:
-            meta["topology"] = tb.metadata()
-            _serve_in(tb, spec, mode, out, port, str(sockdir / "http.sock"), meta, until)
-        meta["complete"] = True
-    except KeyboardInterrupt:
-        meta["complete"] = True  # Ctrl-C is how a session ends
+        with metadata.recording(out, meta):
+            try:
+                with Testbed(cfg) as tb:
+                    meta.topology = metadata.topology_of(tb)
+                    try:
+                        _serve_in(tb, spec, mode, out, port, str(sockdir / "http.sock"), meta, until)
+                    finally:
+                        meta.topology = metadata.topology_of(tb)  # with the link's changes
+            except KeyboardInterrupt:
+                pass  # Ctrl-C is how a session ends
+            meta.complete = True
     finally:
         shutil.rmtree(sockdir, ignore_errors=True)
-        meta["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-        rundir.write_json(out / "metadata.json", meta)
         runner._analyze_safely(out)
     return out
 
 
-def _serve_in(tb, spec, mode: str, out: Path, port: int, sock: str, meta: dict, until) -> None:
+def _serve_in(tb, spec, mode: str, out: Path, port: int, sock: str, meta: RunMetadata, until) -> None:
+    """The roles and the front door up, served until until() (or Ctrl-C); raises ServeError when the front
+    door exits, and the link's TestbedError when a step of its schedule failed (the session is incomplete)."""
     vdir = out / "variants" / mode
     (vdir / "events").mkdir(parents=True, exist_ok=True)
     config = deploy.write_deployment(spec, vdir / "deployment.yaml", vdir / "events", mode, wan=tb.config.wan_profile)
-    runtime = deploy.Runtime(tb, config, vdir / "logs")
-    window = meta["variants"][mode] = {"status": "starting", "t_start_ns": time.monotonic_ns()}
+    runtime = deploy.Runtime(tb, config, vdir / "logs", deployment.pool_sizes(spec), deployment.pool_cpusets(spec))
+    window = meta.variants[mode] = VariantRecord(status="starting", t_start_ns=time.monotonic_ns())
     runtime.start()
     front = forwarder = None
     try:
@@ -204,23 +216,25 @@ def _serve_in(tb, spec, mode: str, out: Path, port: int, sock: str, meta: dict, 
         )
         _wait_line(front, "front door ready", vdir / "logs" / "front-door.log", READY_S)
         forwarder = _Forwarder(port, sock).start()
-        window.update(status="serving", t_ready_ns=time.monotonic_ns())
-        rundir.write_json(out / "metadata.json", meta)
+        window.status, window.t_ready_ns = "serving", time.monotonic_ns()
+        metadata.write(out, meta)
         print(
             f"serving {served_name(spec)} ({mode}, {spec.runtime} runtime, profile {spec.profile}) at "
             f"http://127.0.0.1:{port}/v1 and, in the client host, http://{naming.host_ip('client')}:{port}/v1; "
-            f"tokenizer {TOKENIZERS / spec.model}; session {out}; Ctrl-C stops",
+            f"tokenizer {tokenizer_dir(spec.model)}; session {out}; Ctrl-C stops",
             flush=True,
         )
         while not (until and until()):
             if front.poll() is not None:
                 raise ServeError(f"the front door exited ({front.returncode}); log: {vdir / 'logs'}")
+            tb.check()  # the link's schedule plays on: a failed change ends the session, recorded incomplete
             time.sleep(0.2)
+        tb.check()
     finally:
-        window["status"] = "stopped"
+        window.status = "stopped"
         if forwarder is not None:
             forwarder.stop()
         if front is not None and front.poll() is None:
             tb.kill("client", front)
-        window["exit_codes"] = runtime.stop()
-        window["t_end_ns"] = time.monotonic_ns()
+        window.exit_codes = runtime.stop()
+        window.t_end_ns = time.monotonic_ns()

@@ -5,7 +5,8 @@ whole), `/v1/models`, `/health` and `/metrics` (Prometheus, vLLM's metric names 
 testbed's own beside them); text <-> token IDs with the repo's tokenizer (Hugging Face `tokenizers`
 format, experiments/tokenizers/<model>/), OpenAI-style error bodies for bad input, the PDD mode per
 request (body field `mode`, header `X-PDD-Mode`, else the default), and one record per request in the
-load generator's client.jsonl format, so the session's directory is analysed like a run's.
+load generator's client.jsonl format (experiments.clientlog), so the session's directory is analysed like
+a run's.
 Not responsible for: serving (the router and the roles), or bringing anything up (experiments.serve).
 
 aiohttp (a maintained HTTP stack with SSE-friendly streaming) and prometheus_client serve; decoding is
@@ -29,9 +30,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from tokenizers import Tokenizer
 
-from experiments.loadgen import record_event
+from experiments import clientlog
+from experiments.clientlog import ClientRecord
 from workers.proto import pdd_pb2, pdd_pb2_grpc
 from workers.roles.config import MODES
+from workers.roles.routing import Route
 
 log = logging.getLogger(__name__)
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 60.0, 120.0)
@@ -239,83 +242,68 @@ class FrontDoor:
         finally:
             self.metrics.running.labels(self.model).dec()
 
-    def _record(self, rid: str, ids: list[int], max_tokens: int, mode: str) -> dict:
-        return {
-            "request_id": rid.removeprefix("serve."),
-            "router_id": rid,
-            "variant": self.variant,
-            "mode": mode,
-            "session": rid,
-            "turn": 1,
-            "kind": "trace",
-            "max_tokens": max_tokens,
-            "prompt_tokens": len(ids),
-            "prompt": ids,
-            "t0_ns": self.t0_ns,
-            "t_send_ns": time.monotonic_ns(),
-            "tokens": [],
-            "done": None,
-            "error": None,
-            "issued": True,
-        }
+    def _record(self, rid: str, ids: list[int], max_tokens: int, mode: str) -> ClientRecord:
+        return clientlog.new_record(
+            rid.removeprefix("serve."), self.variant, mode, rid, 1, "trace", max_tokens, ids, self.t0_ns, router_id=rid
+        )
 
-    async def _tokens(self, rec: dict):
+    async def _tokens(self, rec: ClientRecord):
         """The router's tokens as they come (index order), recorded; the done message lands in rec."""
         call = self.stub.Generate(
             pdd_pb2.GenerateRequest(
-                request_id=rec["router_id"], prompt_tokens=rec["prompt"], max_tokens=rec["max_tokens"], mode=rec["mode"]
+                request_id=rec.router_id, prompt_tokens=rec.prompt, max_tokens=rec.max_tokens, mode=rec.mode
             )
         )
         try:
             async for ev in call:
-                record_event(rec, ev)
+                clientlog.add_event(rec, ev)
                 if ev.WhichOneof("kind") == "token":
                     yield ev.token.token
         except grpc.aio.AioRpcError as err:
-            rec["error"] = f"{err.code().name}: {err.details()}"
+            rec.error = f"{err.code().name}: {err.details()}"
         except (asyncio.CancelledError, GeneratorExit):  # the client went away: so does the router's call
-            rec["error"] = rec["error"] or "CANCELLED: the client closed the connection"
+            rec.error = rec.error or "CANCELLED: the client closed the connection"
             call.cancel()
             raise
         finally:
             self._finish(rec)
 
-    def _finish(self, rec: dict) -> None:
-        rec["t_done_ns"] = time.monotonic_ns()
+    def _finish(self, rec: ClientRecord) -> None:
+        rec.t_done_ns = time.monotonic_ns()
         with self._log_lock:
-            self._log.write(json.dumps(rec, separators=(",", ":")) + "\n")
+            self._log.write(clientlog.line(rec))
         m, lab = self.metrics, self.model
-        if rec["error"] is not None:
-            m.failed.labels(rec["error"].split(":")[0]).inc()
+        if rec.error is not None:
+            m.failed.labels(rec.error.split(":")[0]).inc()
             return
-        ts = [t[3] for t in rec["tokens"]]
+        ts = [t.t_recv_ns for t in rec.tokens]
         n = len(ts)
-        m.ttft.labels(lab).observe((ts[0] - rec["t_send_ns"]) / 1e9)
+        m.ttft.labels(lab).observe((ts[0] - rec.t_send_ns) / 1e9)
         if n > 1:
             m.tpot.labels(lab).observe((ts[-1] - ts[0]) / 1e9 / (n - 1))
-        m.e2e.labels(lab).observe((rec["t_done_ns"] - rec["t_send_ns"]) / 1e9)
-        m.prompt_tokens.labels(lab).inc(rec["prompt_tokens"])
+        m.e2e.labels(lab).observe((rec.t_done_ns - rec.t_send_ns) / 1e9)
+        m.prompt_tokens.labels(lab).inc(rec.prompt_tokens)
         m.gen_tokens.labels(lab).inc(n)
         m.success.labels(lab, "length").inc()
-        done = rec["done"] or {}
-        m.routes.labels(done.get("route") or "none").inc()
-        workers = [t[2] for t in rec["tokens"]]
+        route = rec.done.route if rec.done else None
+        m.routes.labels(route or "none").inc()
+        workers = [t.worker for t in rec.tokens]
         if any(a.startswith("rld") and b.startswith("md") for a, b in zip(workers, workers[1:])):
             m.handoffs.inc()
-        if done.get("notes") or done.get("route") == "p-rld-fallback":
+        if (rec.done and rec.done.notes) or route == Route.P_RLD_FALLBACK:
             m.fallbacks.inc()
 
-    def _usage(self, rec: dict) -> dict:
-        n = len(rec["tokens"])
-        return {"prompt_tokens": rec["prompt_tokens"], "completion_tokens": n, "total_tokens": rec["prompt_tokens"] + n}
+    def _usage(self, rec: ClientRecord) -> dict:
+        n = len(rec.tokens)
+        return {"prompt_tokens": rec.prompt_tokens, "completion_tokens": n, "total_tokens": rec.prompt_tokens + n}
 
     def _text(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=False)
 
-    async def _whole(self, rec: dict, head: dict, kind: str) -> web.Response:
+    async def _whole(self, rec: ClientRecord, head: dict, kind: str) -> web.Response:
         ids = [t async for t in self._tokens(rec)]
-        if rec["error"] is not None:
-            return ApiError(503, f"the request failed in the testbed: {rec['error']}", code="serving_failed").response()
+        if rec.error is not None:
+            return ApiError(503, f"the request failed in the testbed: {rec.error}", code="serving_failed").response()
         text = self._text(ids)
         choice = {"index": 0, "finish_reason": "length", "logprobs": None}
         choice.update(
@@ -323,7 +311,7 @@ class FrontDoor:
         )
         return web.json_response({**head, "object": kind, "choices": [choice], "usage": self._usage(rec)})
 
-    async def _stream(self, request, rec: dict, head: dict, kind: str, usage_chunk: bool) -> web.StreamResponse:
+    async def _stream(self, request, rec: ClientRecord, head: dict, kind: str, usage_chunk: bool) -> web.StreamResponse:
         chat = kind == "chat.completion"
         obj = "chat.completion.chunk" if chat else "text_completion"
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
@@ -355,11 +343,11 @@ class FrontDoor:
         except ConnectionError:  # the client closed the stream: end the router's call, record it failed
             await tokens.aclose()
             raise
-        if rec["error"] is not None:
+        if rec.error is not None:
             await send(
                 {
                     "error": {
-                        "message": f"the request failed in the testbed: {rec['error']}",
+                        "message": f"the request failed in the testbed: {rec.error}",
                         "type": "server_error",
                         "param": None,
                         "code": "serving_failed",

@@ -13,123 +13,209 @@ workload (experiments.workload).
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin, get_type_hints
+from typing import Annotated, Any, Literal, get_type_hints
+
+from pydantic import BeforeValidator, StringConstraints
 
 import yaml
 
-from experiments.crosstraffic import CrossFlow
 from experiments import faults
+from experiments.crosstraffic import CrossFlow
+from experiments.deployment import pool_sizes, worker_names
 from experiments.faults import Fault
-from workers.roles.config import HANDOFFS, MODES
+from schema import Bool, Float, Int, Range, Str, check_range, literal_values, schema
+from schema import build as schema_build
+from workers.roles.config import MODES, Device, Handoff
 
 SPEC_DIR = Path(__file__).resolve().parent / "specs"
 VARIANTS = MODES  # every serving mode is a variant of its own name
-Runtime = Literal["process", "docker"]
-RUNTIMES = get_args(Runtime)
+Runtime = Literal["process", "docker", "ray"]
+RUNTIMES = literal_values(Runtime)
+Seconds = Annotated[Float, Range(1, 86400)]
 
 
 class SpecError(ValueError):
     """A spec or override is invalid; the message names the field and the allowed values."""
 
 
-@dataclass(frozen=True)
+@schema
 class SessionWorkload:
     """Synthetic multi-turn agent traffic (see experiments/workload.py for the shape it gives)."""
 
-    sessions: int = 5  # multi-turn agent sessions
-    session_rate_per_s: float = 0.3  # Poisson rate of session starts (1/s)
-    turns: tuple[int, int] = (6, 10)  # turns per session [lo, hi]
-    system_prompt_tokens: int = 512  # shared by every session: the cacheable head (agent tools, rules)
-    first_turn_tokens: tuple[int, int] = (48, 160)  # the task text after the system prompt
-    turn_tokens: tuple[int, int] = (2, 16)  # user/tool text appended per later turn (most turns)
-    big_turn_fraction: float = 0.10  # share of later turns with a large tool result
-    big_turn_tokens: tuple[int, int] = (64, 240)  # its size: these are the low-hit requests
-    output_tokens: tuple[int, int] = (16, 32)  # max_tokens per turn (every request runs to max_tokens)
-    think_s_mean: float = 1.0  # exponential think time between a reply and the next turn (s)
-    fresh_requests: int = 2  # one-turn requests: system prompt + a new document
-    fresh_tokens: tuple[int, int] = (128, 384)  # the new document's size
-    singular_fraction: float = 0.035  # share of singular requests (PDD.md: ~3-4%)
-    singular_tokens: tuple[int, int] = (384, 768)  # their uncached input: long ...
-    singular_output_tokens: tuple[int, int] = (2, 6)  # ... and a short output
-    max_context_tokens: int = 0  # prompt + output cap; 0 = the model's context limit
+    sessions: Annotated[Int, Range(0, 1000)] = 5  # multi-turn agent sessions
+    session_rate_per_s: Annotated[Float, Range(1e-3, 1e3)] = 0.3  # Poisson rate of session starts (1/s)
+    # rising (or falling) load: [from_s, rate_per_s] pairs; from from_s on, sessions start at that rate
+    # (session_rate_per_s before the first step)
+    rate_steps: tuple[tuple[Annotated[Float, Range(0, 1e6)], Annotated[Float, Range(1e-3, 1e3)]], ...] = ()
+    turns: tuple[Int, Int] = (6, 10)  # turns per session [lo, hi]
+    system_prompt_tokens: Int = 512  # shared by every session: the cacheable head (agent tools, rules)
+    first_turn_tokens: tuple[Int, Int] = (48, 160)  # the task text after the system prompt
+    turn_tokens: tuple[Int, Int] = (2, 16)  # user/tool text appended per later turn (most turns)
+    big_turn_fraction: Annotated[Float, Range(0, 1)] = 0.10  # share of later turns with a large tool result
+    big_turn_tokens: tuple[Int, Int] = (64, 240)  # its size: these are the low-hit requests
+    output_tokens: tuple[Int, Int] = (16, 32)  # max_tokens per turn (every request runs to max_tokens)
+    think_s_mean: Annotated[Float, Range(0, 600)] = 1.0  # exponential think time between a reply and the next turn (s)
+    fresh_requests: Annotated[Int, Range(0, 10000)] = 2  # one-turn requests: system prompt + a new document
+    fresh_tokens: tuple[Int, Int] = (128, 384)  # the new document's size
+    singular_fraction: Annotated[Float, Range(0, 0.5)] = 0.035  # share of singular requests (PDD.md: ~3-4%)
+    singular_tokens: tuple[Int, Int] = (384, 768)  # their uncached input: long ...
+    singular_output_tokens: tuple[Int, Int] = (2, 6)  # ... and a short output
+    max_context_tokens: Int = 0  # prompt + output cap; 0 = the model's context limit
 
 
-@dataclass(frozen=True)
+@schema
 class MooncakeOptions:
     """How a Mooncake FAST'25 trace is replayed (source: mooncake; experiments/mooncake.py)."""
 
-    tokens_per_hash_block: int = 512  # tokens per hash id here (the trace's 512; smaller to fit the context)
-    time_scale: float = 1.0  # arrival = (timestamp - start_s) x time_scale: 0.1 replays ten times faster
-    start_s: float = 0.0  # the window starts at this trace time (s)
-    max_requests: int = 100  # the window's first requests (0 = to the end of the trace)
-    max_output_tokens: int = 0  # cap on the scaled output (0 = only the context)
+    tokens_per_hash_block: Annotated[Int, Range(1, 512)] = (
+        512  # tokens per hash id here (the trace's 512; smaller to fit the context)
+    )
+    time_scale: Annotated[Float, Range(1e-6, 1e3)] = (
+        1.0  # arrival = (timestamp - start_s) x time_scale: 0.1 replays ten times faster
+    )
+    start_s: Annotated[Float, Range(0, 1e7)] = 0.0  # the window starts at this trace time (s)
+    max_requests: Annotated[Int, Range(0, 1_000_000)] = 100  # the window's first requests (0 = to the end of the trace)
+    max_output_tokens: Int = 0  # cap on the scaled output (0 = only the context)
 
 
-@dataclass(frozen=True)
+@schema
+class FixedHit:
+    """One-turn requests that all share one prefix: every prompt's hit is `hit` (source: fixed_hit; the
+    knob of the bathtub sweep, experiments/specs/pdd-bathtub.yaml)."""
+
+    requests: Annotated[Int, Range(1, 100_000)] = 40
+    rate_per_s: Annotated[Float, Range(1e-3, 1e3)] = 1.0  # Poisson arrivals (1/s)
+    prompt_tokens: Annotated[Int, Range(2, 1 << 20)] = 1024  # every prompt's length
+    hit: Annotated[Float, Range(0, 0.999)] = 0.9  # the shared prefix's share of each prompt (block-aligned)
+    output_tokens: tuple[Int, Int] = (16, 32)  # max_tokens per request [lo, hi]
+
+
+@schema
 class Workload:
-    source: Literal["synthetic", "trace", "mooncake"] = "synthetic"
-    trace: str = ""  # JSON-lines trace (source: trace, or mooncake: the FAST'25 format); relative to the repo
-    seed: int = 1  # everything random in the workload
+    source: Literal["synthetic", "trace", "mooncake", "fixed_hit"] = "synthetic"
+    trace: Str = ""  # JSON-lines trace (source: trace, or mooncake: the FAST'25 format); relative to the repo
+    seed: Int = 1  # everything random in the workload
     synthetic: SessionWorkload = SessionWorkload()
     mooncake: MooncakeOptions = MooncakeOptions()
-    warmup: bool = True  # one system-prompt request per variant before measuring (excluded)
+    fixed_hit: FixedHit = FixedHit()
+    warmup: Bool = True  # one system-prompt request per variant before measuring (excluded)
 
 
-@dataclass(frozen=True)
+@schema
 class SLO:
     """Goodput counts requests meeting every SLO (DistServe-style)."""
 
-    ttft_ms: float = 1000.0  # time to first token at the client
-    tpot_ms: float = 150.0  # mean time per output token after the first
-    e2e_ms: float = 0.0  # end to end; 0 = not checked
+    ttft_ms: Annotated[Float, Range(0.001, 1e7)] = 1000.0  # time to first token at the client
+    tpot_ms: Annotated[Float, Range(0.001, 1e7)] = 150.0  # mean time per output token after the first
+    e2e_ms: Annotated[Float, Range(0, 1e8)] = 0.0  # end to end; 0 = not checked
 
 
-@dataclass(frozen=True)
+@schema
 class Timeouts:
-    ready_s: float = 120.0  # every role SERVING within this
-    request_s: float = 240.0  # one request, end to end
-    issue_s: float = 0.0  # no request is sent later than this into a variant's window
-    # (a baseline too slow for it ends with the rest not issued,
-    # counted; 0: no limit)
-    variant_s: float = 300.0  # hard end of one variant's whole workload (keep it above
+    ready_s: Seconds = 120.0  # every role SERVING within this
+    request_s: Seconds = 240.0  # one request, end to end
+    # no request is sent later than this into a variant's window (a baseline too slow for it ends with
+    # the rest not issued, counted; 0: no limit; past variant_s it changes nothing)
+    issue_s: Annotated[Float, Range(0, 86400)] = 0.0
+    variant_s: Seconds = 300.0  # hard end of one variant's whole workload (keep it above
     # issue_s + request_s: requests in flight at issue_s end)
 
 
-@dataclass(frozen=True)
+@schema
 class Capacity:
     """KV slots per worker (tokens): the MD's holds the DRC, so it is the largest."""
 
-    p: int = 16384
-    rld: int = 8192
-    md: int = 16384
+    p: Int = 16384
+    rld: Int = 8192
+    md: Int = 16384
 
 
-@dataclass(frozen=True)
+CPUSET = r"^$|^\d+(-\d+)?(,\d+(-\d+)?)*$"  # cores as taskset and docker --cpuset-cpus take them: 0,2-3
+
+
+def _core_list(value):
+    """A cpuset written as a bare number in YAML (cpuset: 1) is that core."""
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+@schema
+class Pool:
+    """One pool of workers: how many, and what each may use (the way to make pools unequal on one machine).
+
+    workers: workers in the pool, each on a host of its own (p1..pN in cluster A, md1..mdN in cluster B)
+    cpus: each worker's CPU time in cores (docker --cpus); 0 = the Docker runtime's default for the role
+    memory_mb: each worker's memory limit (MiB, docker --memory); 0 = the runtime's default for the role
+    threads: torch threads of each worker's engine
+    cpuset: the cores its workers run on ("1", "0-1"; "" = any): each cluster's own hardware on one machine
+      (docker --cpuset-cpus; the process runtime: taskset)
+    device: where each worker's engine runs (cuda: checked before start where the workers will run)
+    Under runtime ray (ray_rt.placement), where each worker may run and what it reserves there:
+    cluster: the site, a or b: nodes labelled pddlab/cluster=<it>; "" = the role's own (p, rld: a; md: b)
+    num_cpus: Ray logical CPUs per worker; 0 = cpus, else 1
+    num_gpus: GPUs per worker; 0 = 1 for device cuda, else none
+    accelerator_type: the node's ray.io/accelerator-type label (H100, A100, L4 ...); "" = any
+    labels: further label selector entries its nodes must satisfy (Ray's syntax: v, !v, in(v1, v2))
+    """
+
+    workers: Annotated[Int, Range(1, 19)] = 1
+    cpus: Annotated[Float, Range(0, 256)] = 0.0
+    memory_mb: Annotated[Int, Range(0, 1 << 22)] = 0
+    threads: Annotated[Int, Range(1, 256)] = 1
+    cpuset: Annotated[Str, BeforeValidator(_core_list), StringConstraints(pattern=CPUSET)] = ""
+    device: Device = "cpu"
+    cluster: Literal["", "a", "b"] = ""
+    num_cpus: Annotated[Float, Range(0, 1024)] = 0.0
+    num_gpus: Annotated[Float, Range(0, 64)] = 0.0
+    accelerator_type: Str = ""
+    labels: dict[Str, Str] = field(default_factory=dict)
+
+
+@schema
+class Pools:
+    """The worker pools of a deployment (PDD.md: a small RLD pool, a large MD pool)."""
+
+    p: Pool = Pool()
+    rld: Pool = Pool()
+    md: Pool = Pool()
+
+
+@schema
+class Cluster:
+    """Where the roles run. address "": this machine (the emulated topology); ray://HOST:PORT or HOST:PORT: an
+    existing Ray cluster whose nodes carry the pools' labels (runtime ray; README "Ray runtime")."""
+
+    address: Str = ""
+
+
+@schema
 class ExperimentSpec:
-    name: str
-    description: str = ""
-    profile: str = "wan-cross-country"  # netem profile name or YAML path (the WAN link)
+    name: Str
+    description: Str = ""
+    profile: Str = "wan-cross-country"  # netem profile name or YAML path (the WAN link)
     backend: Literal["auto", "tc", "userspace"] = "auto"
     runtime: Runtime = "process"  # how roles run in the hosts; docker: see runtime.py
-    variants: tuple[str, ...] = VARIANTS  # compared on the same topology and workload, in this order:
+    variants: tuple[Str, ...] = VARIANTS  # compared on the same topology and workload, in this order:
     # modes, or names defined in variant_defs
     # more variants of one mode side by side: name -> {mode: <a mode>, deployment: {overrides of the roles'
     # config for this variant only, e.g. policy: {wan_estimate: measured}}}
     variant_defs: dict = field(default_factory=dict)
-    model: str = "default"  # workers.model config
-    weights_seed: int = 0  # every worker loads the same seeded weights
-    block_size: int = 16  # KV block / DRC granularity (tokens)
-    handoff: Literal[HANDOFFS] = "oneshot"  # workers.roles.config's handoff modes
+    model: Str = "default"  # workers.model config
+    weights_seed: Int = 0  # every worker loads the same seeded weights
+    block_size: Annotated[Int, Range(1, 4096)] = 16  # KV block / DRC granularity (tokens)
+    handoff: Handoff = "oneshot"  # workers.roles.config's handoff modes
     capacity_tokens: Capacity = Capacity()
+    pools: Pools = Pools()  # workers per role and their limits; the router picks among them (policy.pick_*)
+    cluster: Cluster = Cluster()  # where the roles run: this machine, or a Ray cluster (runtime ray)
     deployment: dict = field(default_factory=dict)  # overrides of the roles' config: policy, kv, decode
     workload: Workload = Workload()
     slo: SLO = SLO()
     timeouts: Timeouts = Timeouts()
-    topology_seed: int = 1  # the userspace emulator's random seed
-    snaplen_bytes: int = 128  # pcap bytes kept per frame (headers only)
+    topology_seed: Int = 1  # the userspace emulator's random seed
+    snaplen_bytes: Annotated[Int, Range(64, 65535)] = 128  # pcap bytes kept per frame (headers only)
     # variant: the profile's schedule and `schedule` restart with every variant's window (each variant
     # meets the same impairments); link: they run once, from the moment the link came up
     schedule_clock: Literal["link", "variant"] = "variant"
@@ -138,67 +224,13 @@ class ExperimentSpec:
     faults: tuple[Fault, ...] = ()  # components SIGKILLed on each variant's clock (experiments.faults)
 
 
-def _type_name(tp: Any) -> str:
-    if get_origin(tp) is Literal:
-        return f"one of {list(get_args(tp))}"
-    return getattr(tp, "__name__", str(tp))
-
-
-def _coerce(tp: Any, value: Any, path: str) -> Any:
-    """value as type tp, or SpecError naming path and what is allowed."""
-    origin = get_origin(tp)
-    if dataclasses.is_dataclass(tp):
-        return build(tp, value, path)
-    if origin is Literal:
-        if value not in get_args(tp):
-            raise SpecError(f"{path}={value!r}; allowed: {list(get_args(tp))}")
-        return value
-    if origin is tuple:
-        args = get_args(tp)
-        if not isinstance(value, (list, tuple)):
-            raise SpecError(f"{path}: expected a list, got {value!r}")
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_coerce(args[0], v, f"{path}[{i}]") for i, v in enumerate(value))
-        if len(value) != len(args):
-            raise SpecError(f"{path}: expected {len(args)} values, got {list(value)!r}")
-        return tuple(_coerce(a, v, f"{path}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
-    if tp is dict or origin is dict:
-        if not isinstance(value, dict):
-            raise SpecError(f"{path}: expected a mapping, got {value!r}")
-        return value
-    if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if tp in (int, float, str, bool) and (not isinstance(value, tp) or (tp is int and isinstance(value, bool))):
-        raise SpecError(f"{path}: expected {tp.__name__}, got {value!r}")
-    return value
-
-
 def build(cls: type, data: Any, where: str = "") -> Any:
-    """Build dataclass cls from a mapping, refusing unknown keys and wrong types."""
-    if not isinstance(data, dict):
-        raise SpecError(f"{where or 'spec'}: expected a mapping, got {data!r}")
-    hints = get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(data) - set(names))
-    if unknown:
-        raise SpecError(f"{where or 'spec'}: unknown key(s) {unknown}; allowed: {names}")
-    kwargs = {k: _coerce(hints[k], v, f"{where}.{k}" if where else k) for k, v in data.items()}
-    missing = [
-        f.name
-        for f in dataclasses.fields(cls)
-        if f.name not in data and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-    ]
-    if missing:
-        raise SpecError(f"{where or 'spec'}: required field(s) {missing} missing; fields: {names}")
-    try:
-        return cls(**kwargs)
-    except TypeError as err:
-        raise SpecError(f"{where or 'spec'}: {err}") from None
+    """Build schema class cls from a mapping, refusing unknown keys, wrong types and values out of range."""
+    return schema_build(cls, data, where, SpecError)
 
 
 def _range(path: str, value: float, lo: float, hi: float) -> None:
-    if not lo <= value <= hi:
-        raise SpecError(f"{path}={value} out of range [{lo}, {hi}]")
+    check_range(path, value, lo, hi, SpecError)
 
 
 def _pair(path: str, pair: tuple[int, int], lo: int, hi: int) -> None:
@@ -208,27 +240,24 @@ def _pair(path: str, pair: tuple[int, int], lo: int, hi: int) -> None:
 
 def _validate_workload(w: Workload, context_tokens: int) -> None:
     s = w.synthetic
-    _range("workload.synthetic.sessions", s.sessions, 0, 1000)
-    _range("workload.synthetic.session_rate_per_s", s.session_rate_per_s, 1e-3, 1e3)
     _pair("workload.synthetic.turns", s.turns, 1, 1000)
+    starts = [at for at, _ in s.rate_steps]
+    if starts != sorted(set(starts)):
+        raise SpecError(f"workload.synthetic.rate_steps: from_s must increase, got {starts}")
     _range("workload.synthetic.system_prompt_tokens", s.system_prompt_tokens, 0, context_tokens - 2)
     for name in ("first_turn_tokens", "turn_tokens", "big_turn_tokens", "fresh_tokens", "singular_tokens"):
         _pair(f"workload.synthetic.{name}", getattr(s, name), 1, context_tokens)
     _pair("workload.synthetic.output_tokens", s.output_tokens, 1, context_tokens)
     _pair("workload.synthetic.singular_output_tokens", s.singular_output_tokens, 1, context_tokens)
-    _range("workload.synthetic.big_turn_fraction", s.big_turn_fraction, 0, 1)
-    _range("workload.synthetic.singular_fraction", s.singular_fraction, 0, 0.5)
-    _range("workload.synthetic.think_s_mean", s.think_s_mean, 0, 600)
-    _range("workload.synthetic.fresh_requests", s.fresh_requests, 0, 10000)
     _range("workload.synthetic.max_context_tokens", s.max_context_tokens, 0, context_tokens)
     if w.source in ("trace", "mooncake") and not w.trace:
         raise SpecError(f"workload.trace: required when workload.source is {w.source!r}")
     m = w.mooncake
-    _range("workload.mooncake.tokens_per_hash_block", m.tokens_per_hash_block, 1, 512)
-    _range("workload.mooncake.time_scale", m.time_scale, 1e-6, 1e3)
-    _range("workload.mooncake.start_s", m.start_s, 0, 1e7)
-    _range("workload.mooncake.max_requests", m.max_requests, 0, 1_000_000)
     _range("workload.mooncake.max_output_tokens", m.max_output_tokens, 0, context_tokens - 1)
+    f = w.fixed_hit
+    if w.source == "fixed_hit":  # its defaults fit the default model, not every model
+        _range("workload.fixed_hit.prompt_tokens", f.prompt_tokens, 2, context_tokens - 1)
+        _pair("workload.fixed_hit.output_tokens", f.output_tokens, 1, context_tokens - f.prompt_tokens)
 
 
 # A spec's name names its run directory: no separators, no traversal.
@@ -261,21 +290,17 @@ def validate(spec: ExperimentSpec) -> ExperimentSpec:
         profile = load_profile(spec.profile)
     except ProfileError as err:
         raise SpecError(f"profile: {err}") from None
-    _range("block_size", spec.block_size, 1, 4096)
-    _range("snaplen_bytes", spec.snaplen_bytes, 64, 65535)
     for role in ("p", "rld", "md"):
         _range(f"capacity_tokens.{role}", getattr(spec.capacity_tokens, role), spec.block_size, 1 << 22)
-    _range("slo.ttft_ms", spec.slo.ttft_ms, 0.001, 1e7)
-    _range("slo.tpot_ms", spec.slo.tpot_ms, 0.001, 1e7)
-    _range("slo.e2e_ms", spec.slo.e2e_ms, 0, 1e8)
-    for name in ("ready_s", "request_s", "variant_s"):
-        _range(f"timeouts.{name}", getattr(spec.timeouts, name), 1, 86400)
-    _range("timeouts.issue_s", spec.timeouts.issue_s, 0, 86400)  # past variant_s it changes nothing
     _validate_workload(spec.workload, CONFIGS[spec.model].max_seq_len)
-    _validate_deployment(spec)
+    _validate_deployment(spec)  # before the pools: their memory estimate reads the roles' parsed config
+    _validate_pools(spec)
+    _validate_devices(spec)
+    _validate_placement(spec)
     _validate_impairment(spec, profile)
     try:
-        faults.validate(spec.faults, spec.variants, spec.timeouts.variant_s)
+        workers = tuple(w for names in worker_names(pool_sizes(spec)).values() for w in names if w != "router")
+        faults.validate(spec.faults, spec.variants, spec.timeouts.variant_s, workers)
     except ValueError as err:
         raise SpecError(str(err)) from None
     return spec
@@ -299,17 +324,39 @@ def _validate_variant_defs(spec: ExperimentSpec) -> None:
         where = f"variant_defs.{name}"
         if name in VARIANTS or not isinstance(name, str) or not name:
             raise SpecError(f"{where}: a defined variant needs a name of its own, not one of {list(VARIANTS)}")
-        if not isinstance(d, dict) or set(d) - {"mode", "deployment"} or "mode" not in d:
-            raise SpecError(f"{where}: expected {{mode, deployment}}; got {d!r}")
+        if not isinstance(d, dict) or set(d) - {"mode", "deployment", "pools"} or "mode" not in d:
+            raise SpecError(f"{where}: expected {{mode, deployment}} (and optionally pools); got {d!r}")
         if d["mode"] not in VARIANTS:
             raise SpecError(f"{where}.mode={d['mode']!r}; allowed: {list(VARIANTS)}")
         if not isinstance(d.get("deployment", {}), dict):
             raise SpecError(f"{where}.deployment: expected a mapping")
         _placement_keys(d.get("deployment") or {}, f"{where}.deployment")
+        _variant_pools(spec, d.get("pools") or {}, f"{where}.pools")
         try:
             parse_config(deployment_dict(spec, "/nonexistent", d["mode"], d.get("deployment")))
         except ConfigError as err:
             raise SpecError(f"{where}.deployment: {err}") from None
+
+
+def _variant_pools(spec: ExperimentSpec, pools: dict, where: str) -> None:
+    """A variant's own pool sizes: a subset of the spec's workers (the topology has the spec's hosts)."""
+    if not isinstance(pools, dict):
+        raise SpecError(f"{where}: expected a mapping of p, rld, md to worker counts; got {pools!r}")
+    for role, n in pools.items():
+        if role not in ("p", "rld", "md"):
+            raise SpecError(f"{where}: unknown key(s) [{role!r}]; allowed: ['p', 'rld', 'md']")
+        most = getattr(spec.pools, role).workers
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= most:
+            raise SpecError(f"{where}.{role}={n!r} out of range [1, {most}] (pools.{role}.workers)")
+
+
+def variant_pools(spec: ExperimentSpec, variant: str) -> dict[str, int]:
+    """role -> the workers a variant runs: the spec's pools, or fewer where its variant_defs entry says (the same
+    worker budget for variants of different shapes)."""
+    from experiments.deployment import pool_sizes
+
+    own = (spec.variant_defs.get(variant) or {}).get("pools") or {}
+    return {**pool_sizes(spec), **own}
 
 
 def spec_schedule(spec: ExperimentSpec):
@@ -353,6 +400,95 @@ def _placement_keys(overrides: dict, where: str) -> None:
         section = overrides.get(role)
         for key in PLACED_ROLE & set(section if isinstance(section, dict) else ()):
             raise SpecError(f"{where}.{role}.{key}: set by the topology (where the testbed places the worker)")
+
+
+def machine_memory_mb() -> int:
+    """MemAvailable of this machine (MiB): what new workers can have without swapping."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) // 1024
+    raise SpecError("/proc/meminfo has no MemAvailable: cannot check the deployment's memory")
+
+
+def _validate_pools(spec: ExperimentSpec, available_mb: int | None = None) -> None:
+    """Every worker fits its own memory limit, and all of them fit the machine (the estimate is in the error)."""
+    from experiments.deployment import FRONT_MB, memory_estimate_mb
+
+    cores = os.cpu_count() or 1
+    for role in ("p", "rld", "md"):
+        cpuset = getattr(spec.pools, role).cpuset
+        used = [int(x) for part in cpuset.split(",") if part for x in part.split("-")]
+        if any(c >= cores for c in used):
+            raise SpecError(f"pools.{role}.cpuset={cpuset!r}: this machine has cores 0-{cores - 1}")
+    need = memory_estimate_mb(spec)
+    for role, (mb, _) in need.items():
+        limit = getattr(spec.pools, role).memory_mb
+        if limit and limit < mb:
+            raise SpecError(
+                f"pools.{role}.memory_mb={limit}: one {role} worker needs about {mb} MiB (model {spec.model}, "
+                f"capacity_tokens.{role}={getattr(spec.capacity_tokens, role)}); allowed: >= {mb} or 0 (the default)"
+            )
+    total = FRONT_MB + sum(mb * n for mb, n in need.values())
+    available = machine_memory_mb() if available_mb is None else available_mb
+    if total > available:
+        parts = ", ".join(f"{n} {role} x {mb} MiB" for role, (mb, n) in need.items())
+        raise SpecError(
+            f"pools: {parts} + {FRONT_MB} MiB (router, load generator) = {total} MiB, more than this machine's "
+            f"{available} MiB available; allowed: fewer workers (pools.*.workers), smaller capacity_tokens or model"
+        )
+
+
+def _validate_devices(spec: ExperimentSpec, cuda_here: bool | None = None) -> None:
+    """A pool on cuda needs a GPU where its workers run: the process runtime runs them on this machine
+    (cuda_here: torch.cuda.is_available(), asked only then); the Docker image holds CPU torch only."""
+    cuda_pools = [role for role in ("p", "rld", "md") if getattr(spec.pools, role).device == "cuda"]
+    if not cuda_pools:
+        return
+    where = f"pools.{cuda_pools[0]}.device=cuda"
+    if spec.runtime == "docker":
+        raise SpecError(f"{where}: the worker image holds CPU torch only (no CUDA image variant yet); allowed: cpu")
+    if cuda_here is None:
+        import torch
+
+        cuda_here = torch.cuda.is_available()
+    if not cuda_here:
+        raise SpecError(
+            f"{where}: runtime {spec.runtime} runs every worker on this machine, where torch.cuda.is_available() "
+            "is False (no GPU, or a CPU-only torch); allowed: cpu"
+        )
+
+
+RAY_ADDRESS = re.compile(r"(ray://)?[A-Za-z0-9.-]+:[0-9]{1,5}")
+
+
+def _validate_placement(spec: ExperimentSpec) -> None:
+    """The pools' labels are Ray label selectors; the emulated topology has each role in its own cluster; the
+    Ray runtime exists (ray_rt) but `pddlab run` does not start it yet."""
+    from ray_rt.placement import HOME_CLUSTER, selector_problem
+
+    address = spec.cluster.address
+    if address and not RAY_ADDRESS.fullmatch(address):
+        raise SpecError(f'cluster.address={address!r}: "" (this machine) or ray://HOST:PORT (a Ray cluster)')
+    if address and spec.runtime != "ray":
+        raise SpecError(f"cluster.address={address!r}: a Ray cluster needs runtime: ray (runtime is {spec.runtime})")
+    for role in ("p", "rld", "md"):
+        pool = getattr(spec.pools, role)
+        for key, value in pool.labels.items():
+            problem = selector_problem(key, value)
+            if problem:
+                raise SpecError(f"pools.{role}.labels: {problem}")
+        home = HOME_CLUSTER[role]
+        if not address and pool.cluster not in ("", home):
+            raise SpecError(
+                f"pools.{role}.cluster={pool.cluster!r}: in the emulated topology {role} workers live in cluster "
+                f"{home.upper()} (topology.naming); allowed: '{home}' or '' (a Ray cluster's sites are free to choose)"
+            )
+    if spec.runtime == "ray":
+        raise SpecError(
+            "runtime=ray: the roles run under Ray through ray_rt.roles.RayRoles (tested on a loopback Ray), but "
+            "`pddlab run` does not start Ray nodes in the topology's hosts nor connect to a cluster yet; "
+            "allowed here: process, docker (README: Ray runtime, what is not built yet)"
+        )
 
 
 def _validate_deployment(spec: ExperimentSpec) -> None:

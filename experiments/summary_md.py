@@ -3,7 +3,7 @@
 Responsible for: rendering the summary (experiments.metrics) as Markdown: the
 main table per variant, warnings, the latencies with their 95% intervals and
 pdd over each baseline, KV transfers by path, WAN bytes three ways, fallbacks,
-the PDD section (and why the MD took little over, where it did), hit-rate
+each worker on its own, the PDD section (and why the MD took little over, where it did), hit-rate
 buckets and token streams; numbers formatted for reading (kB / MB, thousands).
 Not responsible for: computing any metric (experiments.metrics) or plotting.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+from experiments.metadata import RunMetadata
 from experiments.workload import bucket_names
 
 
@@ -41,14 +42,15 @@ def _done(s: dict) -> str:
     return out
 
 
-def markdown(summary: dict, meta: dict) -> str:
-    """summary.md: the tables a reader looks at first."""
+def markdown(summary: dict, meta: RunMetadata) -> str:
+    """summary.md: the tables a reader looks at first (meta: a serving run's, with its spec)."""
     per = summary["variants"]
+    spec = meta.require("spec")
     lines = [
-        f"# {meta.get('experiment', 'experiment')}: {meta.get('spec', {}).get('profile', '')}",
+        f"# {meta.experiment}: {spec.profile}",
         "",
-        f"complete: {meta.get('complete')}; backend: {meta.get('topology', {}).get('backend')}; "
-        f"model: {meta.get('spec', {}).get('model')}; SLO: TTFT ≤ {summary['slo']['ttft_ms']:g} ms, "
+        f"complete: {meta.complete}; backend: {meta.topology.backend if meta.topology else None}; "
+        f"model: {spec.model}; SLO: TTFT ≤ {summary['slo']['ttft_ms']:g} ms, "
         f"TPOT ≤ {summary['slo']['tpot_ms']:g} ms",
         "",
         "| variant | done | TTFT p50 / p90 / p99 ms | TTFT-decode p50 / p90 / p99 ms | TPOT p50 ms | "
@@ -79,11 +81,40 @@ def markdown(summary: dict, meta: dict) -> str:
     lines += _kv_section(per)
     lines += _wan_bytes_section(per)
     lines += _fallback_section(per)
+    lines += _workers_section(per)
     lines += _pdd_section(per.get("pdd"), summary)
+    lines += _settle_lines(meta)
     lines += _handoff_section(per)
     lines += _bucket_section(per)
+    lines += _ablation_section(summary.get("ablation"))
     lines += _streams_section(summary["streams"])
     return "\n".join(lines) + "\n"
+
+
+def _ablation_section(abl: dict | None) -> list[str]:
+    """pdd-ablation: does the ablation's MD hit fall behind P's while its RLD saturates (PDD.md point 6)?"""
+    if not abl:
+        return []
+    v, name = abl["verdict"], abl["ablation_variant"]
+    gap, rld, ttft = v["md_hit_gap_pp"], v["rld_sessions"], v["ttft_p50_ms"]
+    holds = "holds" if v["claim_holds"] else "does not hold here"
+    lines = [
+        "",
+        "## Why every pipeline ends at the MD (the ablation)",
+        "",
+        f"Over the last third of each run (the highest load): the MD's hit behind P's by {_f(gap['pdd'], 1)} "
+        f"points in pdd and {_f(gap['ablation'], 1)} in {name}; RLD open sessions {_f(rld['pdd'], 1)} vs "
+        f"{_f(rld['ablation'], 1)}; TTFT p50 {_f(ttft['pdd'])} vs {_f(ttft['ablation'])} ms. The claim (the "
+        f"MD falls behind: {v['md_hit_falls_behind']}; the RLD saturates: {v['rld_saturates']}) {holds}.",
+        "",
+        "| variant | " + " | ".join(f"{b['t_s']:g} s" for b in abl["variants"][name]) + " |",
+        "|---|" + "---|" * len(abl["variants"][name]),
+    ]
+    for variant, bins in abl["variants"].items():
+        cells = [f"{_f(b['p_hit'])}/{_f(b['md_hit'])}% · {_f(b['on_rld'])}% · {_f(b['rld_sessions'], 1)}" for b in bins]
+        lines.append(f"| {variant} | {' | '.join(cells)} |")
+    lines += ["", "cells: P hit / MD hit (% of the prompt) · finished on the RLD (%) · RLD open sessions (mean)"]
+    return lines
 
 
 def _warnings_section(warnings: list[dict]) -> list[str]:
@@ -244,6 +275,87 @@ def _fallback_section(per: dict) -> list[str]:
     return lines
 
 
+def _workers_section(per: dict) -> list[str]:
+    """Each worker on its own (summary.json `variants.<v>.workers`, experiments.per_worker): a pool the
+    variant did not use is left out, an idle worker of a pool it used is not (absent from older summaries)."""
+    rows = [(v, w, f) for v, s in per.items() for w, f in (s.get("workers") or {}).items() if _pool_used(s, f)]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "## Per worker",
+        "",
+        "| variant | worker | KV tokens · threads | requests | tokens | queue p50 / p90 ms | load | prefix hit % | "
+        "KV sent | KV received | handoffs · relays |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for v, w, f in rows:
+        q = f["queue_ms"]
+        lines.append(
+            f"| {v} | {w} | {_limits(f['limits'])} | {f['requests']} | {f['tokens']} "
+            f"({_f(100 * f['token_share'])}%) | {_f(q.get('p50'), 1)} / {_f(q.get('p90'), 1)} | {_load(f)} | "
+            f"{_hit(f['prefix_hit'])} | {_sent(f['kv_sent'])} | "
+            f"{_received(f['kv_received'])} | {_passed_on(f)} |"
+        )
+    lines += [
+        "",
+        "Every request of the variant counts, warm-ups included. requests: routed to the worker; tokens: "
+        "received from it (token 0 is the P's). queue: P prefill_arrival → prefill_start (its engine prefills "
+        "one at a time), decode workers decode_arrival → decode_open (admission). load: P busy prefilling, % of "
+        "the window; decode workers open sessions mean / max over the window and the KV slots they reserved "
+        "(prompt + max tokens), mean % of capacity. prefix hit: cached / prompt tokens, mean (sessions): P's "
+        "prefills, the RLD's local prefills, every MD session (its DRC; 0 where the route asks for none: pd-cross). "
+        "KV: delivered bytes by path → receiver; received: transfers held whole (count).",
+    ]
+    return lines
+
+
+def _pool_used(s: dict, f: dict) -> bool:
+    """Whether any worker of f's role took part in the variant."""
+    same = [g for g in s["workers"].values() if g["role"] == f["role"]]
+    return any(g["requests"] or g["sessions"] or g["tokens"] for g in same)
+
+
+def _hit(h: dict) -> str:
+    return f"{_f(100 * h['mean'], 1)} ({h['n']})" if h.get("n") else "–"
+
+
+def _limits(lim: dict) -> str:
+    out = f"{_f(lim.get('capacity_tokens'))} · {_f(lim.get('threads'))}"
+    if lim.get("cpus") is not None or lim.get("memory_mb") is not None:
+        out += f" · {_f(lim.get('cpus'), 1)} CPU · {_f(lim.get('memory_mb'))} MiB"
+    return out
+
+
+def _load(f: dict) -> str:
+    if f["occupancy"] is None:
+        return f"busy {_f(f['busy_pct'], 1)}%"
+    o = f["occupancy"]
+    return f"{_f(o['sessions_mean'], 2)} / {o['sessions_max']} open · KV {_f(o['reserved_pct_mean'], 1)}%"
+
+
+def _sent(paths: dict) -> str:
+    parts = []
+    for path, k in paths.items():
+        if not k["transfers"]:
+            continue
+        to = ", ".join(f"{_mb(t['kv_bytes'])} → {w}" for w, t in k["to"].items())
+        failed = k["failed"] + k["cancelled"] + k["unfinished"]
+        parts.append(f"{path} {to}" + (f" ({failed} not delivered)" if failed else ""))
+    return "; ".join(parts) or "–"
+
+
+def _received(kinds: dict) -> str:
+    return "; ".join(f"{kind} {_mb(k['kv_bytes'])} ({k['transfers']})" for kind, k in kinds.items()) or "–"
+
+
+def _passed_on(f: dict) -> str:
+    h, r = f["handoffs"], f["relay_outputs"]
+    parts = [(h["sent"], "handoffs out"), (h["received"], "handoffs in"), (r["sent"], "relays out"),
+             (r["received"], "relays in")]  # fmt: skip
+    return ", ".join(f"{n} {what}" for n, what in parts if n) or "–"
+
+
 # ../shared/PDD.md, point 3: a 100-token handoff over the WAN.
 PUBLISHED_HANDOFF = (
     "published (100 tokens over the WAN): KV 4649 KB, mean 185 ms, peaks 512.6 ms; token IDs + recompute "
@@ -328,6 +440,23 @@ def _pdd_section(p: dict | None, summary: dict) -> list[str]:
         f"{_f(summary['reference']['wan_estimate_ms_median_uncached'], 1)} ms on the WAN at "
         f"{summary['reference']['wan_rate_mbit']:g} Mbit/s",
         *_why_few_handoffs(p),
+    ]
+
+
+def _settle_lines(meta: RunMetadata) -> list[str]:
+    """Per variant whose warm-up crossed the WAN: how long its clock waited for the prefix in an MD's DRC."""
+    waits = [(v, w.warmup_settle) for v, w in meta.variants.items() if w.warmup_settle is not None]
+    if not waits:
+        return []
+    return ["", "Warm-up before each variant's clock (its prompt's whole blocks in an MD's DRC):", ""] + [
+        f"- {v}: "
+        + (
+            f"in the DRC {ws.wait_s:.1f} s after the warm-up's reply"
+            if ws.ok
+            else f"NOT in the DRC after {ws.wait_s:.1f} s (settle timeout; {ws.cached_tokens} of "
+            f"{ws.want_tokens} tokens): the window's first turns waited on its copy"
+        )
+        for v, ws in waits
     ]
 
 

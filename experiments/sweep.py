@@ -50,9 +50,10 @@ from typing import Any
 
 import yaml
 
-from experiments import rundir
+from experiments import metadata, rundir
+from experiments.metadata import RunMetadata
 from experiments.progress import Progress
-from experiments.sweep_report import PLOTTED, aggregate, markdown, point_metrics
+from experiments.sweep_report import PLOTTED, RATIOS_PLOTTED, aggregate, markdown, point_metrics
 from experiments.spec import ExperimentSpec, SpecError, load_spec
 from topology.profiles import DIRECTIONS, LinkParams, ProfileError, load_profile, profile_from_dict
 
@@ -365,10 +366,10 @@ def _set_aside(path: Path) -> None:
 
 def _read_point(out: Path, p: Point) -> None:
     run_dir = out / p.run_dir
-    meta = json.loads((run_dir / "metadata.json").read_text())
+    meta = metadata.read(run_dir)
     summary_path = run_dir / "summary.json"
-    p.status = "complete" if meta.get("complete") else "incomplete"
-    p.error = meta.get("error", "")
+    p.status = "complete" if meta.complete else "incomplete"
+    p.error = meta.error or ""
     p.overhead = _overhead(meta)
     if summary_path.exists():
         summary = json.loads(summary_path.read_text())
@@ -379,15 +380,10 @@ def _read_point(out: Path, p: Point) -> None:
         }
 
 
-def _overhead(meta: dict) -> dict:
+def _overhead(meta: RunMetadata) -> dict:
     """Seconds of role start (start to ready) and of measured windows (ready to end), summed over variants."""
-    start = window = 0.0
-    for w in (meta.get("variants") or {}).values():
-        if w.get("t_ready_ns") and w.get("t_start_ns"):
-            start += (w["t_ready_ns"] - w["t_start_ns"]) / 1e9
-        if w.get("t_end_ns") and w.get("t_ready_ns"):
-            window += (w["t_end_ns"] - w["t_ready_ns"]) / 1e9
-    return {"role_start_s": start, "measured_s": window}
+    variants = meta.variants.values()
+    return {"role_start_s": sum(w.role_start_s for w in variants), "measured_s": sum(w.measured_s for w in variants)}
 
 
 def load(out: Path) -> tuple[Plan, list[Point], dict]:
@@ -422,5 +418,6 @@ def _write(out: Path, state: dict, points: list[Point], finished: bool = False) 
     if finished:
         try:
             plots.sweep_plots(plan.axes, agg, out / "plots", PLOTTED)
+            plots.sweep_ratio_plots(plan.axes, agg, out / "plots", RATIOS_PLOTTED)
         except Exception:  # noqa: BLE001 - the numbers are written; a plot failure must not hide them
             log.exception("sweep plots failed")

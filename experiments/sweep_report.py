@@ -36,6 +36,7 @@ METRICS: dict[str, tuple[str, ...]] = {
     "handoff_mean_ms": ("handoff", "latency_ms", "mean"),
     "handoff_std_ms": ("handoff", "latency_ms", "std"),
     "handoff_p99_ms": ("handoff", "latency_ms", "p99"),
+    "lone_tail_share": ("prefill_steps", "lone_tail_share"),
 }
 PLOTTED = (
     "ttft_p50_ms",
@@ -48,7 +49,9 @@ PLOTTED = (
     "wan_kv_retrans_bytes",
     "handoff_mean_ms",
     "handoff_std_ms",
+    "lone_tail_share",
 )
+RATIOS_PLOTTED = ("goodput_rps",)  # the subject's ratio to each baseline, against the swept value (the bathtub)
 
 
 def point_metrics(s: dict) -> dict:
@@ -132,6 +135,7 @@ DIGITS = {
     "tpot_p50_ms": 1,
     "goodput_rps": 3,
     "rld_token_share": 3,
+    "lone_tail_share": 2,
     "completed": 1,
     "fallbacks": 1,
     "handoffs": 1,

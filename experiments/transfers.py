@@ -64,6 +64,8 @@ class Transfer:
     bytes_retrans: int | None = None
     congestion_requested: str | None = None
     congestion_used: list[str] = field(default_factory=list)
+    sender: str | None = None  # the worker that sent it (p1, or an RLD's KV handoff)
+    target: str | None = None  # host:port of the receiver's KV data plane (kv_send_start; None: not logged)
 
     @property
     def time_ms(self) -> float | None:
@@ -98,6 +100,8 @@ def _from_end(start: dict | None, end: dict) -> Transfer:
         bytes_retrans=end.get("bytes_retrans"),
         congestion_requested=end.get("congestion_requested") or (start or {}).get("congestion"),
         congestion_used=list(used) if isinstance(used, list) else ([used] if used else []),
+        sender=end.get("worker"),
+        target=(start or {}).get("target"),
     )
 
 
@@ -113,7 +117,17 @@ def pair_transfers(events: list[dict]) -> list[Transfer]:
             out.append(_from_end(open_[key].popleft() if open_[key] else None, e))
     for (rid, path), starts in open_.items():
         out += [
-            Transfer(rid, path, "unfinished", s["t_ns"], None, None, congestion_requested=s.get("congestion"))
+            Transfer(
+                rid,
+                path,
+                "unfinished",
+                s["t_ns"],
+                None,
+                None,
+                congestion_requested=s.get("congestion"),
+                sender=s.get("worker"),
+                target=s.get("target"),
+            )
             for s in starts
         ]
     return out

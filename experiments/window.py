@@ -6,8 +6,8 @@ played from t0 when `schedule_clock` is `variant`, the cross flows' iperf3
 servers up and each client started `start_s` after t0), holding the window
 open until the last scheduled event when the workload finished first,
 closing it (schedule stopped, flows ended and reaped by their PIDs, base
-restored), and the variant's records for metadata.json: its link changes and
-its cross flows.
+restored), and the variant's records for metadata.json (experiments.metadata.VariantRecord): its link
+changes and its cross flows.
 Not responsible for: the roles and the load (experiments.runner), the link
 (topology.net / topology.shaping), iperf3's command lines and JSON
 (experiments.crosstraffic).
@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from experiments import crosstraffic as ct
+from experiments.metadata import CrossTrafficEntry, LinkChange, VariantRecord
 from topology.proc import reap, terminate, wait_listening
 from topology.profiles import Profile, ScheduleStep, schedule_end_s
 from topology.shaping import AppliedChange, merge_schedules
@@ -82,17 +83,17 @@ def link_profile(spec, profile: Profile) -> Profile:
     return dataclasses.replace(profile, schedule=steps)
 
 
-def variant_link_changes(changes: list[AppliedChange], start_ns: int, end_ns: int) -> list[dict]:
+def variant_link_changes(changes: list[AppliedChange], start_ns: int, end_ns: int) -> list[LinkChange]:
     """The link changes made in [start_ns, end_ns], as metadata.json's `variants.<v>.link_changes`
     (offset_s: seconds after start_ns, the variant's schedule start)."""
     return [
-        {
-            "t_ns": c.t_ns,
-            "offset_s": round((c.t_ns - start_ns) / 1e9, 6),
-            "direction": c.direction,
-            "params": c.params,
-            "cause": c.cause,
-        }
+        LinkChange(
+            t_ns=c.t_ns,
+            offset_s=round((c.t_ns - start_ns) / 1e9, 6),
+            direction=c.direction,
+            params=c.params,
+            cause=c.cause,
+        )
         for c in changes
         if start_ns <= c.t_ns <= end_ns
     ]
@@ -147,9 +148,10 @@ class VariantWindow:
             )
         return self.extended_s
 
-    def close(self) -> dict:
-        """Stop everything the window started, restore the base; the variant's records for metadata.json."""
-        rec = {"window_extended_s": self.extended_s, "link_changes": [], "cross_traffic": []}
+    def close(self, rec: VariantRecord) -> VariantRecord:
+        """Stop everything the window started, restore the base; the window's part of the variant's record
+        (its times, link changes, cross flows, the emulator's health) filled into rec, which is returned."""
+        rec.window_extended_s = self.extended_s
         if self.start_ns is None:
             return rec
         try:
@@ -157,19 +159,16 @@ class VariantWindow:
                 self._schedule.stop()
             if self._cross:
                 self._cross.stop()
-                rec["cross_traffic"] = self._cross.entries
+                rec.cross_traffic = self._cross.entries
         finally:
             if self.imp.restore:
                 self.tb.restore_profile("restore profile base (window closes)")
         end_ns = time.monotonic_ns()
-        rec.update(
-            window_start_ns=self.start_ns,
-            window_end_ns=end_ns,
-            link_changes=variant_link_changes(self.tb.link.changes, self.start_ns, end_ns),
-        )
+        rec.window_start_ns, rec.window_end_ns = self.start_ns, end_ns
+        rec.link_changes = variant_link_changes(self.tb.link.changes, self.start_ns, end_ns)
         health = self.tb.link.backend.health()
         if health is not None:  # the userspace emulator: how late its frames left in this window
-            rec["emulator"] = health_between(self._health0, health)
+            rec.emulator = health_between(self._health0, health)
         return rec
 
     def check(self) -> None:
@@ -187,7 +186,7 @@ class CrossTraffic:
 
     def __init__(self, testbed, runs: list[ct.FlowRun], out_dir: Path, run_dir: Path, start_ns: int):
         self.tb, self.runs, self.out_dir, self.run_dir, self.start_ns = testbed, runs, out_dir, run_dir, start_ns
-        self.entries: list[dict] = []
+        self.entries: list[CrossTrafficEntry] = []
         self.errors: list[str] = []
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -272,7 +271,7 @@ class CrossTraffic:
             t.join(10)
         for server in self._servers:  # a one-off server exits once its test is done; the others are ended
             reap(server, SERVER_GRACE_S)
-        self.entries.sort(key=lambda e: (e["start_ns"], e["name"], e["direction"]))
+        self.entries.sort(key=lambda e: (e.start_ns, e.name, e.direction))
 
 
 def _error(path: Path) -> str:

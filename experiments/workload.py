@@ -190,7 +190,7 @@ def synthetic(s, vocab: int, block: int, context: int, seed: int) -> list[Worklo
     g.rng.shuffle(starters)
     out, t, n = [_warmup(g)], 0.0, 0
     for kind, session in starters:
-        t += g.rng.expovariate(s.session_rate_per_s)
+        t = next_arrival(t, s.session_rate_per_s, s.rate_steps, g.rng)
         first = g.starter(kind, session)
         n += 1
         chain = [_with(first, request_id=f"r{n:04d}", arrival_s=round(t, 3))]
@@ -202,6 +202,44 @@ def synthetic(s, vocab: int, block: int, context: int, seed: int) -> list[Worklo
             n += 1
             chain.append(_with(nxt, request_id=f"r{n:04d}", after=chain[-1].request_id))
         out += chain
+    return out
+
+
+def next_arrival(t: float, rate: float, steps: tuple[tuple[float, float], ...], rng: random.Random) -> float:
+    """The next arrival after t of a Poisson process whose rate is `rate`, then each step's from its from_s on
+    (piecewise constant; memoryless, so a draw that crosses a step is redrawn from the step at its rate)."""
+    while True:
+        current = rate
+        for at, r in steps:
+            if at <= t:
+                current = r
+        nxt = t + rng.expovariate(current)
+        later = [at for at, _ in steps if t < at <= nxt]
+        if not later:
+            return nxt
+        t = min(later)
+
+
+def fixed_hit(f, vocab: int, block: int, context: int, seed: int) -> list[WorkloadRequest]:
+    """One-turn requests of f.prompt_tokens whose first f.hit of the prompt (whole blocks) is one shared
+    prefix, the rest new: after the warm-up (the prefix and a block), every prompt's hit is the same, at P
+    and at the MD. Poisson arrivals at f.rate_per_s."""
+    rng = random.Random(seed)
+    shared = _aligned(int(f.hit * f.prompt_tokens), block)
+    prefix = tuple(rng.randrange(vocab) for _ in range(shared))
+    warm = prefix + tuple(rng.randrange(vocab) for _ in range(block))
+    out = [WorkloadRequest("w0", "w", 1, "warmup", WARMUP_OUTPUT_TOKENS, 0.0, None, 0.0, warm, len(warm), 0)]
+    t = 0.0
+    for i in range(1, f.requests + 1):
+        t += rng.expovariate(f.rate_per_s)
+        head = prefix + tuple(rng.randrange(vocab) for _ in range(f.prompt_tokens - shared))
+        max_tokens = min(rng.randint(*f.output_tokens), context - len(head))
+        cached = min(shared, _aligned(len(head) - 1, block))
+        out.append(
+            WorkloadRequest(
+                f"r{i:04d}", f"h{i:03d}", 1, "fresh", max_tokens, round(t, 3), None, 0.0, head, len(head), cached
+            )
+        )
     return out
 
 
@@ -358,7 +396,10 @@ def build(spec) -> list[WorkloadRequest]:
         if w.source == "mooncake":
             return _mooncake(path, w.mooncake, model.vocab_size, spec.block_size, context, w.seed)
         return load_trace(path, model.vocab_size, spec.block_size, context, w.seed)
-    reqs = synthetic(w.synthetic, model.vocab_size, spec.block_size, context, w.seed)
+    if w.source == "fixed_hit":
+        reqs = fixed_hit(w.fixed_hit, model.vocab_size, spec.block_size, context, w.seed)
+    else:
+        reqs = synthetic(w.synthetic, model.vocab_size, spec.block_size, context, w.seed)
     return reqs if w.warmup else [r for r in reqs if r.kind != "warmup"]
 
 

@@ -1,13 +1,14 @@
 """Write the serving front door's tokenizers: one per model config, in Hugging Face `tokenizers` format.
 
-    .venv/bin/python scripts/make_tokenizers.py      # -> experiments/tokenizers/<model>/tokenizer.json
+    .venv/bin/python scripts/make_tokenizers.py [MODEL ...]   # -> experiments/tokenizers/<model>/tokenizer.json
 
 Byte-level BPE (GPT-2's byte alphabet, so any text encodes), with exactly the model's vocab_size ids:
-tiny (256) is the bare byte alphabet; default's merges are trained on this repository's Markdown and
-Python text (the files as they were when it was made; their SHA-256 is in tokenizer_config.json), and
+tiny (256) is the bare byte alphabet; the others' merges are trained on this repository's Markdown and
+Python text (the files as they were when each was made; their SHA-256 is in tokenizer_config.json), and
 the ids the training leaves over are filler tokens `<|pddlab_N|>`, so every id the model can sample
 decodes to something. The weights are random: the text a model writes is noise either way. The files
-are committed; this script is how they were made, not something a run calls.
+are committed; this script is how they were made, not something a run calls. Naming models writes only
+theirs (a new config gets its tokenizer without retraining the others'); no name writes every model's.
 """
 
 from __future__ import annotations
@@ -58,10 +59,11 @@ def build(vocab_size: int, files: list[Path]) -> Tokenizer:
     return tok
 
 
-def main() -> None:
+def main(names: list[str]) -> None:
     files = corpus()
     digest = hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()
-    for name, cfg in sorted(CONFIGS.items()):
+    for name in names or sorted(CONFIGS):
+        cfg = CONFIGS[name]
         tok = build(cfg.vocab_size, files)
         d = OUT / name
         d.mkdir(parents=True, exist_ok=True)
@@ -78,4 +80,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

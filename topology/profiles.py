@@ -26,26 +26,31 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import yaml
 
+from schema import Float, Int, Range, Str, build, literal_values, schema
+
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "netem_profiles"
-DISTRIBUTIONS = ("uniform", "normal", "pareto", "paretonormal")
-DIRECTIONS = ("a_to_b", "b_to_a")
+Distribution = Literal["uniform", "normal", "pareto", "paretonormal"]
+DISTRIBUTIONS = literal_values(Distribution)
+Direction = Literal["a_to_b", "b_to_a"]
+DIRECTIONS = literal_values(Direction)
 # netem's own default queue limit (packets); we never go below it.
 NETEM_DEFAULT_LIMIT_PKTS = 1000
 # Full-size Ethernet frame used to size a queue in packets from a BDP.
 FRAME_BYTES = 1514
+Pct = Annotated[Float, Range(0, 100)]
+Ms = Annotated[Float, Range(0, 60_000)]
 
 
 class ProfileError(ValueError):
     """A profile file or value is invalid; the message names file, field and allowed values."""
 
 
-@dataclass(frozen=True)
+@schema
 class GilbertElliott:
     """Gilbert-Elliott loss (netem `loss gemodel p r 1-h 1-k`).
 
@@ -55,10 +60,10 @@ class GilbertElliott:
     good_loss_pct: loss probability in the good state, netem's 1-k (%)
     """
 
-    p_pct: float
-    r_pct: float = 100.0
-    bad_loss_pct: float = 100.0
-    good_loss_pct: float = 0.0
+    p_pct: Pct
+    r_pct: Pct = 100.0
+    bad_loss_pct: Pct = 100.0
+    good_loss_pct: Pct = 0.0
 
     def mean_loss_pct(self) -> float:
         """Stationary loss rate of the two-state chain (%)."""
@@ -69,12 +74,12 @@ class GilbertElliott:
         return 100 * (bad_share * self.bad_loss_pct / 100 + (1 - bad_share) * self.good_loss_pct / 100)
 
 
-@dataclass(frozen=True)
+@schema
 class LinkParams:
     """One direction of a link, with tc-netem semantics.
 
     rate_mbit: serialization rate (Mbit/s, 1e6 bit/s); 0 = unlimited
-    limit_pkts: queue limit (packets); 0 = derived: max(1000, in-delay + 1.5 x BDP)
+    limit_pkts: queue limit (packets); 0 = derived: max(1000, in-delay + 2 x BDP)
     delay_ms: mean one-way delay added by the link (ms)
     jitter_ms: delay variation (ms): half-width for uniform, sigma otherwise
     delay_distribution: uniform | normal | pareto | paretonormal
@@ -88,19 +93,27 @@ class LinkParams:
     reorder_gap: reorder only every gap-th packet; 0 = netem's default
     """
 
-    rate_mbit: float = 0.0
-    limit_pkts: int = 0
-    delay_ms: float = 0.0
-    jitter_ms: float = 0.0
-    delay_distribution: str = "uniform"
-    delay_correlation_pct: float = 0.0
-    loss_pct: float = 0.0
-    loss_correlation_pct: float = 0.0
+    rate_mbit: Annotated[Float, Range(0, 100_000)] = 0.0
+    limit_pkts: Annotated[Int, Range(0, 10_000_000)] = 0
+    delay_ms: Ms = 0.0
+    jitter_ms: Ms = 0.0
+    delay_distribution: Distribution = "uniform"
+    delay_correlation_pct: Pct = 0.0
+    loss_pct: Pct = 0.0
+    loss_correlation_pct: Pct = 0.0
     loss_ge: GilbertElliott | None = None
-    duplicate_pct: float = 0.0
-    corrupt_pct: float = 0.0
-    reorder_pct: float = 0.0
-    reorder_gap: int = 0
+    duplicate_pct: Pct = 0.0
+    corrupt_pct: Pct = 0.0
+    reorder_pct: Pct = 0.0
+    reorder_gap: Annotated[Int, Range(0, 1_000_000)] = 0
+
+    def __post_init__(self) -> None:
+        if self.loss_ge and self.loss_pct:
+            raise ValueError("loss_pct and loss_ge are exclusive; set one of them")
+        if self.reorder_pct and not self.delay_ms:
+            raise ValueError("reorder_pct: reordering needs delay_ms > 0 (as in tc-netem)")
+        if self.reorder_gap and not self.reorder_pct:
+            raise ValueError("reorder_gap: needs reorder_pct > 0 (as in tc-netem)")
 
     @property
     def effective_limit_pkts(self) -> int:
@@ -108,8 +121,12 @@ class LinkParams:
 
         netem counts every frame it holds, also those merely waiting out their
         delay, so the derived limit is the frames in flight inside the delay
-        plus 1.5 round-trip BDPs of real buffer (with one BDP, TCP at 200 Mbit/s
-        and 30 ms overflowed it in bursts and reached only 74-86% of the rate).
+        plus 2 round-trip BDPs of real buffer. With one BDP, TCP at 200 Mbit/s
+        and 30 ms overflowed it in bursts and reached only 74-86% of the rate.
+        With 1.5, BBR (the kernel default here; its cwnd is 2 x its BDP estimate,
+        and it probes above that) overflowed wan-flaky's 2,048 frames (25 ms) from
+        its second connection on, on a slower host: 157 of 200 Mbit/s with ~6,000
+        retransmits per 8 s test, where 2,643 frames carried 191 in every test.
         """
         if self.limit_pkts:
             return self.limit_pkts
@@ -119,7 +136,7 @@ class LinkParams:
         frames_per_s = self.rate_mbit * 1e6 / 8 / FRAME_BYTES
         in_delay_pkts = frames_per_s * one_way_s
         bdp_pkts = frames_per_s * 2 * one_way_s  # the reverse direction assumed alike
-        return max(NETEM_DEFAULT_LIMIT_PKTS, math.ceil(in_delay_pkts + 1.5 * bdp_pkts))
+        return max(NETEM_DEFAULT_LIMIT_PKTS, math.ceil(in_delay_pkts + 2 * bdp_pkts))
 
     @property
     def expected_loss_pct(self) -> float:
@@ -135,7 +152,7 @@ class LinkParams:
         return dataclasses.asdict(self)
 
 
-@dataclass(frozen=True)
+@schema
 class ScheduleStep:
     """A timed change of a live link.
 
@@ -145,13 +162,39 @@ class ScheduleStep:
     changes: LinkParams fields to change
     """
 
-    at_s: float
+    at_s: Annotated[Float, Range(0)]
     changes: dict[str, Any]
-    direction: str = "both"
-    duration_s: float | None = None
+    direction: Literal["both", "a_to_b", "b_to_a"] = "both"
+    duration_s: Annotated[Float, Range(0)] | None = None
+
+    def __post_init__(self) -> None:
+        if self.duration_s == 0:
+            raise ValueError("duration_s: must be > 0 or omitted")
 
 
-@dataclass(frozen=True)
+@schema
+class _StepFile:
+    """A schedule step as written in YAML (`set:` is the changes)."""
+
+    at_s: Annotated[Float, Range(0)]
+    set: dict
+    direction: Literal["both", "a_to_b", "b_to_a"] = "both"
+    duration_s: Annotated[Float, Range(0)] | None = None
+
+
+@schema
+class _ProfileFile:
+    """A profile file as written (see the module docstring): `link` holds both directions' common fields."""
+
+    name: Str
+    description: Any = ""
+    link: dict | None = None
+    a_to_b: dict | None = None
+    b_to_a: dict | None = None
+    schedule: list | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class Profile:
     """A named pair of link directions plus an optional schedule."""
 
@@ -178,79 +221,11 @@ class Profile:
         }
 
 
-# name -> (min, max) for numeric fields; None = unbounded above.
-_RANGES: dict[str, tuple[float, float | None]] = {
-    "rate_mbit": (0, 100_000),
-    "limit_pkts": (0, 10_000_000),
-    "delay_ms": (0, 60_000),
-    "jitter_ms": (0, 60_000),
-    "delay_correlation_pct": (0, 100),
-    "loss_pct": (0, 100),
-    "loss_correlation_pct": (0, 100),
-    "duplicate_pct": (0, 100),
-    "corrupt_pct": (0, 100),
-    "reorder_pct": (0, 100),
-    "reorder_gap": (0, 1_000_000),
-}
-_INT_FIELDS = {"limit_pkts", "reorder_gap"}
-_LINK_FIELDS = tuple(f.name for f in dataclasses.fields(LinkParams))
-_GE_FIELDS = tuple(f.name for f in dataclasses.fields(GilbertElliott))
-
-
-def _check_keys(data: dict, allowed: tuple[str, ...], where: str) -> None:
-    if not isinstance(data, dict):
-        raise ProfileError(f"{where}: expected a mapping, got {type(data).__name__}")
-    unknown = sorted(set(data) - set(allowed))
-    if unknown:
-        raise ProfileError(f"{where}: unknown key(s) {unknown}; allowed: {', '.join(allowed)}")
-
-
-def _number(value: Any, name: str, where: str, lo: float, hi: float | None, integer: bool) -> float | int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ProfileError(f"{where}.{name}: expected a number, got {value!r}")
-    if integer and not float(value).is_integer():
-        raise ProfileError(f"{where}.{name}: expected an integer, got {value!r}")
-    if math.isnan(value) or value < lo or (hi is not None and value > hi):
-        raise ProfileError(f"{where}.{name}: {value!r} is out of range; allowed: {lo} to {hi}")
-    return int(value) if integer else float(value)
-
-
-def _gilbert_elliott(data: Any, where: str) -> GilbertElliott:
-    _check_keys(data, _GE_FIELDS, where)
-    if "p_pct" not in data:
-        raise ProfileError(f"{where}.p_pct: required (good->bad transition probability, 0 to 100)")
-    values = {k: _number(v, k, where, 0, 100, False) for k, v in data.items()}
-    return GilbertElliott(**values)
-
-
 def link_params_from_dict(data: dict[str, Any], where: str) -> LinkParams:
     """Validate a mapping of LinkParams fields; `where` prefixes every error."""
-    _check_keys(data, _LINK_FIELDS, where)
-    values: dict[str, Any] = {}
-    for name, value in data.items():
-        if name == "delay_distribution":
-            if value not in DISTRIBUTIONS:
-                raise ProfileError(
-                    f"{where}.delay_distribution: {value!r} is unknown; allowed: {', '.join(DISTRIBUTIONS)}"
-                )
-            values[name] = value
-        elif name == "loss_ge":
-            values[name] = (
-                None
-                if value is None
-                else (value if isinstance(value, GilbertElliott) else _gilbert_elliott(value, f"{where}.loss_ge"))
-            )
-        else:
-            lo, hi = _RANGES[name]
-            values[name] = _number(value, name, where, lo, hi, name in _INT_FIELDS)
-    params = LinkParams(**values)
-    if params.loss_ge and params.loss_pct:
-        raise ProfileError(f"{where}: loss_pct and loss_ge are exclusive; set one of them")
-    if params.reorder_pct and not params.delay_ms:
-        raise ProfileError(f"{where}.reorder_pct: reordering needs delay_ms > 0 (as in tc-netem)")
-    if params.reorder_gap and not params.reorder_pct:
-        raise ProfileError(f"{where}.reorder_gap: needs reorder_pct > 0 (as in tc-netem)")
-    return params
+    if isinstance(data, dict) and isinstance(data.get("loss_ge"), GilbertElliott):
+        data = {**data, "loss_ge": dataclasses.asdict(data["loss_ge"])}
+    return build(LinkParams, data, where, ProfileError)
 
 
 def parse_schedule(data: Any, where: str) -> tuple[ScheduleStep, ...]:
@@ -260,40 +235,29 @@ def parse_schedule(data: Any, where: str) -> tuple[ScheduleStep, ...]:
     steps, last_at = [], 0.0
     for i, raw in enumerate(data):
         at = f"{where}[{i}]"
-        _check_keys(raw, ("at_s", "duration_s", "direction", "set"), at)
-        if "at_s" not in raw or "set" not in raw:
-            raise ProfileError(f"{at}: 'at_s' and 'set' are required")
-        at_s = _number(raw["at_s"], "at_s", at, 0, None, False)
-        if at_s < last_at:
+        step = build(_StepFile, raw, at, ProfileError)
+        if step.at_s < last_at:
             raise ProfileError(
-                f"{at}.at_s: {at_s} goes back in time (previous step at {last_at}); steps must be in order"
+                f"{at}.at_s: {step.at_s} goes back in time (previous step at {last_at}); steps must be in order"
             )
-        duration = raw.get("duration_s")
-        if duration is not None:
-            duration = _number(duration, "duration_s", at, 0, None, False)
-            if duration == 0:
-                raise ProfileError(f"{at}.duration_s: must be > 0 or omitted")
-        direction = raw.get("direction", "both")
-        if direction not in ("both", *DIRECTIONS):
-            raise ProfileError(f"{at}.direction: {direction!r} is unknown; allowed: both, a_to_b, b_to_a")
-        link_params_from_dict(raw["set"], f"{at}.set")  # validate the field names and values
-        steps.append(ScheduleStep(at_s=at_s, changes=dict(raw["set"]), direction=direction, duration_s=duration))
-        last_at = at_s
+        link_params_from_dict(step.set, f"{at}.set")  # validate the field names and values
+        if step.duration_s == 0:
+            raise ProfileError(f"{at}.duration_s: must be > 0 or omitted")
+        steps.append(ScheduleStep(step.at_s, dict(step.set), step.direction, step.duration_s))
+        last_at = step.at_s
     return tuple(steps)
 
 
 def profile_from_dict(data: Any, source: str, path: Path | None = None) -> Profile:
     """Validate a whole profile mapping; `source` (a file name) prefixes every error."""
-    _check_keys(data, ("name", "description", "link", "a_to_b", "b_to_a", "schedule"), source)
-    if not isinstance(data.get("name"), str) or not data["name"]:
+    if isinstance(data, dict) and not data.get("name"):
         raise ProfileError(f"{source}: 'name' is required (a string)")
-    base = data.get("link") or {}
-    _check_keys(base, _LINK_FIELDS, f"{source}: link")
-    dirs = {d: link_params_from_dict({**base, **(data.get(d) or {})}, f"{source}: {d}") for d in DIRECTIONS}
-    schedule = parse_schedule(data.get("schedule") or [], f"{source}: schedule")
-    return Profile(
-        name=data["name"], description=str(data.get("description", "")), schedule=schedule, path=path, **dirs
-    )
+    f = build(_ProfileFile, data, source, ProfileError)
+    base = f.link or {}
+    build(LinkParams, {k: v for k, v in base.items() if k != "loss_ge"}, f"{source}: link", ProfileError)
+    dirs = {d: link_params_from_dict({**base, **(getattr(f, d) or {})}, f"{source}: {d}") for d in DIRECTIONS}
+    schedule = parse_schedule(f.schedule or [], f"{source}: schedule")
+    return Profile(name=f.name, description=str(f.description), schedule=schedule, path=path, **dirs)
 
 
 def schedule_end_s(schedule: tuple[ScheduleStep, ...]) -> float:

@@ -4,11 +4,14 @@ Responsible for: validating requests; opening a request (prefix match, pin,
 reserving KV blocks for prompt + max_tokens, evicting cached prefixes if
 needed); prefill on top of a cached prefix; batched decode steps; extend (one
 forward pass over k given token IDs on top of cached KV, returning the logits
-at every position); exporting/importing a token range of a request's KV as
-bytes; finishing a request (its full blocks go into the prefix cache).
-Not responsible for: queueing, admission order or batching policy
-(`workers/roles/batching.py`), the network (the PDD roles), or threads: an Engine is
-not thread-safe; one thread drives it.
+at every position); mixed steps (`step`: in one forward pass, any number of
+tokens without KV of several requests: prefill chunks, decode tokens, chunks
+of appended IDs; each layer of each reported as soon as it is stored);
+exporting/importing a token range of a request's KV as bytes; finishing a
+request (its full blocks go into the prefix cache).
+Not responsible for: queueing, admission order, chunk sizes or batching policy
+(`workers/chunked.py`, `workers/roles/batching.py`), the network (the PDD
+roles), or threads: an Engine is not thread-safe; one thread drives it.
 
 Request lifecycle, in terms of `tokens` (prompt + generated) and `kv_len`
 (positions whose KV is in the cache):
@@ -18,6 +21,7 @@ Request lifecycle, in terms of `tokens` (prompt + generated) and `kv_len`
     import_kv()   alternative to prefill: KV arrives as bytes (tokens may be appended)
     decode_step() needs exactly one token without KV; computes it, appends the next
     extend(ids)   appends ids, computes all tokens without KV, appends the next token
+    step(parts)   (rid, n): computes the next n tokens without KV; when none is left, appends the next
     finish()      caches whole blocks in the radix tree, frees the rest
 
 A request is done when it has generated max_tokens tokens. Every error is
@@ -27,11 +31,12 @@ other requests as they were.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import torch
 
@@ -47,79 +52,37 @@ from workers.errors import (
     TokenOutOfVocab,
     UnknownRequest,
 )
+from workers.attention import Span
 from workers.kvcache import KVBlob, KVCache
 from workers.model import ModelConfig, build_model, get_config, model_fingerprint, resolve_device
 from workers.radix import RadixCache, RadixNode, RadixStats
-from workers.sampling import SamplingParams, make_generator, sample_token
+from workers.requests import (
+    ExtendResult,
+    GenerationRequest,
+    GenerationResult,
+    ImportResult,
+    LayerWrite,
+    OpenResult,
+    PrefillResult,
+    StepPart,
+    StepResult,
+)
+from workers.sampling import make_generator, sample_token
+
+__all__ = [  # the request and result types are part of the engine's API (defined in workers.requests)
+    "Engine",
+    "ExtendResult",
+    "GenerationRequest",
+    "GenerationResult",
+    "ImportResult",
+    "LayerWrite",
+    "OpenResult",
+    "PrefillResult",
+    "StepPart",
+    "StepResult",
+]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class GenerationRequest:
-    """request_id: unique among open requests
-    prompt_tokens: token IDs of the prompt
-    max_tokens: tokens to generate (>= 1), counting any appended by extend/import
-    sampling: greedy by default
-    use_prefix_cache: match and feed the engine's radix cache (if it has one)
-    """
-
-    request_id: str
-    prompt_tokens: tuple[int, ...]
-    max_tokens: int
-    sampling: SamplingParams = SamplingParams()
-    use_prefix_cache: bool = True
-
-
-@dataclass(frozen=True)
-class OpenResult:
-    """cached_tokens: prompt tokens whose KV came from the prefix cache (tokens)
-    reserved_tokens: KV slots reserved for the request (tokens)"""
-
-    request_id: str
-    cached_tokens: int
-    reserved_tokens: int
-
-
-@dataclass(frozen=True)
-class PrefillResult:
-    """computed_tokens: prompt tokens run through the model (tokens)"""
-
-    request_id: str
-    first_token: int
-    cached_tokens: int
-    computed_tokens: int
-
-
-@dataclass(frozen=True)
-class ExtendResult:
-    """logits: (k, vocab) float32 on the CPU, row i predicting the token after position start_pos + i
-    next_token: sampled from the last row; appended unless the request is done"""
-
-    request_id: str
-    start_pos: int
-    logits: torch.Tensor
-    next_token: int
-
-
-@dataclass(frozen=True)
-class ImportResult:
-    """Positions start..end were in the blob; written_tokens of them were new to this engine."""
-
-    request_id: str
-    start: int
-    end: int
-    written_tokens: int
-    appended_tokens: int
-
-
-@dataclass(frozen=True)
-class GenerationResult:
-    request_id: str
-    prompt_tokens: tuple[int, ...]
-    output_tokens: tuple[int, ...]
-    cached_tokens: int
-    finish_reason: str  # "length" (max_tokens reached), "stopped" (finished early, e.g. handed off) or "aborted"
 
 
 @dataclass
@@ -224,12 +187,21 @@ class Engine:
         """Prompt + generated tokens of an open request."""
         return tuple(self._get(request_id).tokens)
 
+    def slots(self, request_id: str, start: int, end: int) -> torch.Tensor:
+        """Cache slots of an open request's positions start..end-1 (to read KV it already holds), (n,) int64."""
+        return self._get(request_id).slot_map[start:end]
+
     def kv_len(self, request_id: str) -> int:
         """Positions of an open request whose KV is in the cache."""
         return self._get(request_id).kv_len
 
     def is_done(self, request_id: str) -> bool:
         return self._get(request_id).done
+
+    def check_decodable(self, request_id: str) -> None:
+        """Raise as decode_step would unless the request can take a decode step (open, not done, exactly one
+        token without KV): for callers that decode through step()."""
+        self._check_decodable(self._get(request_id))
 
     def _get(self, request_id: str) -> _Request:
         try:
@@ -364,13 +336,14 @@ class Engine:
                 "prefill",
                 f"prompt KV already present ({req.kv_len} of {req.prompt_len} positions, {req.generated} generated)",
             )
-        start = req.kv_len
-        logits = self._forward_one(req, last_only=True)  # (1, V)
+        start, n = req.kv_len, req.prompt_len - req.kv_len
+        logits = self._forward([(req, n)], logits_at=[n - 1])  # (1, V)
         token = self._sample_append(req, logits[-1])
         return PrefillResult(request_id, token, req.cached_tokens, req.prompt_len - start)
 
-    def extend(self, request_id: str, token_ids: Sequence[int]) -> ExtendResult:
-        """Append token_ids, run one forward pass over every token without KV, return their logits."""
+    def extend(self, request_id: str, token_ids: Sequence[int], all_logits: bool = True) -> ExtendResult:
+        """Append token_ids, run one forward pass over every token without KV, return their logits
+        (all_logits=False: the last row only, which skips most of the LM head: the MD's handoff needs no more)."""
         req = self._get(request_id)
         ids = list(token_ids)
         if not ids:
@@ -380,13 +353,9 @@ class Engine:
         self._check_vocab(request_id, ids, offset=len(req.tokens))
         self._check_room(req, len(ids), "extend")
         req.tokens.extend(ids)
-        start = req.kv_len
-        logits = self._forward_one(req, last_only=False)  # (k, V)
-        if req.done:  # the ids used up max_tokens: report the next token, keep nothing past the limit
-            token = sample_token(logits[-1], req.request.sampling, req.generator)
-        else:
-            token = self._sample_append(req, logits[-1])
-        return ExtendResult(request_id, start, logits.cpu(), token)
+        start, n = req.kv_len, len(req.tokens) - req.kv_len
+        logits = self._forward([(req, n)], logits_at=None if all_logits else [n - 1])  # (k or 1, V)
+        return ExtendResult(request_id, start, logits.cpu(), self._next_token(req, logits[-1]))
 
     def append_tokens(self, request_id: str, token_ids: Sequence[int]) -> None:
         """Append tokens without computing them (e.g. the first token P sampled, received with the KV)."""
@@ -401,15 +370,52 @@ class Engine:
         if request_ids is None:
             reqs = [r for r in self._requests.values() if not r.done and len(r.tokens) - r.kv_len == 1]
         else:
-            if len(set(request_ids)) != len(request_ids):
-                raise ValueError(f"decode_step: request ids repeat in {list(request_ids)}")
+            self._check_unique(request_ids, "decode_step")
             reqs = [self._get(rid) for rid in request_ids]
             for r in reqs:
                 self._check_decodable(r)
         if not reqs:
             return {}
-        logits = self._forward_batch(reqs)  # (B, V)
+        logits = self._forward([(r, 1) for r in reqs])  # (B, V)
         return {r.request.request_id: self._sample_append(r, logits[i]) for i, r in enumerate(reqs)}
+
+    def step(
+        self, parts: Sequence[tuple[str, int]], on_layer: Callable[[LayerWrite], None] | None = None
+    ) -> StepResult:
+        """One forward pass over several requests. A part (request_id, n) computes the KV of the next n of the
+        request's tokens that have none: a prefill chunk, a decode token, a chunk of appended token IDs. A part
+        after which all the request's tokens have KV samples its next token (appended unless the request is
+        done, as extend). on_layer runs for each part and layer once that layer's KV is stored. Every part is
+        checked before anything is computed: an error leaves the engine as it was."""
+        self._check_unique([rid for rid, _ in parts], "step")
+        reqs = [(self._get(rid), n) for rid, n in parts]
+        for req, n in reqs:
+            pending = len(req.tokens) - req.kv_len
+            if not (isinstance(n, int) and 1 <= n <= pending):
+                raise BadRequestState(req.request.request_id, "step", f"{n} tokens asked, {pending} have no KV")
+        if not reqs:
+            return StepResult((), {})
+        done = [req.kv_len + n == len(req.tokens) for req, n in reqs]
+        ends = list(itertools.accumulate(n for _, n in reqs))
+        out = tuple(StepPart(r.request.request_id, r.kv_len, n, d) for (r, n), d in zip(reqs, done))
+        listener = None if on_layer is None else self._layer_listener(out, on_layer)
+        logits = self._forward(reqs, [end - 1 for end, d in zip(ends, done) if d], listener)  # (completed, V)
+        completed = [req for (req, _), d in zip(reqs, done) if d]
+        return StepResult(out, {r.request.request_id: self._next_token(r, logits[i]) for i, r in enumerate(completed)})
+
+    def _layer_listener(self, parts: tuple[StepPart, ...], on_layer: Callable[[LayerWrite], None]):
+        slots = [self._requests[p.request_id].slot_map[p.start : p.start + p.n_tokens] for p in parts]
+
+        def listener(layer: int) -> None:
+            for part, s in zip(parts, slots):
+                on_layer(LayerWrite(part.request_id, layer, part.start, s))
+
+        return listener
+
+    @staticmethod
+    def _check_unique(request_ids: Sequence[str], operation: str) -> None:
+        if len(set(request_ids)) != len(request_ids):
+            raise ValueError(f"{operation}: request ids repeat in {list(request_ids)}")
 
     @staticmethod
     def _check_decodable(req: _Request) -> None:
@@ -426,28 +432,39 @@ class Engine:
         req.tokens.append(token)
         return token
 
-    @torch.inference_mode()
-    def _forward_one(self, req: _Request, last_only: bool) -> torch.Tensor:
-        """Forward over tokens[kv_len:] of one request; logits (T or 1, V)."""
-        start, new = req.kv_len, req.tokens[req.kv_len :]
-        idx = torch.tensor([new], dtype=torch.int64, device=self.device)  # (1, T)
-        positions = torch.arange(start, start + len(new), device=self.device)[None]  # (1, T)
-        binding = self.kv.bind([req.slot_map], [start], len(new))
-        logits = self.model(idx, positions, binding, last_only=last_only)  # (1, T|1, V)
-        req.kv_len = len(req.tokens)
-        return logits[0]
+    def _next_token(self, req: _Request, logits: torch.Tensor) -> int:
+        """The next token; appended unless the request has generated max_tokens (then only reported)."""
+        if req.done:
+            return sample_token(logits, req.request.sampling, req.generator)
+        return self._sample_append(req, logits)
 
     @torch.inference_mode()
-    def _forward_batch(self, reqs: list[_Request]) -> torch.Tensor:
-        """One decode position for each request; logits (B, V)."""
-        idx = torch.tensor([[r.tokens[-1]] for r in reqs], dtype=torch.int64, device=self.device)  # (B, 1)
-        starts = [r.kv_len for r in reqs]
-        positions = torch.tensor(starts, dtype=torch.int64, device=self.device)[:, None]  # (B, 1)
-        binding = self.kv.bind([r.slot_map for r in reqs], starts, 1)
-        logits = self.model(idx, positions, binding)  # (B, 1, V)
-        for r in reqs:
-            r.kv_len += 1
-        return logits[:, 0]
+    def _forward(
+        self,
+        parts: Sequence[tuple[_Request, int]],
+        logits_at: Sequence[int] | None = None,
+        listener: Callable[[int], None] | None = None,
+    ) -> torch.Tensor:
+        """One forward pass, its rows each part's next n tokens without KV, one part after another.
+        Returns logits (R, V) at the rows logits_at (default: every row); listener(layer) once a layer is stored."""
+        ids: list[int] = []
+        positions: list[int] = []
+        spans = []
+        for req, n in parts:
+            start = req.kv_len
+            ids.extend(req.tokens[start : start + n])
+            positions.extend(range(start, start + n))
+            spans.append(Span(req.block_ids, start, n))
+        binding = self.kv.bind(spans)
+        if listener is not None:
+            binding.listeners.append(listener)
+        idx = torch.tensor([ids], dtype=torch.int64, device=self.device)  # (1, N)
+        pos = torch.tensor([positions], dtype=torch.int64, device=self.device)  # (1, N)
+        at = None if logits_at is None else torch.tensor(logits_at, dtype=torch.int64, device=self.device)  # (R,)
+        logits = self.model(idx, pos, binding, logits_at=at)  # (1, R, V)
+        for req, n in parts:
+            req.kv_len += n
+        return logits[0]
 
     # ------------------------------------------------------------ KV transfer
 

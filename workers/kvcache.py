@@ -1,16 +1,20 @@
 """Paged KV cache: fixed-size blocks, per-worker capacity, export/import as bytes.
 
 Responsible for: the KV storage tensor of one worker, split into blocks of
-`block_size` token slots; allocating and freeing blocks; binding a batch's
-slots to the model's attention (`BatchKV`); serialising any token range of a
-request's KV to a self-describing blob and importing one back, refusing a
-blob whose header, model fingerprint or checksum does not match.
+`block_size` token slots; allocating blocks (consecutive ones where it can,
+so attention reads a request's KV in place) and freeing them; binding a
+forward pass's requests to the model's attention (`workers.attention.PassKV`);
+serialising any token range of a request's KV to a self-describing blob and
+importing one back, refusing a blob whose header, model fingerprint or
+checksum does not match.
 Not responsible for: which blocks a request owns or shares (the engine keeps
-block tables; `workers.radix` owns cached prefixes), eviction policy, or
-moving blobs over the network.
+block tables; `workers.radix` owns cached prefixes), eviction policy, how a
+pass attends, or moving blobs over the network.
 
 Slot numbering: token slot = block_id * block_size + offset in block. A
-request's `slot_map` lists the slot of each of its token positions.
+request's `slot_map` lists the slot of each of its token positions. Storage:
+(n_layer, 2, n_kv_head, slots, head_dim), head-major (see workers.attention);
+blobs and `read_layer` rows are token-major, (tokens, n_kv_head, head_dim).
 
 Blob layout (little-endian), version 2:
 
@@ -27,13 +31,14 @@ from __future__ import annotations
 
 import logging
 import struct
-from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from crc32c import crc32c
 
+from workers.attention import PassKV, Span
 from workers.errors import CapacityExceeded, KVChecksumError, KVHeaderError
 from workers.model import ModelConfig
 
@@ -131,19 +136,17 @@ class KVCache:
         self.num_blocks = capacity_tokens // block_size
         self.device = torch.device(device)
         self.fingerprint = fingerprint
-        # zeros, not empty: padded gathers read slot 0, and garbage NaNs would leak through 0-weights
+        # zeros, not empty: a NaN left in a never-written slot must not be what a bug reads
         self._kv = torch.zeros(
             config.n_layer,
             2,
-            self.num_blocks * block_size,
             config.n_kv_head,
+            self.num_blocks * block_size,
             config.head_dim,
             dtype=config.torch_dtype,
             device=self.device,
-        )  # (nl, 2, S, nkv, hs)
-        self._free: deque[int] = deque(range(self.num_blocks))
-        self._in_use = [False] * self.num_blocks
-        self._scratch = torch.empty(0, dtype=config.torch_dtype, device=self.device)
+        )  # (nl, 2, nkv, S, hs)
+        self._in_use = np.zeros(self.num_blocks, dtype=bool)
 
     # ------------------------------------------------------------ blocks
 
@@ -153,28 +156,33 @@ class KVCache:
 
     @property
     def free_blocks(self) -> int:
-        return len(self._free)
+        return self.num_blocks - int(self._in_use.sum())
 
     def blocks_for(self, n_tokens: int) -> int:
         """Blocks needed to hold n_tokens."""
         return -(-n_tokens // self.block_size)
 
     def alloc(self, n_blocks: int, request_id: str = "?") -> list[int]:
-        """Take n_blocks free blocks, or raise CapacityExceeded taking none."""
-        if n_blocks > len(self._free):
-            raise CapacityExceeded(request_id, n_blocks, len(self._free), self.num_blocks, self.block_size)
-        blocks = [self._free.popleft() for _ in range(n_blocks)]
-        for b in blocks:
-            self._in_use[b] = True
-        return blocks
+        """Take n_blocks free blocks, or raise CapacityExceeded taking none: the first run of n_blocks
+        consecutive free ones if there is one, else the lowest free ones."""
+        free = np.flatnonzero(~self._in_use)  # ascending
+        if n_blocks > free.size:
+            raise CapacityExceeded(request_id, n_blocks, int(free.size), self.num_blocks, self.block_size)
+        if n_blocks == 0:
+            return []
+        runs = np.flatnonzero(free[n_blocks - 1 :] - free[: free.size - n_blocks + 1] == n_blocks - 1)
+        first = int(runs[0]) if runs.size else 0
+        blocks = free[first : first + n_blocks]
+        self._in_use[blocks] = True
+        return blocks.tolist()
 
     def free(self, block_ids: list[int]) -> None:
-        """Return blocks to the free list; freeing a free block is a bug and raises."""
-        for b in block_ids:
-            if not self._in_use[b]:
-                raise ValueError(f"block {b} freed twice")
-            self._in_use[b] = False
-            self._free.append(b)
+        """Return blocks to the free list; freeing a free block is a bug and raises (freeing none)."""
+        ids = np.asarray(block_ids, dtype=np.int64)
+        twice = ids[~self._in_use[ids]] if ids.size else ids
+        if twice.size or np.unique(ids).size != ids.size:
+            raise ValueError(f"block {int(twice[0]) if twice.size else ids.tolist()} freed twice")
+        self._in_use[ids] = False
 
     def slot_map(self, block_ids: list[int], n_tokens: int) -> torch.Tensor:
         """Slot of each position 0..n_tokens-1 of a request with this block table, (n_tokens,) int64."""
@@ -186,26 +194,13 @@ class KVCache:
 
     # ------------------------------------------------------------ attention binding
 
-    def layer_kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Flat K and V storage of one layer, (S, n_kv_head, head_dim) each."""
-        return self._kv[layer, 0], self._kv[layer, 1]
+    def bind(self, spans: Sequence[Span]) -> PassKV:
+        """Bind a forward pass: span i writes positions start..end-1 of a request and attends to 0..end-1."""
+        return PassKV(self._kv, self.block_size, spans)
 
-    def gather_buffers(self, n_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Two reusable (n_rows, n_kv_head, head_dim) buffers for gathered K and V.
-
-        Reused by every layer and step: a fresh multi-MB tensor per gather costs more in page
-        faults than the copy itself. Valid until the next call."""
-        c = self.config
-        row = c.n_kv_head * c.head_dim
-        if self._scratch.numel() < 2 * n_rows * row:
-            self._scratch = torch.empty(2 * n_rows * row, dtype=c.torch_dtype, device=self.device)
-        k, v = self._scratch[: 2 * n_rows * row].view(2, n_rows, c.n_kv_head, c.head_dim)
-        return k, v
-
-    def bind(self, slot_maps: list[torch.Tensor], starts: list[int], n_new: int) -> BatchKV:
-        """Bind a forward pass: request i writes positions starts[i]..+n_new and attends to 0..starts[i]+n_new.
-        Either one request (any n_new) or many with n_new == 1 (a decode step)."""
-        return BatchKV(self, slot_maps, starts, n_new)
+    def read_layer(self, layer: int, slots: torch.Tensor) -> torch.Tensor:
+        """A copy of one layer's K and V at these slots, (2, n, n_kv_head, head_dim)."""
+        return self._kv[layer].index_select(2, slots).transpose(1, 2).contiguous()
 
     # ------------------------------------------------------------ export / import
 
@@ -213,7 +208,7 @@ class KVCache:
         """Serialise the KV at these slots (positions start..start+len(slots)) with its token IDs."""
         if len(token_ids) != slots.numel():
             raise ValueError(f"{len(token_ids)} token ids for {slots.numel()} slots")
-        kv = self._kv.index_select(2, slots).cpu().contiguous()  # (nl, 2, n, nkv, hs)
+        kv = self.read_kv(slots).cpu()  # (nl, 2, n, nkv, hs)
         kv_bytes = kv.view(torch.uint8).numpy().tobytes()
         tok_bytes = np.asarray(token_ids, dtype="<i4").tobytes()
         crc = crc32c(kv_bytes, crc32c(tok_bytes))
@@ -276,61 +271,8 @@ class KVCache:
 
     def write_kv(self, slots: torch.Tensor, kv: torch.Tensor) -> None:
         """Write kv (n_layer, 2, n, n_kv_head, head_dim) into these n slots."""
-        self._kv.index_copy_(2, slots, kv.to(device=self.device, dtype=self._kv.dtype))
+        self._kv.index_copy_(3, slots, kv.to(device=self.device, dtype=self._kv.dtype).transpose(2, 3))
 
     def read_kv(self, slots: torch.Tensor) -> torch.Tensor:
-        """A copy of the KV at these slots, (n_layer, 2, n, n_kv_head, head_dim)."""
-        return self._kv.index_select(2, slots)
-
-
-class BatchKV:
-    """The model's view of the cache for one forward pass (implements `workers.model.KVBinding`).
-
-    slot_maps: per request, the slots of its positions (at least starts[i] + n_new long)
-    starts: per request, the first position written this pass (= tokens already in cache)
-    n_new: positions written per request this pass
-    """
-
-    def __init__(self, cache: KVCache, slot_maps: list[torch.Tensor], starts: list[int], n_new: int):
-        if len(slot_maps) > 1 and n_new != 1:
-            raise ValueError("a batch of several requests must write exactly one position each")
-        self.cache = cache
-        device = cache.device
-        self.write_slots = torch.stack([m[s : s + n_new] for m, s in zip(slot_maps, starts)])  # (B, T)
-        lengths = [s + n_new for s in starts]
-        self.only_new = len(starts) == 1 and starts[0] == 0  # plain causal prefill: attend to this pass's k, v
-        self.gather_slots = torch.nn.utils.rnn.pad_sequence(
-            [m[:n] for m, n in zip(slot_maps, lengths)], batch_first=True
-        )  # (B, L); padding reads slot 0
-        self.mask = self._mask(starts, n_new, lengths, device)
-
-    @staticmethod
-    def _mask(starts: list[int], n_new: int, lengths: list[int], device: torch.device) -> torch.Tensor | None:
-        L = max(lengths)
-        if len(starts) == 1:
-            if n_new == 1 or starts[0] == 0:
-                return None  # decode of one request: attend to all; fresh prefill: is_causal
-            q_pos = starts[0] + torch.arange(n_new, device=device)  # (T,)
-            return (torch.arange(L, device=device)[None, :] <= q_pos[:, None])[None, None]  # (1, 1, T, L)
-        if len(set(lengths)) == 1:
-            return None
-        valid = torch.arange(L, device=device)[None, :] < torch.tensor(lengths, device=device)[:, None]  # (B, L)
-        return valid[:, None, None, :]  # (B, 1, 1, L)
-
-    def attend(
-        self, layer: int, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, bool]:
-        B, T, nkv, hs = k.shape
-        k_store, v_store = self.cache.layer_kv(layer)  # (S, nkv, hs)
-        flat_write = self.write_slots.reshape(-1)  # (B*T,)
-        k_store.index_copy_(0, flat_write, k.reshape(B * T, nkv, hs))
-        v_store.index_copy_(0, flat_write, v.reshape(B * T, nkv, hs))
-        if self.only_new:
-            return k, v, None, True
-        L = self.gather_slots.shape[1]
-        flat_read = self.gather_slots.reshape(-1)  # (B*L,)
-        k_buf, v_buf = self.cache.gather_buffers(B * L)  # (B*L, nkv, hs) each
-        # 2-D views: index_select copies whole rows of nkv*hs values, several times faster than 3-D
-        torch.index_select(k_store.flatten(1), 0, flat_read, out=k_buf.flatten(1))
-        torch.index_select(v_store.flatten(1), 0, flat_read, out=v_buf.flatten(1))
-        return k_buf.view(B, L, nkv, hs), v_buf.view(B, L, nkv, hs), self.mask, False  # (B, L, nkv, hs)
+        """A copy of the KV at these slots, (n_layer, 2, n, n_kv_head, head_dim), contiguous."""
+        return self._kv.index_select(3, slots).transpose(2, 3).contiguous()

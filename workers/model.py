@@ -4,9 +4,9 @@ Responsible for: the model (Llama-style: RMSNorm, rotary positions, grouped-
 query attention, SwiGLU MLP, untied LM head) in one readable file; the named
 configs; generating weights from a seed, saving them once to a file with a
 content hash, and loading them identically in every process.
-Not responsible for: where KV lives (the model calls a `KVBinding` that
-`workers.kvcache` implements), batching, sampling or request bookkeeping
-(`workers.engine`).
+Not responsible for: where KV lives and how a batch attends to it (the model
+calls a `KVBinding` that `workers.attention` implements), batching, sampling or
+request bookkeeping (`workers.engine`).
 
 Weights file naming: `<weights_dir>/<config name>-<seed>.pt`, where
 weights_dir defaults to `$PDDLAB_CACHE_DIR/weights` or `<repo>/.cache/weights`.
@@ -125,7 +125,43 @@ DEFAULT = ModelConfig(
     max_seq_len=4096,
 )
 
-CONFIGS: dict[str, ModelConfig] = {c.name: c for c in (TINY, DEFAULT)}
+# small: for pools of several workers on two cores (issue 14, point 7): a sixth of default's matmul work per token
+# and a smaller vocabulary, KV per token still in PDD.md's range (the third of default's):
+# 8 layers * 2 (K,V) * 4 kv heads * 64 dims * 4 B = 16 KiB, so a 100-token handoff as KV is ~1.6 MB.
+# Weights: 8 * (4*256^2 attn + 3*256*768 MLP) = 6.8M + 2 * 8192*256 (embedding, untied head) = 4.2M -> 11.0M
+# params, 44 MB in fp32: one CPU thread prefills ~6K tokens a second and decodes a step in a few ms.
+SMALL = ModelConfig(
+    name="small",
+    vocab_size=8192,
+    n_layer=8,
+    n_head=4,
+    n_kv_head=4,
+    head_dim=64,
+    d_model=256,
+    d_ff=768,
+    max_seq_len=4096,
+)
+
+# Half-precision variants of each shape, for GPU workers (issue 15, point 4): `<name>-fp16`, `<name>-bf16`. Same
+# shapes, half the weight and KV bytes: small-fp16 holds 8 KiB of KV per token, default-bf16 24 KiB. Their weights
+# are their own (drawn in fp32 from the seed, then rounded): KV moves only between workers of one config. CPU torch
+# runs them too, slower than fp32 (no fast half-precision kernels on most CPUs): they are for GPUs.
+HALF_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
+
+
+def half_variants(config: ModelConfig) -> tuple[ModelConfig, ...]:
+    """config in each half precision, named `<name>-<fp16|bf16>`."""
+    return tuple(dataclasses.replace(config, name=f"{config.name}-{s}", dtype=d) for s, d in HALF_DTYPES.items())
+
+
+def precision_base(name: str) -> str:
+    """The fp32 config a half-precision variant was made from (`small-bf16` -> `small`); others: the name itself.
+    Shapes and vocabulary are the base's, so is its tokenizer."""
+    base, _, suffix = name.rpartition("-")
+    return base if suffix in HALF_DTYPES and base else name
+
+
+CONFIGS: dict[str, ModelConfig] = {c.name: c for base in (TINY, SMALL, DEFAULT) for c in (base, *half_variants(base))}
 
 
 def get_config(name: str) -> ModelConfig:
@@ -144,13 +180,11 @@ def resolve_device(device: str = "auto") -> torch.device:
 
 
 class KVBinding(Protocol):
-    """Where attention keeps its KV; implemented by `workers.kvcache.BatchKV`."""
+    """Where attention keeps its KV and how it attends to it; implemented by `workers.attention.PassKV`."""
 
-    def attend(
-        self, layer: int, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, bool]:
-        """Store this step's k, v (B, T, n_kv_head, head_dim); return all keys and values
-        (B, L, n_kv_head, head_dim), a boolean mask (B, 1, T, L) or None, and is_causal."""
+    def attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Store this pass's k, v (B, T, n_kv_head, head_dim); return the attention of q (B, T, n_head, head_dim)
+        over every position each query may see, (B, T, n_head, head_dim)."""
         ...
 
 
@@ -187,20 +221,16 @@ class Attention(nn.Module):
         q = apply_rope(q.view(B, T, nh, hs), rot)  # (B, T, nh, hs)
         k = apply_rope(k.view(B, T, nkv, hs), rot)  # (B, T, nkv, hs)
         v = v.view(B, T, nkv, hs)  # (B, T, nkv, hs)
-        if kv is None:
-            mask, is_causal = None, True
-        else:
-            k, v, mask, is_causal = kv.attend(self.layer, k, v)  # (B, L, nkv, hs)
+        if kv is not None:
+            return self.c_proj(kv.attention(self.layer, q, k, v).reshape(B, T, C))
         y = F.scaled_dot_product_attention(
             q.transpose(1, 2),
             k.transpose(1, 2),
-            v.transpose(1, 2),  # (B, nh|nkv, T|L, hs)
-            attn_mask=mask,
-            is_causal=is_causal,
+            v.transpose(1, 2),  # (B, nh|nkv, T, hs)
+            is_causal=True,
             enable_gqa=nh != nkv,
         )  # (B, nh, T, hs)
-        y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
-        return self.c_proj(y)
+        return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
 
 
 class MLP(nn.Module):
@@ -255,9 +285,11 @@ class Transformer(nn.Module):
         positions: torch.Tensor | None = None,
         kv: KVBinding | None = None,
         last_only: bool = False,
+        logits_at: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """idx, positions: (B, T) int64. kv None = plain causal forward over idx alone.
-        Returns logits (B, T, V), or (B, 1, V) when last_only, in float32."""
+        Returns logits (B, T, V); (B, 1, V) when last_only; (B, R, V) at the T-indices logits_at (R,);
+        in float32. Rows nobody reads skip the LM head, the largest matmul."""
         B, T = idx.shape
         if positions is None:
             positions = torch.arange(T, device=idx.device).expand(B, T)  # (B, T)
@@ -267,6 +299,8 @@ class Transformer(nn.Module):
             x = block(x, rot, kv)
         if last_only:
             x = x[:, -1:, :]  # (B, 1, C): prefill needs only the next token's logits
+        elif logits_at is not None:
+            x = x[:, logits_at, :]  # (B, R, C)
         return self.lm_head(self.norm_f(x)).float()
 
     def num_params(self) -> int:
@@ -376,6 +410,12 @@ def build_model(
         model = Transformer(config)
     model.load_state_dict(weights.state_dict, assign=True)
     model = model.to(resolve_device(device)).eval().requires_grad_(False)
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            # the same (out, in) matrix stored column-major: F.linear then runs x @ W^T as x @ Wt on a contiguous
+            # Wt, which MKL streams at ~22 GB/s for one row against ~15 for row-major W (a decode step of one
+            # request is that matrix-vector product, 12 times over, plus the LM head); equal at many rows
+            module.weight = nn.Parameter(module.weight.t().contiguous().t(), requires_grad=False)
     return model, weights
 
 

@@ -52,6 +52,13 @@ def test_every_container_runs_without_capabilities_on_a_read_only_root():
     assert _pairs(proc, "--tmpfs") == ["/tmp:rw,nosuid,nodev,size=256m"]
 
 
+def test_a_pools_cores_reach_the_container():
+    opts = DockerOptions(image="i", limits={"md": RoleLimits(1.0, 3000, "1")})
+    args = proc_run_args(opts, "9-1", "md1", "md", 2, [sys.executable, "-m", "workers.roles.decode"])
+    assert _pairs(args, "--cpuset-cpus") == ["1"]
+    assert "--cpuset-cpus" not in proc_run_args(OPTS, "9-1", "md1", "md", 2, ["x"])
+
+
 def test_default_limits_and_argv_translation():
     assert OPTS.limits_for("p") == RoleLimits(1.0, 3072)
     assert container_argv(["/usr/bin/python3", "-c", "x"]) == ["python", "-c", "x"]

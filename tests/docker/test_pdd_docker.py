@@ -25,7 +25,7 @@ from workers.sampling import greedy_divergence
 # 5 ms each way: the RLD streams eager tokens while the MD's KV is in flight, and the MD takes over
 # well before the tiny model's context (128 tokens) runs out.
 PROFILE = "wan-regional"
-ROLE_HOSTS = deploy.worker_names()  # role -> host (= worker name)
+ROLE_HOSTS = {role: names[0] for role, names in deploy.worker_names().items()}  # role -> host (= worker name)
 PROMPT_TOKENS, MAX_TOKENS = 32, 90
 HEALTH_TIMEOUT_S = 180  # four roles import torch and build their engines on two cores
 CLIENT_CODE = """

@@ -35,29 +35,41 @@ ROLE_MODULES = {
 }
 
 
+_handed_out: set[int] = set()  # ports this process gave out: the OS may offer a just-released one again
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
 
 
-def deployment_yaml(run_dir: Path, wan_proxy_port: int, **overrides) -> dict:
-    """The deployment config as data: every port free, the MD's KV reached through the WAN proxy."""
+def deployment_yaml(
+    run_dir: Path, wan_proxy_ports: list[int], pools: dict[str, int] | None = None, **overrides
+) -> dict:
+    """The deployment config as data: every port free, each MD's KV reached through its WAN proxy; pools:
+    workers per role (default one each; as many MDs as proxy ports)."""
+    n = {"p": 1, "rld": 1, **(pools or {}), "md": len(wan_proxy_ports)}
+
+    def pool(role: str, **fields) -> list[dict]:
+        return [{"name": f"{role}{i + 1}", "grpc_port": free_port(), **fields} for i in range(n[role])]
+
     cfg = {
         "model": "tiny",
         "seed": 0,
         "block_size": 16,
         "events_dir": str(run_dir / "events"),
         "router": {"name": "router", "grpc_port": free_port()},
-        "p": {"name": "p1", "grpc_port": free_port(), "capacity_tokens": 4096},
-        "rld": {"name": "rld1", "grpc_port": free_port(), "kv_port": free_port(), "capacity_tokens": 4096},
-        "md": {
-            "name": "md1",
-            "grpc_port": free_port(),
-            "kv_port": free_port(),
-            "capacity_tokens": 8192,
-            "kv_connect": f"127.0.0.1:{wan_proxy_port}",
-        },
+        "p": pool("p", capacity_tokens=4096),
+        "rld": [{**w, "kv_port": free_port()} for w in pool("rld", capacity_tokens=4096)],
+        "md": [
+            {**w, "kv_port": free_port(), "kv_connect": f"127.0.0.1:{port}"}
+            for w, port in zip(pool("md", capacity_tokens=8192), wan_proxy_ports)
+        ],
         "kv": {
             "fast": {"connections": 1, "congestion": "cubic"},
             # a new connection per transfer: the proxy's faults (cut, stall, rate ...) act per connection
@@ -87,41 +99,56 @@ def deployment_yaml(run_dir: Path, wan_proxy_port: int, **overrides) -> dict:
 
 
 class Deployment:
-    """A running deployment: cfg (typed), router channel, the WAN proxy, the processes by role."""
+    """A running deployment: cfg (typed), router channel, one WAN proxy per MD (`proxy`: the first's), the
+    processes by worker name. pools: workers per role (p, rld, md), one each by default."""
 
-    def __init__(self, run_dir: Path, **overrides):
+    def __init__(self, run_dir: Path, pools: dict[str, int] | None = None, **overrides):
         self.run_dir = run_dir
-        self.proxy_port = free_port()
-        data = deployment_yaml(run_dir, self.proxy_port, **overrides)
+        self.proxy_ports = [free_port() for _ in range((pools or {}).get("md", 1))]
+        self.proxy_port = self.proxy_ports[0]
+        data = deployment_yaml(run_dir, self.proxy_ports, pools, **overrides)
         self.config_path = run_dir / "deployment.yaml"
         self.config_path.write_text(yaml.safe_dump(data))
         self.cfg = load_config(self.config_path)
         self.procs: dict[str, subprocess.Popen] = {}
+        self.proxies: list[WanProxy] = []
         self.proxy: WanProxy | None = None
         self.channel: grpc.Channel | None = None
 
     def start(self) -> Deployment:
-        self.proxy = WanProxy(("127.0.0.1", self.cfg.md.kv_port), port=self.proxy_port)
+        self.proxies = [WanProxy(("127.0.0.1", md.kv_port), port=p) for md, p in zip(self.cfg.md, self.proxy_ports)]
+        self.proxy = self.proxies[0]
         for role in ("md", "rld", "p", "router"):
-            self.start_role(role)
-        for role in ("md", "rld", "p", "router"):
-            wait_healthy(getattr(self.cfg, role).grpc_address, timeout_s=90)
+            for worker in self.cfg.pool(role):
+                self.start_role(worker.name)
+        for worker in self.cfg.workers:
+            wait_healthy(worker.grpc_address, timeout_s=90)
         self.channel = grpc.insecure_channel(self.cfg.router.grpc_address)
         return self
 
-    def start_role(self, role: str) -> None:
-        worker = getattr(self.cfg, role)
-        cmd = [sys.executable, "-m", ROLE_MODULES[role], "--config", str(self.config_path), "--worker", worker.name]
+    def name(self, role_or_worker: str) -> str:
+        """A worker's name: as given, or a role's first worker (md -> md1)."""
+        if role_or_worker in ("p", "rld", "md", "router"):
+            return self.cfg.pool(role_or_worker)[0].name
+        return role_or_worker
+
+    def proc(self, role_or_worker: str) -> subprocess.Popen:
+        return self.procs[self.name(role_or_worker)]
+
+    def start_role(self, role_or_worker: str) -> None:
+        worker = self.cfg.worker(self.name(role_or_worker))
+        module = ROLE_MODULES[self.cfg.role_of(worker.name)]
+        cmd = [sys.executable, "-m", module, "--config", str(self.config_path), "--worker", worker.name]
         log.info("starting %s", " ".join(cmd))
         out = open(self.run_dir / f"{worker.name}.log", "ab")
-        self.procs[role] = subprocess.Popen(
+        self.procs[worker.name] = subprocess.Popen(
             cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(REPO)}
         )
         out.close()
 
-    def kill(self, role: str) -> None:
-        """SIGKILL one role's process (a peer that disappears)."""
-        proc = self.procs[role]
+    def kill(self, role_or_worker: str) -> None:
+        """SIGKILL one worker's process (a peer that disappears): a role's first, or the named worker."""
+        proc = self.proc(role_or_worker)
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
 
@@ -139,8 +166,8 @@ class Deployment:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 codes[role] = proc.wait(5)
-        if self.proxy is not None:
-            self.proxy.close()
+        for proxy in self.proxies:
+            proxy.close()
         return codes
 
     def events(self, worker: str):
@@ -148,13 +175,13 @@ class Deployment:
         return read_events(path) if path.exists() else []
 
     def all_events(self):
-        evs = [e for w in ("router", "p1", "rld1", "md1") for e in self.events(w)]
+        evs = [e for w in self.cfg.workers for e in self.events(w.name)]
         return sorted(evs, key=lambda e: e.t_ns)
 
 
 @contextmanager
-def running(run_dir: Path, **overrides):
-    dep = Deployment(run_dir, **overrides)
+def running(run_dir: Path, pools: dict[str, int] | None = None, **overrides):
+    dep = Deployment(run_dir, pools, **overrides)
     try:
         yield dep.start()
     finally:

@@ -53,9 +53,9 @@ class _Gen:
     [(16, "p-rld-md"), (6, "p-md")],  # 8 KB over direct_max_transfer_ms at 200 Mbit/s, 3 KB under
 )
 def test_the_md_killed_while_it_decodes_resumes_on_the_rld(dep, reference, prompt_len, route):
-    if dep.procs["md"].poll() is not None:  # the previous case killed it
+    if dep.proc("md").poll() is not None:  # the previous case killed it
         dep.start_role("md")
-        wait_healthy(dep.cfg.md.grpc_address, timeout_s=90)
+        wait_healthy(dep.cfg.md[0].grpc_address, timeout_s=90)
     prompt, rid = fresh_prompt(prompt_len), f"resume-{route}"
     tokens, done, killed_at = generate_killing_md(dep, prompt, rid, rld_session=route == "p-rld-md")
     gen = _Gen(tokens, done)

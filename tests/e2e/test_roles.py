@@ -80,7 +80,7 @@ def baseline(dep):
     """Worker stats after one warm-up request of every route (channels and pools exist by then)."""
     for mode in ("colocated", "pd-intra", "pd-cross", "pdd"):
         generate(dep.channel, fresh_prompt(40), 8, mode=mode)
-    return {w: stats(getattr(dep.cfg, w).grpc_address) for w in ("p", "rld", "md")}
+    return {w: stats(dep.cfg.pool(w)[0].grpc_address) for w in ("p", "rld", "md")}
 
 
 # ---------------------------------------------------------------- modes
@@ -216,11 +216,11 @@ def test_a_late_drc_answer_does_not_hold_back_the_first_token(dep):
     so its PrefixLength runs into P's 5 s deadline; the fast-path copy and the reply do not wait for it."""
     silent = socket.create_server(("127.0.0.1", 0))
     try:
-        stub = pdd_pb2_grpc.PrefillStub(grpc.insecure_channel(dep.cfg.p.grpc_address))
+        stub = pdd_pb2_grpc.PrefillStub(grpc.insecure_channel(dep.cfg.p[0].grpc_address))
         targets = [
-            pdd_pb2.KVTarget(path="fast", kv_address=dep.cfg.rld.kv_address, start_tokens=0),
+            pdd_pb2.KVTarget(path="fast", kv_address=dep.cfg.rld[0].kv_address, start_tokens=0),
             pdd_pb2.KVTarget(
-                path="wan", kv_address=dep.cfg.md.kv_address, drc_address=f"127.0.0.1:{silent.getsockname()[1]}"
+                path="wan", kv_address=dep.cfg.md[0].kv_address, drc_address=f"127.0.0.1:{silent.getsockname()[1]}"
             ),
         ]
         t0 = time.monotonic()
@@ -392,8 +392,51 @@ def test_a_stopped_load_generator_records_the_whole_workload(dep, slow_wan, tmp_
     assert sum(e.startswith("not issued: interrupted") for e in errors) == 4, errors
 
 
+def test_the_clock_starts_once_the_warmup_prefix_is_in_the_md_drc(dep, slow_wan, tmp_path):
+    """pdd's RLD finishes the warm-up long before its WAN copy lands on a slow line; with --settle the load
+    generator starts its clock only once the MD's DRC holds the warm-up prompt, so no measured request
+    waits on that copy (on wan-lossy it took 20-30 s of a ~50 s window)."""
+    import subprocess
+    import sys
+
+    from experiments.workload import WorkloadRequest, write
+
+    slow_wan.faults.rate_mbit = 0.1  # 100 tokens x 512 B = 51 KB: ~4 s over the WAN, the RLD replies first
+    warm = tuple(fresh_prompt(100))
+    turn = warm + tuple(fresh_prompt(8))
+    reqs = [
+        WorkloadRequest("sw0", "w", 1, "warmup", 16, 0.0, None, 0.0, warm, len(warm), 0),
+        WorkloadRequest("sw1", "s", 1, "turn", 2, 0.0, None, 0.0, turn, len(turn), 0),
+    ]
+    write(reqs, tmp_path / "w.jsonl")
+    md = dep.cfg.pool("md")[0].grpc_address
+    argv = [sys.executable, "-m", "experiments.loadgen", "run", "--workload", str(tmp_path / "w.jsonl")]
+    argv += ["--router", dep.cfg.router.grpc_address, "--variant", "pdd", "--out", str(tmp_path / "c.jsonl")]
+    argv += ["--settle", md, "--block-size", str(dep.cfg.block_size), "--settle-timeout-s", "60"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    settled, out = None, []
+    try:
+        for line in proc.stdout:
+            out.append(line)
+            if line.startswith("settle "):
+                settled = line.split()
+            if line.startswith("start "):
+                with grpc.insecure_channel(md) as ch:
+                    hit = pdd_pb2_grpc.DecodeStub(ch).Lookup(pdd_pb2.LookupRequest(prompt_tokens=warm)).cached_tokens
+                break
+        assert proc.wait(60) == 0, "".join(out)
+    finally:
+        proc.kill()
+    assert settled is not None, "".join(out)
+    print(" ".join(settled), "| MD hit at t0:", hit)
+    want = (len(warm) - 1) // dep.cfg.block_size * dep.cfg.block_size
+    assert settled[1] == "ok=1" and settled[3] == f"cached={want}/{want}"
+    assert float(settled[2].split("=")[1]) > 0.5  # it did wait: the copy was still on the slow line
+    assert hit == want
+
+
 def test_unknown_request_ids_get_not_found(dep):
-    with grpc.insecure_channel(dep.cfg.md.grpc_address) as ch:
+    with grpc.insecure_channel(dep.cfg.md[0].grpc_address) as ch:
         stub = pdd_pb2_grpc.DecodeStub(ch)
         err = rpc_error(lambda: stub.Handoff(pdd_pb2.HandoffRequest(request_id="nope", token_ids=[1]), timeout=5))
         assert err.code() == grpc.StatusCode.NOT_FOUND and "nope" in err.details()
@@ -403,7 +446,7 @@ def test_unknown_request_ids_get_not_found(dep):
 
 def raw_kv(dep, data: bytes) -> bytes:
     """Send raw bytes to the MD's KV listener; return what it answers before closing."""
-    with socket.create_connection(("127.0.0.1", dep.cfg.md.kv_port), timeout=5) as s:
+    with socket.create_connection(("127.0.0.1", dep.cfg.md[0].kv_port), timeout=5) as s:
         s.sendall(data)
         s.shutdown(socket.SHUT_WR)
         try:
@@ -439,7 +482,7 @@ def test_bad_kv_frames_are_refused_with_an_error_event(dep, reference, data, nee
 
 def test_nothing_leaked(dep, baseline):
     def clean():
-        now = {w: stats(getattr(dep.cfg, w).grpc_address) for w in ("p", "rld", "md")}
+        now = {w: stats(dep.cfg.pool(w)[0].grpc_address) for w in ("p", "rld", "md")}
         return (
             all(
                 s.open_requests == 0
@@ -456,7 +499,7 @@ def test_nothing_leaked(dep, baseline):
     try:
         wait_for(clean, 10, "workers back to their baseline")
     except AssertionError:
-        now = {w: stats(getattr(dep.cfg, w).grpc_address) for w in ("p", "rld", "md")}
+        now = {w: stats(dep.cfg.pool(w)[0].grpc_address) for w in ("p", "rld", "md")}
         raise AssertionError(f"baseline {baseline}\nnow {now}")
 
 
@@ -491,7 +534,7 @@ def test_rld_disappearing_after_kv_ready_completes_on_the_md(dep, reference, slo
     finally:
         dep.proxy.faults.blackhole_after = -1
         dep.start_role("rld")
-        wait_healthy(dep.cfg.rld.grpc_address, timeout_s=90)
+        wait_healthy(dep.cfg.rld[0].grpc_address, timeout_s=90)
     assert "gen" in result, f"the request failed after the RLD was killed: {result.get('error')!r}"
     gen = result["gen"]
     check_stream(gen, n, repeats_allowed=True)  # the MD decodes from P's first token: the RLD's are repeats
@@ -518,7 +561,7 @@ def test_a_dead_rld_leaves_p_rld_md_requests_to_the_md(dep, reference):
         gen = generate(dep.channel, prompt, n, mode="pdd", request_id="rld-down")
     finally:
         dep.start_role("rld")
-        wait_healthy(dep.cfg.rld.grpc_address, timeout_s=90)
+        wait_healthy(dep.cfg.rld[0].grpc_address, timeout_s=90)
     check_stream(gen, n, repeats_allowed=True)
     check_reference(reference, prompt, gen.ids, n, "RLD down")
     assert gen.done.route == "p-rld-md" and set(gen.workers) == {"p1", "md1"}, (gen.done.route, gen.workers)

@@ -162,8 +162,10 @@ def test_live_set_params_changes_delay(wire, emulator):
 
 def test_bad_set_is_refused_and_emulator_survives(wire, emulator):
     emu = emulator(LinkParams(delay_ms=1))
+    # LinkParams refuses to be built with these (tc-netem refuses them too): the raw control message, as a
+    # client that does not build LinkParams would send it, must be refused by the forwarder itself
     with pytest.raises(EmulatorError, match="reorder"):
-        emu.set_params("a_to_b", LinkParams(reorder_gap=3, delay_ms=5))
+        emu._checked({"cmd": "set", "direction": "a_to_b", "params": {"reorder_gap": 3, "delay_ms": 5}})
     # it survives: still forwarding, with the parameters it had
     before = emu.stats()["a_to_b"].received
     probe = wire.udp_probe(count=100, interval_us=1000)

@@ -4,7 +4,7 @@
   same schedule: each variant's link_changes lie inside its window at the steps' offsets, and the profile's
   base is back after each window.
 - A TCP cross flow xa -> xb on wan-cross-country: its iperf3 JSON is kept, its throughput is above zero and
-  below the link's rate, and its metadata entry has the keys the analysis reads.
+  below the link's rate, and its metadata entry (experiments.metadata.CrossTrafficEntry) says what ran.
 """
 
 import dataclasses
@@ -12,6 +12,7 @@ import json
 import time
 
 from experiments import crosstraffic as ct
+from experiments.metadata import VariantRecord
 from experiments.window import Impairment, VariantWindow
 from topology.net import Testbed, TopologyConfig
 from topology.profiles import DIRECTIONS, ScheduleStep, load_profile
@@ -21,19 +22,6 @@ from topology.profiles import DIRECTIONS, ScheduleStep, load_profile
 OFFSET_TOL_S = 0.5
 # The offset of the window's closing restore is the hold's end plus the restore itself.
 CLOSE_TOL_S = 1.0
-ENTRY_KEYS = {
-    "name",
-    "kind",
-    "direction",
-    "start_ns",
-    "end_ns",
-    "port",
-    "iperf_json",
-    "streams",
-    "congestion",
-    "rate_mbit",
-}
-CHANGE_KEYS = {"t_ns", "offset_s", "direction", "params", "cause"}
 
 
 def test_each_variant_meets_the_schedule_on_its_own_clock(backend, tmp_path):
@@ -50,15 +38,14 @@ def test_each_variant_meets_the_schedule_on_its_own_clock(backend, tmp_path):
             win = VariantWindow(tb, imp, tmp_path / variant, tmp_path)
             win.open(time.monotonic_ns())
             assert win.hold(variant) > 1.5  # nothing else ran: the window waits for the last event at 2 s
-            records.append(win.close())
+            records.append(win.close(VariantRecord(status="running")))
             tb.check()
             assert tb.link.current == {d: profile.direction(d) for d in DIRECTIONS}
         meta = tb.metadata()
     for rec in records:
-        changes = rec["link_changes"]
-        assert all(set(c) == CHANGE_KEYS for c in changes)
-        assert all(rec["window_start_ns"] <= c["t_ns"] <= rec["window_end_ns"] for c in changes)
-        got = [(c["cause"], c["direction"]) for c in changes]
+        changes = rec.link_changes
+        assert all(rec.window_start_ns <= c.t_ns <= rec.window_end_ns for c in changes)
+        got = [(c.cause, c.direction) for c in changes]
         assert got == [
             ("profile step 0", "a_to_b"),
             ("profile step 0", "b_to_a"),
@@ -69,10 +56,10 @@ def test_each_variant_meets_the_schedule_on_its_own_clock(backend, tmp_path):
         ], got
         due = [0.5, 0.5, 1.5, 1.5, 2.0]
         for c, at_s in zip(changes, due):
-            assert at_s <= c["offset_s"] < at_s + OFFSET_TOL_S, (c["cause"], c["offset_s"], at_s)
-        assert changes[4]["params"]["delay_ms"] == 40 and changes[0]["params"]["loss_pct"] == 5
-        assert 2.0 <= changes[5]["offset_s"] < 2.0 + CLOSE_TOL_S
-        assert rec["window_extended_s"] > 1.5
+            assert at_s <= c.offset_s < at_s + OFFSET_TOL_S, (c.cause, c.offset_s, at_s)
+        assert changes[4].params["delay_ms"] == 40 and changes[0].params["loss_pct"] == 5
+        assert 2.0 <= changes[5].offset_s < 2.0 + CLOSE_TOL_S
+        assert rec.window_extended_s > 1.5
     assert len(meta["link_changes"]) == 12 and all(c["t_ns"] for c in meta["link_changes"])
 
 
@@ -89,20 +76,19 @@ def test_tcp_cross_flow_on_the_wan(backend, tmp_path):
         t0 = time.monotonic_ns()
         win.open(t0)
         win.hold("v1")
-        rec = win.close()
+        rec = win.close(VariantRecord(status="running"))
         win.check()
-    [entry] = rec["cross_traffic"]
-    assert set(entry) == ENTRY_KEYS
-    assert entry["iperf_json"] == "variants/v1/cross/bulk-a_to_b.json"
-    assert (entry["name"], entry["kind"], entry["direction"], entry["streams"], entry["congestion"]) == (
+    [entry] = rec.cross_traffic
+    assert entry.iperf_json == "variants/v1/cross/bulk-a_to_b.json"
+    assert (entry.name, entry.kind, entry.direction, entry.streams, entry.congestion) == (
         "bulk",
         "tcp",
         "a_to_b",
         2,
         "reno",
     )
-    assert t0 + 0.5e9 <= entry["start_ns"] < entry["end_ns"]
-    doc = json.loads((tmp_path / entry["iperf_json"]).read_text())
+    assert t0 + 0.5e9 <= entry.start_ns < entry.end_ns
+    doc = json.loads((tmp_path / entry.iperf_json).read_text())
     assert "error" not in doc, doc.get("error")
     result = ct.parse_result(doc, "tcp")
     print(f"cross flow: {result.mean_mbit:.1f} Mbit/s, streams {result.stream_mbit}, retransmits {result.retransmits}")

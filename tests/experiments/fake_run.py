@@ -2,46 +2,73 @@
 
 make_run(root) is a run of the data plane before TCP_INFO (no kv_tcp_info, no congestion or retransmission
 fields, no link changes); make_run(root, tcp=True) adds what the newer data plane and runner record
-(see TCP_* below for the figures the tests expect) and WAN captures with real TCP/UDP headers."""
+(see TCP_* below for the figures the tests expect) and WAN captures with real TCP/UDP headers;
+make_run(root, pools={"p": 2, "md": 2}) is a run of worker pools whose roles log what each worker did (see
+POOL_* below): P alternates between p1 and p2, pd-cross's MD between md1 and md2, pdd sends every request
+to md1 (the cache-aware pick), so md2 serves nothing there."""
 
 import json
 import struct
 from pathlib import Path
 
-from experiments import rundir, spec as specmod, workload as wl
+from experiments import clientlog, deploy, metadata, spec as specmod, workload as wl
+from experiments.clientlog import ClientRecord, Done, TokenRow
+from experiments.deployment import KV_PORTS, role_of, worker_ip
+from experiments.metadata import RunMetadata, VariantRecord
+from topology.profiles import LinkParams, Profile
 
 T0 = 10_000_000_000  # monotonic ns of the first send
 MS = 1_000_000
 
 
-def _client(variant: str, req, i: int, prefill_ms: float, decode_ms: float, worker_seq: list[str]) -> dict:
+def _client(variant: str, req, i: int, prefill_ms: float, decode_ms: float, worker_seq: list[str]) -> ClientRecord:
     t_send = T0 + i * 500 * MS
     toks, t = [], t_send + int(prefill_ms * MS)
     for k in range(req.max_tokens):
-        toks.append([k, (7 * k + i) % 256, worker_seq[k], t, t])
+        toks.append(TokenRow(k, (7 * k + i) % 256, worker_seq[k], t, t))
         t += int((decode_ms if k else 0) * MS) if k else int(decode_ms * MS)
+    rec = clientlog.new_record(
+        req.request_id, variant, variant, req.session, req.turn, req.kind, req.max_tokens, req.head_tokens, T0
+    )
+    rec.prompt_tokens, rec.t_send_ns, rec.t_done_ns, rec.tokens = req.prompt_len, t_send, t, toks
+    rec.done = Done(
+        route=ROUTE[variant],
+        finish_reason="length",
+        duplicates=0,
+        md_cached_tokens=req.cached_tokens if variant == "pdd" else 0,
+        notes=[],
+    )
+    return rec
+
+
+PROVENANCE = {
+    "git": {"commit": None, "dirty": None},
+    "kernel": "6.1.0",
+    "python": "3.11.2",
+    "hostname": "fake",
+    "argv": ["fake_run"],
+    "tools": {"tc": None},
+    "started_at": "2026-12-01T09:00:00+0000",
+}
+
+
+def topology_record(rate_mbit: float = 200.0) -> dict:
+    """What Testbed.metadata() says, for a topology that never ran."""
+    wan = Profile(
+        "fake", "", LinkParams(rate_mbit=rate_mbit, delay_ms=30), LinkParams(rate_mbit=rate_mbit, delay_ms=30)
+    )
+    lan = Profile("lan", "", LinkParams(), LinkParams())
     return {
-        "request_id": req.request_id,
-        "router_id": f"{variant}.{req.request_id}",
-        "variant": variant,
-        "session": req.session,
-        "turn": req.turn,
-        "kind": req.kind,
-        "max_tokens": req.max_tokens,
-        "prompt_tokens": req.prompt_len,
-        "prompt_sha1": "x",
-        "t0_ns": T0,
-        "t_send_ns": t_send,
-        "t_done_ns": t,
-        "tokens": toks,
-        "error": None,
-        "done": {
-            "route": ROUTE[variant],
-            "finish_reason": "length",
-            "duplicates": 0,
-            "md_cached_tokens": req.cached_tokens if variant == "pdd" else 0,
-            "notes": [],
-        },
+        "backend": "userspace",
+        "backend_requested": "auto",
+        "backend_reason": "fake",
+        "lan_shaping": None,
+        "wan_profile": wan.to_dict(),
+        "lan_profile": lan.to_dict(),
+        "hosts": [],
+        "seed": 1,
+        "snaplen_bytes": 128,
+        "link_changes": [],
     }
 
 
@@ -149,29 +176,68 @@ def _tcp_events(variant: str, req, i: int, n_bytes: int) -> tuple[list[tuple[flo
     return ev, end
 
 
-def _events(variant: str, rec: dict, req, kv_bpt: int, i: int = 0, tcp: bool = False) -> list[tuple[str, dict]]:
-    rid, t = rec["router_id"], rec["t_send_ns"]
-    ev = [
-        ("router", {"event": "route", "route": ROUTE[variant], "md_cached_tokens": rec["done"]["md_cached_tokens"]}),
-        ("p1", {"event": "prefill_arrival"}),
-        ("p1", {"event": "prefill_done"}),
-    ]
+ROLES_OF = {"colocated": ("rld",), "pd-intra": ("p", "rld"), "pd-cross": ("p", "md"), "pdd": ("p", "rld", "md")}
+
+
+def picks(variant: str, i: int, pools: dict | None = None) -> dict[str, str]:
+    """role -> the worker request i of the variant used (see the module docstring)."""
+    n = {"p": 1, "md": 1, **(pools or {})}
+    md = "md1" if variant == "pdd" else f"md{1 + i % n['md']}"
+    return {r: {"p": f"p{1 + i % n['p']}", "rld": "rld1", "md": md}[r] for r in ROLES_OF[variant]}
+
+
+def _kv_address(worker: str) -> str:
+    return f"{worker_ip(worker)}:{KV_PORTS[role_of(worker)]}"
+
+
+def _events(
+    variant: str, rec: ClientRecord, req, kv_bpt: int, i: int = 0, tcp: bool = False, pools: dict | None = None
+) -> list[tuple[str, dict]]:
+    rid, t = rec.router_id, rec.t_send_ns
+    w = picks(variant, i, pools)
+    p, md = w.get("p", "p1"), w.get("md", "md1")
+    route = {"event": "route", "route": ROUTE[variant], "md_cached_tokens": rec.done.md_cached_tokens, "workers": w}
+    done = {
+        "event": "prefill_done",
+        "cached_tokens": req.cached_tokens,
+        "computed_tokens": req.prompt_len - req.cached_tokens,
+    }
+    ev = [("router", route)] + ([(p, {"event": "prefill_arrival"}), (p, done)] if "p" in w else [])
+    fast_bytes = req.prompt_len * kv_bpt
     if variant in ("pd-intra", "pdd"):
         ev += [
-            ("p1", {"event": "kv_send_start", "path": "fast"}),
-            ("p1", {"event": "kv_send_end", "path": "fast", "wire_bytes": req.prompt_len * kv_bpt}),
+            (p, {"event": "kv_send_start", "path": "fast", "target": _kv_address("rld1")}),
+            (
+                p,
+                {
+                    "event": "kv_send_end",
+                    "path": "fast",
+                    "wire_bytes": fast_bytes,
+                    **({"kv_bytes": fast_bytes} if pools else {}),
+                },
+            ),
         ]
     extra = []
     if variant in ("pd-cross", "pdd"):
         n = req.prompt_len - (req.cached_tokens if variant == "pdd" else 0)
-        end = {"wire_bytes": n * kv_bpt}
+        end = {"wire_bytes": n * kv_bpt, **({"kv_bytes": n * kv_bpt} if pools else {})}
         if tcp:
             extra, end = _tcp_events(variant, req, i, n * kv_bpt)
         ev += [
-            ("p1", {"event": "kv_send_start", "path": "wan", **({"congestion": "bbr"} if tcp else {})}),
-            ("p1", {"event": "kv_send_end", "path": "wan", **end}),
+            (
+                p,
+                {
+                    "event": "kv_send_start",
+                    "path": "wan",
+                    "target": _kv_address(md),
+                    **({"congestion": "bbr"} if tcp else {}),
+                },
+            ),
+            (p, {"event": "kv_send_end", "path": "wan", **end}),
         ]
-    decoder = "md1" if variant in ("pd-cross", "pdd") else "rld1"
+    if pools:
+        extra += _pool_events(variant, req, w, kv_bpt)
+    decoder = md if variant in ("pd-cross", "pdd") else "rld1"
     ev += [
         (decoder, {"event": "decode_done", "steps": 4, "mean_batch": 2.0}),  # a step-weighted mean of 1.5
         (decoder, {"event": "decode_done", "steps": 12, "mean_batch": 1.333333}),
@@ -179,7 +245,7 @@ def _events(variant: str, rec: dict, req, kv_bpt: int, i: int = 0, tcp: bool = F
     if variant == "pdd":
         ev += [
             ("rld1", {"event": "handoff_start", "final": True}),
-            ("md1", {"event": "handoff_recv_end", "extend_ns": 2 * MS}),
+            (md, {"event": "handoff_recv_end", "extend_ns": 2 * MS}),
             (
                 "rld1",
                 {
@@ -193,53 +259,91 @@ def _events(variant: str, rec: dict, req, kv_bpt: int, i: int = 0, tcp: bool = F
             ),
         ]
     out = [
-        (w, {"t_ns": t + int(e.pop("t_ns_ms", k) * MS), "worker": w, "role": w.rstrip("1"), "request_id": rid, **e})
+        (w, {"t_ns": t + int(e.pop("t_ns_ms", k) * MS), "worker": w, "role": role_of(w), "request_id": rid, **e})
         for k, (w, e) in enumerate(ev)
     ]
     return out + [
-        (w, {"t_ns": t + int(at * MS), "worker": w, "role": w.rstrip("1"), "request_id": rid, **e})
-        for at, w, e in extra
+        (w, {"t_ns": t + int(at * MS), "worker": w, "role": role_of(w), "request_id": rid, **e}) for at, w, e in extra
     ]
 
 
-def make_run(root: Path, variants=("colocated", "pd-intra", "pd-cross", "pdd"), tcp: bool = False) -> Path:
-    s = specmod.load_spec("pdd-smoke", [f"variants=[{', '.join(variants)}]"])
+P_QUEUE_MS = {"p1": 0.2, "p2": 0.6}  # pools: prefill_arrival (at 1 ms) -> prefill_start; prefill_done at 2 ms
+DECODE_ARRIVAL_MS = 2.5  # pools: each decode session's decode_arrival, from send
+DECODE_QUEUE_MS = {"rld1": 0.3, "md1": 0.5, "md2": 1.5}  # pools: decode_arrival -> decode_open
+DECODE_SESSION_MS = 100  # pools: decode_arrival -> decode_close (requests are 500 ms apart: one open at a time)
+
+
+def _pool_events(variant: str, req, w: dict[str, str], kv_bpt: int) -> list[tuple[float, str, dict]]:
+    """What the roles of a pools run log beside the rest: P's prefill_start, each decode session's arrival, open
+    (with the router's session_open naming it) and close, and each KV transfer's receipt."""
+    ev = []
+    if "p" in w:
+        ev.append((1 + P_QUEUE_MS[w["p"]], w["p"], {"event": "prefill_start", "cached_tokens": req.cached_tokens}))
+    for role in ("rld", "md"):
+        if role not in w:
+            continue
+        d, opened = w[role], DECODE_ARRIVAL_MS + DECODE_QUEUE_MS[w[role]]
+        local = variant == "colocated"
+        cached = req.cached_tokens if local or (role == "md" and variant == "pdd") else 0
+        kv = (req.prompt_len - cached) if role == "md" else req.prompt_len
+        arrival = {"event": "decode_arrival", "prompt_tokens": req.prompt_len, "max_tokens": req.max_tokens}
+        ev += [
+            (DECODE_ARRIVAL_MS, d, arrival),
+            (opened, d, {"event": "decode_open", "cached_tokens": cached, "source": "local" if local else "peer"}),
+            (opened + 0.1, "router", {"event": "session_open", "worker": d, "cached_tokens": cached}),
+            (DECODE_ARRIVAL_MS + DECODE_SESSION_MS, d, {"event": "decode_close"}),
+        ]
+        if not local:
+            recv = {"event": "kv_recv_end", "kind": "prompt", "kv_bytes": kv * kv_bpt, "wire_bytes": kv * kv_bpt}
+            ev.append((opened + 1, d, recv))
+    return ev
+
+
+def make_run(
+    root: Path, variants=("colocated", "pd-intra", "pd-cross", "pdd"), tcp: bool = False, pools: dict | None = None
+) -> Path:
+    assert not (tcp and pools), "a pools run is of the older data plane's figures"
+    over = [f"pools.{role}.workers={n}" for role, n in (pools or {}).items()]
+    s = specmod.load_spec("pdd-smoke", [f"variants=[{', '.join(variants)}]", *over])
     reqs = wl.build(s)
     run = root / "run"
     run.mkdir()
     wl.write(reqs, run / "workload.jsonl")
     kv_bpt = 512
     timing = {"colocated": (40, 5), "pd-intra": (20, 5), "pd-cross": (90, 5), "pdd": (20, 5)}
-    meta = {
-        "experiment": "pdd-smoke",
-        "spec": specmod.to_dict(s),
-        "complete": True,
-        "variants": {},
-        "topology": {"backend": "userspace", "wan_profile": {"a_to_b": {"rate_mbit": 200.0}}},
-    }
+    meta = RunMetadata(
+        experiment="pdd-smoke",
+        complete=True,
+        provenance=PROVENANCE,
+        spec=specmod.to_dict(s),
+        runtime="process",
+        topology=topology_record(),
+    )
     for j, v in enumerate(variants):
         vdir = run / "variants" / v
         (vdir / "events").mkdir(parents=True)
         lines, evs = [], {}
+        deploy.write_deployment(s, vdir / "deployment.yaml", vdir / "events", v, pools=specmod.variant_pools(s, v))
         for i, r in enumerate(reqs):
-            seq = {"pdd": ["p1"] + ["rld1"] * 2 + ["md1"] * r.max_tokens}.get(v, ["p1"] + ["x1"] * r.max_tokens)
-            if v == "colocated":
-                seq = ["rld1"] * r.max_tokens
-            elif v == "pd-intra":
-                seq = ["p1"] + ["rld1"] * r.max_tokens
-            elif v == "pd-cross":
-                seq = ["p1"] + ["md1"] * r.max_tokens
+            w = picks(v, i, pools)
+            seq = {
+                "colocated": ["rld1"] * r.max_tokens,
+                "pd-intra": [w.get("p")] + ["rld1"] * r.max_tokens,
+                "pd-cross": [w.get("p")] + [w.get("md")] * r.max_tokens,
+                "pdd": [w.get("p")] + ["rld1"] * 2 + [w.get("md")] * r.max_tokens,
+            }[v]
             rec = _client(v, r, i, *timing[v], seq)
-            lines.append(json.dumps(rec))
-            for w, e in _events(v, rec, r, kv_bpt, i, tcp):
-                evs.setdefault(w, []).append(json.dumps(e))
-        (vdir / "client.jsonl").write_text("\n".join(lines) + "\n")
+            lines.append(clientlog.line(rec))
+            for worker, e in _events(v, rec, r, kv_bpt, i, tcp, pools):
+                evs.setdefault(worker, []).append(json.dumps(e))
+        (vdir / "client.jsonl").write_text("".join(lines))
         for w, ls in evs.items():
             (vdir / "events" / f"{w}.jsonl").write_text("\n".join(ls) + "\n")
-        meta["variants"][v] = {"status": "ok", "wall_start": 1000.0 + 10 * j, "wall_end": 1009.0 + 10 * j}
-        if tcp:
-            meta["variants"][v].update(WINDOW_NS, **TCP_META.get(v, {}))
-    rundir.write_json(run / "metadata.json", meta)
+        window = {"status": "ok", "wall_start": 1000.0 + 10 * j, "wall_end": 1009.0 + 10 * j}
+        if tcp or pools:
+            window.update(WINDOW_NS, **(TCP_META.get(v, {}) if tcp else {}))
+        meta.variants[v] = VariantRecord.model_validate(window)
+    metadata.write(run, meta)
     if tcp:
         from fake_pcap import write_wan_pcaps
 
@@ -273,6 +377,9 @@ TCP_META = {
                 "end_ns": T0 + 2000 * MS,
                 "port": 5201,
                 "iperf_json": "variants/pdd/cross/bulk.json",
+                "streams": 1,
+                "congestion": None,
+                "rate_mbit": 50.0,
             }
         ]
     },

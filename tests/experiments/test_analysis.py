@@ -5,7 +5,9 @@ import math
 
 import pytest
 
-from experiments import analyze, metrics, pcap, plots
+from experiments import analyze, clientlog, metrics, pcap, plots
+from experiments.clientlog import TokenRow
+from experiments.metadata import SpecRecord
 from experiments.records import read as read_records
 from fake_run import make_run
 
@@ -150,21 +152,16 @@ def test_divergences_get_a_near_tie_verdict(tmp_path):
     prompt, toks = [5, 9, 17, 33, 2], [40, 41, 42, 43]
 
     def line(variant, rid, prompt, toks):
-        return json.dumps(
-            {
-                "variant": variant,
-                "request_id": rid,
-                "prompt": prompt,
-                "tokens": [[i, t, "w", 0, 0] for i, t in enumerate(toks)],
-            }
-        )
+        rec = clientlog.new_record(rid, variant, variant, "s", 1, "agent", len(toks), prompt, 0)
+        rec.tokens = [TokenRow(i, t, "w", 0, 0) for i, t in enumerate(toks)]
+        return clientlog.line(rec)
 
     for v, lines in {
         "colocated": [line("colocated", "a", prompt, toks), line("colocated", "b", prompt, toks)],
         "pdd": [line("pdd", "a", prompt, toks[:2] + [7, 8]), line("pdd", "b", prompt[:4], toks)],
     }.items():
         (tmp_path / "variants" / v).mkdir(parents=True)
-        (tmp_path / "variants" / v / "client.jsonl").write_text("\n".join(lines) + "\n")
+        (tmp_path / "variants" / v / "client.jsonl").write_text("".join(lines))
     streams = {
         "reference": "colocated",
         "variants": {
@@ -178,7 +175,8 @@ def test_divergences_get_a_near_tie_verdict(tmp_path):
             }
         },
     }
-    analyze.judge_divergences(tmp_path, streams, {"model": "tiny", "weights_seed": 0})
+    spec = SpecRecord(variants=["colocated", "pdd"], model="tiny", weights_seed=0, profile="p", slo={})
+    analyze.judge_divergences(tmp_path, streams, spec)
     s = streams["variants"]["pdd"]
     want = top2_margin(Engine("tiny", seed=0, prefix_cache=False).reference_logits(prompt + toks[:2])[-1])
     a, b = s["divergences"]

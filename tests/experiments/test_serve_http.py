@@ -10,7 +10,7 @@ from tokenizers import Tokenizer
 
 from experiments import serve_http
 from experiments.serve_http import ApiError, chat_prompt
-from workers.model import CONFIGS
+from workers.model import CONFIGS, precision_base
 
 TOKENIZERS = Path(serve_http.__file__).resolve().parent / "tokenizers"
 
@@ -65,12 +65,12 @@ def test_the_error_body_is_openais_shape():
 
 @pytest.mark.parametrize("model", sorted(CONFIGS))
 def test_each_model_has_a_tokenizer_of_its_vocab_size_that_round_trips_text(model):
-    tok = Tokenizer.from_file(str(TOKENIZERS / model / "tokenizer.json"))
+    tok = Tokenizer.from_file(str(TOKENIZERS / precision_base(model) / "tokenizer.json"))
     assert tok.get_vocab_size() == CONFIGS[model].vocab_size
     text = "PDD: Prefill -> Relay Decode -> Main Decode, über das WAN."
     assert tok.decode(tok.encode(text).ids) == text
     assert tok.decode([CONFIGS[model].vocab_size - 1])  # every id the model may sample decodes to something
-    config = json.loads((TOKENIZERS / model / "tokenizer_config.json").read_text())
+    config = json.loads((TOKENIZERS / precision_base(model) / "tokenizer_config.json").read_text())
     assert (
         config["vocab_size"] == CONFIGS[model].vocab_size and config["model_max_length"] == CONFIGS[model].max_seq_len
     )

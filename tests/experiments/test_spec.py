@@ -46,8 +46,8 @@ def test_top_level_arguments_override_the_spec():
         ("workload.synthetic.turns=[3]", "workload.synthetic.turns: expected 2 values"),
         ("variants=[pdd, warp]", "each once, from ['colocated', 'pd-intra', 'pd-cross', 'pdd']"),
         ("handoff=teleport", "handoff='teleport'; allowed: ['oneshot', 'chunked', 'auto', 'kv']"),
-        ("runtime=vm", "runtime='vm'; allowed: ['process', 'docker']"),
-        ("model=huge", "model='huge'; allowed: ['default', 'tiny']"),
+        ("runtime=vm", "runtime='vm'; allowed: ['process', 'docker', 'ray']"),
+        ("model=huge", "model='huge'; allowed: ['default', 'default-bf16', 'default-fp16', 'small'"),
         ("workload.synthetic.singular_fraction=0.9", "singular_fraction=0.9 out of range [0, 0.5]"),
         ("deployment.policy.modez=pdd", "deployment: policy: unknown key(s) ['modez']"),
         ("deployment.policy.chunk_tokens=0", "policy.chunk_tokens=0 out of range"),
@@ -98,7 +98,7 @@ def test_deployment_follows_the_profile_rate():
     s = load_spec("pdd-smoke", profile="wan-lossy")
     cfg = parse_config(deployment_dict(s, "/tmp/ev", mode="pd-cross"))
     assert cfg.policy.wan_rate_mbit == 100.0 and cfg.policy.mode == "pd-cross"
-    assert cfg.md.host == "10.2.0.61" and cfg.rld.host == "10.1.0.41" and cfg.router.host == "10.1.0.11"
+    assert cfg.md[0].host == "10.2.0.61" and cfg.rld[0].host == "10.1.0.41" and cfg.router.host == "10.1.0.11"
 
 
 def test_a_plan_parses_the_profile_once_and_the_link_it_runs_sets_the_rate():

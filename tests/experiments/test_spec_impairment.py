@@ -31,10 +31,10 @@ def test_defaults_play_the_schedule_on_each_variant_clock_without_cross_traffic(
         ),
         (["schedule=[{at_s: 530, duration_s: 20, set: {loss_pct: 100}}]"], "schedule: its last event at 550 s"),
         (["schedule=[{at_s: 5, set: {loss_pcx: 1}}]"], "schedule[0].set: unknown key(s) ['loss_pcx']"),
-        (["schedule=[{at_s: 5, set: {loss_pct: 101}}]"], "schedule[0].set.loss_pct: 101 is out of range"),
-        (["schedule=[{at_s: 5, direction: up, set: {loss_pct: 1}}]"], "schedule[0].direction: 'up' is unknown"),
+        (["schedule=[{at_s: 5, set: {loss_pct: 101}}]"], "schedule[0].set.loss_pct=101 out of range [0, 100]"),
+        (["schedule=[{at_s: 5, direction: up, set: {loss_pct: 1}}]"], "schedule[0].direction='up'; allowed: ['both'"),
         (["schedule_clock=wall"], "schedule_clock='wall'; allowed: ['link', 'variant']"),
-        (["cross_traffic=[{kind: tcp}]"], "cross_traffic[0]: required field(s) ['duration_s'] missing"),
+        (["cross_traffic=[{kind: tcp}]"], "cross_traffic[0].duration_s: required"),
         (["cross_traffic=[{kind: tcp, duration_s: 5, colour: red}]"], "cross_traffic[0]: unknown key(s) ['colour']"),
         (
             ["cross_traffic=[{kind: udp, duration_s: 5, rate_mbit: 250}]"],

@@ -42,3 +42,52 @@ def test_bad_variants_are_refused_before_any_topology(overrides, needle):
 def test_the_default_experiment_bounds_its_window():
     t = load_spec("pdd-vs-baselines").timeouts
     assert t.issue_s == 240 and t.issue_s + t.request_s <= t.variant_s
+
+
+def test_a_variant_may_run_fewer_workers_than_the_spec_has():
+    from experiments.deployment import deployment_dict
+    from experiments.spec import variant_pools
+    from workers.roles.config import parse_config
+
+    s = load_spec(
+        "pdd-smoke",
+        [
+            "pools.rld.workers=2",
+            "variant_defs={pdd-same: {mode: pdd, pools: {rld: 1}}}",
+            "variants=[pd-intra, pdd-same]",
+        ],
+    )
+    assert variant_pools(s, "pd-intra") == {"p": 1, "rld": 2, "md": 1}
+    assert variant_pools(s, "pdd-same") == {"p": 1, "rld": 1, "md": 1}
+    cfg = parse_config(deployment_dict(s, "/tmp/e", "pdd", pools=variant_pools(s, "pdd-same")))
+    assert [w.name for w in cfg.rld] == ["rld1"]
+    with pytest.raises(SpecError, match=r"variant_defs.x.pools.rld=3 out of range \[1, 2\] \(pools.rld.workers\)"):
+        load_spec("pdd-smoke", ["pools.rld.workers=2", "variant_defs={x: {mode: pdd, pools: {rld: 3}}}"])
+
+
+def test_a_pools_cores_are_checked_and_reach_the_process_runtime():
+    from types import SimpleNamespace
+
+    from experiments import deploy
+    from experiments.deployment import pool_cpusets
+
+    s = load_spec("pdd-smoke", ["pools.md.cpuset=1", "pools.p.cpuset='0'"])
+    assert pool_cpusets(s) == {"p": "0", "md": "1"}
+    with pytest.raises(SpecError, match=r"pools.rld.cpuset='99': this machine has cores 0-"):
+        load_spec("pdd-smoke", ["pools.rld.cpuset=99"])
+    started = {}
+
+    class Testbed:
+        config = SimpleNamespace(runtime=SimpleNamespace(name="process"))
+
+        def popen(self, host, argv, **kw):
+            started[host] = argv
+            return SimpleNamespace(poll=lambda: None)
+
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as d:
+        deploy.Runtime(Testbed(), Path(d) / "c.yaml", Path(d), {"md": 1}, pool_cpusets(s)).start()
+    assert started["md1"][:3] == ["taskset", "-c", "1"] and started["p1"][:3] == ["taskset", "-c", "0"]
+    assert started["rld1"][0] != "taskset" and started["router"][0] != "taskset"

@@ -37,7 +37,7 @@ def test_values_are_yaml_and_commas_inside_brackets_stay():
         (["link.loss_pct=1,1"], 1, ["twice"]),
         (["foo.bar=1,2"], 1, ["foo.bar", "unknown key", "link.FIELD", "workload"]),
         (["link.lossy=1,2"], 1, ["lossy", "allowed", "loss_pct"]),
-        (["link.loss_pct=a,b"], 1, ["loss_pct", "expected a number"]),
+        (["link.loss_pct=a,b"], 1, ["loss_pct", "expected float"]),
         (["link.loss_pct=200"], 1, ["loss_pct", "out of range"]),
         (["workload.synthetic.sessions=2,x"], 1, ["workload.synthetic.sessions", "expected int"]),
         (["profile=wan-lossy,nope"], 1, ["nope", "available", "wan-regional"]),
@@ -201,3 +201,37 @@ def test_a_points_metrics_come_from_its_summary_with_the_runs_own_intervals():
     assert m["handoffs"]["value"] == 3 and m["handoff_mean_ms"] == {"value": 5.0, "ci95": [4.0, 6.0]}
     assert m["handoff_std_ms"]["value"] == 1.0 and m["wan_kv_retrans_bytes"]["value"] == 10
     assert m["tpot_p50_ms"]["value"] is None and m["goodput_rps"]["value"] is None
+
+
+def test_the_ratio_plot_draws_each_baselines_ratio_against_the_swept_value(tmp_path):
+    from experiments import plots
+
+    pl = plan("link.loss_pct=0,1")
+    points = [done_point(0, r, 100.0, 0.5 + r / 10) for r in range(2)] + [done_point(1, r, 90.0, 0.9) for r in range(2)]
+    for p in points[2:]:
+        p.values = {"link.loss_pct": 1}
+    agg = sweep_report.aggregate(points)
+    [path] = plots.sweep_ratio_plots(pl.axes, agg, tmp_path, ("ttft_ms.p50",))
+    assert path.name == "ttft_ms.p50_ratio.png" and path.read_bytes()[:4] == b"\x89PNG"
+    assert plots.sweep_ratio_plots(pl.axes, agg, tmp_path, ("nothing",)) == []
+
+
+def test_goodput_ratio_counts_requests_meeting_the_slo_per_second_of_each_variant():
+    from types import SimpleNamespace
+
+    from experiments import metrics
+
+    def rec(variant, i, ttft):
+        return SimpleNamespace(
+            variant=variant, issued=True, ok=True, ttft_ms=ttft, tpot_ms=10.0, e2e_ms=100.0,
+            t_send_ns=i * 10**9, t_done_ns=i * 10**9 + 10**8,
+        )  # fmt: skip
+
+    slo = SimpleNamespace(ttft_ms=100.0, tpot_ms=50.0, e2e_ms=0.0)
+    # both over 29.1 s; pdd meets the SLO in 24 of 30, pd-intra in 12 of 30: ratio 2 (a resample of pd-intra
+    # with none meeting it, which would leave no interval, has odds 0.6^30)
+    recs = [rec("pdd", i, 50 if i < 24 else 500) for i in range(30)]
+    recs += [rec("pd-intra", i, 50 if i < 12 else 500) for i in range(30)]
+    [entry] = metrics._goodput_ratio(recs, "pdd", "pd-intra", slo)
+    assert entry["ratio"] == pytest.approx(2.0) and entry["metric"] == "goodput_rps"
+    assert entry["ci95"][0] < 2.0 < entry["ci95"][1]

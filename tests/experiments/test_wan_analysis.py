@@ -9,7 +9,8 @@ import pytest
 
 import fake_pcap as fp
 import fake_run as fr
-from experiments import analyze, flows, occupancy, plots, runmeta, transfers
+from experiments import analyze, flows, metadata, occupancy, plots, runmeta, transfers
+from experiments.metadata import EmulatorHealth, LinkChange, VariantRecord
 from experiments.records import fallback_cause
 from fake_run import make_run
 
@@ -166,15 +167,14 @@ def test_occupancy_closes_open_sessions_at_the_window_end():
         {"t_ns": 5, "event": "decode_open", "worker": "md1", "request_id": "a"},
         {"t_ns": 50, "event": "decode_open", "worker": "rld1", "request_id": "b"},
     ]
-    occ = occupancy.rld_occupancy(ev, {"t_ready_ns": 0, "t_end_ns": 100})
+    occ = occupancy.rld_occupancy(ev, VariantRecord(status="ok", t_ready_ns=0, t_end_ns=100))
     assert occ == {"sessions": 2, "mean": pytest.approx(1.5), "max": 2}
 
 
 def test_the_plots_clock_and_link_change_markers(run):
-    meta = json.loads((run / "metadata.json").read_text())
-    rm = runmeta.load(run, meta)
-    (change,) = rm.link_changes
-    assert rm.change_s(change) == pytest.approx(22.0)  # pd-cross starts at 20 s, change 1 s after T0
+    rm = runmeta.load(run, metadata.read(run))
+    ((variant, change),) = rm.link_changes
+    assert rm.axis_s(variant, change.t_ns) == pytest.approx(22.0)  # pd-cross starts at 20 s, change 1 s after T0
     assert rm.axis_s("pd-cross", fr.T0 + 3 * fr.MS) == pytest.approx(21.003)
     fig, ax = plots.plt.subplots()
     plots._decorate(ax, rm)
@@ -204,11 +204,11 @@ def test_a_late_emulator_is_a_warning_and_a_quiet_one_is_not():
         "late": False,
     }
     s = {}
-    assert emulator_health("pdd", s, {"emulator": quiet}) == [] and s["emulator"] == quiet
+    assert emulator_health("pdd", s, EmulatorHealth.model_validate(quiet)) == [] and s["emulator"] == quiet
     late = {**quiet, "a_to_b": {**quiet["a_to_b"], "p99_us": 4000, "max_us": 9000, "rx_drops": 3}, "late": True}
-    [w] = emulator_health("pdd", {}, {"emulator": late})
-    assert w["kind"] == "emulator_late" and "p99 lateness 4000 us" in w["message"] and w["count"] == 3
-    assert emulator_health("pdd", {}, {}) == []  # the tc backend, or a run before the record
+    [w] = emulator_health("pdd", {}, EmulatorHealth.model_validate(late))
+    assert w["kind"] == "emulator_late" and "p99 lateness 4000.0 us" in w["message"] and w["count"] == 3
+    assert emulator_health("pdd", {}, None) == []  # the tc backend, or a run before the record
 
 
 def test_few_handoffs_are_explained_with_the_transfer_times():
@@ -236,10 +236,13 @@ def test_retransmissions_inside_and_outside_the_schedules_impairments():
 
     s = 1_000_000_000
     changes = [
-        {"t_ns": 10 * s, "direction": "a_to_b", "cause": "profile wan-flaky step 0"},
-        {"t_ns": 10 * s, "direction": "b_to_a", "cause": "profile wan-flaky step 0"},
-        {"t_ns": 15 * s, "direction": "a_to_b", "cause": "profile wan-flaky step 0 ends"},
-        {"t_ns": 40 * s, "direction": "a_to_b", "cause": "profile wan-flaky step 2"},
+        LinkChange(t_ns=t * s, offset_s=t, direction=d, params={}, cause=cause)
+        for t, d, cause in (
+            (10, "a_to_b", "profile wan-flaky step 0"),
+            (10, "b_to_a", "profile wan-flaky step 0"),
+            (15, "a_to_b", "profile wan-flaky step 0 ends"),
+            (40, "a_to_b", "profile wan-flaky step 2"),
+        )
     ]
     iv = impaired_intervals(changes, window_end_ns=50 * s)
     assert iv == [(10 * s, 15 * s), (40 * s, 50 * s)]

@@ -135,3 +135,42 @@ def test_workload_file_round_trips(tmp_path, default_requests):
     wl.write(default_requests, tmp_path / "w.jsonl")
     assert wl.read(tmp_path / "w.jsonl") == default_requests
     json.loads((tmp_path / "w.jsonl").read_text().splitlines()[0])
+
+
+def test_rate_steps_raise_the_arrival_rate_from_their_start():
+    import random
+
+    from experiments.workload import next_arrival
+
+    rng, t, arrivals = random.Random(7), 0.0, []
+    while t < 300:
+        t = next_arrival(t, 0.5, ((100, 2.0), (200, 5.0)), rng)
+        arrivals.append(t)
+    per_segment = [sum(1 for a in arrivals if lo <= a < lo + 100) / 100 for lo in (0, 100, 200)]
+    # Poisson counts: 50, 200 and 500 expected; 4 sigma is 28, 57 and 89
+    assert abs(per_segment[0] - 0.5) < 0.28 and abs(per_segment[1] - 2.0) < 0.57 and abs(per_segment[2] - 5.0) < 0.89
+    # without steps the draws are the plain exponential ones (workloads without rate_steps are unchanged)
+    a, b = random.Random(3), random.Random(3)
+    assert next_arrival(1.0, 0.3, (), a) == 1.0 + b.expovariate(0.3)
+
+
+def test_rate_steps_must_increase():
+    from experiments.spec import SpecError, load_spec
+
+    with pytest.raises(SpecError, match=r"rate_steps: from_s must increase, got \[20.0, 10.0\]"):
+        load_spec("pdd-smoke", ["workload.synthetic.rate_steps=[[20, 1], [10, 2]]"])
+
+
+def test_fixed_hit_gives_every_request_the_same_hit():
+    s = load_spec(
+        "pdd-smoke", ["workload.source=fixed_hit", "workload.fixed_hit.prompt_tokens=96", "workload.fixed_hit.hit=0.4"]
+    )
+    reqs = wl.build(s)
+    warm, rest = reqs[0], reqs[1:]
+    assert warm.kind == "warmup" and len(rest) == 40 and {r.prompt_len for r in rest} == {96}
+    # 0.4 x 96 = 38.4 -> 32 tokens in whole blocks of 8; the warm-up is that prefix and one block
+    assert {r.cached_tokens for r in rest} == {32} and {r.head_tokens[:32] for r in rest} == {warm.head_tokens[:32]}
+    assert len({r.head_tokens[32:] for r in rest}) == 40  # the rest is new in each
+    assert [r.arrival_s for r in rest] == sorted(r.arrival_s for r in rest)
+    with pytest.raises(Exception, match=r"workload.fixed_hit.prompt_tokens=200 out of range \[2, 127\]"):
+        load_spec("pdd-smoke", ["workload.source=fixed_hit", "workload.fixed_hit.prompt_tokens=200"])

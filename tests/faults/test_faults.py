@@ -22,7 +22,7 @@ import json
 
 import pytest
 
-from experiments import records, runner
+from experiments import clientlog, deploy, records, runner
 from experiments.spec import load_spec
 from workers.engine import Engine, GenerationRequest
 from workers.sampling import greedy_divergence
@@ -91,10 +91,8 @@ def reference():
     return check
 
 
-def _client_log(out, variant: str) -> dict[str, dict]:
-    path = out / "variants" / variant / "client.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
-    return {r["request_id"]: r for r in map(json.loads, lines)}
+def _client_log(out, variant: str) -> dict[str, clientlog.ClientRecord]:
+    return {r.request_id: r for r in clientlog.read(out / "variants" / variant / "client.jsonl")}
 
 
 def check_accounted(out, meta, summary, variant: str, reference) -> dict:
@@ -107,7 +105,7 @@ def check_accounted(out, meta, summary, variant: str, reference) -> dict:
     for r in recs:
         if r.ok:
             sent = log[r.request_id]
-            reference(sent["prompt"], r.token_ids, f"{variant} {r.request_id}")
+            reference(sent.prompt, r.token_ids, f"{variant} {r.request_id}")
         else:
             assert r.error or not r.issued, f"{r.request_id}: neither tokens nor an error"
         if r.e2e_ms is not None:
@@ -120,8 +118,8 @@ def check_accounted(out, meta, summary, variant: str, reference) -> dict:
 
 
 def check_nobody_hung(meta, variant: str, killed: str | None) -> None:
-    codes = meta["variants"][variant]["exit_codes"]
-    spared = {role: code for role, code in codes.items() if role != killed}
+    codes = meta["variants"][variant]["exit_codes"]  # by worker name (the killed role's: its first worker)
+    spared = {w: code for w, code in codes.items() if killed is None or deploy.role_of(w) != killed}
     assert all(code != -9 for code in spared.values()), f"a role had to be SIGKILLed at teardown: {codes}"
 
 

@@ -42,7 +42,7 @@ def md(tmp_path):
     cfg = _cfg(tmp_path)
     engine = Engine("tiny", seed=0, capacity_tokens=2048, block_size=BS, device="cpu", prefix_cache=True)
     events = EventLog(tmp_path / "md1.jsonl", "md1", "md")
-    servicer = DecodeServicer(cfg, cfg.md, "md", engine, Inbox(), events)
+    servicer = DecodeServicer(cfg, cfg.md[0], "md", engine, Inbox(), events)
     yield servicer
     servicer.close()
     events.close()

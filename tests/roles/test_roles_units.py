@@ -16,7 +16,7 @@ BASE = {
 
 def test_config_defaults_and_addresses():
     cfg = parse_config({**BASE, "md": {**BASE["md"], "kv_connect": "10.0.0.2:9000"}})
-    assert cfg.md.kv_address == "10.0.0.2:9000" and cfg.rld.kv_address == "127.0.0.1:4"
+    assert cfg.md[0].kv_address == "10.0.0.2:9000" and cfg.rld[0].kv_address == "127.0.0.1:4"
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,7 @@ import pytest
 
 from experiments import crosstraffic as ct
 from experiments.crosstraffic import CrossFlow, CrossTrafficError
+from experiments.metadata import RunMetadata, VariantRecord
 
 RATES = {"a_to_b": 20.0, "b_to_a": 50.0}
 CCS = ("reno", "bbr")
@@ -44,14 +45,30 @@ def test_jain_index_equal_shares_and_one_hog():
         (CrossFlow("tcp", 5, streams=0), "[0].streams=0 out of range [1, 128]"),
         (CrossFlow("tcp", 5, start_s=-1), "[0].start_s=-1 out of range [0, 60.0]"),
         (CrossFlow("tcp", 5, name="a b"), "[0].name='a b': allowed: 1-40 letters"),
-        (CrossFlow("sctp", 5), "[0].kind='sctp'; allowed: ['tcp', 'udp']"),
-        (CrossFlow("tcp", 5, direction="up"), "[0].direction='up'; allowed: ['a_to_b', 'b_to_a', 'both']"),
     ],
 )
 def test_bad_flows_are_refused_with_the_field_and_allowed_values(flow, needle):
     with pytest.raises(CrossTrafficError) as err:
         _validate(flow)
     assert needle in str(err.value) and str(err.value).startswith("cross_traffic[0]")
+
+
+@pytest.mark.parametrize(
+    "entry, needle",
+    [
+        ({"kind": "sctp", "duration_s": 5}, "cross_traffic[0].kind='sctp'; allowed: ['tcp', 'udp']"),
+        (
+            {"kind": "tcp", "duration_s": 5, "direction": "up"},
+            "cross_traffic[0].direction='up'; allowed: ['a_to_b', 'b_to_a', 'both']",
+        ),
+    ],
+)
+def test_kind_and_direction_are_refused_when_the_entry_is_read(entry, needle):
+    from schema import build
+
+    with pytest.raises(CrossTrafficError) as err:
+        build(CrossFlow, entry, "cross_traffic[0]", CrossTrafficError)
+    assert str(err.value) == needle
 
 
 def test_names_must_be_unique_and_default_to_kind_and_index():
@@ -146,10 +163,11 @@ def test_summarize_a_run_directory(tmp_path):
         (cross / f"{name}-a_to_b.json").write_text(json.dumps(_iperf_doc("tcp", mbit, [(0, 1, mbit)], (mbit,))))
         run = ct.expand((CrossFlow("tcp", 1, name=name),))[0]
         entries.append(ct.metadata_entry(run, 10 + i, 20 + i, f"variants/pdd/cross/{name}-a_to_b.json", "bbr"))
-    entries.append({**entries[0], "name": "gone", "iperf_json": "variants/pdd/cross/gone-a_to_b.json"})
-    meta = {"variants": {"pdd": {"cross_traffic": entries}, "pd-intra": {"cross_traffic": []}}}
-    (tmp_path / "metadata.json").write_text(json.dumps(meta))
-    s = ct.summarize(tmp_path)
+    entries.append(entries[0].model_copy(update={"name": "gone", "iperf_json": "variants/pdd/cross/gone-a_to_b.json"}))
+    meta = RunMetadata.model_construct(
+        variants={"pdd": VariantRecord(status="ok", cross_traffic=entries), "pd-intra": VariantRecord(status="ok")}
+    )
+    s = ct.summarize(tmp_path, meta)
     assert list(s) == ["pdd"]
     flows = s["pdd"]["flows"]
     assert flows["a-a_to_b"]["mean_mbit"] == 30.0 and flows["a-a_to_b"]["retransmits"] == 7
@@ -158,22 +176,10 @@ def test_summarize_a_run_directory(tmp_path):
     assert s["pdd"]["jain_index"]["a_to_b"] == pytest.approx(40**2 / (2 * (900 + 100)))
 
 
-def test_metadata_entry_has_exactly_the_keys_the_analysis_reads():
+def test_metadata_entry_of_a_udp_flow_has_no_congestion_and_its_rate():
     [run] = ct.expand((CrossFlow("udp", 3, rate_mbit=4),))
     e = ct.metadata_entry(run, 1, 2, "variants/v/cross/udp0-a_to_b.json", None)
-    assert set(e) == {
-        "name",
-        "kind",
-        "direction",
-        "start_ns",
-        "end_ns",
-        "port",
-        "iperf_json",
-        "streams",
-        "congestion",
-        "rate_mbit",
-    }
-    assert (e["congestion"], e["rate_mbit"]) == (None, 4)
+    assert (e.kind, e.direction, e.start_ns, e.end_ns, e.congestion, e.rate_mbit) == ("udp", "a_to_b", 1, 2, None, 4)
 
 
 def test_kernel_congestion_algorithms_read_both_lists(tmp_path):

@@ -1,5 +1,6 @@
-"""The MD's one recompute step for tokens handed over by ID (pure logic: an engine that records extends)."""
+"""The MD's recompute of tokens handed over by ID (pure logic: decode steps that record extends)."""
 
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -16,23 +17,25 @@ class _Engine:
     def tokens(self, rid):
         return tuple(self.seq)
 
-    def extend(self, rid, ids):
+    def extend(self, rid, ids):  # as DecodeSteps.extend: steps it took
         self.extended.append(list(ids))
         self.seq += ids
+        return 1
 
 
 def _md(held: tuple[int, ...]):
     md = MDHandoff()
-    md.engine = _Engine(held)
+    md.engine = md.steps = _Engine(held)
+    md.lock = threading.Lock()
     session = SimpleNamespace(request_id="r", prompt_len=len(PROMPT))
     return md, session
 
 
 def test_the_overlap_is_checked_and_only_the_rest_recomputed():
     md, s = _md(held=(7, 8))  # output indices 0 and 1 held here
-    assert md._recompute(s, [8, 9, 10], start=1, held_to=2) == [9, 10]
+    assert md._recompute(s, [8, 9, 10], start=1, held_to=2) == ([9, 10], 1)
     assert md.engine.extended == [[9, 10]]
-    assert md._recompute(s, [7], start=0, held_to=1) == [] and md.engine.extended == [[9, 10]]  # nothing new
+    assert md._recompute(s, [7], start=0, held_to=1) == ([], 0) and md.engine.extended == [[9, 10]]  # nothing new
 
 
 def test_a_token_that_differs_is_named_with_its_index_and_nothing_is_extended():

@@ -1,4 +1,4 @@
-"""Paged KV cache: blocks, slot mapping, attention binding, blob export/import and its refusals."""
+"""Paged KV cache: blocks, slot mapping, reading a layer, blob export/import and its refusals."""
 
 import dataclasses
 
@@ -145,28 +145,24 @@ def test_bf16_blob_roundtrip():
         make_cache().parse_blob(blob)
 
 
-def test_batch_binding_writes_and_masks_padding():
-    cache = make_cache(block_size=4)
-    maps = [cache.slot_map(cache.alloc(2), 8), cache.slot_map(cache.alloc(2), 8)]
-    binding = cache.bind(maps, starts=[5, 2], n_new=1)
-    c = TINY
-    k = torch.ones(2, 1, c.n_kv_head, c.head_dim)
-    v = 2 * torch.ones(2, 1, c.n_kv_head, c.head_dim)
-    k_all, v_all, mask, is_causal = binding.attend(0, k, v)
-    assert k_all.shape == (2, 6, c.n_kv_head, c.head_dim) and not is_causal
-    assert mask[:, 0, 0].tolist() == [[True] * 6, [True] * 3 + [False] * 3]
-    assert torch.equal(k_all[0, 5], k[0, 0]) and torch.equal(v_all[1, 2], v[1, 0])  # written, then read back
-    assert torch.equal(cache.layer_kv(0)[0][maps[1][2]], k[1, 0])
+def test_alloc_prefers_consecutive_blocks_and_falls_back_to_any():
+    cache = make_cache(capacity_tokens=40, block_size=4)  # 10 blocks
+    a, b, c = cache.alloc(3), cache.alloc(3), cache.alloc(2)
+    assert (a, b, c) == ([0, 1, 2], [3, 4, 5], [6, 7])
+    cache.free(a + c)  # free: 0 1 2, 6 7 8 9
+    assert cache.alloc(4) == [6, 7, 8, 9]  # the first run long enough, not the lowest ids
+    assert cache.alloc(2) == [0, 1]
+    cache.free(b)  # free: 2 3 4 5
+    assert cache.alloc(4) == [2, 3, 4, 5]
+    cache.free([0, 3, 5, 8])
+    assert cache.alloc(3) == [0, 3, 5]  # no run of 3: the lowest free ones
+    with pytest.raises(ValueError, match="twice"):
+        cache.free([8, 8])
+    assert cache.free_blocks == 1
 
 
-def test_prefix_binding_mask_is_causal_with_offset():
-    cache = make_cache(block_size=4)
-    slot_map = cache.slot_map(cache.alloc(2), 8)
-    binding = cache.bind([slot_map], starts=[5], n_new=3)
-    assert binding.mask[0, 0].int().tolist() == [
-        [1, 1, 1, 1, 1, 1, 0, 0],
-        [1, 1, 1, 1, 1, 1, 1, 0],
-        [1, 1, 1, 1, 1, 1, 1, 1],
-    ]
-    with pytest.raises(ValueError):
-        cache.bind([slot_map, slot_map], starts=[0, 0], n_new=2)
+def test_read_layer_is_token_major_like_blobs():
+    cache = make_cache()
+    slots = cache.slot_map(cache.alloc(3), 10)
+    kv = fill_random(cache, slots)
+    torch.testing.assert_close(cache.read_layer(1, slots[3:8]), kv[1, :, 3:8], rtol=0, atol=0)

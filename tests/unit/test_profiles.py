@@ -29,9 +29,9 @@ def test_queue_limit_covers_a_bdp():
 
 
 def test_derived_limit_adds_the_frames_inside_the_delay():
-    # 200 Mbit/s = 16,512 frames/s; one way 40 ms (30 + 2 x 5) holds 660.5; 1.5 BDPs over 80 ms = 1981.5.
+    # 200 Mbit/s = 16,512 frames/s; one way 40 ms (30 + 2 x 5) holds 660.5; 2 BDPs over 80 ms = 2642.
     p = LinkParams(rate_mbit=200, delay_ms=30, jitter_ms=5)
-    assert p.effective_limit_pkts == 2643
+    assert p.effective_limit_pkts == 3303
     assert LinkParams(rate_mbit=1, delay_ms=1).effective_limit_pkts == 1000
     assert LinkParams(rate_mbit=200, delay_ms=30, limit_pkts=77).effective_limit_pkts == 77
 
@@ -57,19 +57,22 @@ def _write(tmp_path, text, name="bad"):
 @pytest.mark.parametrize(
     "body, needle",
     [
-        ("link: {delay_ms: -1}", "delay_ms: -1"),
-        ("link: {loss_pct: 150}", "loss_pct: 150"),
+        ("link: {delay_ms: -1}", "link.delay_ms=-1 out of range [0, 60000]"),
+        ("link: {loss_pct: 150}", "link.loss_pct=150 out of range [0, 100]"),
         (
             "link: {delay_ms: 5, jitter_ms: 1, delay_distribution: cauchy}",
-            "allowed: uniform, normal, pareto, paretonormal",
+            "delay_distribution='cauchy'; allowed: ['uniform', 'normal', 'pareto', 'paretonormal']",
         ),
         ("link: {dealy_ms: 5}", "unknown key(s) ['dealy_ms']"),
-        ("link: {rate_mbit: fast}", "expected a number"),
+        ("link: {rate_mbit: fast}", "rate_mbit: expected float, got 'fast'"),
         ("link: {reorder_pct: 5}", "needs delay_ms"),
         ("link: {delay_ms: 5, reorder_gap: 3}", "reorder_gap: needs reorder_pct"),
         ("link: {loss_pct: 1, loss_ge: {p_pct: 1}}", "exclusive"),
         ("schedule: [{at_s: 10, set: {loss_pct: 1}}, {at_s: 5, set: {loss_pct: 2}}]", "goes back in time"),
-        ("schedule: [{at_s: 1, direction: up, set: {loss_pct: 1}}]", "allowed: both, a_to_b, b_to_a"),
+        (
+            "schedule: [{at_s: 1, direction: up, set: {loss_pct: 1}}]",
+            "direction='up'; allowed: ['both', 'a_to_b', 'b_to_a']",
+        ),
         ("schedule: [{at_s: 1, set: {loss_pct: 101}}]", "schedule[0].set.loss_pct"),
         ("bogus: 1", "unknown key(s) ['bogus']"),
     ],

@@ -11,6 +11,8 @@ import pytest
 
 from experiments import window as winmod
 from experiments.spec import load_spec
+from experiments import metadata
+from experiments.metadata import LinkChange, SharedTopologyRecord, VariantRecord
 from experiments.window import Impairment, VariantWindow, variant_link_changes
 from topology.net import Testbed, TestbedError, TopologyConfig
 from topology.profiles import DIRECTIONS, LinkParams, Profile, ScheduleStep, load_profile
@@ -59,6 +61,10 @@ def _window(tb, tmp_path, name):
     return VariantWindow(tb, Impairment(PROFILE.schedule, LABELS, restore=True), tmp_path / name, tmp_path)
 
 
+def _close(win: VariantWindow) -> VariantRecord:
+    return win.close(VariantRecord(status="running"))
+
+
 def test_each_window_replays_the_schedule_from_its_own_start(testbed, tmp_path):
     tb = testbed()
     recs = []
@@ -66,20 +72,20 @@ def test_each_window_replays_the_schedule_from_its_own_start(testbed, tmp_path):
         win = _window(tb, tmp_path, name)
         win.open(time.monotonic_ns())
         win.hold(name)
-        recs.append(win.close())
+        recs.append(_close(win))
         tb.check()
-    assert recs[0]["window_end_ns"] < recs[1]["window_start_ns"]
+    assert recs[0].window_end_ns < recs[1].window_start_ns
     for rec in recs:
-        causes = [(c["cause"], c["direction"]) for c in rec["link_changes"]]
+        causes = [(c.cause, c.direction) for c in rec.link_changes]
         assert causes == [
             ("profile p step 0", "a_to_b"),
             ("profile p step 0", "b_to_a"),
             ("profile p step 0 ends", "a_to_b"),
             ("profile p step 0 ends", "b_to_a"),
         ]
-        offsets = [c["offset_s"] for c in rec["link_changes"]]
+        offsets = [c.offset_s for c in rec.link_changes]
         assert 0.05 <= offsets[0] < 0.15 and 0.15 <= offsets[2] < 0.25
-        assert rec["window_extended_s"] > 0.1
+        assert rec.window_extended_s > 0.1
     assert tb.link.current == {d: BASE for d in DIRECTIONS}
 
 
@@ -89,9 +95,9 @@ def test_the_close_restores_the_base_and_records_it(testbed, tmp_path):
     win = VariantWindow(tb, Impairment(steps, ("spec step 0",), restore=True), tmp_path / "v", tmp_path)
     win.open(time.monotonic_ns())
     win.hold("v")
-    rec = win.close()
-    assert [c["cause"] for c in rec["link_changes"]] == ["spec step 0", "restore profile base (window closes)"]
-    assert rec["link_changes"][-1]["params"]["delay_ms"] == 10 and tb.link.current["a_to_b"] == BASE
+    rec = _close(win)
+    assert [c.cause for c in rec.link_changes] == ["spec step 0", "restore profile base (window closes)"]
+    assert rec.link_changes[-1].params["delay_ms"] == 10 and tb.link.current["a_to_b"] == BASE
 
 
 def test_no_hold_when_the_workload_outlasted_the_schedule(testbed, tmp_path):
@@ -99,7 +105,7 @@ def test_no_hold_when_the_workload_outlasted_the_schedule(testbed, tmp_path):
     win = _window(tb, tmp_path, "v")
     win.open(time.monotonic_ns() - 5_000_000_000)  # the window opened 5 s ago: every event is past
     assert win.hold("v") == 0.0
-    assert win.close()["window_extended_s"] == 0.0
+    assert _close(win).window_extended_s == 0.0
 
 
 def test_a_failed_change_fails_the_variant_once(testbed, tmp_path):
@@ -107,7 +113,7 @@ def test_a_failed_change_fails_the_variant_once(testbed, tmp_path):
     win = _window(tb, tmp_path, "v")
     win.open(time.monotonic_ns())
     win.hold("v")
-    win.close()
+    _close(win)
     with pytest.raises(TestbedError, match="schedule failed: tc qdisc change failed"):
         tb.check()
     tb.check()  # reported once: the next variant plays its own schedule
@@ -115,7 +121,7 @@ def test_a_failed_change_fails_the_variant_once(testbed, tmp_path):
 
 def test_a_window_that_never_opened_records_nothing(testbed, tmp_path):
     win = _window(testbed(), tmp_path, "v")
-    assert win.close() == {"window_extended_s": 0.0, "link_changes": [], "cross_traffic": []}
+    assert _close(win) == VariantRecord(status="running", window_extended_s=0.0)
 
 
 def test_variant_link_changes_keep_the_window_and_use_its_offsets():
@@ -125,7 +131,7 @@ def test_variant_link_changes_keep_the_window_and_use_its_offsets():
         AppliedChange(0.0, "a_to_b", {"loss_pct": 3}, "after", t_ns=9_000_000_000),
     ]
     assert variant_link_changes(changes, 1_000_000_000, 2_000_000_000) == [
-        {"t_ns": 1_500_000_000, "offset_s": 0.5, "direction": "b_to_a", "params": {"loss_pct": 2}, "cause": "inside"}
+        LinkChange(t_ns=1_500_000_000, offset_s=0.5, direction="b_to_a", params={"loss_pct": 2}, cause="inside")
     ]
 
 
@@ -158,7 +164,7 @@ def test_the_link_clock_hands_both_schedules_to_the_topology():
 class FakeRuntime:
     """The roles of a variant, without processes."""
 
-    def __init__(self, testbed, config, log_dir):
+    def __init__(self, testbed, config, log_dir, pools=None, cpusets=None):
         pass
 
     def start(self):
@@ -168,35 +174,119 @@ class FakeRuntime:
         return {"router": 0}
 
 
-def test_a_failed_schedule_marks_its_variant_failed_and_keeps_its_record(testbed, tmp_path, monkeypatch):
+class FakeShared:
+    """A sweep's shared topology, standing for a running one: the testbed that was never started."""
+
+    def __init__(self, tb):
+        self.tb = tb
+
+    def fits(self, spec):
+        return True
+
+    def record(self):
+        return SharedTopologyRecord(id=1, runs_before=0, start_s=0.0)
+
+    def run(self, spec, profile, out, meta):
+        from experiments import runner
+
+        runner._run_variants(self.tb, spec, out, meta, Impairment(PROFILE.schedule, LABELS, restore=True))
+
+
+@pytest.fixture
+def roles_faked(monkeypatch):
+    """The runner without processes: no roles, readiness at once, no analysis."""
     from experiments import runner
 
-    tb = testbed(fail=True)
-    spec = load_spec("pdd-smoke", ["runtime=process", "variants=[pd-cross, pdd]"])
     monkeypatch.setattr(runner.deploy, "Runtime", FakeRuntime)
     monkeypatch.setattr(runner, "_wait_ready", lambda *args: None)
+    monkeypatch.setattr(runner, "_analyze_safely", lambda out: None)
+    return runner
+
+
+def test_a_failed_schedule_fails_its_variant_keeps_its_record_and_the_run_is_incomplete(
+    testbed, tmp_path, monkeypatch, roles_faked
+):
+    runner = roles_faked
 
     def drive(tb, spec, variant, out, vdir, runtime, win, window):
         win.open(time.monotonic_ns())
         return "ok"
 
     monkeypatch.setattr(runner, "_drive", drive)
-    meta = {"variants": {}}
-    runner._run_variants(tb, spec, tmp_path, meta, Impairment(PROFILE.schedule, LABELS, restore=True))
+    spec = load_spec("pdd-smoke", ["runtime=process", "variants=[pd-cross, pdd]"])
+    out = runner.run(spec, out=tmp_path / "run", shared=FakeShared(testbed(fail=True)))
+    meta = metadata.read(out)  # what the analysis and a sweep read back
+    assert meta.complete is False and meta.error is None
     for v in ("pd-cross", "pdd"):  # each variant plays (and fails) its own schedule
-        w = meta["variants"][v]
-        assert w["status"] == "failed" and "schedule failed: tc qdisc change failed" in w["error"], w
-        assert w["window_extended_s"] > 0.1 and w["exit_codes"] == {"router": 0} and "link_changes" in w
+        w = meta.variants[v]
+        assert w.status == "failed" and "schedule failed: tc qdisc change failed" in w.error, w
+        assert w.window_extended_s > 0.1 and w.exit_codes == {"router": 0} and w.window_end_ns is not None
 
 
-def test_a_window_that_never_opened_fails_a_variant_with_impairments(testbed, tmp_path, monkeypatch):
-    from experiments import runner
-
-    spec = load_spec("pdd-smoke", ["runtime=process", "variants=[pdd]"])
-    monkeypatch.setattr(runner.deploy, "Runtime", FakeRuntime)
-    monkeypatch.setattr(runner, "_wait_ready", lambda *args: None)
+def test_a_window_that_never_opened_fails_a_variant_with_impairments(testbed, tmp_path, monkeypatch, roles_faked):
+    runner = roles_faked
     monkeypatch.setattr(runner, "_drive", lambda *args: "ok")  # no t0 line: the window never opens
-    meta = {"variants": {}}
-    runner._run_variants(testbed(), spec, tmp_path, meta, Impairment(PROFILE.schedule, LABELS, restore=True))
-    assert meta["variants"]["pdd"]["status"] == "failed"
-    assert "never reported its t0" in meta["variants"]["pdd"]["error"]
+    spec = load_spec("pdd-smoke", ["runtime=process", "variants=[pdd]"])
+    meta = metadata.read(runner.run(spec, out=tmp_path / "run", shared=FakeShared(testbed())))
+    assert not meta.complete and meta.variants["pdd"].status == "failed"
+    assert "never reported its t0" in meta.variants["pdd"].error
+
+
+class FakeTestbed:
+    """Testbed(cfg) as a context manager over a testbed that was never started; a failing schedule plays."""
+
+    def __init__(self, tb):
+        self.tb = tb
+
+    def __call__(self, cfg):
+        return self
+
+    def __enter__(self):
+        self.tb.play_schedule(PROFILE.schedule, time.monotonic_ns(), LABELS)
+        return self.tb
+
+    def __exit__(self, *exc):
+        self.tb._stop_schedule()
+        return False
+
+
+def test_a_failed_schedule_step_ends_a_serve_session_incomplete(testbed, tmp_path, monkeypatch, roles_faked):
+    """serve plays the link's schedule for as long as it serves: a failed change ends the session, and its
+    metadata.json says incomplete and why."""
+    import topology.net
+    from experiments import serve
+
+    class FrontDoor:  # the front door's process, serving
+        def poll(self):
+            return None
+
+    tb = testbed(fail=True)
+    monkeypatch.setattr(tb, "popen", lambda *args, **kwargs: FrontDoor())
+    monkeypatch.setattr(tb, "kill", lambda host, proc: None)
+    monkeypatch.setattr(topology.net, "Testbed", FakeTestbed(tb))
+    monkeypatch.setattr(topology.net, "preflight", lambda: None)
+    monkeypatch.setattr(serve.rundir, "new_run_dir", lambda name: tmp_path)
+    monkeypatch.setattr(serve, "_wait_line", lambda *args: None)
+    monkeypatch.setattr(serve._Forwarder, "start", lambda self: self)
+    monkeypatch.setattr(serve._Forwarder, "stop", lambda self: None)
+    spec = load_spec("pdd-smoke", ["runtime=process"])
+    deadline = time.monotonic() + 5
+    with pytest.raises(TestbedError, match="schedule failed: tc qdisc change failed"):
+        serve.run(spec, "pdd", until=lambda: time.monotonic() > deadline)  # the schedule fails at 0.05 s
+    meta = metadata.read(tmp_path)
+    assert meta.serve and not meta.complete and "schedule failed" in meta.error
+    assert meta.variants["pdd"].status == "stopped" and meta.variants["pdd"].exit_codes == {"router": 0}
+
+
+def test_a_failed_schedule_step_leaves_a_calibration_incomplete_with_its_numbers(testbed, tmp_path, monkeypatch):
+    from experiments import calibration
+
+    monkeypatch.setattr(calibration, "Testbed", FakeTestbed(testbed(fail=True)))
+    monkeypatch.setattr(calibration, "preflight", lambda: None)
+    monkeypatch.setattr(calibration, "calibrate", lambda tb, cfg, out: time.sleep(0.3) or [])
+    with pytest.raises(TestbedError, match="schedule failed: tc qdisc change failed"):
+        calibration.run(PROFILE, results_root=tmp_path / "results")
+    [out] = (tmp_path / "results").iterdir()
+    meta = metadata.read(out)
+    assert not meta.complete and "schedule failed" in meta.error and meta.topology.backend is None
+    assert (out / "calibration.json").exists() and meta.seeds.topology == 1

@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17workers/proto/pdd.proto\x12\x03pdd\"o\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x03(\x05\x12\x12\n\nmax_tokens\x18\x03 \x01(\x05\x12\x0c\n\x04mode\x18\x04 \x01(\t\x12\x0f\n\x07handoff\x18\x05 \x01(\t\"C\n\x05Token\x12\r\n\x05index\x18\x01 \x01(\x05\x12\r\n\x05token\x18\x02 \x01(\x05\x12\x0e\n\x06worker\x18\x03 \x01(\t\x12\x0c\n\x04t_ns\x18\x04 \x01(\x03\"\x85\x01\n\x0cGenerateDone\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05route\x18\x02 \x01(\t\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12\x12\n\nduplicates\x18\x04 \x01(\x05\x12\x18\n\x10md_cached_tokens\x18\x05 \x01(\x05\x12\r\n\x05notes\x18\x06 \x03(\t\"W\n\rGenerateEvent\x12\x1b\n\x05token\x18\x01 \x01(\x0b\x32\n.pdd.TokenH\x00\x12!\n\x04\x64one\x18\x02 \x01(\x0b\x32\x11.pdd.GenerateDoneH\x00\x42\x06\n\x04kind\"W\n\x08KVTarget\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x12\n\nkv_address\x18\x02 \x01(\t\x12\x13\n\x0b\x64rc_address\x18\x03 \x01(\t\x12\x14\n\x0cstart_tokens\x18\x04 \x01(\x05\"u\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x03(\x05\x12\x1e\n\x07targets\x18\x03 \x03(\x0b\x32\r.pdd.KVTarget\x12\x18\n\x10use_prefix_cache\x18\x04 \x01(\x08\"\x9a\x01\n\x0cPrefillReply\x12\x13\n\x0b\x66irst_token\x18\x01 \x01(\x05\x12\x0c\n\x04t_ns\x18\x02 \x01(\x03\x12\x15\n\rcached_tokens\x18\x03 \x01(\x05\x12\x17\n\x0f\x63omputed_tokens\x18\x04 \x01(\x05\x12\x18\n\x10sent_from_tokens\x18\x05 \x03(\x05\x12\x1d\n\x03wan\x18\x06 \x01(\x0b\x32\x10.pdd.WanEstimate\"j\n\x0bWanEstimate\x12\x11\n\trate_mbit\x18\x01 \x01(\x01\x12\x0e\n\x06rtt_ms\x18\x02 \x01(\x01\x12\x12\n\nmin_rtt_ms\x18\x03 \x01(\x01\x12\x13\n\x0bretrans_pct\x18\x04 \x01(\x01\x12\x0f\n\x07samples\x18\x05 \x01(\x05\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\" \n\x0b\x43\x61ncelReply\x12\x11\n\tcancelled\x18\x01 \x01(\x05\"\x96\x02\n\rDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x03(\x05\x12\x12\n\nmax_tokens\x18\x03 \x01(\x05\x12 \n\tkv_source\x18\x04 \x01(\x0e\x32\r.pdd.KVSource\x12\x18\n\x10use_prefix_cache\x18\x05 \x01(\x08\x12!\n\x07handoff\x18\x06 \x01(\x0e\x32\x10.pdd.HandoffMode\x12\x14\n\x0chandoff_grpc\x18\x07 \x01(\t\x12\x12\n\nhandoff_kv\x18\x08 \x01(\t\x12\x14\n\x0c\x63hunk_tokens\x18\t \x01(\x05\x12\x12\n\nrelay_grpc\x18\n \x01(\t\x12\x13\n\x0b\x66irst_index\x18\x0b \x01(\x05\"1\n\x08\x41\x63\x63\x65pted\x12\x0e\n\x06worker\x18\x01 \x01(\t\x12\x15\n\rcached_tokens\x18\x02 \x01(\x05\"\x1b\n\tDecodeEnd\x12\x0e\n\x06reason\x18\x01 \x01(\t\"t\n\x0b\x44\x65\x63odeEvent\x12!\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x0b\x32\r.pdd.AcceptedH\x00\x12\x1b\n\x05token\x18\x02 \x01(\x0b\x32\n.pdd.TokenH\x00\x12\x1d\n\x03\x65nd\x18\x03 \x01(\x0b\x32\x0e.pdd.DecodeEndH\x00\x42\x06\n\x04kind\"!\n\x0bPrefixQuery\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"$\n\x0bPrefixReply\x12\x15\n\rcached_tokens\x18\x01 \x01(\x05\"&\n\rLookupRequest\x12\x15\n\rprompt_tokens\x18\x01 \x03(\x05\"=\n\x0bLookupReply\x12\x15\n\rcached_tokens\x18\x01 \x01(\x05\x12\x17\n\x0f\x61\x63tive_requests\x18\x02 \x01(\x05\"4\n\x0eKVReadyRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06worker\x18\x02 \x01(\t\"\x0e\n\x0cKVReadyReply\"w\n\x0eHandoffRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0bstart_index\x18\x02 \x01(\x05\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\r\n\x05\x66inal\x18\x04 \x01(\x08\x12\n\n\x02kv\x18\x05 \x01(\x08\x12\x0e\n\x06worker\x18\x06 \x01(\t\"K\n\x12RelayOutputRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x0e\n\x06worker\x18\x03 \x01(\t\"\x12\n\x10RelayOutputReply\"^\n\x0cHandoffReply\x12\x15\n\rpending_index\x18\x01 \x01(\x05\x12\x12\n\nnext_token\x18\x02 \x01(\x05\x12\x11\n\textend_ns\x18\x03 \x01(\x03\x12\x10\n\x08\x64iverged\x18\x04 \x01(\x08\"\x0e\n\x0cStatsRequest\"\xba\x01\n\nStatsReply\x12\x0e\n\x06worker\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x15\n\ropen_requests\x18\x03 \x01(\x05\x12\x13\n\x0b\x66ree_blocks\x18\x04 \x01(\x05\x12\x14\n\x0ctotal_blocks\x18\x05 \x01(\x05\x12\x18\n\x10\x61\x63tive_transfers\x18\x06 \x01(\x05\x12\x0f\n\x07threads\x18\x07 \x01(\x05\x12\x0f\n\x07sockets\x18\x08 \x01(\x05\x12\x10\n\x08sessions\x18\t \x01(\x05*3\n\x08KVSource\x12\x12\n\x0eKV_SOURCE_PEER\x10\x00\x12\x13\n\x0fKV_SOURCE_LOCAL\x10\x01*k\n\x0bHandoffMode\x12\x10\n\x0cHANDOFF_NONE\x10\x00\x12\x13\n\x0fHANDOFF_ONESHOT\x10\x01\x12\x13\n\x0fHANDOFF_CHUNKED\x10\x02\x12\x10\n\x0cHANDOFF_AUTO\x10\x03\x12\x0e\n\nHANDOFF_KV\x10\x04\x32@\n\x06Router\x12\x36\n\x08Generate\x12\x14.pdd.GenerateRequest\x1a\x12.pdd.GenerateEvent0\x01\x32l\n\x07Prefill\x12\x31\n\x07Prefill\x12\x13.pdd.PrefillRequest\x1a\x11.pdd.PrefillReply\x12.\n\x06\x43\x61ncel\x12\x12.pdd.CancelRequest\x1a\x10.pdd.CancelReply2\xf3\x02\n\x06\x44\x65\x63ode\x12\x30\n\x06\x44\x65\x63ode\x12\x12.pdd.DecodeRequest\x1a\x10.pdd.DecodeEvent0\x01\x12\x32\n\x0cPrefixLength\x12\x10.pdd.PrefixQuery\x1a\x10.pdd.PrefixReply\x12.\n\x06Lookup\x12\x12.pdd.LookupRequest\x1a\x10.pdd.LookupReply\x12\x31\n\x07KVReady\x12\x13.pdd.KVReadyRequest\x1a\x11.pdd.KVReadyReply\x12\x31\n\x07Handoff\x12\x13.pdd.HandoffRequest\x1a\x11.pdd.HandoffReply\x12=\n\x0bRelayOutput\x12\x17.pdd.RelayOutputRequest\x1a\x15.pdd.RelayOutputReply\x12.\n\x06\x43\x61ncel\x12\x12.pdd.CancelRequest\x1a\x10.pdd.CancelReply25\n\x06Worker\x12+\n\x05Stats\x12\x11.pdd.StatsRequest\x1a\x0f.pdd.StatsReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17workers/proto/pdd.proto\x12\x03pdd\"o\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x03(\x05\x12\x12\n\nmax_tokens\x18\x03 \x01(\x05\x12\x0c\n\x04mode\x18\x04 \x01(\t\x12\x0f\n\x07handoff\x18\x05 \x01(\t\"C\n\x05Token\x12\r\n\x05index\x18\x01 \x01(\x05\x12\r\n\x05token\x18\x02 \x01(\x05\x12\x0e\n\x06worker\x18\x03 \x01(\t\x12\x0c\n\x04t_ns\x18\x04 \x01(\x03\"\x85\x01\n\x0cGenerateDone\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05route\x18\x02 \x01(\t\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12\x12\n\nduplicates\x18\x04 \x01(\x05\x12\x18\n\x10md_cached_tokens\x18\x05 \x01(\x05\x12\r\n\x05notes\x18\x06 \x03(\t\"W\n\rGenerateEvent\x12\x1b\n\x05token\x18\x01 \x01(\x0b\x32\n.pdd.TokenH\x00\x12!\n\x04\x64one\x18\x02 \x01(\x0b\x32\x11.pdd.GenerateDoneH\x00\x42\x06\n\x04kind\"W\n\x08KVTarget\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x12\n\nkv_address\x18\x02 \x01(\t\x12\x13\n\x0b\x64rc_address\x18\x03 \x01(\t\x12\x14\n\x0cstart_tokens\x18\x04 \x01(\x05\"u\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x03(\x05\x12\x1e\n\x07targets\x18\x03 \x03(\x0b\x32\r.pdd.KVTarget\x12\x18\n\x10use_prefix_cache\x18\x04 \x01(\x08\"\x9a\x01\n\x0cPrefillReply\x12\x13\n\x0b\x66irst_token\x18\x01 \x01(\x05\x12\x0c\n\x04t_ns\x18\x02 \x01(\x03\x12\x15\n\rcached_tokens\x18\x03 \x01(\x05\x12\x17\n\x0f\x63omputed_tokens\x18\x04 \x01(\x05\x12\x18\n\x10sent_from_tokens\x18\x05 \x03(\x05\x12\x1d\n\x03wan\x18\x06 \x01(\x0b\x32\x10.pdd.WanEstimate\"j\n\x0bWanEstimate\x12\x11\n\trate_mbit\x18\x01 \x01(\x01\x12\x0e\n\x06rtt_ms\x18\x02 \x01(\x01\x12\x12\n\nmin_rtt_ms\x18\x03 \x01(\x01\x12\x13\n\x0bretrans_pct\x18\x04 \x01(\x01\x12\x0f\n\x07samples\x18\x05 \x01(\x05\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\" \n\x0b\x43\x61ncelReply\x12\x11\n\tcancelled\x18\x01 \x01(\x05\"\xae\x02\n\rDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x03(\x05\x12\x12\n\nmax_tokens\x18\x03 \x01(\x05\x12 \n\tkv_source\x18\x04 \x01(\x0e\x32\r.pdd.KVSource\x12\x18\n\x10use_prefix_cache\x18\x05 \x01(\x08\x12!\n\x07handoff\x18\x06 \x01(\x0e\x32\x10.pdd.HandoffMode\x12\x14\n\x0chandoff_grpc\x18\x07 \x01(\t\x12\x12\n\nhandoff_kv\x18\x08 \x01(\t\x12\x14\n\x0c\x63hunk_tokens\x18\t \x01(\x05\x12\x12\n\nrelay_grpc\x18\n \x01(\t\x12\x13\n\x0b\x66irst_index\x18\x0b \x01(\x05\x12\x16\n\x0eprefill_worker\x18\x0c \x01(\t\"1\n\x08\x41\x63\x63\x65pted\x12\x0e\n\x06worker\x18\x01 \x01(\t\x12\x15\n\rcached_tokens\x18\x02 \x01(\x05\"\x1b\n\tDecodeEnd\x12\x0e\n\x06reason\x18\x01 \x01(\t\"t\n\x0b\x44\x65\x63odeEvent\x12!\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x0b\x32\r.pdd.AcceptedH\x00\x12\x1b\n\x05token\x18\x02 \x01(\x0b\x32\n.pdd.TokenH\x00\x12\x1d\n\x03\x65nd\x18\x03 \x01(\x0b\x32\x0e.pdd.DecodeEndH\x00\x42\x06\n\x04kind\"!\n\x0bPrefixQuery\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"$\n\x0bPrefixReply\x12\x15\n\rcached_tokens\x18\x01 \x01(\x05\"&\n\rLookupRequest\x12\x15\n\rprompt_tokens\x18\x01 \x03(\x05\"=\n\x0bLookupReply\x12\x15\n\rcached_tokens\x18\x01 \x01(\x05\x12\x17\n\x0f\x61\x63tive_requests\x18\x02 \x01(\x05\"4\n\x0eKVReadyRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06worker\x18\x02 \x01(\t\"\x0e\n\x0cKVReadyReply\"w\n\x0eHandoffRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0bstart_index\x18\x02 \x01(\x05\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\r\n\x05\x66inal\x18\x04 \x01(\x08\x12\n\n\x02kv\x18\x05 \x01(\x08\x12\x0e\n\x06worker\x18\x06 \x01(\t\"K\n\x12RelayOutputRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x0e\n\x06worker\x18\x03 \x01(\t\"\x12\n\x10RelayOutputReply\"^\n\x0cHandoffReply\x12\x15\n\rpending_index\x18\x01 \x01(\x05\x12\x12\n\nnext_token\x18\x02 \x01(\x05\x12\x11\n\textend_ns\x18\x03 \x01(\x03\x12\x10\n\x08\x64iverged\x18\x04 \x01(\x08\"\x0e\n\x0cStatsRequest\"\xba\x01\n\nStatsReply\x12\x0e\n\x06worker\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x15\n\ropen_requests\x18\x03 \x01(\x05\x12\x13\n\x0b\x66ree_blocks\x18\x04 \x01(\x05\x12\x14\n\x0ctotal_blocks\x18\x05 \x01(\x05\x12\x18\n\x10\x61\x63tive_transfers\x18\x06 \x01(\x05\x12\x0f\n\x07threads\x18\x07 \x01(\x05\x12\x0f\n\x07sockets\x18\x08 \x01(\x05\x12\x10\n\x08sessions\x18\t \x01(\x05*3\n\x08KVSource\x12\x12\n\x0eKV_SOURCE_PEER\x10\x00\x12\x13\n\x0fKV_SOURCE_LOCAL\x10\x01*k\n\x0bHandoffMode\x12\x10\n\x0cHANDOFF_NONE\x10\x00\x12\x13\n\x0fHANDOFF_ONESHOT\x10\x01\x12\x13\n\x0fHANDOFF_CHUNKED\x10\x02\x12\x10\n\x0cHANDOFF_AUTO\x10\x03\x12\x0e\n\nHANDOFF_KV\x10\x04\x32@\n\x06Router\x12\x36\n\x08Generate\x12\x14.pdd.GenerateRequest\x1a\x12.pdd.GenerateEvent0\x01\x32l\n\x07Prefill\x12\x31\n\x07Prefill\x12\x13.pdd.PrefillRequest\x1a\x11.pdd.PrefillReply\x12.\n\x06\x43\x61ncel\x12\x12.pdd.CancelRequest\x1a\x10.pdd.CancelReply2\xf3\x02\n\x06\x44\x65\x63ode\x12\x30\n\x06\x44\x65\x63ode\x12\x12.pdd.DecodeRequest\x1a\x10.pdd.DecodeEvent0\x01\x12\x32\n\x0cPrefixLength\x12\x10.pdd.PrefixQuery\x1a\x10.pdd.PrefixReply\x12.\n\x06Lookup\x12\x12.pdd.LookupRequest\x1a\x10.pdd.LookupReply\x12\x31\n\x07KVReady\x12\x13.pdd.KVReadyRequest\x1a\x11.pdd.KVReadyReply\x12\x31\n\x07Handoff\x12\x13.pdd.HandoffRequest\x1a\x11.pdd.HandoffReply\x12=\n\x0bRelayOutput\x12\x17.pdd.RelayOutputRequest\x1a\x15.pdd.RelayOutputReply\x12.\n\x06\x43\x61ncel\x12\x12.pdd.CancelRequest\x1a\x10.pdd.CancelReply25\n\x06Worker\x12+\n\x05Stats\x12\x11.pdd.StatsRequest\x1a\x0f.pdd.StatsReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'workers.proto.pdd_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_KVSOURCE']._serialized_start=2227
-  _globals['_KVSOURCE']._serialized_end=2278
-  _globals['_HANDOFFMODE']._serialized_start=2280
-  _globals['_HANDOFFMODE']._serialized_end=2387
+  _globals['_KVSOURCE']._serialized_start=2251
+  _globals['_KVSOURCE']._serialized_end=2302
+  _globals['_HANDOFFMODE']._serialized_start=2304
+  _globals['_HANDOFFMODE']._serialized_end=2411
   _globals['_GENERATEREQUEST']._serialized_start=32
   _globals['_GENERATEREQUEST']._serialized_end=143
   _globals['_TOKEN']._serialized_start=145
@@ -56,43 +56,43 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CANCELREPLY']._serialized_start=949
   _globals['_CANCELREPLY']._serialized_end=981
   _globals['_DECODEREQUEST']._serialized_start=984
-  _globals['_DECODEREQUEST']._serialized_end=1262
-  _globals['_ACCEPTED']._serialized_start=1264
-  _globals['_ACCEPTED']._serialized_end=1313
-  _globals['_DECODEEND']._serialized_start=1315
-  _globals['_DECODEEND']._serialized_end=1342
-  _globals['_DECODEEVENT']._serialized_start=1344
-  _globals['_DECODEEVENT']._serialized_end=1460
-  _globals['_PREFIXQUERY']._serialized_start=1462
-  _globals['_PREFIXQUERY']._serialized_end=1495
-  _globals['_PREFIXREPLY']._serialized_start=1497
-  _globals['_PREFIXREPLY']._serialized_end=1533
-  _globals['_LOOKUPREQUEST']._serialized_start=1535
-  _globals['_LOOKUPREQUEST']._serialized_end=1573
-  _globals['_LOOKUPREPLY']._serialized_start=1575
-  _globals['_LOOKUPREPLY']._serialized_end=1636
-  _globals['_KVREADYREQUEST']._serialized_start=1638
-  _globals['_KVREADYREQUEST']._serialized_end=1690
-  _globals['_KVREADYREPLY']._serialized_start=1692
-  _globals['_KVREADYREPLY']._serialized_end=1706
-  _globals['_HANDOFFREQUEST']._serialized_start=1708
-  _globals['_HANDOFFREQUEST']._serialized_end=1827
-  _globals['_RELAYOUTPUTREQUEST']._serialized_start=1829
-  _globals['_RELAYOUTPUTREQUEST']._serialized_end=1904
-  _globals['_RELAYOUTPUTREPLY']._serialized_start=1906
-  _globals['_RELAYOUTPUTREPLY']._serialized_end=1924
-  _globals['_HANDOFFREPLY']._serialized_start=1926
-  _globals['_HANDOFFREPLY']._serialized_end=2020
-  _globals['_STATSREQUEST']._serialized_start=2022
-  _globals['_STATSREQUEST']._serialized_end=2036
-  _globals['_STATSREPLY']._serialized_start=2039
-  _globals['_STATSREPLY']._serialized_end=2225
-  _globals['_ROUTER']._serialized_start=2389
-  _globals['_ROUTER']._serialized_end=2453
-  _globals['_PREFILL']._serialized_start=2455
-  _globals['_PREFILL']._serialized_end=2563
-  _globals['_DECODE']._serialized_start=2566
-  _globals['_DECODE']._serialized_end=2937
-  _globals['_WORKER']._serialized_start=2939
-  _globals['_WORKER']._serialized_end=2992
+  _globals['_DECODEREQUEST']._serialized_end=1286
+  _globals['_ACCEPTED']._serialized_start=1288
+  _globals['_ACCEPTED']._serialized_end=1337
+  _globals['_DECODEEND']._serialized_start=1339
+  _globals['_DECODEEND']._serialized_end=1366
+  _globals['_DECODEEVENT']._serialized_start=1368
+  _globals['_DECODEEVENT']._serialized_end=1484
+  _globals['_PREFIXQUERY']._serialized_start=1486
+  _globals['_PREFIXQUERY']._serialized_end=1519
+  _globals['_PREFIXREPLY']._serialized_start=1521
+  _globals['_PREFIXREPLY']._serialized_end=1557
+  _globals['_LOOKUPREQUEST']._serialized_start=1559
+  _globals['_LOOKUPREQUEST']._serialized_end=1597
+  _globals['_LOOKUPREPLY']._serialized_start=1599
+  _globals['_LOOKUPREPLY']._serialized_end=1660
+  _globals['_KVREADYREQUEST']._serialized_start=1662
+  _globals['_KVREADYREQUEST']._serialized_end=1714
+  _globals['_KVREADYREPLY']._serialized_start=1716
+  _globals['_KVREADYREPLY']._serialized_end=1730
+  _globals['_HANDOFFREQUEST']._serialized_start=1732
+  _globals['_HANDOFFREQUEST']._serialized_end=1851
+  _globals['_RELAYOUTPUTREQUEST']._serialized_start=1853
+  _globals['_RELAYOUTPUTREQUEST']._serialized_end=1928
+  _globals['_RELAYOUTPUTREPLY']._serialized_start=1930
+  _globals['_RELAYOUTPUTREPLY']._serialized_end=1948
+  _globals['_HANDOFFREPLY']._serialized_start=1950
+  _globals['_HANDOFFREPLY']._serialized_end=2044
+  _globals['_STATSREQUEST']._serialized_start=2046
+  _globals['_STATSREQUEST']._serialized_end=2060
+  _globals['_STATSREPLY']._serialized_start=2063
+  _globals['_STATSREPLY']._serialized_end=2249
+  _globals['_ROUTER']._serialized_start=2413
+  _globals['_ROUTER']._serialized_end=2477
+  _globals['_PREFILL']._serialized_start=2479
+  _globals['_PREFILL']._serialized_end=2587
+  _globals['_DECODE']._serialized_start=2590
+  _globals['_DECODE']._serialized_end=2961
+  _globals['_WORKER']._serialized_start=2963
+  _globals['_WORKER']._serialized_end=3016
 # @@protoc_insertion_point(module_scope)

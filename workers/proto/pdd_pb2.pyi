@@ -144,7 +144,7 @@ class CancelReply(_message.Message):
     def __init__(self, cancelled: _Optional[int] = ...) -> None: ...
 
 class DecodeRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_tokens", "max_tokens", "kv_source", "use_prefix_cache", "handoff", "handoff_grpc", "handoff_kv", "chunk_tokens", "relay_grpc", "first_index")
+    __slots__ = ("request_id", "prompt_tokens", "max_tokens", "kv_source", "use_prefix_cache", "handoff", "handoff_grpc", "handoff_kv", "chunk_tokens", "relay_grpc", "first_index", "prefill_worker")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -156,6 +156,7 @@ class DecodeRequest(_message.Message):
     CHUNK_TOKENS_FIELD_NUMBER: _ClassVar[int]
     RELAY_GRPC_FIELD_NUMBER: _ClassVar[int]
     FIRST_INDEX_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_WORKER_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_tokens: _containers.RepeatedScalarFieldContainer[int]
     max_tokens: int
@@ -167,7 +168,8 @@ class DecodeRequest(_message.Message):
     chunk_tokens: int
     relay_grpc: str
     first_index: int
-    def __init__(self, request_id: _Optional[str] = ..., prompt_tokens: _Optional[_Iterable[int]] = ..., max_tokens: _Optional[int] = ..., kv_source: _Optional[_Union[KVSource, str]] = ..., use_prefix_cache: _Optional[bool] = ..., handoff: _Optional[_Union[HandoffMode, str]] = ..., handoff_grpc: _Optional[str] = ..., handoff_kv: _Optional[str] = ..., chunk_tokens: _Optional[int] = ..., relay_grpc: _Optional[str] = ..., first_index: _Optional[int] = ...) -> None: ...
+    prefill_worker: str
+    def __init__(self, request_id: _Optional[str] = ..., prompt_tokens: _Optional[_Iterable[int]] = ..., max_tokens: _Optional[int] = ..., kv_source: _Optional[_Union[KVSource, str]] = ..., use_prefix_cache: _Optional[bool] = ..., handoff: _Optional[_Union[HandoffMode, str]] = ..., handoff_grpc: _Optional[str] = ..., handoff_kv: _Optional[str] = ..., chunk_tokens: _Optional[int] = ..., relay_grpc: _Optional[str] = ..., first_index: _Optional[int] = ..., prefill_worker: _Optional[str] = ...) -> None: ...
 
 class Accepted(_message.Message):
     __slots__ = ("worker", "cached_tokens")

@@ -13,3 +13,12 @@ Module map (one concept each):
 
 Run a role: python -m workers.roles.<router|prefill|decode> --config cfg.yaml [--worker NAME]
 """
+
+# The module that runs each role (python -m <module> --config FILE --worker NAME): every runtime starts them so.
+ROLE_MODULES = {
+    "router": "workers.roles.router",
+    "p": "workers.roles.prefill",
+    "rld": "workers.roles.decode",
+    "md": "workers.roles.decode",
+}
+START_ORDER = ("md", "rld", "p", "router")  # the router last: it dials the others

@@ -11,11 +11,13 @@ wait for their results. Without the wait, sessions that got their tokens
 from one step come back one by one and each leads a step of one. A lone
 session never waits. A request that cannot step (finished or aborted
 meanwhile) gets its error alone; the rest of its batch steps.
-Not responsible for: which sessions decode or when (decode.py); prefill,
-import and extend take the same engine lock between steps. A decode role's
-sessions import KV, extend and hand off between steps on their own threads,
-so only their steps are shared here (an engine-level scheduler that owned
-requests from admission to finish was removed: nothing used it).
+Not responsible for: which sessions decode or when (decode.py), or what
+else a step computes: a decode role's steps carry chunks of a prefill or an
+extend when its step function is a ChunkScheduler's (workers/roles/steps.py);
+KV imports take the same engine lock between steps. A decode role's sessions
+import KV, extend and hand off between steps on their own threads, so only
+their steps are shared here (an engine-level scheduler that owned requests
+from admission to finish was removed: nothing used it).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 from workers.errors import EngineError
 
@@ -31,14 +33,19 @@ GATHER_MAX_S = 0.002
 
 
 class StepBatcher:
-    """engine_step(request_ids) -> {request_id: token} (the engine's decode_step); lock: the engine's."""
+    """engine_step(request_ids) -> {request_id: token} (the engine's decode_step, or a ChunkScheduler's step)
+    lock: the engine's, held around engine_step; None where engine_step takes it itself (a ChunkScheduler)"""
 
     def __init__(
-        self, engine_step: Callable[[Sequence[str]], dict[str, int]], lock: threading.Lock, max_batch: int = 32
+        self,
+        engine_step: Callable[[Sequence[str]], dict[str, int]],
+        lock: threading.Lock | None,
+        max_batch: int = 32,
     ):
         if max_batch < 1:
             raise ValueError(f"max_batch={max_batch}; must be at least 1")
-        self._engine_step, self._lock, self.max_batch = engine_step, lock, max_batch
+        self._engine_step, self.max_batch = engine_step, max_batch
+        self._lock = lock if lock is not None else nullcontext()
         self._cond = threading.Condition()
         self._decoding: set[str] = set()
         self._waiting: list[str] = []

@@ -7,6 +7,10 @@ allowed values; deriving the addresses peers use (`grpc_address`,
 Not responsible for: starting anything (workers/roles/server.py) or the
 model's own shapes (workers/model.py).
 
+Pools: `p`, `rld` and `md` are each a list of workers (one worker's mapping
+is a pool of one); the router picks a worker of each pool per request
+(`policy.pick_p`, `pick_rld`, `pick_md`; workers/roles/routing.py).
+
 Naming scheme: each worker has a `name` (p1, rld1, md1: role + index, as the
 topology's host names) that tags its tokens, its event log
 (`<events_dir>/<name>.jsonl`) and its gRPC `Worker.Stats`. A worker listens
@@ -18,29 +22,47 @@ plane); `kv_connect` (host:port), when set, is where peers connect instead of
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Literal
 
 import yaml
+from pydantic import BeforeValidator
 
-MODES = ("colocated", "pd-intra", "pd-cross", "pdd")
-HANDOFFS = ("oneshot", "chunked", "auto", "kv")
-CONGESTION = ("cubic", "bbr", "reno", "default")
+from schema import Bool, Float, Int, Range, Str, build, check_choice, check_range, literal_values, schema
+
+Mode = Literal["colocated", "pd-intra", "pd-cross", "pdd"]
+MODES = literal_values(Mode)
+Handoff = Literal["oneshot", "chunked", "auto", "kv"]
+HANDOFFS = literal_values(Handoff)
+Congestion = Literal["cubic", "bbr", "reno", "default"]
+Role = Literal["router", "p", "rld", "md"]
+POOL_ROLES = ("p", "rld", "md")
+MAX_POOL = 19  # workers per pool at most (topology.naming: 19 hosts per role)
+# How the router picks a worker of a pool: by load (P: prefill tokens queued; RLD: free KV, then sessions),
+# in turn, or (MD) by where the prompt's prefix already lives, bounded by load (routing.pick_md).
+PickP = Literal["least_load", "round_robin"]
+PickRLD = Literal["least_load", "round_robin"]
+PickMD = Literal["cache_aware", "least_load", "round_robin"]
+Ms = Annotated[Int, Range(10, 3_600_000)]
+Device = Literal["cpu", "cuda"]
+DEVICES = literal_values(Device)
 
 
 class ConfigError(ValueError):
     """A config value is missing, unknown or out of range; the message names the field."""
 
 
-@dataclass(frozen=True)
+@schema
 class WorkerConfig:
-    name: str  # tags tokens, events and stats: role + index (p1, rld1, md1)
-    host: str = "127.0.0.1"  # listen address
-    grpc_port: int = 0  # control plane
-    kv_port: int = 0  # KV data plane listener (decode roles); 0 = none
-    kv_connect: str = ""  # host:port peers use for KV instead of host:kv_port (e.g. a WAN proxy)
-    capacity_tokens: int = 4096  # KV slots of this worker's engine (tokens)
+    name: Str  # tags tokens, events and stats: role + index (p1, rld1, md1)
+    host: Str = "127.0.0.1"  # listen address
+    grpc_port: Int = 0  # control plane (checked by validate: 1-65535)
+    kv_port: Int = 0  # KV data plane listener (decode roles); 0 = none
+    kv_connect: Str = ""  # host:port peers use for KV instead of host:kv_port (e.g. a WAN proxy)
+    capacity_tokens: Annotated[Int, Range(1, 1 << 24)] = 4096  # KV slots of this worker's engine (tokens)
+    threads: Annotated[Int, Range(1, 256)] = 1  # torch threads of this worker's engine (workers share cores)
+    # where this worker's engine (weights, KV cache) lives; KV leaves and arrives through host memory either way
+    device: Device = "cpu"
 
     @property
     def grpc_address(self) -> str:
@@ -51,178 +73,167 @@ class WorkerConfig:
         return self.kv_connect or f"{self.host}:{self.kv_port}"
 
 
-@dataclass(frozen=True)
+@schema
 class PathConfig:
     """Settings of one KV path (fast: P->RLD in cluster A; wan: P->MD across the WAN)."""
 
-    connections: int = 1  # parallel TCP connections per transfer
-    congestion: str = "default"  # TCP_CONGESTION per socket; default = the kernel's
-    frame_bytes: int = 1 << 20  # target KV payload per frame (bytes): bounds memory and interleaves connections
-    stall_timeout_ms: int = 2000  # no ACK/progress for this long = stalled: drop the connections and retry
-    max_retries: int = 2  # new attempts after a broken or stalled connection
-    deadline_ms: int = 20000  # give up on the transfer after this long (ms)
-    progress_interval_ms: int = 50  # at most one progress event per transfer per interval
-    persistent: bool = True  # keep connections open for the next transfer to the same peer (no new
+    connections: Annotated[Int, Range(1, 64)] = 1  # parallel TCP connections per transfer
+    congestion: Congestion = "default"  # TCP_CONGESTION per socket; default = the kernel's
+    # target KV payload per frame (bytes): bounds memory and interleaves connections (at most kv.max_frame_bytes)
+    frame_bytes: Annotated[Int, Range(1024)] = 1 << 20
+    # no ACK/progress for this long = stalled: drop the connections and retry
+    stall_timeout_ms: Annotated[Int, Range(10, 600_000)] = 2000
+    max_retries: Annotated[Int, Range(0, 100)] = 2  # new attempts after a broken or stalled connection
+    deadline_ms: Ms = 20000  # give up on the transfer after this long (ms)
+    progress_interval_ms: Annotated[Int, Range(0)] = 50  # at most one progress event per transfer per interval
+    persistent: Bool = True  # keep connections open for the next transfer to the same peer (no new
     # handshake per transfer); false: a new connection per transfer
 
 
-@dataclass(frozen=True)
+@schema
 class KVConfig:
     fast: PathConfig = PathConfig()
     wan: PathConfig = PathConfig(connections=2)
-    max_transfer_bytes: int = 1 << 30  # receivers refuse larger transfers (memory bound)
-    max_frame_bytes: int = 64 << 20  # receivers refuse larger frames (bytes)
+    max_transfer_bytes: Annotated[Int, Range(1)] = 1 << 30  # receivers refuse larger transfers (memory bound)
+    max_frame_bytes: Annotated[Int, Range(1024)] = 64 << 20  # receivers refuse larger frames (bytes)
 
 
-@dataclass(frozen=True)
+@schema
 class RouterPolicy:
-    mode: str = "pdd"  # default mode; GenerateRequest.mode overrides per request
-    handoff: str = "oneshot"  # default handoff; GenerateRequest.handoff overrides
-    chunk_tokens: int = 64  # chunked: tokens per handoff chunk (PDD.md's example threshold)
-    wan_rate_mbit: float = 200.0  # WAN goodput assumed by the route decision (Mbit/s)
-    direct_max_transfer_ms: float = 20.0  # P->MD directly when the estimated WAN transfer is at most this
-    singular_min_uncached_tokens: int = 48  # singular: at least this many uncached prompt tokens ...
-    singular_max_output_tokens: int = 8  # ... and at most this many output tokens (PDD.md: ~500 at scale)
-    ablation_local_rld: bool = False  # ablation only: let non-singular requests finish on the RLD
-    max_prompt_tokens: int = 0  # 0 = the model's context limit
-    drc_estimate: str = "mirror"  # route on the MD's hit as the router's mirror of its DRC expects
-    # (no WAN round trip), or "lookup": ask the MD (one WAN RTT)
-    wan_estimate: str = "static"  # the WAN transfer estimate: "static" (wan_rate_mbit) or "measured"
-    # (P's WAN KV connections' TCP_INFO: delivery rate + RTT, and
-    # P->RLD->MD while the line looks congested)
+    mode: Mode = "pdd"  # default mode; GenerateRequest.mode overrides per request
+    handoff: Handoff = "oneshot"  # default handoff; GenerateRequest.handoff overrides
+    chunk_tokens: Annotated[Int, Range(1, 1 << 20)] = 64  # chunked: tokens per handoff chunk (PDD.md's example)
+    wan_rate_mbit: Annotated[Float, Range(0.001, 1e7)] = 200.0  # WAN goodput assumed by the route decision
+    # P->MD directly when the estimated WAN transfer is at most this (ms)
+    direct_max_transfer_ms: Annotated[Float, Range(0)] = 20.0
+    singular_min_uncached_tokens: Annotated[Int, Range(0)] = 48  # singular: this many uncached prompt tokens ...
+    singular_max_output_tokens: Annotated[Int, Range(0)] = 8  # ... and at most this many output (PDD.md: ~500)
+    ablation_local_rld: Bool = False  # ablation only: let non-singular requests finish on the RLD
+    max_prompt_tokens: Annotated[Int, Range(0)] = 0  # 0 = the model's context limit
+    # route on the MD's hit as the router's mirror of its DRC expects (no WAN round trip), or "lookup":
+    # ask the MD (one WAN RTT)
+    drc_estimate: Literal["mirror", "lookup"] = "mirror"
+    # the WAN transfer estimate: "static" (wan_rate_mbit) or "measured" (P's WAN KV connections' TCP_INFO:
+    # delivery rate + RTT, and P->RLD->MD while the line looks congested)
+    wan_estimate: Literal["static", "measured"] = "static"
+    pick_p: PickP = "least_load"  # which P prefills a request
+    pick_rld: PickRLD = "least_load"  # which RLD relays (or, colocated, serves) it
+    pick_md: PickMD = "cache_aware"  # which MD it ends at
+    # cache_aware: an MD with this many open sessions takes no more while another has fewer (0: decode.max_sessions)
+    md_load_cap: Annotated[Int, Range(0, 100_000)] = 0
+    # cache_aware gives way to the least loaded MD while the pool is out of balance: the busiest MD has this
+    # many sessions more than the idlest AND more than md_balance_rel times as many (SGLang's router's rule)
+    md_balance_abs: Annotated[Int, Range(0, 100_000)] = 4
+    md_balance_rel: Annotated[Float, Range(1.0, 1000.0)] = 1.5
 
 
-@dataclass(frozen=True)
+@schema
 class DecodeConfig:
-    kv_wait_ms: int = 30000  # hard deadline for the prompt KV to arrive; past it the request ends here
-    handoff_timeout_ms: int = 10000  # a handoff RPC slower than this failed; the RLD keeps decoding
-    auto_oneshot_load: int = 2  # auto handoff: oneshot when the RLD has at least this many sessions
+    kv_wait_ms: Ms = 30000  # hard deadline for the prompt KV to arrive; past it the request ends here
+    handoff_timeout_ms: Annotated[Int, Range(1)] = 10000  # a handoff RPC slower than this failed; RLD decodes on
+    auto_oneshot_load: Annotated[Int, Range(0)] = 2  # auto handoff: oneshot when the RLD has this many sessions
     # the RLD hands over only once it generated this many tokens past P's first (0: as soon as the MD holds
     # the prompt KV); a handoff then carries exactly this many tokens to recompute or import, where the MD
     # was ready before: the handoff microbenchmark's K (experiments/specs/handoff-microbench.yaml)
-    handoff_min_tokens: int = 0
-    max_sessions: int = 64  # concurrent decode sessions per worker; more get RESOURCE_EXHAUSTED
-    max_batch: int = 32  # sessions decoded in one batched engine step at most (1: each alone)
+    handoff_min_tokens: Annotated[Int, Range(0, 1 << 20)] = 0
+    max_sessions: Annotated[Int, Range(1, 100_000)] = 64  # concurrent decode sessions per worker; more get
+    # RESOURCE_EXHAUSTED
+    max_batch: Annotated[Int, Range(1, 4096)] = 32  # sessions decoded in one batched engine step at most
+    # tokens per engine step on a decode worker: its sessions' decode tokens plus chunks of a local prefill or
+    # of an extend (workers/chunked.py), so a long prompt no longer stalls every session; 0: whole, as before
+    step_budget_tokens: Annotated[Int, Range(0, 1 << 20)] = 256
 
 
-@dataclass(frozen=True)
+@schema
+class PrefillConfig:
+    # tokens per engine step on P: chunks of every prompt in flight share a step (a prompt's tail chunk with
+    # the next one's first), each layer's KV leaving as it is written; 0: whole prompts, one at a time
+    step_budget_tokens: Annotated[Int, Range(0, 1 << 20)] = 256
+
+
+def _one_or_many(value):
+    """A pool is a list of workers; one worker's mapping is a pool of one."""
+    return [value] if isinstance(value, dict) else value
+
+
+Pool = Annotated[tuple[WorkerConfig, ...], BeforeValidator(_one_or_many)]
+
+
+@schema
 class DeploymentConfig:
     router: WorkerConfig
-    p: WorkerConfig
-    rld: WorkerConfig
-    md: WorkerConfig
-    model: str = "tiny"  # workers.model config name
-    seed: int = 0  # weights seed: every worker must agree
-    block_size: int = 16  # KV block and DRC granularity (tokens)
-    events_dir: str = "events"  # one <worker>.jsonl per worker
-    weights_dir: str = ""  # "" = workers.model.default_weights_dir()
-    max_message_bytes: int = 4 << 20  # gRPC message limit: larger requests get RESOURCE_EXHAUSTED
-    grpc_threads: int = 80  # server thread pool per worker (each open stream holds one): >= max_sessions + 8
+    p: Pool  # the prefill workers (cluster A)
+    rld: Pool  # the relay-decode workers (cluster A)
+    md: Pool  # the main-decode workers (cluster B)
+    model: Str = "tiny"  # workers.model config name
+    seed: Int = 0  # weights seed: every worker must agree
+    block_size: Annotated[Int, Range(1, 4096)] = 16  # KV block and DRC granularity (tokens)
+    events_dir: Str = "events"  # one <worker>.jsonl per worker
+    weights_dir: Str = ""  # "" = workers.model.default_weights_dir()
+    # gRPC message limit: larger requests get RESOURCE_EXHAUSTED
+    max_message_bytes: Annotated[Int, Range(1024, 1 << 30)] = 4 << 20
+    # server thread pool per worker (each open stream holds one): >= max_sessions + 8
+    grpc_threads: Annotated[Int, Range(4, 1024)] = 80
     kv: KVConfig = KVConfig()
     policy: RouterPolicy = RouterPolicy()
+    prefill: PrefillConfig = PrefillConfig()
     decode: DecodeConfig = DecodeConfig()
+
+    @property
+    def workers(self) -> tuple[WorkerConfig, ...]:
+        """Every worker: the router, then the P, RLD and MD pools."""
+        return (self.router, *self.p, *self.rld, *self.md)
 
     def worker(self, name: str) -> WorkerConfig:
         """The worker with this name; a miss lists the names."""
-        for w in (self.router, self.p, self.rld, self.md):
+        for w in self.workers:
             if w.name == name:
                 return w
-        raise ConfigError(
-            f"no worker named {name!r}; workers: {[w.name for w in (self.router, self.p, self.rld, self.md)]}"
-        )
+        raise ConfigError(f"no worker named {name!r}; workers: {[w.name for w in self.workers]}")
 
+    def role_of(self, name: str) -> str:
+        """router | p | rld | md: the pool the named worker belongs to."""
+        for role in ("router", *POOL_ROLES):
+            if any(w.name == name for w in self.pool(role)):
+                return role
+        raise ConfigError(f"no worker named {name!r}; workers: {[w.name for w in self.workers]}")
 
-_NESTED = {
-    "router": WorkerConfig,
-    "p": WorkerConfig,
-    "rld": WorkerConfig,
-    "md": WorkerConfig,
-    "kv": KVConfig,
-    "fast": PathConfig,
-    "wan": PathConfig,
-    "policy": RouterPolicy,
-    "decode": DecodeConfig,
-}
-
-
-def _build(cls: type, data: Any, where: str) -> Any:
-    """Build dataclass cls from a mapping, refusing unknown keys and wrong types."""
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where}: expected a mapping, got {type(data).__name__}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(fields)}")
-    kwargs = {}
-    for name, value in data.items():
-        path = f"{where}.{name}" if where else name
-        if name in _NESTED and dataclasses.is_dataclass(_NESTED[name]):
-            kwargs[name] = _build(_NESTED[name], value, path)
-        else:
-            kwargs[name] = _coerce(fields[name], value, path)
-    try:
-        return cls(**kwargs)
-    except TypeError as err:
-        raise ConfigError(f"{where or 'config'}: {err}") from None
-
-
-def _coerce(f: dataclasses.Field, value: Any, path: str) -> Any:
-    want = {"int": int, "float": float, "str": str, "bool": bool}.get(str(f.type))
-    if want is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if want is not None and (not isinstance(value, want) or (want is int and isinstance(value, bool))):
-        raise ConfigError(f"{path}: expected {want.__name__}, got {value!r}")
-    return value
-
-
-def _check_range(path: str, value: float, lo: float, hi: float) -> None:
-    if not lo <= value <= hi:
-        raise ConfigError(f"{path}={value} out of range [{lo}, {hi}]")
-
-
-def _check_choice(path: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{path}={value!r}; allowed: {list(allowed)}")
+    def pool(self, role: str) -> tuple[WorkerConfig, ...]:
+        """The workers of a role (the router is a pool of one)."""
+        return (self.router,) if role == "router" else getattr(self, role)
 
 
 GRPC_SPARE_THREADS = 8  # server threads beyond the decode streams, for the short RPCs
 
 
 def validate(cfg: DeploymentConfig) -> DeploymentConfig:
-    """Check ranges and cross-field rules; return cfg unchanged or raise ConfigError."""
+    """The rules that tie fields together (the schema checks each field alone); cfg unchanged or ConfigError."""
     from workers.model import CONFIGS
 
-    _check_choice("model", cfg.model, tuple(CONFIGS))
-    _check_range("block_size", cfg.block_size, 1, 4096)
-    _check_range("max_message_bytes", cfg.max_message_bytes, 1024, 1 << 30)
-    _check_range("grpc_threads", cfg.grpc_threads, 4, 1024)
-    for role in ("router", "p", "rld", "md"):
-        w: WorkerConfig = getattr(cfg, role)
-        _check_range(f"{role}.grpc_port", w.grpc_port, 1, 65535)
-        _check_range(f"{role}.capacity_tokens", w.capacity_tokens, cfg.block_size, 1 << 24)
-    for role in ("rld", "md"):
-        _check_range(f"{role}.kv_port", getattr(cfg, role).kv_port, 1, 65535)
-    names = [cfg.router.name, cfg.p.name, cfg.rld.name, cfg.md.name]
+    check_choice("model", cfg.model, tuple(CONFIGS), ConfigError)
+    for role in POOL_ROLES:
+        check_range(f"{role}: workers", len(cfg.pool(role)), 1, MAX_POOL, ConfigError)
+    for role in ("router", *POOL_ROLES):
+        for path, w in _paths(cfg, role):
+            check_range(f"{path}.grpc_port", w.grpc_port, 1, 65535, ConfigError)
+            check_range(f"{path}.capacity_tokens", w.capacity_tokens, cfg.block_size, 1 << 24, ConfigError)
+            if role in ("rld", "md"):
+                check_range(f"{path}.kv_port", w.kv_port, 1, 65535, ConfigError)
+    names = [w.name for w in cfg.workers]
     if len(set(names)) != len(names):
         raise ConfigError(f"worker names must differ: {names}")
+    endpoints = [(w.host, w.grpc_port) for w in cfg.workers]
+    if len(set(endpoints)) != len(endpoints):
+        raise ConfigError(f"two workers listen on one host:grpc_port: {endpoints}")
     for path in ("fast", "wan"):
-        p: PathConfig = getattr(cfg.kv, path)
-        _check_range(f"kv.{path}.connections", p.connections, 1, 64)
-        _check_choice(f"kv.{path}.congestion", p.congestion, CONGESTION)
-        _check_range(f"kv.{path}.frame_bytes", p.frame_bytes, 1024, cfg.kv.max_frame_bytes)
-        _check_range(f"kv.{path}.stall_timeout_ms", p.stall_timeout_ms, 10, 600_000)
-        _check_range(f"kv.{path}.max_retries", p.max_retries, 0, 100)
-        _check_range(f"kv.{path}.deadline_ms", p.deadline_ms, 10, 3_600_000)
-    _check_choice("policy.mode", cfg.policy.mode, MODES)
-    _check_choice("policy.handoff", cfg.policy.handoff, HANDOFFS)
-    _check_choice("policy.drc_estimate", cfg.policy.drc_estimate, ("mirror", "lookup"))
-    _check_choice("policy.wan_estimate", cfg.policy.wan_estimate, ("static", "measured"))
-    _check_range("policy.chunk_tokens", cfg.policy.chunk_tokens, 1, 1 << 20)
-    _check_range("policy.wan_rate_mbit", cfg.policy.wan_rate_mbit, 0.001, 1e7)
-    _check_range("decode.kv_wait_ms", cfg.decode.kv_wait_ms, 10, 3_600_000)
-    _check_range("decode.max_sessions", cfg.decode.max_sessions, 1, 100_000)
-    _check_range("decode.max_batch", cfg.decode.max_batch, 1, 4096)
-    _check_range("decode.handoff_min_tokens", cfg.decode.handoff_min_tokens, 0, 1 << 20)
+        frame = getattr(cfg.kv, path).frame_bytes
+        check_range(f"kv.{path}.frame_bytes", frame, 1024, cfg.kv.max_frame_bytes, ConfigError)
+    budget, batch = cfg.decode.step_budget_tokens, cfg.decode.max_batch
+    if 0 < budget <= batch:
+        raise ConfigError(
+            f"decode.step_budget_tokens={budget} must exceed decode.max_batch ({batch}), or be 0 (whole): a step's "
+            "decode tokens come first, and a prefill's or an extend's chunks need room beside them"
+        )
     if cfg.grpc_threads < cfg.decode.max_sessions + GRPC_SPARE_THREADS:
         raise ConfigError(
             f"grpc_threads={cfg.grpc_threads} must be at least decode.max_sessions ({cfg.decode.max_sessions}) "
@@ -232,9 +243,23 @@ def validate(cfg: DeploymentConfig) -> DeploymentConfig:
     return cfg
 
 
+def _paths(cfg: DeploymentConfig, role: str) -> list[tuple[str, WorkerConfig]]:
+    """(the dotted path an error names, the worker) for each worker of a role: p, or p[1] in a pool of several."""
+    pool = cfg.pool(role)
+    return [(role if len(pool) == 1 else f"{role}[{i}]", w) for i, w in enumerate(pool)]
+
+
 def parse_config(data: dict) -> DeploymentConfig:
     """Dict (parsed YAML) -> validated DeploymentConfig."""
-    return validate(_build(DeploymentConfig, data, ""))
+    try:
+        return validate(build(DeploymentConfig, data, "", ConfigError))
+    except ConfigError as err:
+        # A pool written as one worker's mapping is named as written: `p.bogus`, not `p[0].bogus`.
+        message = str(err)
+        for role in POOL_ROLES:
+            if isinstance(data, dict) and isinstance(data.get(role), dict):
+                message = message.replace(f"{role}[0]", role)
+        raise ConfigError(message) from None
 
 
 def load_config(path: str | Path) -> DeploymentConfig:

@@ -9,7 +9,9 @@ tokens over: `oneshot` (all at once, then it stops), `chunked` (chunks of
 `chunk_tokens` while it keeps decoding, the last one when few remain),
 `auto` (oneshot when the RLD is loaded, chunked otherwise) or `kv` (ships the
 generated tokens' KV on the data plane instead of IDs). The MD recomputes
-handed-over IDs in one extend step and continues. Fallbacks: a handoff that
+handed-over IDs and continues. A local prefill and the MD's recompute run in
+chunks mixed into the sessions' decode steps (steps.py: decode.step_budget_tokens;
+0: whole, between them). Fallbacks: a handoff that
 fails leaves the RLD decoding to the end; an MD whose prompt KV misses the
 hard deadline ends its session (`kv_timeout`); an MD whose relay vanished
 (unreachable at KVReady, or its process gone while the MD waits for the
@@ -28,18 +30,19 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Callable
 
 import grpc
 
 from workers.engine import Engine, GenerationRequest
-from workers.errors import EngineError
+from workers.errors import CapacityExceeded, EngineError
 from workers.proto import pdd_pb2, pdd_pb2_grpc
-from workers.roles.batching import StepBatcher
 from workers.roles.config import DeploymentConfig, WorkerConfig
 from workers.roles.events import EventLog
 from workers.roles.handoff import MDHandoff, RelayHandoff
 from workers.roles.kvwire import CONNECTIONS, Inbox, KVReceiver, KVSender
 from workers.roles.session import HANDOFF_NAMES, H, Session, end_msg, token_msg
+from workers.roles.steps import DecodeSteps
 from workers.roles.server import (
     Channels,
     RoleServer,
@@ -52,6 +55,7 @@ from workers.roles.server import (
 )
 
 log = logging.getLogger(__name__)
+POLL_S = 0.05  # how often a session waiting to open (for room, or for an earlier copy) looks again
 
 SESSION_WAIT_S = 4.0  # PrefixLength for a request whose session is not open yet waits this long
 
@@ -63,6 +67,17 @@ def _generation(request) -> GenerationRequest:
         request.max_tokens,
         use_prefix_cache=request.use_prefix_cache,
     )
+
+
+def _wait(session: Session, deadline_ns: int, ready: Callable[[], bool]) -> str:
+    """Call ready() (it pauses about POLL_S when not ready) until it says so: '', or cancelled once the session
+    is, or kv_timeout past deadline_ns."""
+    while not ready():
+        if session.cancelled:
+            return "cancelled"
+        if time.monotonic_ns() >= deadline_ns:
+            return "kv_timeout"
+    return ""
 
 
 def shared_blocks(a: tuple[int, ...], b: tuple[int, ...], block_size: int, cap: int) -> int:
@@ -82,7 +97,7 @@ class DecodeServicer(MDHandoff, pdd_pb2_grpc.DecodeServicer):
         self.cfg, self.me, self.role = cfg, me, role
         self.engine, self.inbox, self.events = engine, inbox, events
         self.lock = threading.Lock()  # the engine is single-threaded
-        self.batcher = StepBatcher(engine.decode_step, self.lock, cfg.decode.max_batch)
+        self.steps = DecodeSteps(engine, self.lock, cfg.decode.step_budget_tokens, cfg.decode.max_batch, events)
         self._sessions: dict[str, Session] = {}
         self._sessions_lock = threading.Lock()
         self.channels = Channels(cfg)
@@ -129,13 +144,15 @@ class DecodeServicer(MDHandoff, pdd_pb2_grpc.DecodeServicer):
                     cached_now = self.engine.cached_prefix(request.prompt_tokens) if request.use_prefix_cache else 0
                     after, inflight = self._inflight_prefix(request, cached_now)
                     if after is None:  # open now (validated), pinning the DRC hit
-                        session.cached_tokens = self.engine.open(gen).cached_tokens
+                        session.cached_tokens = self._open_or_defer(session, gen)
                     else:  # opened once `after` has left its sequence here; holds no KV blocks until then
                         self.engine.validate(gen)
                         session.after, session.cached_tokens = after, inflight
                 except EngineError as err:
                     context.abort(status_of(err), str(err))
             self._sessions[rid] = session
+        if session.waits_for_room:
+            self.events.emit("kv_room_wait", rid, prompt_tokens=len(request.prompt_tokens))
         if session.after is not None:
             self.events.emit(
                 "drc_inflight",
@@ -155,9 +172,45 @@ class DecodeServicer(MDHandoff, pdd_pb2_grpc.DecodeServicer):
         )
         return session
 
+    def _open_or_defer(self, session: Session, gen: GenerationRequest) -> int:
+        """Open gen in the engine (the caller holds the lock): its cached tokens. A cache full for now (its
+        blocks held by other sessions) defers the open to _open_when_room, like a queue in front of the
+        cache: the session reports no cached prefix, so the whole prompt's KV comes and waits in host
+        memory, and nothing is refused that a session's end would let in."""
+        try:
+            return self.engine.open(gen).cached_tokens
+        except CapacityExceeded as err:
+            if err.never_fits:
+                raise
+            session.waits_for_room = True
+            self.engine.validate(gen)
+            return 0
+
+    def _open_when_room(self, session: Session, deadline_ns: int) -> str:
+        """Open a deferred session once the cache has room for it: '' when open, else kv_timeout or
+        cancelled."""
+        t0, gen = time.monotonic_ns(), _generation(session.request)
+
+        def opened() -> bool:
+            with self.lock:
+                try:
+                    self.engine.open(gen)
+                    return True
+                except CapacityExceeded:  # one that never fits was refused at _open
+                    pass
+            time.sleep(POLL_S)
+            return False
+
+        if problem := _wait(session, deadline_ns, opened):
+            return problem
+        session.waits_for_room = False
+        self.events.emit("kv_room_ready", session.request_id, wait_ns=time.monotonic_ns() - t0)
+        return ""
+
     def _close(self, session: Session) -> None:
         rid = session.request_id
         self.inbox.forget(rid)
+        self.steps.cancel(rid)  # a Handoff's extend still waiting for its chunks fails, before the abort
         try:
             with self.lock:
                 if rid in self.engine.open_requests:
@@ -192,9 +245,13 @@ class DecodeServicer(MDHandoff, pdd_pb2_grpc.DecodeServicer):
 
     def _prefill_locally(self, session: Session):
         rid = session.request_id
+        if session.waits_for_room:
+            deadline = time.monotonic_ns() + int(self.cfg.decode.kv_wait_ms * 1e6)
+            if problem := self._open_when_room(session, deadline):
+                yield end_msg(problem)
+                return
         self.events.emit("prefill_start", rid, cached_tokens=session.cached_tokens)
-        with self.lock:
-            first = self.engine.prefill(rid).first_token
+        first, _ = self.steps.prefill(rid)  # in chunks with the other sessions' decode steps (or whole)
         session.kv_ready = True
         self.events.emit("first_token", rid, index=0)
         session.emit_from = 1
@@ -211,6 +268,8 @@ class DecodeServicer(MDHandoff, pdd_pb2_grpc.DecodeServicer):
             return "cancelled" if session.cancelled else "kv_timeout"
         try:
             if session.after is not None and (problem := self._open_after(session, t0 + int(wait_s * 1e9))):
+                return problem
+            if session.waits_for_room and (problem := self._open_when_room(session, t0 + int(wait_s * 1e9))):
                 return problem
             with self.lock:
                 self.engine.import_kv(rid, got.blob)
@@ -256,11 +315,8 @@ class DecodeServicer(MDHandoff, pdd_pb2_grpc.DecodeServicer):
         prefix_lost (the earlier session ended without caching it, or the blocks are gone)."""
         rid, after = session.request_id, session.after
         t0 = time.monotonic_ns()
-        while not after.closed.wait(0.05):
-            if session.cancelled:
-                return "cancelled"
-            if time.monotonic_ns() >= deadline_ns:
-                return "kv_timeout"
+        if problem := _wait(session, deadline_ns, lambda: after.closed.wait(POLL_S)):
+            return problem
         with self.lock:
             try:
                 opened = self.engine.open(_generation(session.request))
@@ -294,7 +350,7 @@ class DecodeServicer(MDHandoff, pdd_pb2_grpc.DecodeServicer):
         handoff = (
             RelayHandoff(self, session) if self.role == "rld" and session.request.handoff != H.HANDOFF_NONE else None
         )
-        with self.batcher.decoding(rid):
+        with self.steps.batcher.decoding(rid):
             yield from self._decode_steps(session, handoff)
 
     def _decode_steps(self, session: Session, handoff: RelayHandoff | None):
@@ -309,7 +365,7 @@ class DecodeServicer(MDHandoff, pdd_pb2_grpc.DecodeServicer):
                     self.events.emit("first_token", rid, index=i)
                 # Token 0 was sampled by P at the end of prefill: tagged with the worker that produced it.
                 from_p = i == 0 and session.request.kv_source != H.KV_SOURCE_LOCAL
-                yield token_msg(i, toks[i], self.cfg.p.name if from_p else worker)
+                yield token_msg(i, toks[i], (session.request.prefill_worker or "p") if from_p else worker)
             emitted = max(emitted, len(toks))
             if session.cancelled:
                 yield end_msg("cancelled")
@@ -329,7 +385,7 @@ class DecodeServicer(MDHandoff, pdd_pb2_grpc.DecodeServicer):
             if handoff is not None and handoff.step(toks):
                 yield end_msg("handed_off")
                 return
-            _, batch = self.batcher.step(rid)  # one step batched with this worker's other sessions
+            _, batch = self.steps.batcher.step(rid)  # one step batched with this worker's other sessions
             steps, batched = steps + 1, batched + batch
 
     # ------------------------------------------------------------ small RPCs
@@ -383,8 +439,10 @@ class DecodeServicer(MDHandoff, pdd_pb2_grpc.DecodeServicer):
 
 def build(cfg: DeploymentConfig, worker: WorkerConfig) -> RoleServer:
     """An RLD or MD server (the role follows from which config entry the worker is), ready to start."""
-    role = "md" if worker is cfg.md else "rld"
-    engine = build_engine(cfg, worker, prefix_cache=(role == "md"))
+    role = cfg.role_of(worker.name)
+    # Both decode roles keep a prefix cache: the MD's is the DRC; the RLD's spares a colocated prefill (and a
+    # relay's local one) the prefix it already computed, as P's does (a fair colocated baseline).
+    engine = build_engine(cfg, worker, prefix_cache=True)
     events = event_log(cfg, worker, role)
     inbox = Inbox()
     receiver = KVReceiver(

@@ -50,6 +50,10 @@ NAMES: dict[str, str] = {
     "drc_query_failed": "that question got no answer: the whole prompt goes",
     "prefill_start": "a prefill began (P, or a decode worker prefilling locally)",
     "prefill_done": "a prefill ended (cached and computed tokens, first token)",
+    "prefill_step": (
+        "P: one engine step of chunked prefill (the prompts whose chunks shared it; lone_tail: a prompt's last, "
+        "short chunk ran alone)"
+    ),
     # the KV data plane (sender on P, receiver on RLD and MD)
     "kv_send_start": "a KV transfer began on a path (bytes, connections, congestion control)",
     "kv_progress": "a KV transfer's bytes sent so far",
@@ -72,6 +76,8 @@ NAMES: dict[str, str] = {
     # decode workers (RLD and MD)
     "decode_arrival": "a decode session was asked for",
     "decode_open": "a decode session opened (cached tokens, where its KV comes from)",
+    "kv_room_wait": "the cache was full for now: the session opens once other sessions' ends free room",
+    "kv_room_ready": "a session that waited for room opened (how long it waited)",
     "drc_inflight": "a session waits for the prefix another session is still bringing",
     "drc_inflight_ready": "that prefix landed: the session opens on it",
     "prefix_lost": "the prefix waited for was not left in the DRC: the session is not opened on it",
@@ -79,6 +85,8 @@ NAMES: dict[str, str] = {
     "kv_timeout": "the session's KV did not come in time",
     "md_ready": "the RLD heard from the MD that it holds the prompt's KV (KVReady)",
     "decode_done": "a session decoded its last token (steps, mean batch)",
+    "decode_step_mixed": "a step that carried chunks of a local prefill or an extend (which requests, chunk and "
+    "decode tokens, duration): the sessions decoded on meanwhile",
     "decode_close": "a decode session closed (tokens generated, cancelled or not)",
     # the handoff (RLD sends, MD receives)
     "kv_ready_sent": "the MD told its relay (the RLD) that it holds the prompt's KV",
@@ -87,13 +95,13 @@ NAMES: dict[str, str] = {
     "handoff_failed": "the handoff could not be made: the RLD decodes to the end",
     "handoff_recv_start": "the MD received a handoff step",
     "handoff_recv_end": "the MD absorbed a handoff step (extend time)",
-    "extend": "the MD recomputed handed-over tokens in one extend step",
+    "extend": "the MD recomputed handed-over tokens (engine steps it took: chunked or whole, its time)",
     "handoff_diverged": "a handed-over token differs from the MD's own at that index",
     "completed_on_rld": "the RLD decoded the request to its end (reason: md_never_ready, finished_first, ...)",
     "relay_output": "the MD received the RLD's whole output (a request the RLD finished alone)",
     "relay_output_sent": "the RLD sent its whole output to the MD",
     "relay_output_failed": "sending it failed",
-    "relay_absorbed": "the MD recomputed the RLD's output, so its DRC keeps prompt + output",
+    "relay_absorbed": "the MD recomputed the RLD's output, so its DRC keeps prompt + output (steps, time)",
     "relay_absorb_failed": "it could not (diverged, no room): the MD keeps the prompt alone",
     "relay_done": "the relay finished the request alone (reason)",
     "relay_lost": "the relay is gone: the MD decodes alone",

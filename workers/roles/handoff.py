@@ -4,8 +4,8 @@ Responsible for: the RLD's side of one session's handoff (`RelayHandoff`: when
 and how to hand over — oneshot, chunked, auto, kv — and the fallbacks it
 records), and the MD's side (`MDHandoff`, mixed into the decode servicer:
 telling the RLD it holds the prompt KV, waiting for the final handoff while
-probing the RLD, recomputing handed-over IDs in one extend step or importing
-their KV).
+probing the RLD, recomputing handed-over IDs — in chunks mixed into the MD's
+decode steps, or in one extend step (steps.py) — or importing their KV).
 Not responsible for: decoding (decode.py) or the wire (kvwire).
 """
 
@@ -52,7 +52,7 @@ def _call_relay(method, request):
 
 
 class MDHandoff:
-    """The MD's side of the handoff, mixed into DecodeServicer (uses its engine, lock, inbox, events,
+    """The MD's side of the handoff, mixed into DecodeServicer (uses its engine, lock, steps, inbox, events,
     channels, config and sessions)."""
 
     def _await_handoff(self, session: Session) -> bool:
@@ -93,20 +93,21 @@ class MDHandoff:
                 session.relay_lost, session.emit_from = True, RELAY_LOST_EMIT_FROM  # decode alone
                 return True
 
-    def _recompute(self, session: Session, ids: list[int], start: int, held_to: int) -> list[int]:
-        """Under the engine lock. ids are output tokens from index start; this worker holds those before
-        index held_to already, and they must be equal (else Diverged, at the first index that differs);
-        the rest are recomputed in one extend step (EngineError when they cannot be) and returned."""
-        have = self.engine.tokens(session.request_id)[session.prompt_len :]
+    def _recompute(self, session: Session, ids: list[int], start: int, held_to: int) -> tuple[list[int], int]:
+        """Without the engine lock. ids are output tokens from index start; this worker holds those before
+        index held_to already, and they must be equal (else Diverged, at the first index that differs: the
+        IDs alone decide it, no logits are read); the rest are appended and computed, the next token after
+        them sampled (EngineError when they cannot be). (The rest, the engine steps they took.)"""
+        with self.lock:
+            have = self.engine.tokens(session.request_id)[session.prompt_len :]
         for i in range(start, held_to):
             mine = have[i] if i < len(have) else None
             theirs = ids[i - start] if i - start < len(ids) else None
             if mine != theirs:
                 raise Diverged(i, mine, theirs)
         rest = ids[held_to - start :]
-        if rest:
-            self.engine.extend(session.request_id, rest)
-        return rest
+        steps = self.steps.extend(session.request_id, rest) if rest else 0
+        return rest, steps
 
     def _end_without_handoff(self, session: Session) -> str:
         """The relay finished alone: recompute its output here when it sent it, so this worker's DRC keeps
@@ -118,17 +119,14 @@ class MDHandoff:
             return "relay_done"
         rid, ids = session.request_id, list(session.relay_output)
         t0 = time.monotonic_ns()
-        reason = ""
         with self.lock:
             held = len(self.engine.tokens(rid)) - session.prompt_len  # P's first token
-            try:
-                rest = self._recompute(session, ids, 0, held)
-            except (Diverged, EngineError) as err:
-                reason = f"the relay's output: {err}"
-        if reason:
-            self.events.emit("relay_absorb_failed", rid, reason=reason)
+        try:
+            rest, steps = self._recompute(session, ids, 0, held)
+        except (Diverged, EngineError) as err:
+            self.events.emit("relay_absorb_failed", rid, reason=f"the relay's output: {err}")
             return "relay_done"
-        self.events.emit("relay_absorbed", rid, tokens=len(rest), extend_ns=time.monotonic_ns() - t0)
+        self.events.emit("relay_absorbed", rid, tokens=len(rest), steps=steps, extend_ns=time.monotonic_ns() - t0)
         return "relay_absorbed"
 
     def RelayOutput(self, request, context):
@@ -225,17 +223,19 @@ class MDHandoff:
                 f"request {rid!r}: handoff covers indices "
                 f"[{start}, {start + len(ids)}) but this worker's next token without KV is index {pend}",
             )
-        with self.lock:
-            try:
-                rest = self._recompute(session, ids, start, pend + 1)  # this worker holds up to pend
-            except Diverged as err:
-                self.events.emit("handoff_diverged", rid, index=err.index, mine=err.mine, theirs=err.theirs)
-                context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"request {rid!r}: {err} (greedy divergence)")
-            except EngineError as err:
-                context.abort(status_of(err), str(err))
-            if rest:
-                session.pending_index = pend + len(rest) + 1
-        self.events.emit("extend", rid, tokens=len(rest), start_index=pend)
+        t0 = time.monotonic_ns()
+        try:
+            rest, steps = self._recompute(session, ids, start, pend + 1)  # this worker holds up to pend
+        except Diverged as err:
+            self.events.emit("handoff_diverged", rid, index=err.index, mine=err.mine, theirs=err.theirs)
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"request {rid!r}: {err} (greedy divergence)")
+        except EngineError as err:
+            context.abort(status_of(err), str(err))
+        if rest:
+            session.pending_index = pend + len(rest) + 1
+        self.events.emit(
+            "extend", rid, tokens=len(rest), start_index=pend, steps=steps, extend_ns=time.monotonic_ns() - t0
+        )
 
     def _absorb_kv(self, session: Session, request, context) -> None:
         """KV handoff: import the generated tokens' KV from the data plane, then the one token without KV."""

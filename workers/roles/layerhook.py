@@ -6,10 +6,12 @@ slots of the request's positions; reading one layer's KV of a position range
 as a private uint8 copy shaped for the data plane.
 Not responsible for: sending (workers/roles/kvwire.py) or the engine itself.
 
-How: the engine binds each forward pass through `KVCache.bind`; we wrap the
-returned binding's `attend` (the model calls it once per layer, after which
-that layer's KV of every position is in the cache). The wrapper is set on
-the KVCache instance only and removed on exit, so nothing else changes.
+How: the engine binds each forward pass through `KVCache.bind`; we add a
+listener to the returned binding (`PassKV.listeners`: called once per layer,
+as soon as that layer's K and V of every position are in the cache). The
+wrapper is set on the KVCache instance only and removed on exit, so nothing
+else changes. A pass over several requests (`Engine.step`) takes its own
+per-request callback (`on_layer`) instead.
 """
 
 from __future__ import annotations
@@ -30,17 +32,10 @@ def layer_tap(kv: KVCache, on_layer: LayerCallback) -> Iterator[None]:
     """While active, on_layer(layer, slots) runs after each layer of a single-request forward pass."""
     original = kv.bind
 
-    def bind(slot_maps, starts, n_new):
-        binding = original(slot_maps, starts, n_new)
-        attend = binding.attend
-        slots = binding.gather_slots[0]  # (L,) slots of positions 0..start+n_new-1
-
-        def tapped(layer, k, v):
-            out = attend(layer, k, v)
-            on_layer(layer, slots)
-            return out
-
-        binding.attend = tapped
+    def bind(spans):
+        binding = original(spans)
+        slots = binding.slots(0)  # (L,) slots of positions 0..start+n_new-1
+        binding.listeners.append(lambda layer: on_layer(layer, slots))
         return binding
 
     kv.bind = bind
@@ -52,6 +47,5 @@ def layer_tap(kv: KVCache, on_layer: LayerCallback) -> Iterator[None]:
 
 def read_layer(kv: KVCache, layer: int, slots: torch.Tensor) -> np.ndarray:
     """K and V of one layer at these slots, a private copy (2, n, row_bytes) uint8."""
-    k_store, v_store = kv.layer_kv(layer)  # (S, nkv, hs)
-    both = torch.stack((k_store.index_select(0, slots), v_store.index_select(0, slots)))  # (2, n, nkv, hs)
-    return both.cpu().contiguous().view(torch.uint8).reshape(2, slots.numel(), -1).numpy()
+    both = kv.read_layer(layer, slots)  # (2, n, nkv, hs)
+    return both.cpu().view(torch.uint8).reshape(2, slots.numel(), -1).numpy()

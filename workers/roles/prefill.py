@@ -22,8 +22,10 @@ import threading
 import time
 
 import grpc
+import numpy as np
 
-from workers.engine import Engine, GenerationRequest
+from workers.chunked import ChunkScheduler
+from workers.engine import Engine, GenerationRequest, LayerWrite
 from workers.errors import EngineError
 from workers.proto import pdd_pb2, pdd_pb2_grpc
 from workers.roles.config import DeploymentConfig, PathConfig, WorkerConfig
@@ -52,14 +54,22 @@ class _Target:
     """One KV target of a prefill. start: first position to send, given (start_tokens) or None until the
     target's DRC answers; layers computed before that wait in `stash` (the whole prompt's rows)."""
 
-    def __init__(self, target, start: int | None):
+    def __init__(self, target, start: int | None, request_id: str, prompt: tuple[int, ...]):
         self.target, self.start = target, start
+        self.request_id, self.prompt = request_id, prompt
         self.failed = ""
         self.answered = threading.Event()
         if start is not None:
             self.answered.set()
         self.sender: KVSender | None = None
-        self.stash: list[tuple[int, object]] = []
+        self.stash: list[tuple[int, int, np.ndarray]] = []  # (layer, first position, rows) until start is known
+
+
+def _put(plan: _Target, layer: int, start: int, rows: np.ndarray) -> None:
+    """The part of rows (positions start..) at or past the target's start, to its sender."""
+    lo = max(start, plan.start)
+    if lo < start + rows.shape[1]:
+        plan.sender.put_rows(layer, lo - plan.start, rows[:, lo - start :])
 
 
 class PrefillServicer(pdd_pb2_grpc.PrefillServicer):
@@ -70,6 +80,11 @@ class PrefillServicer(pdd_pb2_grpc.PrefillServicer):
         self.engine = engine
         self.events = events
         self.lock = threading.Lock()  # the engine is single-threaded
+        budget = cfg.prefill.step_budget_tokens
+        # chunks of every prompt in flight share engine steps (None: whole prompts, one at a time)
+        self.sched = ChunkScheduler(engine, budget, self.lock) if budget else None
+        self._steps_logged = 0  # scheduler steps already in the event log
+        self._steps_lock = threading.Lock()
         self._senders: dict[str, list[KVSender]] = {}
         self._cancelled: dict[str, float] = {}  # request -> when it was cancelled (CANCEL_MEMORY_S)
         self._senders_lock = threading.Lock()
@@ -96,7 +111,7 @@ class PrefillServicer(pdd_pb2_grpc.PrefillServicer):
                     grpc.StatusCode.INVALID_ARGUMENT,
                     f"target {t.path}: start {t.start_tokens} outside [0, {len(prompt)})",
                 )
-        plans = [_Target(t, None if t.drc_address else t.start_tokens) for t in request.targets]
+        plans = [_Target(t, None if t.drc_address else t.start_tokens, rid, prompt) for t in request.targets]
         for plan in plans:
             if plan.start is None:
                 threading.Thread(
@@ -173,19 +188,23 @@ class PrefillServicer(pdd_pb2_grpc.PrefillServicer):
                 opened = self.engine.open(gen)
             except EngineError as err:
                 context.abort(status_of(err), str(err))
-            try:
-                self.events.emit("prefill_start", rid, cached_tokens=opened.cached_tokens)
-                with layer_tap(self.engine.kv, lambda layer, slots: self._ship_layer(gen, plans, layer, slots)):
-                    result = self.engine.prefill(rid)
-                t_first = time.monotonic_ns()
+        self.events.emit("prefill_start", rid, cached_tokens=opened.cached_tokens)
+        try:
+            first, computed = self._compute(gen, plans, opened.cached_tokens)
+            t_first = time.monotonic_ns()
+            with self.lock:
                 self.engine.finish(rid)
-            except BaseException:
-                for plan in plans:
-                    if plan.sender is not None:
-                        plan.sender.cancel("prefill failed")
+        except BaseException:
+            for plan in plans:
+                if plan.sender is not None:
+                    plan.sender.cancel("prefill failed")
+            if self.sched is not None:
+                self.sched.cancel(rid)
+            with self.lock:
                 self.engine.abort(rid)
-                raise
-        first = result.first_token
+            raise
+        finally:
+            self._log_steps()
         ready = [p for p in plans if p.sender is not None]
         for plan in ready:
             plan.sender.finish(first)
@@ -197,7 +216,53 @@ class PrefillServicer(pdd_pb2_grpc.PrefillServicer):
                 ).start()
             else:  # P->MD: the first token travels with this copy
                 self._finish_late(gen, plan, first)
-        return first, t_first, (result.cached_tokens, result.computed_tokens)
+        return first, t_first, (opened.cached_tokens, computed)
+
+    def _compute(self, gen: GenerationRequest, plans: list[_Target], cached: int) -> tuple[int, int]:
+        """The prompt's KV beyond the cached prefix, each layer shipped as it is written; (first token, tokens
+        computed). Chunked: this prompt's chunks share engine steps with every other prompt in flight (the
+        first chunk of a layer also carries the cached prefix's rows, which a target may lack); whole: one
+        pass under the engine lock."""
+        rid, n = gen.request_id, len(gen.prompt_tokens)
+        if self.sched is None:
+            with self.lock:
+                with layer_tap(
+                    self.engine.kv, lambda layer, slots: self._ship(plans, layer, 0, self._rows(layer, slots[:n]))
+                ):
+                    result = self.engine.prefill(rid)
+            return result.first_token, result.computed_tokens
+
+        def on_layer(write: LayerWrite) -> None:
+            end = write.start + write.slots.numel()
+            slots = self.engine.slots(rid, 0, end) if write.start == cached else write.slots
+            self._ship(plans, write.layer, 0 if write.start == cached else write.start, self._rows(write.layer, slots))
+
+        result = self.sched.prefill(rid, on_layer)
+        return result.next_token, result.computed_tokens
+
+    def _rows(self, layer: int, slots) -> np.ndarray:
+        return read_layer(self.engine.kv, layer, slots)
+
+    def _log_steps(self) -> None:
+        """The scheduler's steps since the last call, as prefill_step events (which prompts' chunks shared each
+        step; lone_tail: a prompt's last, short chunk ran alone — the bathtub's valleys, PDD.md)."""
+        if self.sched is None:
+            return
+        with self._steps_lock:
+            new = self.sched.steps - self._steps_logged
+            records = list(self.sched.records)[-new:] if new > 0 else []
+            self._steps_logged = self.sched.steps
+            for r in records:
+                self.events.emit(
+                    "prefill_step",
+                    None,
+                    chunks=[[c.request_id, c.start, c.n_tokens, c.last] for c in r.chunks],
+                    tokens=r.tokens,
+                    budget_tokens=r.budget_tokens,
+                    lone_tail=r.lone_tail,
+                    t_start_ns=int(r.t_start * 1e9),
+                    duration_ns=int(r.duration_s * 1e9),
+                )
 
     def _finish_late(self, gen: GenerationRequest, plan: _Target, first_token: int) -> None:
         """A target whose DRC had not answered by the end of the prefill: wait for the answer, then send the
@@ -209,28 +274,29 @@ class PrefillServicer(pdd_pb2_grpc.PrefillServicer):
         if plan.failed or self._was_cancelled(rid):
             plan.stash = []
             return
-        self._open_sender(gen, plan)
+        self._open_sender(plan)
         plan.sender.finish(first_token)
 
     def _was_cancelled(self, rid: str) -> bool:
         with self._senders_lock:
             return rid in self._cancelled
 
-    def _ship_layer(self, gen: GenerationRequest, plans: list[_Target], layer: int, slots) -> None:
-        n = len(gen.prompt_tokens)
+    def _ship(self, plans: list[_Target], layer: int, start: int, rows: np.ndarray) -> None:
+        """Rows of positions start.. of one layer are in the cache: each target gets those at or past its own
+        start (a target whose DRC has not answered yet: stashed)."""
         for plan in plans:
             if plan.sender is None and plan.answered.is_set() and not plan.failed:
-                self._open_sender(gen, plan)
+                self._open_sender(plan)
             if plan.sender is not None:
-                plan.sender.put_layer(layer, read_layer(self.engine.kv, layer, slots[plan.start : n]))
+                _put(plan, layer, start, rows)
             elif not plan.failed:
-                plan.stash.append((layer, read_layer(self.engine.kv, layer, slots[:n])))
+                plan.stash.append((layer, start, rows))
 
-    def _open_sender(self, gen: GenerationRequest, plan: _Target) -> None:
-        """The target's start is known: its sender starts with the layers computed so far."""
-        plan.sender = self._sender(gen.request_id, plan.target, plan.start, gen.prompt_tokens)
-        for layer, kv in plan.stash:
-            plan.sender.put_layer(layer, kv[:, plan.start :])
+    def _open_sender(self, plan: _Target) -> None:
+        """The target's start is known: its sender starts with the rows computed so far."""
+        plan.sender = self._sender(plan.request_id, plan.target, plan.start, plan.prompt)
+        for layer, start, rows in plan.stash:
+            _put(plan, layer, start, rows)
         plan.stash = []
 
     def _sender(self, rid: str, target, start: int, prompt: tuple[int, ...]) -> KVSender:

@@ -39,8 +39,9 @@ from workers.model import get_config
 from workers.proto import pdd_pb2, pdd_pb2_grpc
 from workers.roles.config import HANDOFFS, MODES, DeploymentConfig, WorkerConfig
 from workers.roles.events import EventLog
+from workers.roles.pools import Choice, Pools
 from workers.roles.server import Channels, RoleServer, StatsSource, event_log, role_main
-from workers.roles.routing import ENDS_AT_MD, DRCMirror, Route, RouteDecision, decide_route
+from workers.roles.routing import ENDS_AT_MD, Route, RouteDecision, decide_route
 from workers.roles.wanestimate import WanEstimate
 
 log = logging.getLogger(__name__)
@@ -97,7 +98,7 @@ class RouterServicer(pdd_pb2_grpc.RouterServicer):
         self.channels = Channels(cfg)  # not warmed at start: peers may still be starting (refused, backoff)
         self._lock = threading.Lock()
         self._rids: set[str] = set()  # request ids in flight (their count: Stats' sessions)
-        self.drc = DRCMirror(cfg.block_size, cfg.md.capacity_tokens // cfg.block_size)
+        self.pools = Pools(cfg)  # each pool's load, failures, and each MD's DRC mirror
         self.wan: WanEstimate | None = None  # the latest of P's WAN measurements (PrefillReply.wan)
 
     def _stub(self, cls, worker: WorkerConfig):
@@ -130,12 +131,14 @@ class RouterServicer(pdd_pb2_grpc.RouterServicer):
 
     def _serve(self, rid: str, prompt: list[int], max_tokens: int, mode: str, handoff: str, context):
         """Route one claimed request and stream it to its end."""
-        decision = self._decide(mode, prompt, max_tokens, context)
+        decision, chosen = self._decide(mode, prompt, max_tokens)
         wan = self.wan
         self.events.emit(
             "route",
             rid,
             route=decision.route,
+            workers={role: c.worker.name for role, c in chosen.items()},
+            picks={role: c.record() for role, c in chosen.items() if len(c.loads) > 1},
             mode=mode,
             handoff=handoff,
             md_cached_tokens=decision.md_cached_tokens,
@@ -149,7 +152,7 @@ class RouterServicer(pdd_pb2_grpc.RouterServicer):
         if decision.singular:
             saved = (len(prompt) - decision.md_cached_tokens) * self.kv_bytes_per_token
             self.events.emit("wan_blocked", rid, kv_bytes_saved=saved, reason="singular")
-        run = _RequestRun(self, rid, prompt, max_tokens, decision, handoff, context)
+        run = _RequestRun(self, rid, prompt, max_tokens, decision, handoff, context, chosen)
         try:
             yield from run.stream()
         finally:
@@ -180,20 +183,42 @@ class RouterServicer(pdd_pb2_grpc.RouterServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "; ".join(problems))
         return mode, handoff
 
-    def _decide(self, mode: str, prompt: list[int], max_tokens: int, context) -> RouteDecision:
+    def _decide(self, mode: str, prompt: list[int], max_tokens: int) -> tuple[RouteDecision, dict[str, Choice]]:
+        """The route, and the worker of each pool it uses: the MD first (pdd routes on the chosen MD's DRC
+        hit), then the RLD and P the route needs."""
+        chosen: dict[str, Choice] = {}
         hit = 0
-        if mode == "pdd" and self.cfg.policy.drc_estimate == "mirror":
-            hit = self.drc.match(prompt)
-        elif mode == "pdd":
+        if mode in ("pd-cross", "pdd"):
+            hits = self._md_hits(prompt) if mode == "pdd" else {}
+            chosen["md"] = self.pools.choose("md", hits)
+            hit = hits.get(chosen["md"].worker.name, 0)
+        decision = decide_route(mode, len(prompt), max_tokens, hit, self.kv_bytes_per_token, self.cfg.policy, self.wan)
+        if decision.route not in ENDS_AT_MD and "md" in chosen:
+            self.pools.release(chosen.pop("md"))
+        if decision.route != Route.P_MD:
+            chosen["rld"] = self.pools.choose("rld")
+        if decision.route != Route.COLOCATED:
+            chosen["p"] = self.pools.choose("p")
+        return decision, chosen
+
+    def _md_hits(self, prompt: list[int]) -> dict[str, int]:
+        """MD name -> its expected DRC hit for prompt: the router's mirrors, or (drc_estimate: lookup) each MD
+        asked (one WAN round trip; an MD that cannot answer counts as a miss)."""
+        if self.cfg.policy.drc_estimate == "mirror":
+            return self.pools.hits(prompt)
+        hits = {}
+        for md in self.cfg.md:
             try:
-                hit = (
-                    self._stub(pdd_pb2_grpc.DecodeStub, self.cfg.md)
+                hits[md.name] = (
+                    self._stub(pdd_pb2_grpc.DecodeStub, md)
                     .Lookup(pdd_pb2.LookupRequest(prompt_tokens=prompt), timeout=SETUP_TIMEOUT_S)
                     .cached_tokens
                 )
             except grpc.RpcError as err:
-                self.events.emit("drc_lookup_failed", None, reason=f"{err.code().name}: {err.details()}")
-        return decide_route(mode, len(prompt), max_tokens, hit, self.kv_bytes_per_token, self.cfg.policy, self.wan)
+                self.events.emit(
+                    "drc_lookup_failed", None, worker=md.name, reason=f"{err.code().name}: {err.details()}"
+                )
+        return hits
 
 
 # Past the MD's own KV deadline, how long a drained request may still take to end.
@@ -212,8 +237,10 @@ class _RequestRun:
         decision: RouteDecision,
         handoff: str,
         context,
+        chosen: dict[str, Choice],
     ):
         self.s, self.cfg, self.rid = servicer, servicer.cfg, rid
+        self.workers = {role: c.worker for role, c in chosen.items()}  # the P, RLD, MD this request uses
         self.prompt, self.max_tokens, self.decision, self.handoff = prompt, max_tokens, decision, handoff
         self.context = context
         self.queue: queue.Queue = queue.Queue()
@@ -298,34 +325,44 @@ class _RequestRun:
     def _decode_request(self, **kw) -> pdd_pb2.DecodeRequest:
         return pdd_pb2.DecodeRequest(request_id=self.rid, prompt_tokens=self.prompt, max_tokens=self.max_tokens, **kw)
 
+    def _w(self, role: str) -> WorkerConfig:
+        """The worker of a pool this request uses (picked now where the route did not need one: a fallback
+        to the RLD of a P->MD request)."""
+        if role not in self.workers:
+            self.workers[role] = self.s.pools.choose(role).worker
+        return self.workers[role]
+
     def _start(self) -> None:
-        route, cfg = self.decision.route, self.cfg
+        route = self.decision.route
         if route == Route.COLOCATED:
-            self._open_stream("rld", cfg.rld, self._decode_request(kv_source=pdd_pb2.KV_SOURCE_LOCAL))
+            # the RLD's own prefix cache spares the prefill what it computed before (a fair colocated baseline)
+            local = self._decode_request(kv_source=pdd_pb2.KV_SOURCE_LOCAL, use_prefix_cache=True)
+            self._open_stream("rld", self._w("rld"), local)
             return
-        targets = []
+        targets, p_name = [], self._w("p").name
         if route in ENDS_AT_MD:
-            relay = cfg.rld.grpc_address if route == Route.P_RLD_MD else ""
+            md = self._w("md")
+            relay = self._w("rld").grpc_address if route == Route.P_RLD_MD else ""
             drc = self.decision.use_drc
-            self._open_stream("md", cfg.md, self._decode_request(use_prefix_cache=drc, relay_grpc=relay))
+            req = self._decode_request(use_prefix_cache=drc, relay_grpc=relay, prefill_worker=p_name)
+            self._open_stream("md", md, req)
             targets.append(
-                pdd_pb2.KVTarget(
-                    path="wan", kv_address=cfg.md.kv_address, drc_address=cfg.md.grpc_address if drc else ""
-                )
+                pdd_pb2.KVTarget(path="wan", kv_address=md.kv_address, drc_address=md.grpc_address if drc else "")
             )
         if route != Route.P_MD:
-            hand = HANDOFF_ENUM[self.handoff] if route == Route.P_RLD_MD else pdd_pb2.HANDOFF_NONE
+            rld, to_md = self._w("rld"), route == Route.P_RLD_MD
             self._open_stream(
                 "rld",
-                cfg.rld,
+                rld,
                 self._decode_request(
-                    handoff=hand,
-                    handoff_grpc=cfg.md.grpc_address if route == Route.P_RLD_MD else "",
-                    handoff_kv=cfg.md.kv_address,
-                    chunk_tokens=cfg.policy.chunk_tokens,
+                    handoff=HANDOFF_ENUM[self.handoff] if to_md else pdd_pb2.HANDOFF_NONE,
+                    handoff_grpc=self._w("md").grpc_address if to_md else "",
+                    handoff_kv=self._w("md").kv_address if to_md else "",
+                    chunk_tokens=self.cfg.policy.chunk_tokens,
+                    prefill_worker=p_name,
                 ),
             )
-            targets.insert(0, pdd_pb2.KVTarget(path="fast", kv_address=cfg.rld.kv_address, start_tokens=0))
+            targets.insert(0, pdd_pb2.KVTarget(path="fast", kv_address=rld.kv_address, start_tokens=0))
         self._prefill(targets)
 
     def _open_stream(self, source: str, worker: WorkerConfig, req: pdd_pb2.DecodeRequest, offset: int = 0) -> None:
@@ -336,13 +373,18 @@ class _RequestRun:
         call = self.s._stub(pdd_pb2_grpc.DecodeStub, worker).Decode(req, timeout=REQUEST_TIMEOUT_S)
         self.calls.append(call)
         self.live += 1
+        tokens = len(req.prompt_tokens) + req.max_tokens  # the KV slots the session reserves there
+        self.s.pools.take(worker, tokens)
         t = threading.Thread(
-            target=self._pump, args=(source, worker, call, offset), name=f"pump-{source}-{self.rid}", daemon=True
+            target=self._pump,
+            args=(source, worker, call, offset, tokens),
+            name=f"pump-{source}-{self.rid}",
+            daemon=True,
         )
         self.threads.append(t)
         t.start()
 
-    def _pump(self, source: str, worker: WorkerConfig, call, offset: int = 0) -> None:
+    def _pump(self, source: str, worker: WorkerConfig, call, offset: int, tokens: int) -> None:
         try:
             for ev in call:
                 kind = ev.WhichOneof("kind")
@@ -366,27 +408,34 @@ class _RequestRun:
             if err.code() == grpc.StatusCode.CANCELLED:
                 self.queue.put((source, "end", "cancelled"))
             else:
+                if err.code() == grpc.StatusCode.UNAVAILABLE:
+                    self.s.pools.failed(worker)
                 self.queue.put((source, "error", (err.code(), f"{worker.name}: {err.code().name}: {err.details()}")))
+        finally:
+            self.s.pools.give_back(worker, tokens)
 
     def _ended(self, source: str, reason: str) -> None:
         if source == "md":
             self.md_end = reason
 
     def _prefill(self, targets: list) -> None:
-        self.p_used = True
-        stub = self.s._stub(pdd_pb2_grpc.PrefillStub, self.cfg.p)
+        self.p_used, p = True, self._w("p")
+        stub = self.s._stub(pdd_pb2_grpc.PrefillStub, p)
         try:
-            reply = stub.Prefill(
-                pdd_pb2.PrefillRequest(
-                    request_id=self.rid, prompt_tokens=self.prompt, targets=targets, use_prefix_cache=True
-                ),
-                timeout=REQUEST_TIMEOUT_S,
-            )
+            with self.s.pools.holding(p, len(self.prompt)):
+                reply = stub.Prefill(
+                    pdd_pb2.PrefillRequest(
+                        request_id=self.rid, prompt_tokens=self.prompt, targets=targets, use_prefix_cache=True
+                    ),
+                    timeout=REQUEST_TIMEOUT_S,
+                )
         except grpc.RpcError as err:
+            if err.code() == grpc.StatusCode.UNAVAILABLE:
+                self.s.pools.failed(p)
             if self._can_fall_back():
-                self._fall_back(f"{self.cfg.p.name}: {err.code().name}: {err.details()}")
+                self._fall_back(f"{p.name}: {err.code().name}: {err.details()}")
                 return
-            self._fail(err.code(), f"{self.cfg.p.name}: {err.details()}")
+            self._fail(err.code(), f"{p.name}: {err.details()}")
         # Token 0 (reply.first_token) reaches the client from the decode side once it holds the KV.
         self.s.events.emit("prefill_reply", self.rid, first_token=reply.first_token, t_ns_p=reply.t_ns)
         w = reply.wan
@@ -426,8 +475,9 @@ class _RequestRun:
             prompt_tokens=self.prompt + done,
             max_tokens=self.max_tokens - n,
             kv_source=pdd_pb2.KV_SOURCE_LOCAL,
+            use_prefix_cache=True,
         )
-        self._open_stream("rld", self.cfg.rld, req, offset=n)
+        self._open_stream("rld", self._w("rld"), req, offset=n)
 
     def _fall_back(self, reason: str) -> None:
         """The WAN target failed: drop the MD's session, prefill again (P's prefix cache holds the prompt)
@@ -439,8 +489,11 @@ class _RequestRun:
         self.decision = replace(self.decision, route=Route.P_RLD_FALLBACK)
         for call in self.calls:
             call.cancel()
-        self._open_stream("rld", self.cfg.rld, self._decode_request(handoff=pdd_pb2.HANDOFF_NONE))
-        self._prefill([pdd_pb2.KVTarget(path="fast", kv_address=self.cfg.rld.kv_address, start_tokens=0)])
+        rld = self._w("rld")
+        self._open_stream(
+            "rld", rld, self._decode_request(handoff=pdd_pb2.HANDOFF_NONE, prefill_worker=self._w("p").name)
+        )
+        self._prefill([pdd_pb2.KVTarget(path="fast", kv_address=rld.kv_address, start_tokens=0)])
 
     def cleanup(self) -> None:
         """Cancel every stream still open and P's transfers still in flight; join the pumps.
@@ -472,7 +525,7 @@ class _RequestRun:
 
     def _learn(self, tokens: list[int], cause: str) -> None:
         """Tell the DRC mirror what the MD's cache now holds (only what it really does, when it does)."""
-        self.s.drc.insert(tokens)
+        self.s.pools.mirrors[self._w("md").name].insert(tokens)
         self.s.events.emit("drc_learned", self.rid, tokens=len(tokens), cause=cause)
 
     def _cancel_all(self) -> None:
@@ -480,11 +533,11 @@ class _RequestRun:
             call.cancel()
         if self.p_used:
             try:
-                self.s._stub(pdd_pb2_grpc.PrefillStub, self.cfg.p).Cancel(
+                self.s._stub(pdd_pb2_grpc.PrefillStub, self._w("p")).Cancel(
                     pdd_pb2.CancelRequest(request_id=self.rid), timeout=2.0
                 )
             except grpc.RpcError as err:
-                self.s.events.emit("cancel_failed", self.rid, worker=self.cfg.p.name, reason=err.code().name)
+                self.s.events.emit("cancel_failed", self.rid, worker=self._w("p").name, reason=err.code().name)
         for t in self.threads:
             t.join(5)
 

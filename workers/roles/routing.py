@@ -122,3 +122,102 @@ class DRCMirror:
                 self._blocks.move_to_end(h)
             while len(self._blocks) > self.capacity_blocks:
                 self._blocks.popitem(last=False)
+
+
+# ---------------------------------------------------------------- which worker of a pool
+
+
+@dataclass(frozen=True)
+class WorkerLoad:
+    """What the router knows of one worker when it picks: name; sessions: its requests in flight from this
+    router (P: prefills, RLD/MD: decode sessions); tokens: P: prompt tokens it still has to prefill, RLD/MD:
+    KV slots its sessions reserved (prompt + max_tokens); capacity_tokens: its KV slots; healthy: no recent
+    failure; hit_tokens: MD: the prompt's prefix its DRC is expected to hold (tokens)."""
+
+    name: str
+    sessions: int = 0
+    tokens: int = 0
+    capacity_tokens: int = 0
+    healthy: bool = True
+    hit_tokens: int = 0
+
+    @property
+    def free_tokens(self) -> int:
+        return self.capacity_tokens - self.tokens
+
+
+@dataclass(frozen=True)
+class Pick:
+    """The worker picked and why: only (a pool of one, or one candidate), least_load, round_robin, affinity
+    (the longest cached prefix), balance (the pool out of balance: the least loaded), cap (the affine worker
+    at its load cap: the least loaded below it), unhealthy (every worker failed lately: the least loaded)."""
+
+    worker: str
+    reason: str
+
+
+def _candidates(loads: list[WorkerLoad]) -> tuple[list[WorkerLoad], bool]:
+    healthy = [w for w in loads if w.healthy]
+    return (healthy, True) if healthy else (list(loads), False)
+
+
+def _least(loads: list[WorkerLoad], key) -> WorkerLoad:
+    return min(loads, key=lambda w: (key(w), loads.index(w)))
+
+
+def _first_pass(loads: list[WorkerLoad]) -> tuple[list[WorkerLoad], Pick | None]:
+    if not loads:
+        raise ValueError("a pool needs at least one worker")
+    if len(loads) == 1:
+        return loads, Pick(loads[0].name, "only")
+    cands, healthy = _candidates(loads)
+    if not healthy:
+        return cands, Pick(_least(cands, lambda w: w.sessions).name, "unhealthy")
+    if len(cands) == 1:
+        return cands, Pick(cands[0].name, "only")
+    return cands, None
+
+
+def pick_p(loads: list[WorkerLoad], policy: str, turn: int) -> Pick:
+    """The P that prefills: the fewest prompt tokens still to prefill (then the fewest prefills), or in turn."""
+    cands, pick = _first_pass(loads)
+    if pick is not None:
+        return pick
+    if policy == "round_robin":
+        return Pick(cands[turn % len(cands)].name, "round_robin")
+    return Pick(_least(cands, lambda w: (w.tokens, w.sessions)).name, "least_load")
+
+
+def pick_rld(loads: list[WorkerLoad], policy: str, turn: int) -> Pick:
+    """The RLD: the most free KV (then the fewest sessions), or in turn."""
+    cands, pick = _first_pass(loads)
+    if pick is not None:
+        return pick
+    if policy == "round_robin":
+        return Pick(cands[turn % len(cands)].name, "round_robin")
+    return Pick(_least(cands, lambda w: (-w.free_tokens, w.sessions)).name, "least_load")
+
+
+def pick_md(
+    loads: list[WorkerLoad], policy: str, turn: int, load_cap: int, balance_abs: int, balance_rel: float
+) -> Pick:
+    """The MD a request ends at. cache_aware (as SGLang's cache-aware router and llm-d's prefix scorer): the
+    longest expected DRC hit, ties to the least loaded; but the least loaded while the pool is out of
+    balance (the busiest has more than balance_abs sessions more than the idlest and more than balance_rel
+    times as many), and never an MD at load_cap sessions while another is below it."""
+    cands, pick = _first_pass(loads)
+    if pick is not None:
+        return pick
+    if policy == "round_robin":
+        return Pick(cands[turn % len(cands)].name, "round_robin")
+    least = _least(cands, lambda w: (w.sessions, w.tokens))
+    if policy == "least_load":
+        return Pick(least.name, "least_load")
+    below = [w for w in cands if w.sessions < load_cap] or cands
+    busiest, idlest = max(w.sessions for w in cands), min(w.sessions for w in cands)
+    if busiest - idlest > balance_abs and busiest > balance_rel * idlest:
+        return Pick(_least(below, lambda w: (w.sessions, w.tokens)).name, "balance")
+    best = _least(cands, lambda w: (-w.hit_tokens, w.sessions, w.tokens))
+    if best not in below:
+        return Pick(_least(below, lambda w: (-w.hit_tokens, w.sessions, w.tokens)).name, "cap")
+    return Pick(best.name, "affinity" if best.hit_tokens > 0 else "least_load")

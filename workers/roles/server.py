@@ -106,15 +106,31 @@ def status_of(err: EngineError) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
+class DeviceUnavailable(RuntimeError):
+    """A worker's config asks for a device this process cannot use."""
+
+
+def check_device(worker: WorkerConfig) -> None:
+    """Raise DeviceUnavailable, naming the worker and this torch build, if its device is not usable here."""
+    if worker.device == "cuda" and not torch.cuda.is_available():
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        raise DeviceUnavailable(
+            f"worker {worker.name}: device cuda, but torch.cuda.is_available() is False here "
+            f"(torch {torch.__version__}, {build}); run it where a GPU and CUDA torch are, or give its pool device: cpu"
+        )
+
+
 def build_engine(cfg: DeploymentConfig, worker: WorkerConfig, prefix_cache: bool) -> Engine:
-    """This worker's engine on the CPU with one torch thread (workers share cores)."""
-    torch.set_num_threads(1)
+    """This worker's engine on its device (cpu unless the config says cuda) with its `threads` torch threads
+    (one by default: workers share cores)."""
+    check_device(worker)
+    torch.set_num_threads(worker.threads)
     return Engine(
         cfg.model,
         seed=cfg.seed,
         capacity_tokens=worker.capacity_tokens,
         block_size=cfg.block_size,
-        device="cpu",
+        device=worker.device,
         prefix_cache=prefix_cache,
         weights_dir=Path(cfg.weights_dir) if cfg.weights_dir else None,
     )
@@ -254,7 +270,7 @@ def role_main(
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format=f"%(asctime)s %(levelname)s {role} %(name)s: %(message)s")
     cfg = load_config(args.config)
-    worker = cfg.worker(args.worker) if args.worker else getattr(cfg, default_worker)
+    worker = cfg.worker(args.worker) if args.worker else cfg.pool(default_worker)[0]
     if not give_big_blocks_back():
         logging.getLogger(__name__).warning("mallopt unavailable: freed KV-sized blocks may stay in the heap")
     stop = threading.Event()

@@ -39,6 +39,7 @@ class Session:
     emit_from: int = 1  # first index this worker streams
     relay_lost: bool = False  # MD: the RLD is unreachable
     relay_output: tuple[int, ...] | None = None  # MD: the RLD finished alone; its whole output (RelayOutput)
+    waits_for_room: bool = False  # opened once the cache has room (it was full for now at arrival)
     after: Session | None = None  # MD: the earlier session whose WAN copy still brings this one's prefix
     closed: threading.Event = field(default_factory=threading.Event)  # set once the session left the engine
 

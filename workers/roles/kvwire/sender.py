@@ -147,14 +147,26 @@ class KVSender:
         return self
 
     def put_layer(self, layer: int, kv: np.ndarray) -> None:
-        """Queue one layer: kv (2, n_tokens, row_bytes) uint8 (K then V), already a private copy."""
+        """Queue one whole layer: kv (2, n_tokens, row_bytes) uint8 (K then V), already a private copy."""
         n = self.meta.n_tokens
         if kv.shape != (2, n, self.meta.row_bytes):
             raise ValueError(f"layer {layer}: shape {kv.shape}, expected {(2, n, self.meta.row_bytes)}")
+        self.put_rows(layer, 0, kv)
+
+    def put_rows(self, layer: int, offset: int, kv: np.ndarray) -> None:
+        """Queue rows offset..offset+k-1 of one layer (offsets from the transfer's start): kv (2, k, row_bytes)
+        uint8, a private copy. A chunked prefill writes a layer in pieces; every row must come exactly once."""
+        k = kv.shape[1]
+        if kv.shape != (2, k, self.meta.row_bytes) or not 0 <= offset <= offset + k <= self.meta.n_tokens:
+            raise ValueError(
+                f"layer {layer}: rows [{offset}, {offset + k}) shaped {kv.shape}, expected within "
+                f"[0, {self.meta.n_tokens}) and (2, k, {self.meta.row_bytes})"
+            )
         with self._cond:
-            for off in range(0, n, self._chunk_tokens):
-                cnt = min(self._chunk_tokens, n - off)
-                self._chunks.append(_Chunk(layer, off, cnt, (kv[0, off : off + cnt], kv[1, off : off + cnt])))
+            for off in range(0, k, self._chunk_tokens):
+                cnt = min(self._chunk_tokens, k - off)
+                rows = (kv[0, off : off + cnt], kv[1, off : off + cnt])
+                self._chunks.append(_Chunk(layer, offset + off, cnt, rows))
             self._cond.notify_all()
 
     def finish(self, next_token: int | None) -> None:

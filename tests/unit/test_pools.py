@@ -1,0 +1,144 @@
+"""Which worker of a pool the router picks (pure policy), and the router's load accounting behind it."""
+
+import pytest
+
+from workers.roles.config import ConfigError, parse_config
+from workers.roles.pools import DOWN_S, PICKED_S, Pools
+from workers.roles.routing import WorkerLoad, pick_md, pick_p, pick_rld
+
+
+def W(name, sessions=0, tokens=0, capacity=1000, healthy=True, hit=0):
+    return WorkerLoad(name, sessions, tokens, capacity, healthy, hit)
+
+
+def test_p_by_queued_prefill_tokens_then_in_turn():
+    loads = [W("p1", 1, 900), W("p2", 3, 100)]
+    assert pick_p(loads, "least_load", 0).worker == "p2"
+    assert [pick_p(loads, "round_robin", t).worker for t in range(3)] == ["p1", "p2", "p1"]
+
+
+def test_rld_by_free_kv_then_sessions():
+    assert pick_rld([W("r1", 1, 500), W("r2", 4, 100)], "least_load", 0).worker == "r2"
+    assert pick_rld([W("r1", 2, 100), W("r2", 1, 100)], "least_load", 0).worker == "r2"
+    assert pick_rld([W("r1", 1, 0, capacity=100), W("r2", 1, 0, capacity=900)], "least_load", 0).worker == "r2"
+
+
+def test_md_follows_the_prefix_unless_out_of_balance_or_at_its_cap():
+    args = dict(load_cap=8, balance_abs=4, balance_rel=1.5)
+    # affinity: the MD holding the longer prefix, though busier
+    pick = pick_md([W("m1", 3, hit=512), W("m2", 0, hit=0)], "cache_aware", 0, **args)
+    assert (pick.worker, pick.reason) == ("m1", "affinity")
+    # no hit anywhere: the least loaded
+    assert pick_md([W("m1", 3), W("m2", 1)], "cache_aware", 0, **args).worker == "m2"
+    # out of balance (6 - 1 > 4 and 6 > 1.5 x 1): the least loaded, whatever it holds
+    pick = pick_md([W("m1", 6, hit=512), W("m2", 1)], "cache_aware", 0, **args)
+    assert (pick.worker, pick.reason) == ("m2", "balance")
+    # the affine MD at its cap: the overflow goes to the best one below the cap
+    pick = pick_md(
+        [W("m1", 8, hit=512), W("m2", 5, hit=16), W("m3", 5)],
+        "cache_aware",
+        0,
+        load_cap=8,
+        balance_abs=99,
+        balance_rel=99,
+    )
+    assert (pick.worker, pick.reason) == ("m2", "cap")
+    # every MD at its cap: affinity again (the worker itself refuses what it cannot hold)
+    assert (
+        pick_md([W("m1", 8, hit=512), W("m2", 8)], "cache_aware", 0, load_cap=8, balance_abs=99, balance_rel=99).worker
+        == "m1"
+    )
+    assert pick_md([W("m1", 3, hit=512), W("m2", 1)], "least_load", 0, **args).worker == "m2"
+
+
+def test_a_failed_worker_gets_nothing_while_another_is_healthy():
+    args = dict(load_cap=8, balance_abs=4, balance_rel=1.5)
+    pick = pick_md([W("m1", 0, healthy=False, hit=512), W("m2", 5)], "cache_aware", 0, **args)
+    assert (pick.worker, pick.reason) == ("m2", "only")
+    pick = pick_md([W("m1", 2, healthy=False), W("m2", 1, healthy=False)], "cache_aware", 0, **args)
+    assert (pick.worker, pick.reason) == ("m2", "unhealthy")
+    assert pick_p([W("p1")], "least_load", 7).reason == "only"
+    with pytest.raises(ValueError):
+        pick_p([], "least_load", 0)
+
+
+def _cfg(**policy):
+    port = iter(range(1000, 2000))
+
+    def pool(role, n, **kw):
+        return [{"name": f"{role}{i + 1}", "grpc_port": next(port), **kw} for i in range(n)]
+
+    return parse_config(
+        {
+            "router": {"name": "router", "grpc_port": 1},
+            "p": pool("p", 2),
+            "rld": pool("rld", 1, kv_port=3000),
+            "md": [{**w, "kv_port": 3001 + i} for i, w in enumerate(pool("md", 2, capacity_tokens=2048))],
+            "policy": policy,
+        }
+    )
+
+
+def test_pools_count_what_is_in_flight_and_forget_failures_after_a_while():
+    now = [100.0]
+    pools = Pools(_cfg(), clock=lambda: now[0])
+    md1, md2 = pools.cfg.md
+    pools.take(md1, 300)
+    idle = pools.choose("md")
+    assert idle.worker == md2  # no hit anywhere: the idle one
+    pools.release(idle)  # not used: it stops counting on md2
+    prompt = list(range(40))
+    pools.mirrors["md1"].insert(prompt)
+    choice = pools.choose("md", pools.hits(prompt))
+    assert choice.worker == md1 and choice.pick.reason == "affinity"
+    assert choice.record()["loads"] == [["md1", 1, 300, 32], ["md2", 0, 0, 0]]
+    pools.release(choice)
+    pools.failed(md1)
+    assert (c := pools.choose("md", pools.hits(prompt))).worker == md2 and pools.down() == ["md1"]
+    pools.release(c)
+    now[0] += DOWN_S + 0.1
+    assert (c := pools.choose("md", pools.hits(prompt))).worker == md1 and pools.down() == []
+    pools.release(c)
+    pools.give_back(md1, 300)
+    with pools.holding(pools.cfg.p[0], 500):
+        assert (c := pools.choose("p")).worker.name == "p2"
+        pools.release(c)
+    assert pools.choose("p").worker.name == "p1"
+
+
+def test_requests_that_arrive_together_see_each_others_picks():
+    """CI once routed four simultaneous pd-cross requests all to md1 with md_load_cap 1: each pick saw both MDs
+    idle, because a session counted only once the router opened it. A pick now counts from the moment it is
+    made, until its session is taken (or PICKED_S, if the request never opens it)."""
+    now = [100.0]
+    pools = Pools(_cfg(md_load_cap=1), clock=lambda: now[0])
+    md1, md2 = pools.cfg.md
+    first, second = pools.choose("md"), pools.choose("md")
+    assert (first.worker, second.worker) == (md1, md2)
+    assert second.record()["loads"] == [["md1", 1, 0, 0], ["md2", 0, 0, 0]]
+    pools.take(md1, 100)  # the first request opens its session: the pick becomes it, not a second session
+    assert pools.choose("md").record()["loads"] == [["md1", 1, 100, 0], ["md2", 1, 0, 0]]
+    now[0] += PICKED_S + 0.1  # the second and third never opened theirs
+    assert pools.choose("md").record()["loads"] == [["md1", 1, 100, 0], ["md2", 0, 0, 0]]
+
+
+def test_pool_config_errors_name_the_field():
+    with pytest.raises(
+        ConfigError, match=r"policy.pick_md='nearest'; allowed: \['cache_aware', 'least_load', 'round_robin'\]"
+    ):
+        _cfg(pick_md="nearest")
+    with pytest.raises(ConfigError, match=r"md\[1\].kv_port=0 out of range"):
+        parse_config(
+            {**_cfg_dict(), "md": [{"name": "md1", "grpc_port": 7, "kv_port": 8}, {"name": "md2", "grpc_port": 9}]}
+        )
+    with pytest.raises(ConfigError, match="worker names must differ"):
+        parse_config({**_cfg_dict(), "p": [{"name": "p1", "grpc_port": 7}, {"name": "p1", "grpc_port": 8}]})
+
+
+def _cfg_dict():
+    return {
+        "router": {"name": "router", "grpc_port": 1},
+        "p": {"name": "p1", "grpc_port": 2},
+        "rld": {"name": "rld1", "grpc_port": 3, "kv_port": 4},
+        "md": {"name": "md1", "grpc_port": 5, "kv_port": 6},
+    }

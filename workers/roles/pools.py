@@ -1,0 +1,143 @@
+"""The router's view of its worker pools: what each worker has in flight from this router, which failed lately,
+and what each MD's DRC is expected to hold.
+
+Responsible for: load accounting per worker (sessions and tokens, taken when the router opens a session or
+a prefill and given back when it ends; a pick counts as a session on its worker from the moment it is made
+until that session is taken, so requests that arrive together do not all see the same idle worker), marking a
+worker that failed as down for a while (DOWN_S) so new requests go to the others, one DRC mirror per MD, and
+turning those into the `WorkerLoad`s the pure picks of routing.py decide on.
+Not responsible for: the picks themselves (routing.pick_p / pick_rld / pick_md), the route (routing.decide_route)
+or carrying a request out (router.py).
+
+The router is the only source of a worker's load here: every request of the deployment passes through it, so
+what it has in flight on a worker is what the worker has (the testbed runs one router).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from workers.roles.config import DeploymentConfig, WorkerConfig
+from workers.roles.routing import DRCMirror, Pick, WorkerLoad, pick_md, pick_p, pick_rld
+
+DOWN_S = 5.0  # a worker whose call failed gets no new request for this long (then it is tried again)
+# A pick not followed by its session within this long (the request failed before opening it) stops counting.
+# Pick to take is milliseconds (the route, then the streams open without waiting for the worker).
+PICKED_S = 5.0
+
+
+@dataclass
+class _Held:
+    sessions: int = 0
+    tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A worker picked for one request: the worker, why, and what every candidate looked like then."""
+
+    worker: WorkerConfig
+    pick: Pick
+    loads: tuple[WorkerLoad, ...]
+
+    def record(self) -> dict:
+        """For the route event: the worker, the reason, and [name, sessions, tokens, hit] per candidate."""
+        return {
+            "worker": self.worker.name,
+            "reason": self.pick.reason,
+            "loads": [
+                [w.name, w.sessions, w.tokens, w.hit_tokens] + ([] if w.healthy else ["down"]) for w in self.loads
+            ],
+        }
+
+
+class Pools:
+    """cfg: the deployment (its pools and policy); clock: seconds, monotonic (tests pass their own)."""
+
+    def __init__(self, cfg: DeploymentConfig, clock=time.monotonic):
+        self.cfg, self.clock = cfg, clock
+        self._lock = threading.Lock()
+        self._held = {w.name: _Held() for w in cfg.workers}
+        self._down_until: dict[str, float] = {}
+        self._picked = {w.name: deque() for w in cfg.workers}  # pick times not yet taken up by a session
+        self._turns = {role: 0 for role in ("p", "rld", "md")}
+        self.mirrors = {w.name: DRCMirror(cfg.block_size, w.capacity_tokens // cfg.block_size) for w in cfg.md}
+
+    # ------------------------------------------------------------ picks
+
+    def choose(self, role: str, hits: dict[str, int] | None = None) -> Choice:
+        """Pick a worker of a pool by the deployment's policy (hits: MD name -> expected DRC hit)."""
+        policy = self.cfg.policy
+        with self._lock:  # look and pick at once: the next request sees this one's pick
+            loads = tuple(self._load(w, (hits or {}).get(w.name, 0)) for w in self.cfg.pool(role))
+            turn = self._turns[role]
+            self._turns[role] += 1
+            if role == "p":
+                pick = pick_p(list(loads), policy.pick_p, turn)
+            elif role == "rld":
+                pick = pick_rld(list(loads), policy.pick_rld, turn)
+            else:
+                cap = policy.md_load_cap or self.cfg.decode.max_sessions
+                pick = pick_md(list(loads), policy.pick_md, turn, cap, policy.md_balance_abs, policy.md_balance_rel)
+            self._picked[pick.worker].append(self.clock())
+        return Choice(self.cfg.worker(pick.worker), pick, loads)
+
+    def release(self, choice: Choice) -> None:
+        """A pick the request will not use (its route did not need that pool after all)."""
+        with self._lock:
+            self._forget_pick(choice.worker.name)
+
+    def hits(self, prompt: list[int]) -> dict[str, int]:
+        """MD name -> the tokens of prompt its DRC is expected to hold (the router's mirrors)."""
+        return {name: mirror.match(prompt) for name, mirror in self.mirrors.items()}
+
+    def _load(self, w: WorkerConfig, hit: int) -> WorkerLoad:
+        """A worker's load now (the caller holds the lock): its sessions, and its picks not yet taken up."""
+        held, now = self._held[w.name], self.clock()
+        picked = self._picked[w.name]
+        while picked and picked[0] <= now - PICKED_S:
+            picked.popleft()
+        healthy = self._down_until.get(w.name, 0.0) <= now
+        return WorkerLoad(w.name, held.sessions + len(picked), held.tokens, w.capacity_tokens, healthy, hit)
+
+    def _forget_pick(self, name: str) -> None:
+        if self._picked[name]:
+            self._picked[name].popleft()
+
+    # ------------------------------------------------------------ accounting
+
+    @contextmanager
+    def holding(self, worker: WorkerConfig, tokens: int):
+        """A session (or a prefill) of `tokens` on worker for the duration of the block."""
+        self.take(worker, tokens)
+        try:
+            yield
+        finally:
+            self.give_back(worker, tokens)
+
+    def take(self, worker: WorkerConfig, tokens: int) -> None:
+        with self._lock:
+            self._forget_pick(worker.name)  # the pick became this session
+            held = self._held[worker.name]
+            held.sessions += 1
+            held.tokens += tokens
+
+    def give_back(self, worker: WorkerConfig, tokens: int) -> None:
+        with self._lock:
+            held = self._held[worker.name]
+            held.sessions -= 1
+            held.tokens -= tokens
+
+    def failed(self, worker: WorkerConfig) -> None:
+        """A call to worker failed as if it were gone (UNAVAILABLE): no new request goes there for DOWN_S."""
+        with self._lock:
+            self._down_until[worker.name] = self.clock() + DOWN_S
+
+    def down(self) -> list[str]:
+        now = self.clock()
+        with self._lock:
+            return sorted(n for n, t in self._down_until.items() if t > now)
