@@ -69,11 +69,13 @@ _client: docker_sdk.DockerClient | None = None
 
 @dataclass(frozen=True)
 class EngineInfo:
-    """server_version: dockerd's version; root_dir: its data root; started_here: this process started it."""
+    """server_version: dockerd's version; root_dir: its data root; started_here: this process started it;
+    runtimes: the container runtimes it knows (runc; nvidia where the NVIDIA container toolkit is set up)."""
 
     server_version: str
     root_dir: Path
     started_here: bool
+    runtimes: tuple[str, ...] = ()
 
 
 def docker_bin() -> str:
@@ -192,7 +194,12 @@ def engine_info() -> EngineInfo | None:
         info = client().info()
     except (DockerError, *SDK_ERRORS):
         return None
-    return EngineInfo(info["ServerVersion"], Path(info["DockerRootDir"]), started_here=_our_dockerd_pid() is not None)
+    return EngineInfo(
+        info["ServerVersion"],
+        Path(info["DockerRootDir"]),
+        started_here=_our_dockerd_pid() is not None,
+        runtimes=tuple(sorted(info.get("Runtimes") or {})),
+    )
 
 
 def _our_dockerd_pid() -> int | None:

@@ -91,6 +91,8 @@ class DockerOptions:
     weights_dir: host directory of model weights, mounted read-only at /cache/weights
     log_dir: where each container's log goes as <container>.log at teardown; None = not kept
     env: extra environment for process containers
+    gpu_roles: roles whose process containers get the machine's GPUs (`--gpus all`: a `device: cuda` pool;
+      the image is then the cuda variant, docker_rt.image)
     """
 
     image: str
@@ -100,6 +102,7 @@ class DockerOptions:
     weights_dir: Path = field(default_factory=cache.weights_dir)
     log_dir: Path | None = None
     env: Mapping[str, str] = field(default_factory=dict)
+    gpu_roles: tuple[str, ...] = ()
 
     def limits_for(self, role: str) -> RoleLimits:
         return self.limits.get(role) or DEFAULT_LIMITS.get(role) or RoleLimits(1.0, 1024)
@@ -181,6 +184,7 @@ def proc_run_args(opts: DockerOptions, run_id: str, host: str, role: str, index:
         "--memory-swap",
         f"{lim.memory_mb}m",
         *(["--cpuset-cpus", lim.cpuset] if lim.cpuset else []),
+        *(["--gpus", "all"] if role in opts.gpu_roles else []),
         "-v",
         f"{opts.weights_dir}:{WEIGHTS_MOUNT}:ro",
     ]
@@ -246,7 +250,13 @@ class DockerRuntime:
 
     def start(self) -> None:
         """Engine up and the image present; DockerError saying what to do otherwise."""
-        ensure_running()
+        info = ensure_running()
+        if self.options.gpu_roles and "nvidia" not in info.runtimes:
+            raise DockerError(
+                f"pools on cuda ({', '.join(self.options.gpu_roles)}) under Docker need the NVIDIA container "
+                f"toolkit in the engine (its runtimes: {', '.join(info.runtimes) or 'none'}); install "
+                "nvidia-container-toolkit and restart dockerd, or use runtime process"
+            )
         if image_id(self.options.image) is None:
             raise DockerError(
                 f"worker image {self.options.image!r} does not exist: run `make image` "
@@ -257,6 +267,12 @@ class DockerRuntime:
                 f"weights directory {self.options.weights_dir} does not exist: generate the "
                 "weights first (workers.model.get_or_create_weights) — it is mounted read-only"
             )
+
+    def up(self, testbed) -> None:
+        pass  # the containers are the hosts: nothing runs beside the roles
+
+    def down(self) -> None:
+        pass
 
     def metadata(self) -> dict:
         """How the containers were made, for the run's metadata.json."""

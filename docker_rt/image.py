@@ -13,6 +13,14 @@ Not responsible for: the base image (`docker_rt.base`), the engine
 
 torch is the 2.13.0 CPU wheel of /opt/wheels (the venv's `torch==2.13.0+cpu`
 pin makes pip take it, never a multi-GB CUDA build).
+
+Variant `cuda` (`make image VARIANT=cuda`, built only when asked): the same
+image with PyPI's CUDA build of the same torch release (and the NVIDIA
+libraries it depends on, ~3 GB more) instead of the CPU wheel; its own
+context (`.cache/docker/context-cuda`) and tags (`pddlab-worker:cuda-<hash
+12>`, `pddlab-worker:cuda`). A run with a `device: cuda` pool under Docker
+uses it (and `--gpus all` for those workers) but never builds its wheelhouse:
+that download happens only in `make image VARIANT=cuda`.
 """
 
 from __future__ import annotations
@@ -54,7 +62,8 @@ from docker_rt.engine import (
 log = logging.getLogger(__name__)
 DOCKERFILE = Path(__file__).resolve().parent / "Dockerfile"
 CONTEXT_DIR = CACHE_DIR / "context"
-WHEELS_DIR = CONTEXT_DIR / "wheels"
+VARIANTS = ("cpu", "cuda")
+TORCH = "torch"
 # The PDD roles' gRPC stack; added to pyproject's dependencies when pyproject does not list it yet.
 RUNTIME_EXTRAS = ("grpcio", "grpcio-health-checking", "protobuf")
 # Besides pyproject's packages: the profiles the topology modules load, and this package.
@@ -99,6 +108,28 @@ def requirements(pyproject: Path = REPO_ROOT / "pyproject.toml") -> list[str]:
     return deps + [e for e in RUNTIME_EXTRAS if _norm(e) not in listed]
 
 
+def variant_pins(pins: list[str], variant: str) -> list[str]:
+    """The venv's pins as an image variant takes them (pure): cuda drops torch's (the venv's is the CPU
+    build, `torch==2.13.0+cpu`; pyproject's `torch==2.13.0` then takes PyPI's CUDA build of that release)."""
+    if variant not in VARIANTS:
+        raise DockerError(f"image variant {variant!r} is unknown; allowed: {', '.join(VARIANTS)}")
+    return [p for p in pins if variant == "cpu" or _req_name(p) != TORCH]
+
+
+def context_dir(variant: str = "cpu") -> Path:
+    """Where a variant's build context lives (the cpu one where it always was)."""
+    return CONTEXT_DIR if variant == "cpu" else CACHE_DIR / f"context-{variant}"
+
+
+def tag_prefix(variant: str = "cpu") -> str:
+    """The tag of a variant's images before the inputs hash: "" (cpu) or "cuda-"."""
+    return "" if variant == "cpu" else f"{variant}-"
+
+
+def latest_tag(variant: str = "cpu") -> str:
+    return f"{WORKER_REPO}:latest" if variant == "cpu" else f"{WORKER_REPO}:{variant}"
+
+
 def venv_constraints() -> list[str]:
     """`name==version` of every package installed in the venv's own site-packages (not Debian's, not vendored)."""
     site = {Path(sysconfig.get_paths()[k]).resolve() for k in ("purelib", "platlib")}
@@ -120,9 +151,13 @@ def package_sources() -> list[str]:
 
 
 # ---------------------------------------------------------------- context
-def pip_download_cmd(dest: Path, python_version: str, reqs: Path, constraints: Path) -> list[str]:
-    """`pip download` of binary wheels for the image's Python (pure: unit-testable)."""
+def pip_download_cmd(dest: Path, python_version: str, reqs: Path, constraints: Path, variant: str = "cpu") -> list[str]:
+    """`pip download` of binary wheels for the image's Python (pure: unit-testable). The cuda variant does not
+    look in /opt/wheels: its CPU torch would win there (a local version, `+cpu`, sorts above PyPI's); see
+    download_env too."""
     abi = "cp" + python_version.replace(".", "")
+    wheels = context_dir(variant) / "wheels"
+    local = ["--find-links", "/opt/wheels"] if variant == "cpu" else []
     cmd = [
         sys.executable,
         "-m",
@@ -138,10 +173,9 @@ def pip_download_cmd(dest: Path, python_version: str, reqs: Path, constraints: P
         "cp",
         "--abi",
         abi,
+        *local,
         "--find-links",
-        "/opt/wheels",
-        "--find-links",
-        str(WHEELS_DIR),
+        str(wheels),
         "-r",
         str(reqs),
         "-c",
@@ -150,6 +184,12 @@ def pip_download_cmd(dest: Path, python_version: str, reqs: Path, constraints: P
     for platform in WHEEL_PLATFORMS:
         cmd += ["--platform", platform]
     return cmd
+
+
+def download_env(variant: str, env: dict[str, str]) -> dict[str, str]:
+    """pip's environment for a variant's download: cuda without a find-links of the machine's own
+    (PIP_FIND_LINKS may name /opt/wheels, which holds the CPU torch)."""
+    return env if variant == "cpu" else {k: v for k, v in env.items() if k != "PIP_FIND_LINKS"}
 
 
 def base_python_version(base: BaseImage) -> str:
@@ -166,36 +206,46 @@ def base_python_version(base: BaseImage) -> str:
     return out.decode().strip()
 
 
-def fill_wheelhouse(python_version: str) -> None:
-    """Download the wheels unless the wheelhouse was made from the same requirements and pins."""
-    CONTEXT_DIR.mkdir(parents=True, exist_ok=True)
-    reqs, constraints = CONTEXT_DIR / "requirements.txt", CACHE_DIR / "constraints.txt"
+def fill_wheelhouse(python_version: str, variant: str = "cpu", download: bool = True) -> None:
+    """Download the wheels unless the wheelhouse was made from the same requirements and pins; with
+    download=False, DockerError instead of a download (a run never fetches the cuda variant's ~3 GB)."""
+    context = context_dir(variant)
+    wheels = context / "wheels"
+    context.mkdir(parents=True, exist_ok=True)
+    reqs, constraints = context / "requirements.txt", CACHE_DIR / f"constraints-{variant}.txt"
     reqs.write_text("\n".join(requirements()) + "\n")
-    constraints.write_text("\n".join(venv_constraints()) + "\n")
+    constraints.write_text("\n".join(variant_pins(venv_constraints(), variant)) + "\n")
     stamp_text = f"{python_version}\n{reqs.read_text()}{constraints.read_text()}"
-    stamp = WHEELS_DIR / ".stamp"
+    stamp = wheels / ".stamp"
     if stamp.exists() and stamp.read_text() == stamp_text:
         return
-    check_free_space(CACHE_DIR, WHEELS_NEED_BYTES, "the image's wheels")
-    fresh = CONTEXT_DIR / "wheels.new"
+    if not download:
+        raise DockerError(
+            f"the {variant} worker image's packages are not downloaded (or are out of date): run "
+            f"`make image VARIANT={variant}` first"
+        )
+    need = WHEELS_NEED_BYTES * (1 if variant == "cpu" else 5)
+    check_free_space(CACHE_DIR, need, f"the {variant} image's wheels")
+    fresh = context / "wheels.new"
     shutil.rmtree(fresh, ignore_errors=True)
-    WHEELS_DIR.mkdir(exist_ok=True)  # old wheels are found with --find-links: nothing is fetched twice
-    cmd = pip_download_cmd(fresh, python_version, reqs, constraints)
+    wheels.mkdir(exist_ok=True)  # old wheels are found with --find-links: nothing is fetched twice
+    cmd = pip_download_cmd(fresh, python_version, reqs, constraints, variant)
     log.info("run: %s", " ".join(cmd))
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=download_env(variant, dict(os.environ)))
     if proc.returncode != 0:
         raise DockerError(
             f"downloading the image's Python packages failed:\n{proc.stderr.strip()[-1500:]}\n"
             "The host's pip configuration must reach PyPI or hold these wheels (/opt/wheels)."
         )
-    shutil.rmtree(WHEELS_DIR)
-    fresh.rename(WHEELS_DIR)
+    shutil.rmtree(wheels)
+    fresh.rename(wheels)
     stamp.write_text(stamp_text)
 
 
-def copy_sources() -> None:
+def copy_sources(variant: str = "cpu") -> None:
     """Refresh context/src from the working tree (no caches, no bytecode)."""
-    src = CONTEXT_DIR / "src"
+    context = context_dir(variant)
+    src = context / "src"
     shutil.rmtree(src, ignore_errors=True)
     src.mkdir(parents=True)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
@@ -205,14 +255,15 @@ def copy_sources() -> None:
             shutil.copytree(path, src / name, ignore=ignore)
         else:
             shutil.copy2(path, src / name)
-    shutil.copy2(DOCKERFILE, CONTEXT_DIR / "Dockerfile")
+    shutil.copy2(DOCKERFILE, context / "Dockerfile")
 
 
-def inputs_hash(base: BaseImage) -> str:
+def inputs_hash(base: BaseImage, variant: str = "cpu") -> str:
     """Hash of everything the image is made of: base id, and every file of the context."""
+    context = context_dir(variant)
     h = hashlib.sha256(base.image_id.encode())
-    for path in sorted(p for p in CONTEXT_DIR.rglob("*") if p.is_file()):
-        rel = path.relative_to(CONTEXT_DIR).as_posix()
+    for path in sorted(p for p in context.rglob("*") if p.is_file()):
+        rel = path.relative_to(context).as_posix()
         if rel == "wheels/.stamp":
             continue
         # Wheels are immutable files named by version: name and size identify them without reading 300 MB.
@@ -222,9 +273,10 @@ def inputs_hash(base: BaseImage) -> str:
 
 
 # ---------------------------------------------------------------- build
-def build_cmd(base: BaseImage, digest: str, ref: str, no_cache: bool = False) -> list[str]:
+def build_cmd(base: BaseImage, digest: str, ref: str, no_cache: bool = False, variant: str = "cpu") -> list[str]:
     """The `docker build` arguments (pure: unit-testable). The local base needs no network at all."""
     network = "none" if base.local else "default"
+    context = context_dir(variant)
     return [
         "build",
         "--progress",
@@ -238,13 +290,15 @@ def build_cmd(base: BaseImage, digest: str, ref: str, no_cache: bool = False) ->
         f"{LABEL_INPUTS}={digest}",
         "--label",
         f"pddlab.base={base.ref}",
+        "--label",
+        f"pddlab.variant={variant}",
         "-t",
         ref,
         "-t",
-        f"{WORKER_REPO}:latest",
+        latest_tag(variant),
         "-f",
-        str(CONTEXT_DIR / "Dockerfile"),
-        str(CONTEXT_DIR),
+        str(context / "Dockerfile"),
+        str(context),
     ]
 
 
@@ -296,39 +350,55 @@ def _run_build(args: list[str], log_path: Path, on_step: OnStep | None = None) -
         on_step(total, total, "done")
 
 
-def _remove_older(current: str) -> None:
-    """Untag worker images of earlier inputs (only our repository; ones a container still uses stay)."""
+def stale_tags(tags: list[str], current: str, variant: str = "cpu") -> list[str]:
+    """The variant's worker image tags of earlier inputs (pure): `<repo>:<prefix><12 hex>` other than current;
+    the latest tags and the other variant's images are not the variant's stale ones."""
+    own = re.compile(rf"^{re.escape(WORKER_REPO)}:{re.escape(tag_prefix(variant))}[0-9a-f]{{12}}$")
+    return [t for t in tags if own.match(t) and t != current]
+
+
+def _remove_older(current: str, variant: str = "cpu") -> None:
+    """Untag the variant's worker images of earlier inputs (ones a container still uses stay)."""
     with sdk("listing worker images"):
         tags = [t for img in client().images.list(name=WORKER_REPO) for t in img.tags]
-    for tag in tags:
-        if tag.startswith(f"{WORKER_REPO}:") and tag not in (current, f"{WORKER_REPO}:latest"):
-            try:
-                client().images.remove(tag)
-            except SDK_ERRORS as err:  # in use by a container: stays, as `docker rmi` would leave it
-                log.info("worker image %s stays: %s", tag, engine_words(err))
+    for tag in stale_tags(tags, current, variant):
+        try:
+            client().images.remove(tag)
+        except SDK_ERRORS as err:  # in use by a container: stays, as `docker rmi` would leave it
+            log.info("worker image %s stays: %s", tag, engine_words(err))
 
 
-def ensure_image(base_image: str | None = None, no_cache: bool = False, on_step: OnStep | None = None) -> WorkerImage:
-    """The worker image for the current inputs: built if absent (always, without layer cache, with
-    no_cache), else the existing one; a build's steps go to on_step as they start."""
+def ensure_image(
+    base_image: str | None = None,
+    no_cache: bool = False,
+    on_step: OnStep | None = None,
+    variant: str = "cpu",
+    download: bool = True,
+) -> WorkerImage:
+    """The worker image (of a variant: cpu | cuda) for the current inputs: built if absent (always, without
+    layer cache, with no_cache), else the existing one; a build's steps go to on_step as they start. With
+    download=False a wheelhouse that is missing or out of date is an error, not a download."""
+    variant_pins([], variant)  # an unknown variant fails here, before the engine is asked anything
     info = ensure_running()
     base = ensure_base(base_image)
-    fill_wheelhouse(base_python_version(base))
-    copy_sources()
-    digest = inputs_hash(base)
-    ref = f"{WORKER_REPO}:{digest[:12]}"
+    fill_wheelhouse(base_python_version(base), variant, download)
+    copy_sources(variant)
+    digest = inputs_hash(base, variant)
+    ref = f"{WORKER_REPO}:{tag_prefix(variant)}{digest[:12]}"
     found = image_id(ref)
     built, build_s = False, 0.0
     if found is None or no_cache:
-        check_free_space(info.root_dir, IMAGE_NEED_BYTES, "building the worker image")
+        need = IMAGE_NEED_BYTES * (1 if variant == "cpu" else 3)
+        check_free_space(info.root_dir, need, f"building the {variant} worker image")
         start = time.monotonic()
-        _run_build(build_cmd(base, digest, ref, no_cache), CACHE_DIR / "build.log", on_step)
+        _run_build(build_cmd(base, digest, ref, no_cache, variant), CACHE_DIR / f"build-{variant}.log", on_step)
         built, build_s, found = True, time.monotonic() - start, image_id(ref)
-        _remove_older(ref)
+        _remove_older(ref, variant)
     else:
         log.info("worker image %s is up to date", ref)
-        with sdk(f"tagging {ref} as {WORKER_REPO}:latest"):
-            client().images.get(ref).tag(WORKER_REPO, "latest")
+        repo, tag = latest_tag(variant).split(":")
+        with sdk(f"tagging {ref} as {latest_tag(variant)}"):
+            client().images.get(ref).tag(repo, tag)
     return WorkerImage(ref, found, digest, base.ref, image_size_bytes(ref), built, build_s)
 
 
@@ -340,11 +410,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="build FROM this image (default: $BASE_IMAGE, else the local debootstrapped Debian base)",
     )
+    parser.add_argument("--variant", choices=VARIANTS, default="cpu", help="cuda: PyPI's CUDA torch (~3 GB more)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
-        image = ensure_image(args.base_image)
+        image = ensure_image(args.base_image, variant=args.variant)
     except DockerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -180,3 +180,44 @@ def test_what_dockerd_changed_is_put_back_and_nothing_else():
     ]
     assert restore_actions(now, now) == []  # the host had them before dockerd: left as they are
     assert restore_actions({}, now) == []  # nothing recorded: nothing to put back
+
+
+# ---------------------------------------------------------------- the cuda image variant (make image VARIANT=cuda)
+def test_the_cuda_variant_takes_pypis_torch_and_not_the_local_cpu_wheel():
+    pins = ["grpcio==1.85.1", "torch==2.13.0+cpu", "numpy==2.2.0"]
+    assert image.variant_pins(pins, "cpu") == pins
+    assert image.variant_pins(pins, "cuda") == ["grpcio==1.85.1", "numpy==2.2.0"]  # pyproject's torch==2.13.0 then
+    cmd = image.pip_download_cmd(Path("/d"), "3.11", Path("/r.txt"), Path("/c.txt"), "cuda")
+    assert "/opt/wheels" not in cmd and _pairs(cmd, "--find-links") == [str(image.CACHE_DIR / "context-cuda/wheels")]
+    env = {"PIP_FIND_LINKS": "/opt/wheels", "PATH": "/bin"}
+    assert image.download_env("cuda", env) == {"PATH": "/bin"} and image.download_env("cpu", env) == env
+    with pytest.raises(DockerError, match=r"image variant 'rocm' is unknown; allowed: cpu, cuda"):
+        image.variant_pins(pins, "rocm")
+
+
+def test_the_cuda_variant_has_its_own_context_tags_and_stale_images():
+    base = BaseImage("pddlab-base:1", "sha256:x", True)
+    cmd = image.build_cmd(base, "d" * 64, "pddlab-worker:cuda-dddddddddddd", variant="cuda")
+    assert _pairs(cmd, "-t") == ["pddlab-worker:cuda-dddddddddddd", "pddlab-worker:cuda"]
+    assert "pddlab.variant=cuda" in _pairs(cmd, "--label") and cmd[-1] == str(image.CACHE_DIR / "context-cuda")
+    tags = ["pddlab-worker:latest", "pddlab-worker:cuda", "pddlab-worker:aaaaaaaaaaaa", "pddlab-worker:bbbbbbbbbbbb"]
+    tags += ["pddlab-worker:cuda-aaaaaaaaaaaa", "pddlab-worker:cuda-cccccccccccc"]
+    assert image.stale_tags(tags, "pddlab-worker:aaaaaaaaaaaa") == ["pddlab-worker:bbbbbbbbbbbb"]
+    assert image.stale_tags(tags, "pddlab-worker:cuda-cccccccccccc", "cuda") == ["pddlab-worker:cuda-aaaaaaaaaaaa"]
+
+
+def test_a_run_never_downloads_the_cuda_wheels(tmp_path, monkeypatch):
+    monkeypatch.setattr(image, "CACHE_DIR", tmp_path)
+    monkeypatch.setattr(image, "venv_constraints", lambda: ["torch==2.13.0+cpu"])
+    with pytest.raises(
+        DockerError, match=r"cuda worker image.s packages are not downloaded .*`make image VARIANT=cuda`"
+    ):
+        image.fill_wheelhouse("3.11", "cuda", download=False)
+    assert not (tmp_path / "context-cuda" / "wheels").exists()
+
+
+def test_only_the_cuda_pools_containers_get_the_gpus():
+    opts = DockerOptions(image="pddlab-worker:cuda-abc", weights_dir=Path("/w"), gpu_roles=("md",))
+    argv = [sys.executable, "-m", "workers.roles.decode"]
+    assert _pairs(proc_run_args(opts, "9-1", "md1", "md", 0, argv), "--gpus") == ["all"]
+    assert "--gpus" not in proc_run_args(opts, "9-1", "rld1", "rld", 0, argv)
