@@ -14,7 +14,7 @@ setup:
 	@bash scripts/setup.sh
 
 # `clean` first: a run that crashed (or a machine restarted mid-run) leaves state the topology tiers refuse.
-test: setup clean lint test-unit test-roles test-emulation test-faults test-docker vm-test
+test: setup clean lint test-unit test-roles test-ray test-emulation test-faults test-docker vm-test
 
 # ruff (configured in pyproject.toml; the generated gRPC stubs are excluded): lint and format check.
 lint: setup
@@ -28,15 +28,16 @@ test-unit: setup
 test-roles: setup
 	$(PYTEST) tests/roles tests/e2e
 
-# The roles under Ray on a two-node Ray cluster on loopback (no root, no topology); installs the ray extra
-# (~240 MB) on first use. Not in `make test` yet: the lead decides (README "Ray runtime").
+# The roles under Ray on a two-node Ray cluster on loopback (no root, no topology), and `pddlab run --cluster`
+# against it. (The Ray smoke experiment in the topology, a Ray node per host, is in tests/emulation.)
 test-ray: setup
-	@.venv/bin/python -c "import ray" 2>/dev/null || .venv/bin/pip install -q --disable-pip-version-check -e '.[ray]'
 	$(PYTEST) tests/ray
 
 # The worker image, built from a local debootstrap base (no registry); BASE_IMAGE=... overrides.
+# VARIANT=cuda: the same image with PyPI's CUDA torch, for `device: cuda` pools (built only when asked).
+VARIANT ?= cpu
 image: setup
-	$(PDDLAB) image
+	$(PDDLAB) image --variant $(VARIANT)
 
 test-docker: setup image
 	$(PYTEST) tests/docker

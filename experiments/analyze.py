@@ -41,13 +41,14 @@ class AnalysisError(ValueError):
     """The directory is not a run directory of this experiment."""
 
 
-def wan_frames(run_dir: Path) -> list[pcap.Frame]:
-    """Frames the WAN delivered, both directions (see pcap.delivered); [] without a capture."""
+def wan_frames(run_dir: Path, site_a: frozenset[bytes] | None = None) -> list[pcap.Frame]:
+    """Frames the WAN delivered, both directions (see pcap.delivered); [] without a capture. site_a: a real
+    cluster's site A addresses (runmeta.site_a), None for the emulated topology."""
     caps = [run_dir / "pcap" / f"wan-{side}.pcap" for side in "ab"]
     if not all(c.exists() for c in caps):
         return []
     try:
-        return pcap.delivered(*(pcap.read_frames(c) for c in caps))
+        return pcap.delivered(*(pcap.read_frames(c, site_a) for c in caps))
     except pcap.PcapError as err:
         log.warning("%s", err)
         return []
@@ -67,7 +68,7 @@ def _pcap_bytes(frames: list[pcap.Frame], meta: RunMetadata) -> dict:
 def wan_flows(run_dir: Path, rm: runmeta.RunMeta) -> flows.WanFlows | None:
     """The WAN's flows from both captures (see experiments.flows); None without captures or scapy."""
     try:
-        return flows.load(run_dir / "pcap", rm.kv_ports, rm.cross_ports, rm.windows)
+        return flows.load(run_dir / "pcap", rm.kv_ports, rm.cross_ports, rm.windows, rm.site_a)
     except (pcap.PcapError, ImportError) as err:
         log.warning("no flows.json: %s", err)
         return None
@@ -205,7 +206,8 @@ def analyze(run_dir: Path) -> dict:
     kv_bpt = get_config(spec.model).kv_bytes_per_token
     rate = meta.topology.wan_profile.a_to_b.rate_mbit if meta.topology else 0.0  # 0: unlimited or never up
     slo = build(SLO, spec.slo, "slo")
-    frames, rm = wan_frames(run_dir), runmeta.load(run_dir, meta)
+    rm = runmeta.load(run_dir, meta)
+    frames = wan_frames(run_dir, rm.site_a)
     wan = wan_flows(run_dir, rm)
     if wan:
         rundir.write_json(run_dir / "flows.json", wan.to_json())

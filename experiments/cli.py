@@ -6,7 +6,7 @@ experiments and maintenance commands. Not responsible for: the experiments.
 
     pddlab profiles                      list the shipped netem profiles
     pddlab check-profile FILE...         validate profile files
-    pddlab run [EXPERIMENT] [--profile NAME] [--backend auto|tc|userspace] [--set KEY=VALUE ...]
+    pddlab run [EXPERIMENT] [--profile NAME] [--backend auto|tc|userspace] [--set KEY=VALUE ...] [--cluster ADDR]
     pddlab sweep [EXPERIMENT] --over KEY=V1,V2,... [--over ...] [--repeat N] [--set ...] [--profile NAME]
                                          the experiment over a grid of values x repeats (experiments.sweep)
     pddlab sweep --resume SWEEP_DIR      run the points an interrupted sweep had not finished
@@ -16,7 +16,7 @@ experiments and maintenance commands. Not responsible for: the experiments.
     pddlab net [--profile NAME] [--exec LINE ...]
                                          the topology alone with Mininet's CLI (experiments.netshell)
     pddlab experiments                   list the experiments
-    pddlab image [--no-cache] [--base-image REF]
+    pddlab image [--no-cache] [--base-image REF] [--variant cpu|cuda]
                                          build the worker image unless it is up to date (docker_rt.image)
     pddlab clean                         remove leftovers of crashed runs
 
@@ -78,10 +78,11 @@ def _run(args) -> int:
         raise UsageError(f"unknown experiment {args.experiment!r}; available: {', '.join(known)}")
     from experiments import runner, spec
 
+    sets = list(args.set) + (["runtime=ray", f"cluster.address={args.cluster}"] if args.cluster else [])
     s = spec.load_spec(
-        args.experiment, args.set, profile=args.profile, backend=None if args.backend == "auto" else args.backend
+        args.experiment, sets, profile=args.profile, backend=None if args.backend == "auto" else args.backend
     )
-    plan = runner.prepare(s)  # the profile, the workload and trace: fail before anything starts
+    plan = runner.prepare(s)  # the profile, the workload and trace, the cluster's address: fail before anything
     out = runner.run(plan, results=Path(args.results)) if args.results else runner.run(plan)
     md = out / "summary.md"
     print(md.read_text() if md.exists() else "(no summary)")
@@ -180,7 +181,7 @@ def _image(args) -> int:
     from experiments.deploy import worker_image
 
     try:
-        image = worker_image(args.base_image, args.no_cache)
+        image = worker_image(args.base_image, args.no_cache, variant=args.variant)
     except DockerError as err:
         print(f"pddlab: error: {err}", file=sys.stderr)
         return 1
@@ -227,6 +228,13 @@ def parser() -> argparse.ArgumentParser:
         default=[],
         metavar="KEY=VALUE",
         help="override a spec field, e.g. workload.synthetic.sessions=3 (repeatable)",
+    )
+    run.add_argument(
+        "--cluster",
+        default=None,
+        metavar="ADDRESS",
+        help="run on an existing Ray cluster (ray://HEAD:10001, or HEAD:6379 from one of its nodes) instead of the "
+        "emulated topology: runtime ray, cluster.address=ADDRESS",
     )
     run.add_argument("--probes", type=int, default=2000, help="UDP probes per direction")
     run.add_argument("--probe-interval-ms", type=float, default=10.0)
@@ -278,6 +286,12 @@ def parser() -> argparse.ArgumentParser:
     im = sub.add_parser("image", help="build the worker image unless it is up to date (make image)")
     im.add_argument("--base-image", default=None, help="FROM this image (default: $BASE_IMAGE, else Debian's)")
     im.add_argument("--no-cache", action="store_true", help="rebuild every layer")
+    im.add_argument(
+        "--variant",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cuda: PyPI's CUDA build of torch for device: cuda pools (~3 GB more; built only when asked)",
+    )
     im.set_defaults(func=_image)
     sub.add_parser("experiments", help="list the experiments").set_defaults(func=_experiments)
     sub.add_parser("clean", help="remove leftovers of crashed runs").set_defaults(func=_clean)
@@ -299,9 +313,20 @@ def main(argv: list[str] | None = None) -> int:
     from topology.net import TestbedError
     from topology.shaping import ShapingError
 
+    from ray_rt import RayRuntimeError
+
     try:
         return args.func(args)
-    except (ProfileError, UsageError, TestbedError, ShapingError, SpecError, SweepError, TraceError) as exc:
+    except (
+        ProfileError,
+        UsageError,
+        TestbedError,
+        ShapingError,
+        SpecError,
+        SweepError,
+        TraceError,
+        RayRuntimeError,
+    ) as exc:
         print(f"pddlab: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -27,6 +27,7 @@ import yaml
 # Re-exported (the runner, tests and benchmarks address the roles through deploy).
 from experiments.deployment import KV_PORTS as KV_PORTS
 from experiments.deployment import PORTS as PORTS
+from experiments import deployment
 from experiments.deployment import deployment_dict
 from experiments.deployment import grpc_address as grpc_address
 from experiments.deployment import roles_config as roles_config
@@ -66,31 +67,85 @@ def topology_kwargs(spec, run_dir: Path | None = None) -> dict:
 
     if spec.runtime not in RUNTIMES:
         raise SpecError(f"runtime={spec.runtime!r} is unknown; allowed: {list(RUNTIMES)}")
+    if spec.runtime == "ray":
+        return _ray_kwargs(spec, run_dir)
     if spec.runtime == "process" or run_dir is None:
         return {}
     from docker_rt.host import DEFAULT_LIMITS, DockerOptions, DockerRuntime, RoleLimits
     from workers.model import get_config, get_or_create_weights
 
     get_or_create_weights(get_config(spec.model), spec.weights_seed)
+    gpu_roles = tuple(role for role in ("p", "rld", "md") if getattr(spec.pools, role).device == "cuda")
+    # any cuda pool: every role runs the cuda variant (its torch runs on the CPU too); never downloaded here
+    variant = "cuda" if gpu_roles else "cpu"
     limits = {}
     for role in ("p", "rld", "md"):  # a pool's own limits, each 0 = the role's default
         pool, default = getattr(spec.pools, role), DEFAULT_LIMITS[role]
         limits[role] = RoleLimits(pool.cpus or default.cpus, pool.memory_mb or default.memory_mb, pool.cpuset)
     return {
         "runtime": DockerRuntime(
-            DockerOptions(image=worker_image().ref, limits=limits, mounts=(run_dir,), log_dir=run_dir / "containers")
+            DockerOptions(
+                image=worker_image(variant=variant, download=variant == "cpu").ref,
+                limits=limits,
+                mounts=(run_dir,),
+                log_dir=run_dir / "containers",
+                gpu_roles=gpu_roles,
+            )
         ),
     }
 
 
-def worker_image(base_image: str | None = None, no_cache: bool = False):
-    """docker_rt.image.ensure_image, its build's steps shown as progress (nothing when it is up to date)."""
+def _ray_kwargs(spec, run_dir: Path | None) -> dict:
+    """runtime ray: plain hosts, each with a Ray node in it (ray_rt.netns); ray must be installed."""
+    from experiments.spec import SpecError
+
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise SpecError("runtime=ray needs the ray package: run `make setup` (pip install -e '.[ray]')") from None
+    if run_dir is None:
+        return {}
+    from ray_rt.netns import RayHostRuntime
+
+    return {"runtime": RayHostRuntime(deployment.ray_nodes(spec), run_dir / "logs")}
+
+
+def make_runtime(testbed, spec, config: Path, log_dir: Path, pools: dict[str, int], cpusets: dict[str, str]):
+    """The workers of one variant under the testbed's runtime: `Runtime` (processes, containers), or under Ray
+    (ray_rt.session.RayDeployment: placed by Ray on the nodes in the hosts); both have start, dead, kill, stop."""
+    if testbed.runtime.name not in ("ray", "ray-cluster"):
+        return Runtime(testbed, config, log_dir, pools, cpusets)
+    from ray_rt.placement import deployment_needs
+    from ray_rt.session import ClusterDeployment, RayDeployment
+
+    needs = deployment_needs(spec.pools, pools)
+    if testbed.runtime.name == "ray-cluster":  # an existing cluster: this process is the driver
+        work_dir = f"{testbed.work_dir}/{config.parent.name}"
+        return ClusterDeployment(config, log_dir, start_order(pools), needs, work_dir, cpusets)
+    return RayDeployment(testbed, config, log_dir, start_order(pools), needs, cpusets)
+
+
+def start_order(pools: dict[str, int] | None) -> list[str]:
+    """Every worker's name, in start order (the MDs first, the router last: it dials the others)."""
+    names = worker_names(pools)
+    return [w for role in START_ORDER for w in names[role]]
+
+
+def worker_image(base_image: str | None = None, no_cache: bool = False, variant: str = "cpu", download: bool = True):
+    """docker_rt.image.ensure_image (of a variant: cpu | cuda), its build's steps shown as progress (nothing when
+    it is up to date); download=False: a missing wheelhouse is an error (a run never fetches cuda's)."""
     from docker_rt.image import ensure_image
     from experiments.progress import Progress
 
-    bar = Progress("worker image build", None, log, unit="step")
+    bar = Progress(f"worker image build ({variant})", None, log, unit="step")
     try:
-        return ensure_image(base_image, no_cache, on_step=lambda done, total, what: bar.update(done, what, total))
+        return ensure_image(
+            base_image,
+            no_cache,
+            on_step=lambda done, total, what: bar.update(done, what, total),
+            variant=variant,
+            download=download,
+        )
     finally:
         bar.close()
 
@@ -116,8 +171,7 @@ class Runtime:
     @property
     def workers(self) -> list[str]:
         """Every worker's name, in start order (the MDs first, the router last: it dials the others)."""
-        names = worker_names(self.pools)
-        return [w for role in START_ORDER for w in names[role]]
+        return start_order(self.pools)
 
     def start(self) -> None:
         """Start every worker in its host (readiness is checked separately, by gRPC health)."""
@@ -131,6 +185,10 @@ class Runtime:
                 self.procs[name] = self.testbed.popen(
                     name, argv, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=_env()
                 )
+
+    def address(self, worker: str) -> str:
+        """host:port of a worker's gRPC (its topology host's address)."""
+        return grpc_address(worker)
 
     def dead(self) -> dict[str, int]:
         """Workers that exited: worker -> exit status."""

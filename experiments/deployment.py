@@ -113,6 +113,21 @@ def deployment_dict(
     )
 
 
+def ray_nodes(spec) -> list:
+    """One Ray node per worker host of the spec's pools (ray_rt.netns.HostNode), each offering what its
+    worker asks (ray_rt.placement), the head in the router's host."""
+    from ray_rt.netns import HostNode
+    from ray_rt.placement import deployment_needs
+
+    needs = {n.role: n for n in deployment_needs(spec.pools)}
+    names = worker_names(pool_sizes(spec))
+    out = []
+    for role in ("router", "p", "rld", "md"):
+        n = needs[role]
+        out += [HostNode(w, worker_ip(w), n.cluster, n.num_cpus, n.num_gpus, n.memory_mb) for w in names[role]]
+    return out
+
+
 def pool_cpusets(spec) -> dict[str, str]:
     """role -> the cores its workers run on, where its pool names any (spec.pools.<role>.cpuset)."""
     return {role: getattr(spec.pools, role).cpuset for role in ("p", "rld", "md") if getattr(spec.pools, role).cpuset}
@@ -145,6 +160,19 @@ def _merge(base: dict, extra: dict) -> dict:
 PROCESS_BASE_MB = 330
 # The router and the load generator together.
 FRONT_MB = 600
+
+
+# Ray in the topology (runtime ray): each host's node (GCS or raylet, agents, idle workers) and each worker's
+# actor, measured by make test-ray (two nodes ~880 MiB before any role; an actor 86 MiB).
+RAY_NODE_MB = 450
+RAY_ACTOR_MB = 90
+
+
+def ray_overhead_mb(spec) -> int:
+    """Memory Ray itself takes beside the workers when it runs in the topology: a node per host, an actor per
+    worker (the router's host and worker included)."""
+    hosts = 1 + sum(pool_sizes(spec).values())
+    return hosts * (RAY_NODE_MB + RAY_ACTOR_MB)
 
 
 def worker_memory_mb(model, capacity_tokens: int, step_rows: int) -> int:

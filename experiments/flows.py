@@ -41,7 +41,7 @@ from pathlib import Path
 from experiments.metadata import VariantRecord
 from experiments.metrics import stats
 from experiments.progress import Progress
-from experiments.pcap import LINKTYPE_ETHERNET, PcapError, _A_PREFIX, _GWA_WAN
+from experiments.pcap import LINKTYPE_ETHERNET, PcapError, in_site_a
 
 TCP, UDP = 6, 17
 SYN, ACK = 0x02, 0x10
@@ -152,8 +152,8 @@ class Flow:
             self.last_s = t
 
 
-def _direction(src: bytes) -> str:
-    return "a_to_b" if src[:3] == _A_PREFIX or src == _GWA_WAN else "b_to_a"
+def _direction(src: bytes, site_a: frozenset[bytes] | None = None) -> str:
+    return "a_to_b" if in_site_a(src, site_a) else "b_to_a"
 
 
 def _records(path: Path):
@@ -174,7 +174,7 @@ def _records(path: Path):
             yield meta.sec + meta.usec * scale, meta.wirelen, data
 
 
-def scan(path: Path, side: str, flows: dict) -> int:
+def scan(path: Path, side: str, flows: dict, site_a: frozenset[bytes] | None = None) -> int:
     """Add one capture (side "a": wan-a.pcap at gwa, "b": wan-b.pcap at gwb) to flows; returns its frame count.
     Its bytes read so far are shown as progress (a default run's captures are ~200 MB each)."""
     n, read = 0, PCAP_HEADER
@@ -198,7 +198,7 @@ def scan(path: Path, side: str, flows: dict) -> int:
         key = (proto, src, sport, dst, dport)
         f = flows.get(key)
         if f is None:
-            f = flows[key] = Flow(proto, src, sport, dst, dport, _direction(src))
+            f = flows[key] = Flow(proto, src, sport, dst, dport, _direction(src, site_a))
         f.seen(t)
         if (f.direction == "a_to_b") == (side == "a"):
             f.sent(t, wire, seq, flags, payload)
@@ -215,13 +215,14 @@ def scan(path: Path, side: str, flows: dict) -> int:
     return n
 
 
-def read_wan(pcap_dir: Path) -> tuple[dict, dict]:
-    """Flows of pcap_dir/wan-a.pcap and wan-b.pcap, and {file: frames}; ({}, {}) without both captures."""
+def read_wan(pcap_dir: Path, site_a: frozenset[bytes] | None = None) -> tuple[dict, dict]:
+    """Flows of pcap_dir/wan-a.pcap and wan-b.pcap, and {file: frames}; ({}, {}) without both captures.
+    site_a: site A's packed addresses on a real cluster (None: the emulated topology's)."""
     caps = {side: Path(pcap_dir) / f"wan-{side}.pcap" for side in "ab"}
     if not all(c.exists() for c in caps.values()):
         return {}, {}
     flows: dict = {}
-    return flows, {c.name: scan(c, side, flows) for side, c in caps.items()}
+    return flows, {c.name: scan(c, side, flows, site_a) for side, c in caps.items()}
 
 
 @dataclass
@@ -258,10 +259,14 @@ class WanFlows:
 
 
 def load(
-    pcap_dir: Path, kv_ports: set[int], cross_ports: set[int], windows: dict[str, VariantRecord]
+    pcap_dir: Path,
+    kv_ports: set[int],
+    cross_ports: set[int],
+    windows: dict[str, VariantRecord],
+    site_a: frozenset[bytes] | None = None,
 ) -> WanFlows | None:
     """Both WAN captures of a run, classified and attributed to variants; None without both captures."""
-    flows, frames = read_wan(pcap_dir)
+    flows, frames = read_wan(pcap_dir, site_a)
     if not frames:
         return None
     return WanFlows(flows, frames, set(kv_ports), set(cross_ports), table(flows, kv_ports, cross_ports, windows))

@@ -39,8 +39,9 @@ class Frame:
     direction: str
 
 
-def read_frames(path: Path) -> list[Frame]:
-    """Every frame of a pcap file; a truncated last record (killed tcpdump) is ignored."""
+def read_frames(path: Path, site_a: frozenset[bytes] | None = None) -> list[Frame]:
+    """Every frame of a pcap file; a truncated last record (killed tcpdump) is ignored. site_a: the packed
+    IPv4 addresses of site A on a real cluster (None: the emulated topology's cluster A)."""
     data = Path(path).read_bytes()
     if len(data) < 24 or data[:4] not in MAGIC:
         raise PcapError(f"{path}: not a pcap file (pcapng is not supported)")
@@ -55,7 +56,7 @@ def read_frames(path: Path) -> list[Frame]:
         body_at = off + size
         if body_at + incl > len(data):
             break
-        frames.append(Frame(sec + frac * unit, orig, _direction_of(data[body_at : body_at + 30])))
+        frames.append(Frame(sec + frac * unit, orig, _direction_of(data[body_at : body_at + 30], site_a)))
         off = body_at + incl
     return frames
 
@@ -64,12 +65,19 @@ _A_PREFIX = bytes([10, 1, 0])  # cluster A's /24 (topology.naming.SUBNET_A)
 _GWA_WAN = bytes([10, 0, 0, 1])  # gwa's WAN address (topology.naming.WAN_A_IP)
 
 
-def _direction_of(head: bytes) -> str:
+def _direction_of(head: bytes, site_a: frozenset[bytes] | None = None) -> str:
     """Direction from the Ethernet + IPv4 header: source in cluster A (or gwa) -> a_to_b."""
     if len(head) < 30 or head[12:14] != b"\x08\x00":
         return "other"
-    src = head[26:30]
-    return "a_to_b" if src[:3] == _A_PREFIX or src == _GWA_WAN else "b_to_a"
+    return "a_to_b" if in_site_a(head[26:30], site_a) else "b_to_a"
+
+
+def in_site_a(src: bytes, site_a: frozenset[bytes] | None = None) -> bool:
+    """Whether a packed IPv4 source is site A's: one of site_a's addresses (a real cluster), else in the
+    emulated cluster A's /24 or gwa's WAN address."""
+    if site_a is not None:
+        return src in site_a
+    return src[:3] == _A_PREFIX or src == _GWA_WAN
 
 
 def direction(src: str, subnet_a: str = "10.1.0.0/24") -> str:

@@ -51,6 +51,7 @@ class RunMeta:
     windows: dict[str, VariantRecord]
     kv_ports: set[int] = field(default_factory=lambda: set(DEFAULT_KV_PORTS))
     workers: dict[str, list[WorkerSetup]] = field(default_factory=dict)
+    site_a: frozenset[bytes] | None = None  # a real cluster's site A addresses (packed); None: the topology's
 
     @property
     def origin_s(self) -> float | None:
@@ -126,4 +127,15 @@ def load(run_dir: Path, meta: RunMetadata) -> RunMeta:
         windows=meta.variants,
         kv_ports=kv_ports(deps),
         workers={v: worker_setups(cfg, meta) for v, cfg in deps.items()},
+        site_a=site_a(meta),
     )
+
+
+def site_a(meta: RunMetadata) -> frozenset[bytes] | None:
+    """Site A's node addresses of a run on an existing Ray cluster (its captures' directions), else None."""
+    import ipaddress
+
+    topo = meta.topology
+    if topo is None or topo.runtime != "ray-cluster" or not topo.runtime_metadata:
+        return None
+    return frozenset(ipaddress.IPv4Address(a).packed for a in topo.runtime_metadata.get("site_a", []))

@@ -71,6 +71,10 @@ def prepare(spec: ExperimentSpec) -> Plan:
     from topology.profiles import load_profile
 
     deploy.topology_kwargs(spec)
+    if spec.cluster.address:  # an address that does not answer: one error before a run directory exists
+        from ray_rt.cluster import check_reachable
+
+        check_reachable(spec.cluster.address)
     return Plan(spec, load_profile(spec.profile), tuple(wl.build(spec)))
 
 
@@ -89,7 +93,8 @@ def run(
     plan = spec if isinstance(spec, Plan) else prepare(spec)
     spec, requests = plan.spec, list(plan.requests)
     if shared is None:
-        preflight()
+        if not spec.cluster.address:  # on an existing Ray cluster there is no topology to build
+            preflight()
     elif not shared.fits(spec):
         raise ValueError(f"{spec.name}: the shared topology was built for another backend, runtime or seed")
     if out is None:
@@ -111,7 +116,9 @@ def run(
     log.info("run directory: %s", out)
     try:
         with metadata.recording(out, meta):
-            if shared is None:
+            if spec.cluster.address:
+                _run_cluster(spec, plan.profile, out, meta)
+            elif shared is None:
                 _run_topology(spec, plan.profile, out, meta)
             else:
                 shared.run(spec, plan.profile, out, meta)
@@ -170,6 +177,21 @@ def _run_topology(spec: ExperimentSpec, profile, out: Path, meta: RunMetadata) -
         held.release()
 
 
+def _run_cluster(spec: ExperimentSpec, profile, out: Path, meta: RunMetadata) -> None:
+    """Every variant on an existing Ray cluster (experiments.clusterbed): no emulated topology."""
+    from experiments.clusterbed import ClusterBed
+
+    held = _HeldSignals()
+    try:
+        with ClusterBed(spec, profile, out) as bed:
+            try:
+                _run_variants(bed, spec, out, meta, winmod.Impairment())
+            finally:
+                held.hold()
+    finally:
+        held.release()
+
+
 def topology_key(spec: ExperimentSpec) -> tuple:
     """What a topology is built from, the WAN link aside: runs with equal keys can share one topology."""
     return (
@@ -185,8 +207,9 @@ def topology_key(spec: ExperimentSpec) -> tuple:
 
 
 def can_share(spec: ExperimentSpec) -> bool:
-    """A run can use a shared topology unless its schedule runs on the link's clock (from link-up)."""
-    return spec.schedule_clock == "variant"
+    """A run can use a shared topology unless its schedule runs on the link's clock (from link-up) or it runs
+    on an existing Ray cluster (no topology)."""
+    return spec.schedule_clock == "variant" and not spec.cluster.address
 
 
 class SharedTopology:
@@ -317,11 +340,16 @@ def run_variant(
         wan=tb.config.wan_profile,  # the link as it runs (a sweep's shared topology swaps it per run)
         pools=specmod.variant_pools(spec, variant),
     )
-    runtime = deploy.Runtime(tb, config, vdir / "logs", specmod.variant_pools(spec, variant), pool_cpusets(spec))
+    pools = specmod.variant_pools(spec, variant)
+    runtime = deploy.make_runtime(tb, spec, config, vdir / "logs", pools, pool_cpusets(spec))
     win = winmod.VariantWindow(tb, imp or winmod.Impairment(), vdir, out)
     window.wall_start, window.t_start_ns = time.time(), time.monotonic_ns()
     log.info("variant %s: starting roles", variant)
-    runtime.start()
+    try:
+        runtime.start()
+    except RuntimeError as err:  # under Ray: a pool that cannot be placed, a driver that failed (nothing runs)
+        window.status, window.error = "failed", str(err)
+        raise VariantError(f"the roles did not start: {err}") from err
     try:
         _wait_ready(tb, spec, runtime)
         window.t_ready_ns = time.monotonic_ns()
@@ -353,7 +381,7 @@ def _python_in_host(module: str, *args: str) -> list[str]:
 
 def _wait_ready(tb, spec: ExperimentSpec, runtime: deploy.Runtime) -> None:
     """Every role's gRPC health SERVING, checked from the client host (the only way into the namespaces)."""
-    addresses = [deploy.grpc_address(w) for w in runtime.workers]
+    addresses = [runtime.address(w) for w in runtime.workers]
     argv = _python_in_host("experiments.loadgen", "health", "--timeout-s", str(spec.timeouts.ready_s), *addresses)
     proc = tb.popen(
         "client", argv, cwd=deploy.REPO, env=deploy._env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -389,7 +417,7 @@ def _drive(
         "--workload",
         str(out / "workload.jsonl"),
         "--router",
-        deploy.grpc_address("router"),
+        runtime.address("router"),
         "--variant",
         variant,
         "--mode",
@@ -448,7 +476,7 @@ def _settle_args(spec: ExperimentSpec, variant: str, runtime: deploy.Runtime) ->
     none."""
     if not spec.workload.warmup or specmod.variant_mode(spec, variant) not in SETTLE_MODES:
         return []
-    mds = [deploy.grpc_address(w) for w in runtime.workers if role_of(w) == "md"]
+    mds = [runtime.address(w) for w in runtime.workers if role_of(w) == "md"]
     return [
         "--block-size",
         str(spec.block_size),

@@ -199,7 +199,9 @@ def _serve_in(tb, spec, mode: str, out: Path, port: int, sock: str, meta: RunMet
     vdir = out / "variants" / mode
     (vdir / "events").mkdir(parents=True, exist_ok=True)
     config = deploy.write_deployment(spec, vdir / "deployment.yaml", vdir / "events", mode, wan=tb.config.wan_profile)
-    runtime = deploy.Runtime(tb, config, vdir / "logs", deployment.pool_sizes(spec), deployment.pool_cpusets(spec))
+    runtime = deploy.make_runtime(
+        tb, spec, config, vdir / "logs", deployment.pool_sizes(spec), deployment.pool_cpusets(spec)
+    )
     window = meta.variants[mode] = VariantRecord(status="starting", t_start_ns=time.monotonic_ns())
     runtime.start()
     front = forwarder = None

@@ -23,10 +23,11 @@ from pydantic import BeforeValidator, StringConstraints
 
 import yaml
 
-from experiments import faults
+from experiments import faults, placement
 from experiments.crosstraffic import CrossFlow
 from experiments.deployment import pool_sizes, worker_names
 from experiments.faults import Fault
+from experiments.placement import Cluster
 from schema import Bool, Float, Int, Range, Str, check_range, literal_values, schema
 from schema import build as schema_build
 from workers.roles.config import MODES, Device, Handoff
@@ -184,14 +185,6 @@ class Pools:
 
 
 @schema
-class Cluster:
-    """Where the roles run. address "": this machine (the emulated topology); ray://HOST:PORT or HOST:PORT: an
-    existing Ray cluster whose nodes carry the pools' labels (runtime ray; README "Ray runtime")."""
-
-    address: Str = ""
-
-
-@schema
 class ExperimentSpec:
     name: Str
     description: Str = ""
@@ -298,6 +291,7 @@ def validate(spec: ExperimentSpec) -> ExperimentSpec:
     _validate_devices(spec)
     _validate_placement(spec)
     _validate_impairment(spec, profile)
+    _refuse(placement.cluster_problem(spec, profile))
     try:
         workers = tuple(w for names in worker_names(pool_sizes(spec)).values() for w in names if w != "router")
         faults.validate(spec.faults, spec.variants, spec.timeouts.variant_s, workers)
@@ -412,10 +406,11 @@ def machine_memory_mb() -> int:
 
 def _validate_pools(spec: ExperimentSpec, available_mb: int | None = None) -> None:
     """Every worker fits its own memory limit, and all of them fit the machine (the estimate is in the error)."""
-    from experiments.deployment import FRONT_MB, memory_estimate_mb
+    from experiments.deployment import FRONT_MB, memory_estimate_mb, ray_overhead_mb
 
+    here = not spec.cluster.address  # on a Ray cluster the nodes are checked at placement (ray_rt.placement)
     cores = os.cpu_count() or 1
-    for role in ("p", "rld", "md"):
+    for role in ("p", "rld", "md") if here else ():
         cpuset = getattr(spec.pools, role).cpuset
         used = [int(x) for part in cpuset.split(",") if part for x in part.split("-")]
         if any(c >= cores for c in used):
@@ -428,67 +423,31 @@ def _validate_pools(spec: ExperimentSpec, available_mb: int | None = None) -> No
                 f"pools.{role}.memory_mb={limit}: one {role} worker needs about {mb} MiB (model {spec.model}, "
                 f"capacity_tokens.{role}={getattr(spec.capacity_tokens, role)}); allowed: >= {mb} or 0 (the default)"
             )
-    total = FRONT_MB + sum(mb * n for mb, n in need.values())
+    ray_mb = ray_overhead_mb(spec) if spec.runtime == "ray" else 0
+    total = FRONT_MB + ray_mb + sum(mb * n for mb, n in need.values())
     available = machine_memory_mb() if available_mb is None else available_mb
-    if total > available:
+    if here and total > available:
         parts = ", ".join(f"{n} {role} x {mb} MiB" for role, (mb, n) in need.items())
+        ray = f" + {ray_mb} MiB (Ray's nodes and actors)" if ray_mb else ""
         raise SpecError(
-            f"pools: {parts} + {FRONT_MB} MiB (router, load generator) = {total} MiB, more than this machine's "
+            f"pools: {parts} + {FRONT_MB} MiB (router, load generator){ray} = {total} MiB, more than this machine's "
             f"{available} MiB available; allowed: fewer workers (pools.*.workers), smaller capacity_tokens or model"
         )
 
 
-def _validate_devices(spec: ExperimentSpec, cuda_here: bool | None = None) -> None:
-    """A pool on cuda needs a GPU where its workers run: the process runtime runs them on this machine
-    (cuda_here: torch.cuda.is_available(), asked only then); the Docker image holds CPU torch only."""
-    cuda_pools = [role for role in ("p", "rld", "md") if getattr(spec.pools, role).device == "cuda"]
-    if not cuda_pools:
-        return
-    where = f"pools.{cuda_pools[0]}.device=cuda"
-    if spec.runtime == "docker":
-        raise SpecError(f"{where}: the worker image holds CPU torch only (no CUDA image variant yet); allowed: cpu")
-    if cuda_here is None:
-        import torch
-
-        cuda_here = torch.cuda.is_available()
-    if not cuda_here:
-        raise SpecError(
-            f"{where}: runtime {spec.runtime} runs every worker on this machine, where torch.cuda.is_available() "
-            "is False (no GPU, or a CPU-only torch); allowed: cpu"
-        )
-
-
-RAY_ADDRESS = re.compile(r"(ray://)?[A-Za-z0-9.-]+:[0-9]{1,5}")
+def _validate_devices(spec: ExperimentSpec, cuda_here: bool | None = None, gpus_here: int | None = None) -> None:
+    """A pool on cuda needs a GPU where its workers run (experiments.placement.device_problem)."""
+    _refuse(placement.device_problem(spec, cuda_here, gpus_here))
 
 
 def _validate_placement(spec: ExperimentSpec) -> None:
-    """The pools' labels are Ray label selectors; the emulated topology has each role in its own cluster; the
-    Ray runtime exists (ray_rt) but `pddlab run` does not start it yet."""
-    from ray_rt.placement import HOME_CLUSTER, selector_problem
+    """Where the roles run: labels, sites, the cluster's address (experiments.placement.placement_problem)."""
+    _refuse(placement.placement_problem(spec))
 
-    address = spec.cluster.address
-    if address and not RAY_ADDRESS.fullmatch(address):
-        raise SpecError(f'cluster.address={address!r}: "" (this machine) or ray://HOST:PORT (a Ray cluster)')
-    if address and spec.runtime != "ray":
-        raise SpecError(f"cluster.address={address!r}: a Ray cluster needs runtime: ray (runtime is {spec.runtime})")
-    for role in ("p", "rld", "md"):
-        pool = getattr(spec.pools, role)
-        for key, value in pool.labels.items():
-            problem = selector_problem(key, value)
-            if problem:
-                raise SpecError(f"pools.{role}.labels: {problem}")
-        home = HOME_CLUSTER[role]
-        if not address and pool.cluster not in ("", home):
-            raise SpecError(
-                f"pools.{role}.cluster={pool.cluster!r}: in the emulated topology {role} workers live in cluster "
-                f"{home.upper()} (topology.naming); allowed: '{home}' or '' (a Ray cluster's sites are free to choose)"
-            )
-    if spec.runtime == "ray":
-        raise SpecError(
-            "runtime=ray: the roles run under Ray through ray_rt.roles.RayRoles (tested on a loopback Ray), but "
-            "`pddlab run` does not start Ray nodes in the topology's hosts nor connect to a cluster yet; "
-            "allowed here: process, docker (README: Ray runtime, what is not built yet)"
-        )
+
+def _refuse(problem: str | None) -> None:
+    if problem:
+        raise SpecError(problem)
 
 
 def _validate_deployment(spec: ExperimentSpec) -> None:

@@ -78,6 +78,16 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
+def wait_gone(pids: set[int], wait_s: float) -> set[int]:
+    """Wait up to wait_s until none of pids runs; the ones that still do."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        left = {p for p in pids if pid_alive(p)}
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.1)
+
+
 def descendants(pid: int) -> set[int]:
     """Every live process below pid (from /proc: children, their children ...)."""
     children: dict[int, list[int]] = {}
@@ -172,12 +182,7 @@ class LocalRayCluster:
 
     @staticmethod
     def _wait_gone(pids: set[int]) -> set[int]:
-        deadline = time.monotonic() + STOP_WAIT_S
-        while True:
-            left = {p for p in pids if pid_alive(p)}
-            if not left or time.monotonic() > deadline:
-                return left
-            time.sleep(0.1)
+        return wait_gone(pids, STOP_WAIT_S)
 
     def _set_env(self, env: dict[str, str]) -> None:
         for key, value in env.items():

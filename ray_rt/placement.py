@@ -31,6 +31,7 @@ from typing import Mapping, Sequence
 from ray_rt import RayRuntimeError
 
 CLUSTER_LABEL = "pddlab/cluster"
+HOST_LABEL = "pddlab/host"  # Ray in the emulated topology (ray_rt.netns): the host a node runs in
 ACCELERATOR_LABEL = "ray.io/accelerator-type"  # a default label: Ray sets it on a node that has an accelerator
 ROLES = ("router", "p", "rld", "md")
 HOME_CLUSTER = {"router": "a", "p": "a", "rld": "a", "md": "b"}  # topology.naming's clusters of each role

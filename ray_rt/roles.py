@@ -38,7 +38,7 @@ from pathlib import Path
 import yaml
 
 from ray_rt import RayRuntimeError
-from ray_rt.placement import PlacementError, PoolNeeds, alive_nodes, check_placement
+from ray_rt.placement import HOST_LABEL, PlacementError, PoolNeeds, alive_nodes, check_placement
 from workers.roles import ROLE_MODULES, START_ORDER
 
 log = logging.getLogger(__name__)
@@ -100,11 +100,13 @@ class RoleHost:
         node = ray.get_runtime_context().get_node_id()
         return {"ip": ip, "grpc_port": ports[0], "kv_port": ports[1], "node_id": node, "actor_pid": os.getpid()}
 
-    def start(self, module: str, config_yaml: str, env: dict[str, str]) -> int:
-        """Write the config here and start the role's process; its PID."""
+    def start(self, module: str, config_yaml: str, env: dict[str, str], cpuset: str = "") -> int:
+        """Write the config here and start the role's process (on cpuset's cores, "" = any); its PID."""
         config = self.dir / "config" / f"{self.worker}.yaml"
         config.write_text(config_yaml)
         argv = [sys.executable, "-m", module, "--config", str(config), "--worker", self.worker]
+        if cpuset:
+            argv = ["taskset", "-c", cpuset, *argv]
         log.info("run: %s", " ".join(argv))  # in the actor's log on its node
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(
@@ -120,6 +122,14 @@ class RoleHost:
     def poll(self) -> int | None:
         """The role process's exit status, None while it runs (or before it started)."""
         return None if self.proc is None else self.proc.poll()
+
+    def kill(self) -> int | None:
+        """SIGKILL the role process (a fault an experiment plays); its PID, None if it was not running."""
+        if self.proc is None or self.proc.poll() is not None:
+            return None
+        self.proc.kill()
+        self.proc.wait()
+        return self.proc.pid
 
     def tail(self, lines: int = LOG_TAIL_LINES) -> str:
         return tail(self.log_path, lines)
@@ -186,6 +196,10 @@ class RayRoles:
     log_dir, events_dir: where stop() puts each worker's log and events on the driver
     work_dir: the run's directory on every node (created there)
     env: extra environment of the role processes
+    topology_hosts: Ray in the emulated topology (ray_rt.netns): each worker runs on the node in the topology
+      host of its name (label pddlab/host), at the config's address and ports, and, on the driver's own
+      filesystem, writes its events to the config's events_dir and its log to work_dir/logs (= log_dir)
+    cpusets: role -> the cores its workers' processes run on (taskset; "" or absent = any)
     """
 
     def __init__(
@@ -196,7 +210,10 @@ class RayRoles:
         events_dir: Path,
         work_dir: str,
         env: dict[str, str] | None = None,
+        topology_hosts: bool = False,
+        cpusets: dict[str, str] | None = None,
     ):
+        self.topology_hosts, self.cpusets = topology_hosts, cpusets or {}
         self.config = copy.deepcopy(config)
         self.needs = {n.role: n for n in needs}
         self.log_dir, self.events_dir, self.work_dir = log_dir, events_dir, work_dir
@@ -240,7 +257,7 @@ class RayRoles:
         from ray.util.placement_group import placement_group, remove_placement_group
 
         bundles = [self.needs[role].resources() for role, _ in workers]
-        selectors = [self.needs[role].selector() for role, _ in workers]
+        selectors = [self.selector(role, worker) for role, worker in workers]
         log.info("reserving %d bundles (one per worker) in one placement group", len(bundles))
         self._pg = placement_group(bundles, strategy="PACK", bundle_label_selector=selectors)
         if not self._pg.wait(timeout_s):
@@ -251,6 +268,10 @@ class RayRoles:
                 f"Ray did not place every worker within {timeout_s:.0f} s (other jobs may hold what the nodes "
                 f"have); nothing was started. Wanted: {wanted}"
             )
+
+    def selector(self, role: str, worker: str) -> dict[str, str]:
+        """The label selector of one worker's bundle: its pool's, pinned to its own host in the topology."""
+        return {**self.needs[role].selector(), **({HOST_LABEL: worker} if self.topology_hosts else {})}
 
     def _start_actors(self, workers: list[tuple[str, str]]) -> None:
         import ray
@@ -276,6 +297,8 @@ class RayRoles:
     def final_config(self) -> dict:
         """The deployment config with every worker at its node's address and ports, events under work_dir."""
         cfg = copy.deepcopy(self.config)
+        if self.topology_hosts:
+            return cfg  # each worker in its own host: the topology's addresses, one filesystem
         cfg["events_dir"] = str(Path(self.work_dir) / "events")
         for role in ("router", "p", "rld", "md"):
             section = cfg[role]
@@ -294,7 +317,8 @@ class RayRoles:
         cfg = self.final_config()
         text = yaml.safe_dump(cfg, sort_keys=False)
         for worker, p in self.placed.items():
-            p.pid = ray.get(p.actor.start.remote(ROLE_MODULES[p.role], text, self.env), timeout=CALL_TIMEOUT_S)
+            cpuset = self.cpusets.get(p.role, "")
+            p.pid = ray.get(p.actor.start.remote(ROLE_MODULES[p.role], text, self.env, cpuset), timeout=CALL_TIMEOUT_S)
             log.info("%s (%s) started on %s as PID %d", worker, p.role, p.endpoint["ip"], p.pid)
         return cfg
 
@@ -323,6 +347,25 @@ class RayRoles:
         messages = self.crashes()
         if messages:
             raise WorkerCrashed("\n".join(messages))
+
+    def exit_codes(self) -> dict[str, int | None]:
+        """worker -> its role process's exit status (None while it runs; -1 when its actor is gone)."""
+        import ray
+
+        refs = {w: p.actor.poll.remote() for w, p in self.placed.items()}
+        out = {}
+        for worker, ref in refs.items():
+            try:
+                out[worker] = ray.get(ref, timeout=CALL_TIMEOUT_S)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                out[worker] = -1
+        return out
+
+    def kill(self, worker: str) -> int | None:
+        """SIGKILL one worker's role process (its actor stays, so the exit is reported); its PID or None."""
+        import ray
+
+        return ray.get(self.placed[worker].actor.kill.remote(), timeout=CALL_TIMEOUT_S)
 
     def memory_kb(self) -> dict[str, dict[str, int]]:
         """worker -> resident memory (KiB) of its role process and of its actor."""
@@ -353,6 +396,8 @@ class RayRoles:
         return codes
 
     def _collect(self) -> None:
+        if self.topology_hosts:
+            return  # written in place (one filesystem)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.events_dir.mkdir(parents=True, exist_ok=True)
         for worker, p in self.placed.items():

@@ -28,7 +28,7 @@ fi
 stamp=.venv/.pddlab-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "setup: installing the project into .venv"
-  .venv/bin/pip install -q --disable-pip-version-check --find-links /opt/wheels -e '.[test,host]'
+  .venv/bin/pip install -q --disable-pip-version-check --find-links /opt/wheels -e '.[test,host,ray]'
   touch "$stamp"
 fi
 .venv/bin/python -c "import mininet.net, torch, yaml" || { echo "setup: venv is incomplete" >&2; exit 1; }

@@ -218,10 +218,12 @@ class Testbed:
             self._start_captures(self.config.capture_dir)
         if self.config.play_schedule:
             self._schedule = ScheduleRunner(self.link, self.config.wan_profile.schedule).start()
+        self.runtime.up(self)
 
     def stop(self) -> None:
         """Tear down everything this testbed made, in reverse order; never raises midway."""
         steps = [
+            self.runtime.down,
             self._stop_schedule,
             self._stop_procs,
             self._stop_captures,

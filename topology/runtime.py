@@ -4,8 +4,9 @@ Responsible for: the `HostRuntime` protocol the Testbed calls (start and stop
 with the testbed, extra Mininet host parameters per role, the argv that runs a
 process "in" a host, a crash check, metadata) and its default,
 `ProcessRuntime`: plain processes in the hosts' network namespaces.
-Not responsible for: any container engine — `docker_rt.host.DockerRuntime`
-implements this protocol, and the caller (experiments/deploy.py, a test)
+Not responsible for: any container engine or cluster manager —
+`docker_rt.host.DockerRuntime` and `ray_rt.netns.RayHostRuntime` (Ray nodes
+in the hosts, started in `up`) implement this protocol, and the caller (experiments/deploy.py, a test)
 passes it in through `TopologyConfig.runtime`. The topology imports nothing
 above itself, as Mininet's `net.py` never imports the Host flavours a caller
 picks.
@@ -22,6 +23,10 @@ class HostRuntime(Protocol):
     name: str  # process | docker | ...: recorded in metadata.json
 
     def start(self) -> None: ...  # before the hosts exist; raise with what to do when it cannot run
+
+    def up(self, testbed) -> None: ...  # the hosts exist and reach each other: start what runs beside the roles
+
+    def down(self) -> None: ...  # first at teardown, before the testbed ends its processes: undo up()
 
     def stop(self) -> None: ...  # at teardown: remove everything it made, by its own ids
 
@@ -42,6 +47,12 @@ class ProcessRuntime:
     name = "process"
 
     def start(self) -> None:
+        pass
+
+    def up(self, testbed) -> None:
+        pass
+
+    def down(self) -> None:
         pass
 
     def stop(self) -> None:

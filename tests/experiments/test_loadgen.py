@@ -114,11 +114,12 @@ def test_only_pdd_waits_for_the_warmup_prefix_at_its_mds():
     """pd-cross's MD keeps no DRC (its requests do not use it): waiting there would only run out the timeout."""
     from types import SimpleNamespace
 
+    from experiments.deploy import grpc_address
     from experiments.runner import _settle_args
     from experiments.spec import load_spec
 
     spec = load_spec("pdd-smoke", ["pools.md.workers=2"])
-    runtime = SimpleNamespace(workers=["md1", "md2", "rld1", "p1", "router"])
+    runtime = SimpleNamespace(workers=["md1", "md2", "rld1", "p1", "router"], address=grpc_address)
     args = _settle_args(spec, "pdd", runtime)
     assert args[args.index("--settle") + 1 :] == ["10.2.0.61:50053", "10.2.0.62:50053"]
     assert args[args.index("--block-size") + 1] == str(spec.block_size)
