@@ -15,8 +15,8 @@ torch is the 2.13.0 CPU wheel of /opt/wheels (the venv's `torch==2.13.0+cpu`
 pin makes pip take it, never a multi-GB CUDA build).
 
 Variant `cuda` (`make image VARIANT=cuda`, built only when asked): the same
-image with PyPI's CUDA build of the same torch release (and the NVIDIA
-libraries it depends on, ~3 GB more) instead of the CPU wheel; its own
+image with a CUDA build of torch (CUDA_TORCH, and the NVIDIA libraries it
+depends on, ~3 GB more) instead of the CPU wheel; its own
 context (`.cache/docker/context-cuda`) and tags (`pddlab-worker:cuda-<hash
 12>`, `pddlab-worker:cuda`). A run with a `device: cuda` pool under Docker
 uses it (and `--gpus all` for those workers) but never builds its wheelhouse:
@@ -64,6 +64,10 @@ DOCKERFILE = Path(__file__).resolve().parent / "Dockerfile"
 CONTEXT_DIR = CACHE_DIR / "context"
 VARIANTS = ("cpu", "cuda")
 TORCH = "torch"
+# The cuda variant's torch: a CUDA 13 build of a release whose CUDA libraries this machine's package index
+# holds (PyPI's torch 2.13.0 needs nvidia-cudnn-cu13==9.20.0.48, which it does not; 2.14.1's are here). The
+# CPU runtimes stay on 2.13.0 (pyproject): KV moves as bytes with its dtype, and GPU numerics differ anyway.
+CUDA_TORCH = "torch==2.14.1"
 # The PDD roles' gRPC stack; added to pyproject's dependencies when pyproject does not list it yet.
 RUNTIME_EXTRAS = ("grpcio", "grpcio-health-checking", "protobuf")
 # Besides pyproject's packages: the profiles the topology modules load, and this package.
@@ -75,7 +79,15 @@ BUILD_TIMEOUT_S = 1800
 STEP_LINE = re.compile(r"^#\d+ \[(\d+)/(\d+)\] (.*)")
 # on_step(steps done, steps in all, what runs now): how a caller shows the build's progress.
 OnStep = Callable[[int, int, str], None]
-WHEEL_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "linux_x86_64")
+# Every glibc manylinux tag the base (Debian 12, glibc 2.36) runs, newest first: with --platform pip takes only the
+# tags named (no expansion to older ones), and e.g. the cuda variant's NCCL wheel is manylinux_2_18.
+WHEEL_PLATFORMS = (
+    *(f"manylinux_2_{minor}_x86_64" for minor in range(28, 4, -1)),
+    "manylinux2014_x86_64",
+    "manylinux2010_x86_64",
+    "manylinux1_x86_64",
+    "linux_x86_64",
+)
 
 
 @dataclass(frozen=True)
@@ -109,11 +121,16 @@ def requirements(pyproject: Path = REPO_ROOT / "pyproject.toml") -> list[str]:
 
 
 def variant_pins(pins: list[str], variant: str) -> list[str]:
-    """The venv's pins as an image variant takes them (pure): cuda drops torch's (the venv's is the CPU
-    build, `torch==2.13.0+cpu`; pyproject's `torch==2.13.0` then takes PyPI's CUDA build of that release)."""
+    """The venv's pins as an image variant takes them (pure): cuda drops torch's (the venv's is the CPU build;
+    the cuda variant's torch is CUDA_TORCH, variant_requirements)."""
     if variant not in VARIANTS:
         raise DockerError(f"image variant {variant!r} is unknown; allowed: {', '.join(VARIANTS)}")
     return [p for p in pins if variant == "cpu" or _req_name(p) != TORCH]
+
+
+def variant_requirements(reqs: list[str], variant: str) -> list[str]:
+    """pyproject's requirements as an image variant takes them (pure): cuda's torch is CUDA_TORCH."""
+    return [CUDA_TORCH if variant == "cuda" and _req_name(r) == TORCH else r for r in reqs]
 
 
 def context_dir(variant: str = "cpu") -> Path:
@@ -153,8 +170,7 @@ def package_sources() -> list[str]:
 # ---------------------------------------------------------------- context
 def pip_download_cmd(dest: Path, python_version: str, reqs: Path, constraints: Path, variant: str = "cpu") -> list[str]:
     """`pip download` of binary wheels for the image's Python (pure: unit-testable). The cuda variant does not
-    look in /opt/wheels: its CPU torch would win there (a local version, `+cpu`, sorts above PyPI's); see
-    download_env too."""
+    look in /opt/wheels (its CPU torch is excluded by variant_pins anyway)."""
     abi = "cp" + python_version.replace(".", "")
     wheels = context_dir(variant) / "wheels"
     local = ["--find-links", "/opt/wheels"] if variant == "cpu" else []
@@ -186,12 +202,6 @@ def pip_download_cmd(dest: Path, python_version: str, reqs: Path, constraints: P
     return cmd
 
 
-def download_env(variant: str, env: dict[str, str]) -> dict[str, str]:
-    """pip's environment for a variant's download: cuda without a find-links of the machine's own
-    (PIP_FIND_LINKS may name /opt/wheels, which holds the CPU torch)."""
-    return env if variant == "cpu" else {k: v for k, v in env.items() if k != "PIP_FIND_LINKS"}
-
-
 def base_python_version(base: BaseImage) -> str:
     """`3.11`: the Python of the base image, asked by running it (no network)."""
     code = "import sys; print('%d.%d' % sys.version_info[:2])"
@@ -213,7 +223,7 @@ def fill_wheelhouse(python_version: str, variant: str = "cpu", download: bool = 
     wheels = context / "wheels"
     context.mkdir(parents=True, exist_ok=True)
     reqs, constraints = context / "requirements.txt", CACHE_DIR / f"constraints-{variant}.txt"
-    reqs.write_text("\n".join(requirements()) + "\n")
+    reqs.write_text("\n".join(variant_requirements(requirements(), variant)) + "\n")
     constraints.write_text("\n".join(variant_pins(venv_constraints(), variant)) + "\n")
     stamp_text = f"{python_version}\n{reqs.read_text()}{constraints.read_text()}"
     stamp = wheels / ".stamp"
@@ -231,7 +241,7 @@ def fill_wheelhouse(python_version: str, variant: str = "cpu", download: bool = 
     wheels.mkdir(exist_ok=True)  # old wheels are found with --find-links: nothing is fetched twice
     cmd = pip_download_cmd(fresh, python_version, reqs, constraints, variant)
     log.info("run: %s", " ".join(cmd))
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=download_env(variant, dict(os.environ)))
+    proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise DockerError(
             f"downloading the image's Python packages failed:\n{proc.stderr.strip()[-1500:]}\n"

@@ -1,11 +1,14 @@
-"""The PDD deployment inside the emulated network: its config, and the roles as processes in the hosts.
+"""The PDD deployment inside the emulated network: its config, and the roles started under the spec's runtime.
 
 Responsible for: writing the roles' deployment config for a variant (built by
-experiments.deployment, re-exported here), and the `process` runtime: starting router, P, RLD and MD as `python -m
-workers.roles.<module>` inside their Mininet hosts through `Testbed.popen`,
-and stopping them by their own PIDs. The seam for another runtime is
-`Runtime`: `docker` (issue 5) goes through the same `Testbed.popen`, with the
-Testbed built for containers (`topology_kwargs`).
+experiments.deployment, re-exported here); the topology's runtime for the spec
+(`topology_kwargs`: plain processes, Docker hosts, or a Ray node in every host);
+and the workers of one variant (`make_runtime`): `Runtime` starts router, P, RLD
+and MD as `python -m workers.roles.<module>` inside their hosts through
+`Testbed.popen` (Docker's containers go the same way) and stops them by their own
+PIDs; under Ray, ray_rt.session's RayDeployment (the topology's Ray nodes) or
+ClusterDeployment (an existing cluster) place and supervise them instead. All
+three have start, address, dead, kill, stop.
 Not responsible for: the topology (topology.net), readiness checks and load
 (experiments.loadgen runs inside the client host), what the roles do.
 

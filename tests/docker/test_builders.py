@@ -183,14 +183,15 @@ def test_what_dockerd_changed_is_put_back_and_nothing_else():
 
 
 # ---------------------------------------------------------------- the cuda image variant (make image VARIANT=cuda)
-def test_the_cuda_variant_takes_pypis_torch_and_not_the_local_cpu_wheel():
+def test_the_cuda_variant_takes_a_cuda_torch_and_not_the_local_cpu_wheel():
     pins = ["grpcio==1.85.1", "torch==2.13.0+cpu", "numpy==2.2.0"]
     assert image.variant_pins(pins, "cpu") == pins
-    assert image.variant_pins(pins, "cuda") == ["grpcio==1.85.1", "numpy==2.2.0"]  # pyproject's torch==2.13.0 then
+    assert image.variant_pins(pins, "cuda") == ["grpcio==1.85.1", "numpy==2.2.0"]
+    reqs = ["torch==2.13.0", "grpcio==1.85.1"]
+    assert image.variant_requirements(reqs, "cpu") == reqs
+    assert image.variant_requirements(reqs, "cuda") == [image.CUDA_TORCH, "grpcio==1.85.1"]
     cmd = image.pip_download_cmd(Path("/d"), "3.11", Path("/r.txt"), Path("/c.txt"), "cuda")
     assert "/opt/wheels" not in cmd and _pairs(cmd, "--find-links") == [str(image.CACHE_DIR / "context-cuda/wheels")]
-    env = {"PIP_FIND_LINKS": "/opt/wheels", "PATH": "/bin"}
-    assert image.download_env("cuda", env) == {"PATH": "/bin"} and image.download_env("cpu", env) == env
     with pytest.raises(DockerError, match=r"image variant 'rocm' is unknown; allowed: cpu, cuda"):
         image.variant_pins(pins, "rocm")
 
