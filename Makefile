@@ -34,7 +34,7 @@ test-ray: setup
 	$(PYTEST) tests/ray
 
 # The worker image, built from a local debootstrap base (no registry); BASE_IMAGE=... overrides.
-# VARIANT=cuda: the same image with PyPI's CUDA torch, for `device: cuda` pools (built only when asked).
+# VARIANT=cuda: the same image with a CUDA build of torch (2.14.1), for `device: cuda` pools (built only when asked).
 VARIANT ?= cpu
 image: setup
 	$(PDDLAB) image --variant $(VARIANT)

@@ -420,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="build FROM this image (default: $BASE_IMAGE, else the local debootstrapped Debian base)",
     )
-    parser.add_argument("--variant", choices=VARIANTS, default="cpu", help="cuda: PyPI's CUDA torch (~3 GB more)")
+    parser.add_argument("--variant", choices=VARIANTS, default="cpu", help="cuda: a CUDA build of torch (~3 GB more)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")

@@ -290,7 +290,7 @@ def parser() -> argparse.ArgumentParser:
         "--variant",
         choices=("cpu", "cuda"),
         default="cpu",
-        help="cuda: PyPI's CUDA build of torch for device: cuda pools (~3 GB more; built only when asked)",
+        help="cuda: a CUDA build of torch (2.14.1, CUDA 13) for device: cuda pools (~3 GB more; built only when asked)",
     )
     im.set_defaults(func=_image)
     sub.add_parser("experiments", help="list the experiments").set_defaults(func=_experiments)

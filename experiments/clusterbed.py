@@ -72,7 +72,7 @@ class ClusterBed:
         self.config = _Config(profile)
         self.runtime = ClusterRuntime(spec.cluster.address)
         self.link = _Link()
-        self.work_dir = f"/tmp/pddlab-{out.name}"
+        self.work_dir = f"/tmp/pddlab-cluster-{out.name}"  # on every node; emptied and removed at the end
         self.tools = None
         self._procs: list[subprocess.Popen] = []
         self.nodes: list = []

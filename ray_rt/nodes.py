@@ -103,6 +103,14 @@ class NodeTool:
         path = self.dir / f"wan-{side}.pcap"
         return path.stat().st_size if path.exists() else 0
 
+    def remove(self, path: str) -> None:
+        """A fetched capture, and the run's directory here once empty."""
+        Path(path).unlink(missing_ok=True)
+        try:
+            self.dir.rmdir()
+        except OSError:
+            pass
+
     def read(self, path: str, offset: int, size: int) -> bytes:
         with open(path, "rb") as f:
             f.seek(offset)
@@ -185,6 +193,7 @@ class NodeTools:
                     size = ray.get(held.actor.stop_capture.remote(side), timeout=CALL_TIMEOUT_S)
                     if pcap_dir is not None:
                         _fetch(held.actor, remote, size, pcap_dir / f"wan-{side}.pcap")
+                    ray.get(held.actor.remove.remote(remote), timeout=CALL_TIMEOUT_S)
                 except (ray.exceptions.RayError, OSError) as err:
                     problems.append(f"capture {side} on node {held.where}: {_cause(err)}")
             for interface in held.shapes:

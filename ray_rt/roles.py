@@ -154,6 +154,16 @@ class RoleHost:
                 self.proc.wait(grace_s)
         return self.proc.returncode
 
+    def remove_files(self) -> None:
+        """This worker's files on its node, once collected, and the run's directories there once empty."""
+        for rel in (f"logs/{self.worker}.log", f"events/{self.worker}.jsonl", f"config/{self.worker}.yaml"):
+            (self.dir / rel).unlink(missing_ok=True)
+        for d in (self.dir / "logs", self.dir / "events", self.dir / "config", self.dir):
+            try:
+                d.rmdir()
+            except OSError:
+                pass  # another worker's files are still there, or it is gone already
+
     def files(self) -> dict[str, bytes]:
         """This worker's log and event file, by their paths under work_dir."""
         out = {}
@@ -387,6 +397,9 @@ class RayRoles:
         for worker, ref in stops.items():
             codes[worker] = _get_or_none(ref, STOP_GRACE_S * 2 + 5)
         self._collect()
+        if not self.topology_hosts:  # the nodes' copies, once collected
+            for p in self.placed.values():
+                _get_or_none(p.actor.remove_files.remote(), CALL_TIMEOUT_S)
         for p in self.placed.values():
             ray.kill(p.actor, no_restart=True)
         self.placed = {}

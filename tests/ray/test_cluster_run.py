@@ -14,6 +14,7 @@ environment the fixture set). Checked from the run directory's JSON:
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import ray
@@ -74,6 +75,7 @@ def test_pdd_smoke_runs_on_the_cluster_with_the_roles_placed_by_site(cluster, tm
         assert (vdir / "events" / "md1.jsonl").stat().st_size > 0
     assert set(sites.values()) == {"a", "b"}
     assert (out / "pcap" / "wan-a.pcap").stat().st_size > 24  # more than a pcap header
+    assert not Path(f"/tmp/pddlab-cluster-{out.name}").exists()  # the nodes' copies removed once fetched
 
 
 def test_a_label_no_node_has_is_refused_naming_the_pool_and_nothing_starts(cluster, tmp_path):
