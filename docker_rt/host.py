@@ -318,6 +318,10 @@ class DockerRuntime:
         index = self._counts[host] = self._counts.get(host, 0) + 1
         return [docker_bin(), *proc_run_args(self.options, self.run_id, host, role, index, argv)]
 
+    def confine(self, argv: list[str], cpuset: str) -> list[str]:
+        """Unchanged: a role's cores are its containers' --cpuset-cpus (RoleLimits.cpuset)."""
+        return argv
+
     # ---- state and crashes
     def containers(self) -> list[ContainerState]:
         """Every container of this run, running or not."""

@@ -181,9 +181,7 @@ class Runtime:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         for name in self.workers:
             argv = [sys.executable, "-m", ROLE_MODULES[role_of(name)], "--config", str(self.config), "--worker", name]
-            cpuset = (self.cpusets or {}).get(role_of(name))
-            if cpuset and self.testbed.config.runtime.name == "process":  # Docker: --cpuset-cpus (docker_rt)
-                argv = ["taskset", "-c", cpuset, *argv]  # a pool's own cores
+            argv = self.testbed.config.runtime.confine(argv, (self.cpusets or {}).get(role_of(name), ""))
             with open(self.log_dir / f"{name}.log", "ab") as out:
                 self.procs[name] = self.testbed.popen(
                     name, argv, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=_env()

@@ -175,6 +175,10 @@ class RayHostRuntime:
     def exec_argv(self, host: str, argv: list[str]) -> list[str] | None:
         return None
 
+    def confine(self, argv: list[str], cpuset: str) -> list[str]:
+        """Unchanged: the roles start under their actors, which pin them (ray_rt.roles.RoleHost.start)."""
+        return argv
+
     def reap(self, host: str) -> None:
         pass
 

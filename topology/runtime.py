@@ -36,6 +36,8 @@ class HostRuntime(Protocol):
 
     def exec_argv(self, host: str, argv: list[str]) -> list[str] | None: ...  # None: run in the host's namespaces
 
+    def confine(self, argv: list[str], cpuset: str) -> list[str]: ...  # argv kept to cpuset's cores ("": any)
+
     def reap(self, host: str) -> None: ...  # a host's process was killed: end what of it the runtime still runs
 
     def metadata(self) -> dict | None: ...  # how it ran, for metadata.json
@@ -66,6 +68,10 @@ class ProcessRuntime:
 
     def exec_argv(self, host: str, argv: list[str]) -> list[str] | None:
         return None
+
+    def confine(self, argv: list[str], cpuset: str) -> list[str]:
+        """A process's own cores: taskset, the only confinement a plain process has."""
+        return ["taskset", "-c", cpuset, *argv] if cpuset else argv
 
     def reap(self, host: str) -> None:
         pass

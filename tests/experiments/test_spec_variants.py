@@ -70,6 +70,7 @@ def test_a_pools_cores_are_checked_and_reach_the_process_runtime():
 
     from experiments import deploy
     from experiments.deployment import pool_cpusets
+    from topology.runtime import ProcessRuntime
 
     s = load_spec("pdd-smoke", ["pools.md.cpuset=1", "pools.p.cpuset='0'"])
     assert pool_cpusets(s) == {"p": "0", "md": "1"}
@@ -78,7 +79,7 @@ def test_a_pools_cores_are_checked_and_reach_the_process_runtime():
     started = {}
 
     class Testbed:
-        config = SimpleNamespace(runtime=SimpleNamespace(name="process"))
+        config = SimpleNamespace(runtime=ProcessRuntime())
 
         def popen(self, host, argv, **kw):
             started[host] = argv
