@@ -295,28 +295,29 @@ def run(args) -> int:
     ) as ch:
         reference = read_reference(Path(args.reference)) if args.reference else {}
         client = Client(ch, args.variant, args.handoff, args.request_timeout_s, rec, reference, args.mode)
-        for r in warm:  # alone, before the clock starts: fills the caches with the shared system prompt
-            client.send(r, time.monotonic_ns())
-        settle_warmup(client, warm, args)
-        t0 = time.monotonic_ns()
-        print(f"start t0_ns={t0} requests={len(measured)}", flush=True)
-        threads = [
-            threading.Thread(
-                target=_run_chain,
-                args=(client, c, t0, stop, args.issue_until_s),
-                daemon=True,
-                name=f"chain-{c[0].session}",
-            )
-            for c in chains(measured)
-        ]
-        for t in threads:
-            t.start()
+        t0 = None
         try:
+            for r in warm:  # alone, before the clock starts: fills the caches with the shared system prompt
+                client.send(r, time.monotonic_ns())
+            settle_warmup(client, warm, args)
+            t0 = time.monotonic_ns()
+            print(f"start t0_ns={t0} requests={len(measured)}", flush=True)
+            threads = [
+                threading.Thread(
+                    target=_run_chain,
+                    args=(client, c, t0, stop, args.issue_until_s),
+                    daemon=True,
+                    name=f"chain-{c[0].session}",
+                )
+                for c in chains(measured)
+            ]
+            for t in threads:
+                t.start()
             for t in threads:
                 t.join()
-        except KeyboardInterrupt as err:
+        except KeyboardInterrupt as err:  # also during the warm-up or its settle: every request is recorded
             stop.set()
-            client.interrupt(measured, t0, str(err) or "SIGINT")
+            client.interrupt(requests, t0 or time.monotonic_ns(), str(err) or "SIGINT")
             print("interrupted", flush=True)
             return 130
     return 0 if rec.failed == 0 else 1

@@ -435,6 +435,45 @@ def test_the_clock_starts_once_the_warmup_prefix_is_in_the_md_drc(dep, slow_wan,
     assert hit == want
 
 
+def test_a_load_generator_stopped_while_it_settles_records_every_request(dep, slow_wan, tmp_path):
+    """A SIGTERM during the warm-up's settle (before the clock starts) used to end the load generator with a
+    traceback and no record of the measured requests; each must be in the log as not issued."""
+    import signal
+    import subprocess
+    import sys
+
+    from experiments.workload import WorkloadRequest, write
+
+    slow_wan.faults.rate_mbit = 0.05  # the warm-up's WAN copy takes ~8 s: the settle is still waiting
+    warm = tuple(fresh_prompt(100))
+    reqs = [WorkloadRequest("iw0", "w", 1, "warmup", 4, 0.0, None, 0.0, warm, len(warm), 0)]
+    for s in range(3):
+        head = warm + tuple(fresh_prompt(8))
+        reqs.append(WorkloadRequest(f"is{s}", f"s{s}", 1, "turn", 2, 0.0, None, 0.0, head, len(head), 0))
+    write(reqs, tmp_path / "w.jsonl")
+    out = tmp_path / "c.jsonl"
+    argv = [sys.executable, "-m", "experiments.loadgen", "run", "--workload", str(tmp_path / "w.jsonl")]
+    argv += ["--router", dep.cfg.router.grpc_address, "--variant", "pdd", "--out", str(out)]
+    argv += ["--settle", dep.cfg.pool("md")[0].grpc_address, "--block-size", str(dep.cfg.block_size)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("progress ") and "last=iw0" in line:
+                break  # the warm-up is done: the settle polls the MD now
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 130, "".join(lines) + proc.stdout.read()
+    finally:
+        proc.kill()
+    rows = {r["request_id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert sorted(rows) == sorted(r.request_id for r in reqs)
+    assert rows["iw0"]["error"] is None  # the warm-up itself completed
+    for s in range(3):
+        assert rows[f"is{s}"]["error"].startswith("not issued: interrupted before it was sent: SIGTERM")
+
+
 def test_unknown_request_ids_get_not_found(dep):
     with grpc.insecure_channel(dep.cfg.md[0].grpc_address) as ch:
         stub = pdd_pb2_grpc.DecodeStub(ch)
