@@ -66,6 +66,8 @@ class MDHandoff:
             if err.code() == grpc.StatusCode.NOT_FOUND:
                 self.events.emit("relay_done", rid, reason=err.details())
                 return False
+            if session.cancelled:  # the request ended meanwhile (the RLD finished it): no relay was lost
+                return False
             self.events.emit("relay_lost", rid, reason=f"{err.code().name}: {err.details()}")
             session.relay_lost, session.emit_from = True, RELAY_LOST_EMIT_FROM  # decode alone
             return True
