@@ -9,7 +9,7 @@ throughput with iperf3, capturing pcap, and writing the run directory:
     calibration.json  per direction: configured, expected, measured, checks
     calibration.md    the measured-vs-configured table, human-readable
     probes/*.json     raw probe results (sequence numbers and one-way delays, arrival order);
-                      probes-2/ where a loss outside its interval was measured again
+                      probes-2/ where a direction's probe checks failed and it was probed again
     pcap/wan-a.pcap   both ends of the WAN link, headers only
     pcap/wan-b.pcap
 
@@ -22,7 +22,7 @@ import json
 import logging
 import subprocess
 import sys
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from experiments import metadata, rundir
@@ -31,7 +31,7 @@ from experiments.linkstats import (
     Check,
     DirectionStats,
     GOODPUT_TRIES,
-    LOSS_TRIES,
+    PROBE_TRIES,
     Expected,
     ProbePlan,
     expected_stats,
@@ -92,7 +92,7 @@ class DirectionResult:
     capacity_mbit: float = 0.0
     tcp_goodput_mbit: float | None = None
     tcp_goodput_tries: list[float] = field(default_factory=list)
-    loss_tries: list[float] = field(default_factory=list)  # loss % per probe run (more than one: see LOSS_TRIES)
+    failed_runs: list[list[Check]] = field(default_factory=list)  # per probe run not judged: its failed checks
     goodput_skipped: str | None = None
     spread_skipped: str | None = None
     udp: dict | None = None
@@ -270,7 +270,7 @@ def calibrate(testbed: Testbed, cfg: CalibrationConfig, out_dir: Path) -> list[D
         )
         if starved:
             log.warning("%s: delay spread not judged: %s", direction, starved)
-    _remeasure_loss(testbed, cfg, out_dir, results)
+    _probe_again(testbed, cfg, out_dir, results)
     if cfg.tcp_seconds:
         _measure_goodput(testbed, cfg, params, results)
     if cfg.udp:
@@ -293,27 +293,21 @@ def _starved(capacity_mbit: float, rate_mbit: float | None) -> str:
     return ""
 
 
-def _loss_check(r: DirectionResult) -> Check:
-    return next(c for c in r.checks if c.name == "loss_pct")
-
-
-def _remeasure_loss(testbed: Testbed, cfg: CalibrationConfig, out_dir: Path, results: list[DirectionResult]) -> None:
-    """A direction whose loss falls outside its interval gets a fresh probe run (LOSS_TRIES in all);
-    its loss check is then the last run's, against the same interval. Other checks keep the first run."""
-    for r in results:
-        r.loss_tries.append(r.measured.loss_pct)
-    for attempt in range(2, LOSS_TRIES + 1):
-        failing = [r for r in results if not _loss_check(r).ok]
+def _probe_again(testbed: Testbed, cfg: CalibrationConfig, out_dir: Path, results: list[DirectionResult]) -> None:
+    """A direction with a failed probe check gets a fresh probe run (PROBE_TRIES in all), judged against
+    the same expectation; the failed run's checks are kept in failed_runs. Goodput is measured later."""
+    for attempt in range(2, PROBE_TRIES + 1):
+        failing = [r for r in results if not r.ok]
         if not failing:
             return
         for r in failing:
-            c = _loss_check(r)
-            log.warning("%s: loss %.3g%% outside %.3g..%.3g%%, probing again", r.direction, c.measured, c.lo, c.hi)
+            bad = ", ".join(f"{c.name} {c.measured:.4g} (allowed {c.lo:.4g}..{c.hi:.4g})" for c in r.checks if not c.ok)
+            log.warning("%s: %s: probing again", r.direction, bad)
         records = run_probes(testbed, cfg.probes, out_dir / f"probes-{attempt}")
         for r in failing:
-            loss = probe_stats(records[r.direction]).loss_pct
-            r.loss_tries.append(loss)
-            r.checks = [replace(c, measured=loss) if c.name == "loss_pct" else c for c in r.checks]
+            r.failed_runs.append([c for c in r.checks if not c.ok])
+            r.measured = probe_stats(records[r.direction])
+            r.checks = fidelity_checks(r.expected, r.measured, check_jitter=not r.spread_skipped)
 
 
 def _lossless(p: LinkParams) -> LinkParams:
@@ -380,9 +374,9 @@ def markdown_table(profile: Profile, backend: str, results: list[DirectionResult
                 f"| {r.direction} | delay_std_ms | {r.expected.delay_std_ms:.4g} | "
                 f"{r.measured.delay_std_ms:.4g} | not checked: {r.spread_skipped} | |"
             )
-        if len(r.loss_tries) > 1:
-            tries = ", ".join(f"{g:.4g}" for g in r.loss_tries)
-            lines.append(f"| {r.direction} | loss_pct per probe run (the last is judged) | | {tries} | | |")
+        for run, failed in enumerate(r.failed_runs, 1):
+            bad = "; ".join(f"{c.name} {c.measured:.4g} (allowed {c.lo:.4g} .. {c.hi:.4g})" for c in failed)
+            lines.append(f"| {r.direction} | probe run {run} failed (the last run is judged) | | {bad} | | |")
         if len(r.tcp_goodput_tries) > 1:
             tries = ", ".join(f"{g:.4g}" for g in r.tcp_goodput_tries)
             lines.append(f"| {r.direction} | tcp_goodput_mbit per test (the best is judged) | | {tries} | | |")

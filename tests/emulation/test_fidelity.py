@@ -11,6 +11,8 @@ tolerances are the named constants in `experiments.linkstats`:
 - delay standard deviation within 15% (its standard error is ~1/sqrt(2n) = 1.6%);
 - loss inside the 99% interval (binomial, or the model's own spread for bursty loss);
 - zero reordered probes when a rate is set and reorder is off;
+- a direction with a failed probe check above is probed again once and the fresh run judged
+  (`linkstats.PROBE_TRIES`: host noise and a 99% interval's own tail, across ~20 checks);
 - TCP goodput on a lossless copy of the profile within 90-101% of the rate,
   wherever the unshaped path can carry 1.15 x the rate (under the VM's emulated
   CPU it cannot at 100+ Mbit/s: such skips are printed with the capacity); a
