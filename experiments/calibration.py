@@ -301,7 +301,7 @@ def _probe_again(testbed: Testbed, cfg: CalibrationConfig, out_dir: Path, result
         if not failing:
             return
         for r in failing:
-            bad = ", ".join(f"{c.name} {c.measured:.4g} (allowed {c.lo:.4g}..{c.hi:.4g})" for c in r.checks if not c.ok)
+            bad = ", ".join(c.describe() for c in r.checks if not c.ok)
             log.warning("%s: %s: probing again", r.direction, bad)
         records = run_probes(testbed, cfg.probes, out_dir / f"probes-{attempt}")
         for r in failing:
@@ -375,7 +375,7 @@ def markdown_table(profile: Profile, backend: str, results: list[DirectionResult
                 f"{r.measured.delay_std_ms:.4g} | not checked: {r.spread_skipped} | |"
             )
         for run, failed in enumerate(r.failed_runs, 1):
-            bad = "; ".join(f"{c.name} {c.measured:.4g} (allowed {c.lo:.4g} .. {c.hi:.4g})" for c in failed)
+            bad = "; ".join(c.describe() for c in failed)
             lines.append(f"| {r.direction} | probe run {run} failed (the last run is judged) | | {bad} | | |")
         if len(r.tcp_goodput_tries) > 1:
             tries = ", ".join(f"{g:.4g}" for g in r.tcp_goodput_tries)

@@ -263,6 +263,10 @@ class Check:
         """Measured inside [lo, hi]."""
         return self.lo <= self.measured <= self.hi
 
+    def describe(self) -> str:
+        """'loss_pct 0.45 (allowed 0 .. 0.3)': a check in words, for logs and table rows."""
+        return f"{self.name} {self.measured:.4g} (allowed {self.lo:.4g} .. {self.hi:.4g})"
+
 
 def fidelity_checks(expected: Expected, measured: DirectionStats, check_jitter: bool = True) -> list[Check]:
     """Delay mean, jitter, loss and reordering checks for one direction."""
