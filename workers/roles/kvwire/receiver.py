@@ -422,10 +422,12 @@ class KVReceiver:
         self._sweep_orphans()
         with self._lock:
             a = self._assemblies.get(tid)
+            held_bytes = 0
             if tid in self._completed:
                 state, chunks = "done", []
             elif a is not None and a.meta is not None:
-                state, chunks = "partial", [list(k) for k in a.seen]
+                # List and bytes at one instant: a dead connection's reader may still place a chunk.
+                state, chunks, held_bytes = "partial", [list(k) for k in a.seen], a.received_bytes
                 a.ack_sock, a.ack_lock, a.orphaned_ns = c.sock, c.ack_lock, 0
                 c.mine.add(tid)
             else:
@@ -441,7 +443,7 @@ class KVReceiver:
             transfer_id=tid,
             state=state,
             chunks_held=len(chunks),
-            kv_bytes_held=a.received_bytes if state == "partial" else 0,
+            kv_bytes_held=held_bytes,
         )
 
     def _check_chunk(self, a: _Assembly, layer: int, off: int, cnt: int, plen: int) -> bool:
