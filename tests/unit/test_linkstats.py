@@ -20,6 +20,13 @@ def _result(arrivals, sent):
     return ProbeResult(sent_count=sent, seqs=[s for s, _ in arrivals], delays_ns=[int(d * 1e6) for _, d in arrivals])
 
 
+def _alternating(mean_ms, half_spread_ms, received=1000, sent=1000):
+    """Probes alternating mean +/- half_spread (their std), the first `received` of `sent` arriving."""
+    return probe_stats(
+        _result([(i, mean_ms + (half_spread_ms if i % 2 else -half_spread_ms)) for i in range(received)], sent)
+    )
+
+
 def test_loss_duplicates_reordering():
     arrivals = [(0, 10), (1, 10), (3, 10), (2, 50), (3, 10.5)]  # 2 overtaken, 3 doubled, 4 lost
     s = probe_stats(_result(arrivals, sent=5))
@@ -29,7 +36,7 @@ def test_loss_duplicates_reordering():
 
 
 def test_delay_mean_and_std():
-    s = probe_stats(_result([(i, 30 + (1 if i % 2 else -1)) for i in range(100)], sent=100))
+    s = _alternating(30, 1, received=100, sent=100)
     assert s.delay_mean_ms == pytest.approx(30, abs=1e-3)
     assert s.delay_std_ms == pytest.approx(1, abs=1e-3)
     assert s.reordered == 0
@@ -46,13 +53,13 @@ def test_fidelity_checks_catch_each_deviation():
     exp = Expected(
         delay_mean_ms=30, delay_std_ms=5, loss_pct=0.1, loss_lo_pct=0, loss_hi_pct=0.5, reordering_expected=False
     )
-    good = probe_stats(_result([(i, 30 + (5 if i % 2 else -5)) for i in range(1000)], 1000))
+    good = _alternating(30, 5)
     assert all(c.ok for c in fidelity_checks(exp, good))
-    slow = probe_stats(_result([(i, 31 + (5 if i % 2 else -5)) for i in range(1000)], 1000))
+    slow = _alternating(31, 5)
     assert [c.name for c in fidelity_checks(exp, slow) if not c.ok] == ["delay_mean_ms"]
-    narrow = probe_stats(_result([(i, 30 + (3 if i % 2 else -3)) for i in range(1000)], 1000))
+    narrow = _alternating(30, 3)
     assert [c.name for c in fidelity_checks(exp, narrow) if not c.ok] == ["delay_std_ms"]
-    lossy = probe_stats(_result([(i, 30 + (5 if i % 2 else -5)) for i in range(990)], 1000))
+    lossy = _alternating(30, 5, received=990)
     assert [c.name for c in fidelity_checks(exp, lossy) if not c.ok] == ["loss_pct"]
 
 
@@ -98,9 +105,9 @@ def test_machinery_spread_widens_only_the_mean_check():
         reordering_expected=False,
         machinery_std_ms=0.4,
     )
-    late = probe_stats(_result([(i, 30.8 + (5 if i % 2 else -5)) for i in range(1000)], 1000))
+    late = _alternating(30.8, 5)
     assert all(c.ok for c in fidelity_checks(exp, late))  # 0.8 ms off: inside 0.6 + 0.4
-    later = probe_stats(_result([(i, 31.1 + (5 if i % 2 else -5)) for i in range(1000)], 1000))
+    later = _alternating(31.1, 5)
     assert [c.name for c in fidelity_checks(exp, later) if not c.ok] == ["delay_mean_ms"]
 
 
@@ -126,13 +133,6 @@ def test_jitter_below_the_machinery_noise_is_not_judged():
         machinery_std_ms=0.4,
     )
     assert "delay_std_ms" in {c.name for c in fidelity_checks(clear, probe_stats(_result([(0, 6)], 1)))}
-
-
-def _alternating(mean_ms, half_spread_ms, received=1000, sent=1000):
-    """Probes alternating mean +/- half_spread (their std), the first `received` of `sent` arriving."""
-    return probe_stats(
-        _result([(i, mean_ms + (half_spread_ms if i % 2 else -half_spread_ms)) for i in range(received)], sent)
-    )
 
 
 def test_a_starved_path_judges_the_mean_coarsely_and_not_the_spread():
