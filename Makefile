@@ -1,60 +1,65 @@
-# pddlab: the single entry point. CI runs `make test` (via .ci/run).
+# pddlab: the single entry point. CI runs `make test` (via .ci/run). `make help` lists the targets.
 PY      := .venv/bin/python
 PDDLAB  := .venv/bin/pddlab
 EXP     ?= pdd-vs-baselines
 SET     ?=
 RUN     ?=
-PROFILE ?= wan-cross-country
+PROFILE ?=
 BACKEND ?= auto
 PYTEST  := $(PY) -m pytest -q -rs
+# --profile only when PROFILE is given: otherwise the spec's own `profile:` holds.
+PROFILE_ARG = $(if $(PROFILE),--profile $(PROFILE))
 
-.PHONY: setup image lint test test-unit test-roles test-ray test-emulation test-faults test-docker vm-test bench run-experiment sweep analyze clean profiles net serve
+.PHONY: help setup docker image lint test test-unit test-roles test-ray test-emulation test-faults test-docker vm-test \
+	bench run-experiment sweep analyze clean profiles net serve
 
-setup:
+help: ## this list
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-15s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+setup: ## install what pddlab needs (Debian packages, .venv); idempotent, starts nothing
 	@bash scripts/setup.sh
 
-# `clean` first: a run that crashed (or a machine restarted mid-run) leaves state the topology tiers refuse.
-test: setup clean lint test-unit test-roles test-ray test-emulation test-faults test-docker vm-test
+docker: setup ## the Docker engine: installed, and dockerd started when nothing answers (runs that need it do this)
+	@$(PY) -m docker_rt.engine ensure
 
-# ruff (configured in pyproject.toml; the generated gRPC stubs are excluded): lint and format check.
-lint: setup
+# `clean` first: a run that crashed (or a machine restarted mid-run) leaves state the topology tiers refuse.
+test: setup clean lint test-unit test-roles test-ray test-emulation test-faults test-docker vm-test ## every tier, as CI runs it
+
+lint: setup ## ruff check and format check (generated gRPC stubs excluded)
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
 
-test-unit: setup
+test-unit: setup ## no-root unit tests of pure logic
 	$(PYTEST) tests/unit tests/experiments tests/vm/test_vm_builders.py
 
-# The PDD roles as real processes on loopback (no root needed).
-test-roles: setup
+test-roles: setup ## the PDD roles as real processes on loopback (no root)
 	$(PYTEST) tests/roles tests/e2e
 
 # The roles under Ray on a two-node Ray cluster on loopback (no root, no topology), and `pddlab run --cluster`
 # against it. (The Ray smoke experiment in the topology, a Ray node per host, is in tests/emulation.)
-test-ray: setup
+test-ray: setup ## the roles under Ray on a two-node Ray cluster on loopback
 	$(PYTEST) tests/ray
 
 # The worker image, built from a local debootstrap base (no registry); BASE_IMAGE=... overrides.
 # VARIANT=cuda: the same image with a CUDA build of torch (2.14.1), for `device: cuda` pools (built only when asked).
 VARIANT ?= cpu
-image: setup
+image: docker ## the worker image (VARIANT=cpu|cuda), built from a local debootstrap base
 	$(PDDLAB) image --variant $(VARIANT)
 
-test-docker: setup image
+test-docker: setup image ## Docker hosts in the topology (root)
 	$(PYTEST) tests/docker
 
-test-emulation: setup
+test-emulation: setup ## the topology, fidelity and experiments end to end (root)
 	$(PYTEST) tests/emulation
 
-# Faults under load in the topology: every component SIGKILLed mid-run, the WAN down, heavy loss.
-test-faults: setup
+test-faults: setup ## faults under load: every component SIGKILLed mid-run, the WAN down, heavy loss (root)
 	$(PYTEST) tests/faults
 
-# The tc backend on a real sch_netem: a stock Debian kernel under qemu TCG.
-vm-test: setup
+vm-test: setup ## the tc backend on a real sch_netem: a stock Debian kernel under qemu TCG
 	$(PYTEST) tests/vm/test_vm.py
 	$(PY) -m vm.run --timeout 1500 --cpus 1 -- $(PY) -m pytest -q -rs -p no:cacheprovider tests/emulation/test_fidelity.py --backend tc
 
-bench: setup
+bench: setup ## benchmarks that print numbers (speed and accuracy targets)
 	$(PY) benchmarks/bench_engine.py
 	$(PY) benchmarks/bench_roles.py
 	$(PY) benchmarks/bench_scale.py
@@ -66,36 +71,34 @@ bench: setup
 	$(PY) benchmarks/bench_links.py
 	$(PY) -m vm.run --timeout 1500 --cpus 1 -- $(PY) benchmarks/bench_links.py --backend tc
 
-run-experiment: setup
-	$(PDDLAB) run $(EXP) --profile $(PROFILE) --backend $(BACKEND) $(foreach s,$(SET),--set $(s))
+run-experiment: setup ## run EXP (default pdd-vs-baselines) [PROFILE=name] [BACKEND=tc|userspace] [SET="k=v ..."]
+	$(PDDLAB) run $(EXP) $(PROFILE_ARG) --backend $(BACKEND) $(foreach s,$(SET),--set $(s))
 
 # One spec over a grid x repeats: make sweep EXP=pdd-smoke OVER="link.loss_pct=0,1,3" REPEAT=2
 # (several axes: OVER="link.loss_pct=0,1 link.delay_ms=20,60"; finish an interrupted one: make sweep RESUME=results/<dir>)
 OVER    ?=
 REPEAT  ?= 1
 RESUME  ?=
-sweep: setup
+sweep: setup ## EXP over a grid x repeats: OVER="key=v1,v2" REPEAT=n (RESUME=dir finishes one)
 ifeq ($(RESUME),)
-	$(PDDLAB) sweep $(EXP) --repeat $(REPEAT) --backend $(BACKEND) $(if $(filter command line,$(origin PROFILE)),--profile $(PROFILE)) $(foreach o,$(OVER),--over $(o)) $(foreach s,$(SET),--set $(s))
+	$(PDDLAB) sweep $(EXP) --repeat $(REPEAT) --backend $(BACKEND) $(PROFILE_ARG) $(foreach o,$(OVER),--over $(o)) $(foreach s,$(SET),--set $(s))
 else
 	$(PDDLAB) sweep --resume $(RESUME)
 endif
 
-# Recompute summary and plots from a run directory alone: make analyze RUN=results/<dir>
-analyze: setup
+analyze: setup ## recompute summary and plots from a run directory alone: RUN=results/<dir>
 	$(PDDLAB) analyze $(RUN)
 
-profiles: setup
+profiles: setup ## list the shipped netem profiles
 	@$(PDDLAB) profiles
 
 # The roles behind an OpenAI-compatible API on 127.0.0.1:$(PORT) until Ctrl-C: make serve EXP=pdd-smoke
 PORT    ?= 8000
-serve: setup
-	$(PDDLAB) serve $(EXP) --port $(PORT) --backend $(BACKEND) $(if $(filter command line,$(origin PROFILE)),--profile $(PROFILE)) $(foreach s,$(SET),--set $(s))
+serve: setup ## the roles behind an OpenAI-compatible API on 127.0.0.1:PORT until Ctrl-C
+	$(PDDLAB) serve $(EXP) --port $(PORT) --backend $(BACKEND) $(PROFILE_ARG) $(foreach s,$(SET),--set $(s))
 
-# The topology alone with Mininet's CLI (p1 ping -c 3 md1, link, swap PROFILE, capture start|stop, exit)
-net: setup
-	$(PDDLAB) net --profile $(PROFILE) --backend $(BACKEND)
+net: setup ## the topology alone with Mininet's CLI [PROFILE=name]
+	$(PDDLAB) net $(PROFILE_ARG) --backend $(BACKEND)
 
-clean:
+clean: ## remove what crashed runs left, by their own names and ids
 	@if [ -x $(PDDLAB) ]; then $(PDDLAB) clean; fi

@@ -1,5 +1,5 @@
-"""Time of the pcap side of `pddlab analyze`: per capture, the per-frame totals (experiments.pcap) and the
-flow table (experiments.flows), against the 60 s budget for a default run's captures on the 2-core machine.
+"""Time of the pcap side of `pddlab analyze`: per capture, the per-frame totals (experiments.analysis.pcap) and the
+flow table (experiments.analysis.flows), against the 60 s budget for a default run's captures on the 2-core machine.
 
     python benchmarks/bench_analysis.py                  # two synthetic captures of a default run's size
     python benchmarks/bench_analysis.py --frames 500000  # smaller synthetic captures
@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from experiments import analyze, flows, pcap  # noqa: E402
+from experiments.analysis import analyze, flows, pcap  # noqa: E402
 
 BUDGET_S = 60.0  # both captures of a default run, on this 2-core machine (issue 17)
 DEFAULT_FRAMES = 1_800_000  # per capture: ≈1.2 M data segments A->B + ≈0.6 M ACKs

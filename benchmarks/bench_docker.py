@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # docker_rt is 
 from docker_rt.engine import docker  # noqa: E402
 from docker_rt.host import DockerOptions, runtime_for  # noqa: E402
 from docker_rt.image import ensure_image  # noqa: E402
-from experiments import deploy  # noqa: E402
+from experiments.run import deploy  # noqa: E402
 from topology.net import Testbed, TopologyConfig  # noqa: E402
 from topology.profiles import load_profile  # noqa: E402
 from workers.model import get_config, get_or_create_weights  # noqa: E402

@@ -13,8 +13,8 @@ import json
 import sys
 from pathlib import Path
 
-from experiments import metadata
-from experiments.metadata import RunMetadata
+from experiments.rundir import metadata
+from experiments.rundir.metadata import RunMetadata
 
 # Published figures (../shared/PDD.md), as the table prints them.
 PUBLISHED = {
@@ -111,8 +111,8 @@ def main() -> int:
     if len(sys.argv) > 1:
         run_dir = Path(sys.argv[1])
     else:
-        from experiments import runner
-        from experiments.spec import load_spec
+        from experiments.run import runner
+        from experiments.spec.experiment import load_spec
 
         spec = load_spec("pdd-vs-baselines")
         run_dir = runner.run(runner.prepare(spec))

@@ -17,8 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from experiments.calibration import CalibrationConfig, calibrate
-from experiments.linkstats import ProbePlan
+from experiments.run.calibration import CalibrationConfig, calibrate
+from experiments.analysis.linkstats import ProbePlan
 from topology.net import Testbed, TopologyConfig
 from topology.profiles import available_profiles, load_profile
 

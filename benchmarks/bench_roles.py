@@ -2,7 +2,7 @@
 while it prefills a long prompt.
 
 Responsible for: measuring, in one run on 127.0.0.1, (1) the KV data plane
-(workers/roles/kvwire.py: framing, crc32c on both ends, N connections,
+(workers/kvwire/: framing, crc32c on both ends, N connections,
 delivery as an engine blob, ACK) sending default-model KV from this process
 to a receiver in a child process, next to iperf3 TCP with the same number of
 streams on the same path, and next to two plain-TCP references that move the
@@ -50,10 +50,10 @@ from crc32c import crc32c
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from topology import iperf  # noqa: E402
+from workers.kvwire import Inbox, KVReceiver, KVSender, TransferMeta, recv_exact, send_all  # noqa: E402
 from workers.model import DEFAULT  # noqa: E402
 from workers.roles.config import PathConfig  # noqa: E402
 from workers.roles.events import NullLog  # noqa: E402
-from workers.roles.kvwire import Inbox, KVReceiver, KVSender, TransferMeta, recv_exact, send_all  # noqa: E402
 
 log = logging.getLogger("bench_roles")
 FINGERPRINT = "00" * 16
@@ -167,7 +167,7 @@ class KVWireBench:
             meta,
             PathConfig(
                 connections=self.connections, frame_bytes=self.frame_bytes, stall_timeout_ms=30000, deadline_ms=120000
-            ),
+            ).send_settings(),
             "bench",
             NullLog(),
         )
@@ -364,11 +364,12 @@ def bench_dataplane(
 def bench_handoff(repeats: int) -> dict:
     """A 100-token handoff on the default model, as token IDs (+ extend) and as KV (+ import), on loopback."""
     import torch
+
     from workers.engine import Engine, GenerationRequest
-    from workers.proto import pdd_pb2
     from workers.kvcache import blob_kv_view
+    from workers.kvwire import meta_for, send_blob
+    from workers.proto import pdd_pb2
     from workers.roles.config import DecodeConfig
-    from workers.roles.kvwire import meta_for, send_blob
     from workers.roles.steps import DecodeSteps
 
     torch.set_num_threads(1)
@@ -407,7 +408,7 @@ def bench_handoff(repeats: int) -> dict:
             blob = eng.export_kv("rld", L, L + n)
             meta = meta_for(eng, f"kv{r}", "handoff", L, L + n, gen[:n])
             body = blob_kv_view(blob, meta.n_layer, n, meta.row_bytes)
-            result = send_blob(f"127.0.0.1:{port}", meta, body, PathConfig(), "handoff", NullLog())
+            result = send_blob(f"127.0.0.1:{port}", meta, body, PathConfig().send_settings(), "handoff", NullLog())
             received = inbox.wait(f"kv{r}", "handoff", 30)
             eng.import_kv(f"kv{r}", received.blob)
             received.release()

@@ -6,7 +6,7 @@ Responsible for: starting, per model config, the four roles of a one-of-each dep
 start is timed alone (spawn to gRPC health SERVING); each worker's resident memory (VmRSS) when SERVING and its
 peak (VmHWM) after one pdd request of PROMPT tokens (tiny: its whole context; the spec: pdd-smoke for tiny, else
 pdd-vs-baselines, with its capacities), next to the estimate the spec check uses
-(`experiments.deployment.worker_memory_mb`); the CPU seconds each start took. Then the table of workers per
+(`experiments.spec.deployment.worker_memory_mb`); the CPU seconds each start took. Then the table of workers per
 machine: a worker wants `threads` cores (1 here, as in every shipped spec) and its peak memory; the front
 (router + load generator) one core and FRONT_MB; a Ray node adds its own processes (measured by `make test-ray`:
 ~440 MiB per node, 86 MiB per worker's actor).
@@ -37,8 +37,8 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from experiments.deployment import FRONT_MB, deployment_dict, worker_memory_mb  # noqa: E402
-from experiments.spec import load_spec  # noqa: E402
+from experiments.spec.deployment import FRONT_MB, deployment_dict, worker_memory_mb  # noqa: E402
+from experiments.spec.experiment import load_spec  # noqa: E402
 from workers.model import get_config, get_or_create_weights  # noqa: E402
 from workers.roles import ROLE_MODULES, START_ORDER  # noqa: E402
 from workers.roles.client import generate, wait_healthy  # noqa: E402

@@ -23,7 +23,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from experiments.linkstats import TCP_PAYLOAD_SHARE
+from experiments.analysis.linkstats import TCP_PAYLOAD_SHARE
 from topology import iperf
 from topology.netem_model import periodic_delays_ns
 from topology.profiles import LinkParams

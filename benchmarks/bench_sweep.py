@@ -12,7 +12,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from experiments import sweep, sweep_report
+from experiments.run import sweep
+from experiments.analysis import sweep_report
 
 AXIS = "link.loss_pct=0,1,3"
 SET = ("runtime=process",)

@@ -8,20 +8,21 @@ experiments and maintenance commands. Not responsible for: the experiments.
     pddlab check-profile FILE...         validate profile files
     pddlab run [EXPERIMENT] [--profile NAME] [--backend auto|tc|userspace] [--set KEY=VALUE ...] [--cluster ADDR]
     pddlab sweep [EXPERIMENT] --over KEY=V1,V2,... [--over ...] [--repeat N] [--set ...] [--profile NAME]
-                                         the experiment over a grid of values x repeats (experiments.sweep)
+                                         the experiment over a grid of values x repeats (experiments.run.sweep)
     pddlab sweep --resume SWEEP_DIR      run the points an interrupted sweep had not finished
     pddlab analyze RUN_DIR               recompute summary and plots of a serving experiment's run
     pddlab serve [EXPERIMENT] [--profile NAME] [--mode pdd] [--port 8000] [--set KEY=VALUE ...]
-                                         the roles behind an OpenAI-compatible API until Ctrl-C (experiments.serve)
+                                         the roles behind an OpenAI-compatible API until Ctrl-C
+                                         (experiments.serve.session)
     pddlab net [--profile NAME] [--exec LINE ...]
-                                         the topology alone with Mininet's CLI (experiments.netshell)
+                                         the topology alone with Mininet's CLI (experiments.serve.netshell)
     pddlab experiments                   list the experiments
     pddlab image [--no-cache] [--base-image REF] [--variant cpu|cuda]
                                          build the worker image unless it is up to date (docker_rt.image)
     pddlab clean                         remove leftovers of crashed runs
 
-Experiments: `link-calibration` (experiments/calibration.py) and every spec in
-experiments/specs/*.yaml (serving experiments, experiments/runner.py); the
+Experiments: `link-calibration` (experiments/run/calibration.py) and every spec in
+experiments/specs/*.yaml (serving experiments, experiments/run/runner.py); the
 default is `pdd-vs-baselines`.
 """
 
@@ -32,11 +33,11 @@ import logging
 import sys
 from pathlib import Path
 
-from experiments import calibration
-from experiments.linkstats import ProbePlan
-from experiments.spec import SpecError, available_specs
-from experiments.sweep import SweepError
-from experiments.workload import TraceError
+from experiments.run import calibration
+from experiments.analysis.linkstats import ProbePlan
+from experiments.spec.experiment import SpecError, available_specs
+from experiments.run.sweep import SweepError
+from experiments.spec.workload import TraceError
 from topology.profiles import ProfileError, available_profiles, load_profile
 from topology.shaping import BACKENDS
 
@@ -76,13 +77,15 @@ def _run(args) -> int:
     known = experiments()
     if args.experiment not in known and not args.experiment.endswith((".yaml", ".yml")):
         raise UsageError(f"unknown experiment {args.experiment!r}; available: {', '.join(known)}")
-    from experiments import runner, spec
+    from experiments.run import runner
+    from experiments.spec import experiment as spec
 
     sets = list(args.set) + (["runtime=ray", f"cluster.address={args.cluster}"] if args.cluster else [])
-    s = spec.load_spec(
+    loaded = spec.load(
         args.experiment, sets, profile=args.profile, backend=None if args.backend == "auto" else args.backend
     )
-    plan = runner.prepare(s)  # the profile, the workload and trace, the cluster's address: fail before anything
+    # the workload and trace, the cluster's address: fail before anything (the profile parsed once, at load)
+    plan = runner.prepare(loaded.spec, loaded.profile)
     out = runner.run(plan, results=Path(args.results)) if args.results else runner.run(plan)
     md = out / "summary.md"
     print(md.read_text() if md.exists() else "(no summary)")
@@ -91,7 +94,7 @@ def _run(args) -> int:
 
 
 def _sweep(args) -> int:
-    from experiments import sweep
+    from experiments.run import sweep
 
     if args.resume:
         if args.over or args.set or args.profile:
@@ -120,7 +123,7 @@ def _sweep(args) -> int:
 
 
 def _analyze(args) -> int:
-    from experiments import analyze
+    from experiments.analysis import analyze
 
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
@@ -134,7 +137,8 @@ def _analyze(args) -> int:
 
 
 def _serve(args) -> int:
-    from experiments import serve, spec
+    from experiments.serve import session as serve
+    from experiments.spec import experiment as spec
 
     known = experiments()[1:]
     if args.experiment not in known and not args.experiment.endswith((".yaml", ".yml")):
@@ -153,7 +157,7 @@ def _serve(args) -> int:
 
 
 def _net(args) -> int:
-    from experiments import netshell
+    from experiments.serve import netshell
 
     return netshell.run(args.profile, args.backend, args.cross_hosts, tuple(args.exec))
 
@@ -178,7 +182,7 @@ def _run_calibration(args) -> int:
 
 def _image(args) -> int:
     from docker_rt import DockerError
-    from experiments.deploy import worker_image
+    from experiments.run.deploy import worker_image
 
     try:
         image = worker_image(args.base_image, args.no_cache, variant=args.variant)

@@ -5,7 +5,8 @@ selector naming its site, its accelerator type and any further labels), those as
 group bundles, Ray's label selector syntax, and `check_placement`: a pure check of every pool against a cluster's
 nodes (`ray.nodes()`-shaped data) that refuses, naming the pool, GPUs where no node has any, a label no node
 carries, and pools that do not fit the nodes that carry their labels — before any role starts.
-Not responsible for: talking to Ray (`ray_rt.roles`), or what a pool is in a spec (experiments.spec; a pool is
+Not responsible for: talking to Ray (`ray_rt.roles`), or what a pool is in a spec (experiments.spec.experiment; a
+pool is
 read here by attribute, so this module imports nothing above it).
 
 Why labels and not custom resources. Ray's scheduling docs (docs.ray.io, ray-core/scheduling: "Labels",
@@ -124,7 +125,7 @@ class PoolNeeds:
 
 
 def pool_needs(role: str, pool=None) -> PoolNeeds:
-    """The needs of a pool (an experiments.spec Pool, read by attribute; None: the router, one worker)."""
+    """The needs of a pool (an experiments.spec.experiment Pool, read by attribute; None: the router, one worker)."""
     if pool is None:
         return PoolNeeds(role, 1, HOME_CLUSTER[role], DEFAULT_CPUS[role])
     gpus = pool.num_gpus or (1.0 if pool.device == "cuda" else 0.0)  # a cuda worker holds a GPU of its own

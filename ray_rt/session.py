@@ -1,6 +1,6 @@
 """The roles of one variant under Ray, as the experiment runner holds them: a driver process and its pipe.
 
-Responsible for: `RayDeployment`, the Ray runtime's counterpart of `experiments.deploy.Runtime` (same
+Responsible for: `RayDeployment`, the Ray runtime's counterpart of `experiments.run.deploy.Runtime` (same
 methods: `workers`, `start`, `dead`, `kill`, `stop`). `start` runs the driver (`python -m ray_rt.driver`) in
 the head's host through `Testbed.popen` — a Ray driver must run on a node of its cluster, and the runner's
 own namespace has no route into the topology — and waits for its first answer: every worker placed and its
@@ -8,7 +8,7 @@ role process started, or one error (a pool that cannot be placed: nothing runs).
 command on the driver's stdin and one answer on its stdout (ray_rt.driver). Crashes are logged as the
 driver reports them: role, worker, node, exit code, last log lines.
 Not responsible for: the Ray nodes (ray_rt.netns.RayHostRuntime, the testbed's runtime), the roles' config
-(experiments.deployment), readiness (the runner's gRPC health checks).
+(experiments.spec.deployment), readiness (the runner's gRPC health checks).
 """
 
 from __future__ import annotations

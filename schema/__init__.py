@@ -6,7 +6,7 @@ a string is not a number; an int is a float), `Range` bounds, `build` (validate
 a mapping and turn pydantic's errors into the form below) and `check_range` /
 `check_choice` for the rules that depend on other fields. Netem profiles
 (topology.profiles), the roles' deployment config (workers.roles.config) and
-experiment specs (experiments.spec) all validate through here; each raises
+experiment specs (experiments.spec.experiment) all validate through here; each raises
 its own error class.
 Not responsible for: what a field means or its default (the schema classes),
 reading files (their loaders prefix the file name).

@@ -32,6 +32,6 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   touch "$stamp"
 fi
 .venv/bin/python -c "import mininet.net, torch, yaml" || { echo "setup: venv is incomplete" >&2; exit 1; }
-# Docker: install docker.io when absent, start dockerd when nothing answers.
-.venv/bin/python -m docker_rt.engine ensure
+# Docker is not started here: what needs it (a docker-runtime run, `make image`, the docker tier) starts it
+# itself (`make docker` does it alone), so `make profiles` or `make analyze` leaves the machine as it was.
 echo "setup: ok"

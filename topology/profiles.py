@@ -74,6 +74,15 @@ class GilbertElliott:
         return 100 * (bad_share * self.bad_loss_pct / 100 + (1 - bad_share) * self.good_loss_pct / 100)
 
 
+# Every field of LinkParams is one of these two kinds; a new netem field goes into one (a unit test holds it).
+# What happens to single packets (dropped, doubled, flipped, reordered):
+PACKET_IMPAIRMENTS = (
+    "loss_pct", "loss_correlation_pct", "loss_ge", "duplicate_pct", "corrupt_pct", "reorder_pct", "reorder_gap"
+)  # fmt: skip
+# When packets leave, and how many wait:
+TIMING = ("rate_mbit", "limit_pkts", "delay_ms", "jitter_ms", "delay_distribution", "delay_correlation_pct")
+
+
 @schema
 class LinkParams:
     """One direction of a link, with tc-netem semantics.
@@ -114,6 +123,11 @@ class LinkParams:
             raise ValueError("reorder_pct: reordering needs delay_ms > 0 (as in tc-netem)")
         if self.reorder_gap and not self.reorder_pct:
             raise ValueError("reorder_gap: needs reorder_pct > 0 (as in tc-netem)")
+
+    def lossless(self) -> LinkParams:
+        """The same delay, jitter, rate and queue with nothing lost, duplicated, corrupted or reordered (the
+        calibration's TCP goodput copy); the fields it clears are PACKET_IMPAIRMENTS, kept beside the fields."""
+        return self.replace(**{name: LinkParams.__dataclass_fields__[name].default for name in PACKET_IMPAIRMENTS})
 
     @property
     def effective_limit_pkts(self) -> int:

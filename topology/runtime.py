@@ -6,7 +6,7 @@ process "in" a host, a crash check, metadata) and its default,
 `ProcessRuntime`: plain processes in the hosts' network namespaces.
 Not responsible for: any container engine or cluster manager —
 `docker_rt.host.DockerRuntime` and `ray_rt.netns.RayHostRuntime` (Ray nodes
-in the hosts, started in `up`) implement this protocol, and the caller (experiments/deploy.py, a test)
+in the hosts, started in `up`) implement this protocol, and the caller (experiments/run/deploy.py, a test)
 passes it in through `TopologyConfig.runtime`. The topology imports nothing
 above itself, as Mininet's `net.py` never imports the Host flavours a caller
 picks.

@@ -120,6 +120,21 @@ def _arrival_monotonic_ns(ancdata) -> int:
     return time.monotonic_ns()
 
 
+PORT = 9000  # the probe's UDP port on the receiving host
+
+
+def recv_argv(count: int, idle_timeout_s: float, port: int = PORT) -> list[str]:
+    """The receiver's command line (pure): `python -m topology.udp_probe recv ...`, run in the receiving host."""
+    return [sys.executable, "-m", "topology.udp_probe", "recv", "--port", str(port), "--count", str(count),
+            "--idle-timeout-s", str(idle_timeout_s)]  # fmt: skip
+
+
+def send_argv(dst: str, count: int, interval_us: float, size_bytes: int, port: int = PORT) -> list[str]:
+    """The sender's command line (pure): `count` datagrams of size_bytes to dst, one every interval_us."""
+    return [sys.executable, "-m", "topology.udp_probe", "send", "--dst", dst, "--port", str(port), "--count",
+            str(count), "--interval-us", str(interval_us), "--size-bytes", str(size_bytes)]  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI: `send` or `recv` (recv prints "ready" then one JSON line)."""
     parser = argparse.ArgumentParser(prog="python -m topology.udp_probe")

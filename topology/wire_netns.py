@@ -17,18 +17,16 @@ from __future__ import annotations
 import json
 import logging
 import subprocess
-import sys
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from topology import iperf
+from topology import iperf, udp_probe
 from topology.proc import check_output, reap, wait_listening
 from topology.udp_probe import ProbeResult
 from topology.userspace import REPO_ROOT, offload_off_cmds
 
 log = logging.getLogger(__name__)
 
-PROBE_PORT = 9000
 IPERF_PORT = iperf.DEFAULT_PORT
 # How long a server may take to start listening (s).
 SERVER_READY_TIMEOUT_S = 10.0
@@ -152,41 +150,9 @@ class NetnsWire:
         self, count: int, interval_us: float, size_bytes: int = 64, idle_timeout_s: float = 3.0
     ) -> ProbeResult:
         """Send `count` timestamped datagrams A -> B; the receiver's view of them."""
-        n, py = self.names, sys.executable
-        recv_cmd = in_ns(
-            n.ns_b,
-            [
-                py,
-                "-m",
-                "topology.udp_probe",
-                "recv",
-                "--port",
-                str(PROBE_PORT),
-                "--count",
-                str(count),
-                "--idle-timeout-s",
-                str(idle_timeout_s),
-            ],
-        )
-        send_cmd = in_ns(
-            n.ns_a,
-            [
-                py,
-                "-m",
-                "topology.udp_probe",
-                "send",
-                "--dst",
-                n.addr_b,
-                "--port",
-                str(PROBE_PORT),
-                "--count",
-                str(count),
-                "--interval-us",
-                str(interval_us),
-                "--size-bytes",
-                str(size_bytes),
-            ],
-        )
+        n = self.names
+        recv_cmd = in_ns(n.ns_b, udp_probe.recv_argv(count, idle_timeout_s))
+        send_cmd = in_ns(n.ns_a, udp_probe.send_argv(n.addr_b, count, interval_us, size_bytes))
         log.debug("run: %s", " ".join(recv_cmd))
         receiver = subprocess.Popen(recv_cmd, stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT)
         try:

@@ -1,1 +1,1 @@
-"""Small-model LLM workers: model, KV cache, prefix cache, engine, and the PDD roles (workers/roles)."""
+"""Small-model LLM workers: model, KV cache, prefix cache, engine, KV data plane (kvwire), PDD roles (roles)."""

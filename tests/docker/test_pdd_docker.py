@@ -16,7 +16,7 @@ import torch
 import yaml
 
 from docker_rt.host import DockerOptions, RoleLimits, runtime_for
-from experiments import deploy
+from experiments.run import deploy
 from topology.net import Testbed, TopologyConfig
 from topology.profiles import load_profile
 from workers.engine import Engine, GenerationRequest

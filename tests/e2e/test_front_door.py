@@ -1,4 +1,4 @@
-"""The serve front door (experiments.serve_http) on loopback, before the roles: a streaming client that goes
+"""The serve front door (experiments.serve.front_door) on loopback, before the roles: a streaming client that goes
 away mid-stream ends the router's call and is recorded as failed, not as a short success; the door keeps
 serving. (The front door in the topology, driven by the openai package: tests/emulation/test_serve.py.)"""
 
@@ -23,7 +23,7 @@ def door(tmp_path_factory):
         argv = [
             sys.executable,
             "-m",
-            "experiments.serve_http",
+            "experiments.serve.front_door",
             "--router",
             dep.cfg.router.grpc_address,
             "--tokenizer",

@@ -17,9 +17,9 @@ import grpc
 import pytest
 import torch
 
+from workers.kvwire import BEGIN, FRAME_HEADER, pack_frame
 from workers.proto import pdd_pb2, pdd_pb2_grpc
 from workers.roles.client import generate, stats, wait_healthy
-from workers.roles.kvwire import BEGIN, FRAME_HEADER, pack_frame
 from workers.sampling import greedy_divergence
 
 KV_BYTES_PER_TOKEN = 512  # tiny: 2 layers x 2 x 2 kv heads x 16 dims x 4 B
@@ -361,7 +361,7 @@ def test_a_stopped_load_generator_records_the_whole_workload(dep, slow_wan, tmp_
     import subprocess
     import sys
 
-    from experiments.workload import WorkloadRequest, write
+    from experiments.spec.workload import WorkloadRequest, write
 
     slow_wan.faults.rate_mbit = 0.1  # 20 KB of KV per request: ~1.6 s each over the WAN
     reqs = []
@@ -373,7 +373,7 @@ def test_a_stopped_load_generator_records_the_whole_workload(dep, slow_wan, tmp_
             reqs.append(WorkloadRequest(rid, f"s{s}", turn, "turn", 4, 0.0, after, 0.0, head, len(head), 0))
     write(reqs, tmp_path / "w.jsonl")
     out = tmp_path / "client.jsonl"
-    argv = [sys.executable, "-m", "experiments.loadgen", "run", "--workload", str(tmp_path / "w.jsonl")]
+    argv = [sys.executable, "-m", "experiments.run.loadgen", "run", "--workload", str(tmp_path / "w.jsonl")]
     argv += ["--router", dep.cfg.router.grpc_address, "--variant", "pd-cross", "--out", str(out)]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -399,7 +399,7 @@ def test_the_clock_starts_once_the_warmup_prefix_is_in_the_md_drc(dep, slow_wan,
     import subprocess
     import sys
 
-    from experiments.workload import WorkloadRequest, write
+    from experiments.spec.workload import WorkloadRequest, write
 
     slow_wan.faults.rate_mbit = 0.1  # 100 tokens x 512 B = 51 KB: ~4 s over the WAN, the RLD replies first
     warm = tuple(fresh_prompt(100))
@@ -410,7 +410,7 @@ def test_the_clock_starts_once_the_warmup_prefix_is_in_the_md_drc(dep, slow_wan,
     ]
     write(reqs, tmp_path / "w.jsonl")
     md = dep.cfg.pool("md")[0].grpc_address
-    argv = [sys.executable, "-m", "experiments.loadgen", "run", "--workload", str(tmp_path / "w.jsonl")]
+    argv = [sys.executable, "-m", "experiments.run.loadgen", "run", "--workload", str(tmp_path / "w.jsonl")]
     argv += ["--router", dep.cfg.router.grpc_address, "--variant", "pdd", "--out", str(tmp_path / "c.jsonl")]
     argv += ["--settle", md, "--block-size", str(dep.cfg.block_size), "--settle-timeout-s", "60"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -442,7 +442,7 @@ def test_a_load_generator_stopped_while_it_settles_records_every_request(dep, sl
     import subprocess
     import sys
 
-    from experiments.workload import WorkloadRequest, write
+    from experiments.spec.workload import WorkloadRequest, write
 
     slow_wan.faults.rate_mbit = 0.05  # the warm-up's WAN copy takes ~8 s: the settle is still waiting
     warm = tuple(fresh_prompt(100))
@@ -452,7 +452,7 @@ def test_a_load_generator_stopped_while_it_settles_records_every_request(dep, sl
         reqs.append(WorkloadRequest(f"is{s}", f"s{s}", 1, "turn", 2, 0.0, None, 0.0, head, len(head), 0))
     write(reqs, tmp_path / "w.jsonl")
     out = tmp_path / "c.jsonl"
-    argv = [sys.executable, "-m", "experiments.loadgen", "run", "--workload", str(tmp_path / "w.jsonl")]
+    argv = [sys.executable, "-m", "experiments.run.loadgen", "run", "--workload", str(tmp_path / "w.jsonl")]
     argv += ["--router", dep.cfg.router.grpc_address, "--variant", "pdd", "--out", str(out)]
     argv += ["--settle", dep.cfg.pool("md")[0].grpc_address, "--block-size", str(dep.cfg.block_size)]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -1,9 +1,9 @@
 """Fidelity: every shipped WAN profile, measured on the live topology, against netem's semantics.
 
 The expectation for each profile is netem's own per-packet model run over the
-same probe stream (`experiments.linkstats.expected_stats`), so rate-induced
+same probe stream (`experiments.analysis.linkstats.expected_stats`), so rate-induced
 delay compression, bursty loss and correlation are accounted for exactly. The
-tolerances are the named constants in `experiments.linkstats`:
+tolerances are the named constants in `experiments.analysis.linkstats`:
 
 - one-way delay mean within max(2%, 0.3 ms): with 2000 probes and 5 ms jitter
   the sample mean's standard error is 5/sqrt(2000) = 0.11 ms, so the 0.6 ms
@@ -31,8 +31,8 @@ import dataclasses
 
 import pytest
 
-from experiments.calibration import CalibrationConfig, calibrate, markdown_table
-from experiments.linkstats import ProbePlan
+from experiments.run.calibration import CalibrationConfig, calibrate, markdown_table
+from experiments.analysis.linkstats import ProbePlan
 from topology.net import Testbed, TopologyConfig
 from topology.profiles import load_profile
 

@@ -13,9 +13,10 @@ import json
 
 import pytest
 
-from experiments import records, runner
-from experiments import workload as workloadmod
-from experiments.spec import load_spec
+from experiments.analysis import records
+from experiments.run import runner
+from experiments.spec import workload as workloadmod
+from experiments.spec.experiment import load_spec
 from workers.roles.routing import DRCMirror
 
 pytestmark = [pytest.mark.emulation]

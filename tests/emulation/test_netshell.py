@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from experiments.rundir import REPO
+from experiments.rundir.files import REPO
 
 pytestmark = [pytest.mark.emulation]
 RTT = re.compile(r"rtt min/avg/max/mdev = [\d.]+/([\d.]+)/")

@@ -19,8 +19,9 @@ import json
 
 import pytest
 
-from experiments import plots, records, runner
-from experiments.spec import load_spec
+from experiments.analysis import plots, records
+from experiments.run import runner
+from experiments.spec.experiment import load_spec
 from workers.sampling import TIE_MARGIN
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -105,7 +106,7 @@ def test_ctrl_c_keeps_results_marks_incomplete_and_leaves_nothing(tmp_path):
     import subprocess
     import sys
     import time
-    from experiments.deploy import REPO
+    from experiments.run.deploy import REPO
 
     proc = subprocess.Popen(
         [

@@ -16,8 +16,9 @@ import statistics
 
 import pytest
 
-from experiments import records, runner
-from experiments.spec import load_spec
+from experiments.analysis import records
+from experiments.run import runner
+from experiments.spec.experiment import load_spec
 from topology.profiles import load_profile
 
 pytestmark = [pytest.mark.emulation, pytest.mark.slow]

@@ -10,8 +10,9 @@ import json
 
 import pytest
 
-from experiments import records, runner
-from experiments.spec import load_spec
+from experiments.analysis import records
+from experiments.run import runner
+from experiments.spec.experiment import load_spec
 
 # in turn, so both workers of each pool serve whatever the timing (cache-aware picks: tests/e2e/test_pools.py)
 POOLS = [

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from experiments import records, runner
-from experiments.spec import load_spec
+from experiments.analysis import records
+from experiments.run import runner
+from experiments.spec.experiment import load_spec
 from ray_rt.netns import GCS_PORT
 
 

@@ -24,8 +24,8 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from experiments import records
-from experiments.rundir import REPO
+from experiments.analysis import records
+from experiments.rundir.files import REPO
 
 pytestmark = [pytest.mark.emulation]
 MODEL = "pddlab-tiny"

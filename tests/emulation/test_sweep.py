@@ -18,8 +18,8 @@ import time
 
 import pytest
 
-from experiments import sweep_report
-from experiments.rundir import REPO
+from experiments.analysis import sweep_report
+from experiments.rundir.files import REPO
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 VARIANTS = ("colocated", "pd-intra", "pd-cross", "pdd")

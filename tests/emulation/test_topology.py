@@ -11,8 +11,8 @@ import time
 import observe
 import pytest
 
-from experiments.calibration import run_probes
-from experiments.linkstats import ProbePlan, probe_stats
+from experiments.run.calibration import run_probes
+from experiments.analysis.linkstats import ProbePlan, probe_stats
 from topology import naming
 from topology.cleanup import NOTHING, STATE_DIR, leftovers
 from topology.net import Testbed, TestbedError, TopologyConfig

@@ -19,7 +19,7 @@ import statistics
 
 import pytest
 
-from experiments.linkstats import GOODPUT_MAX_FRAC, GOODPUT_MIN_FRAC, GOODPUT_TRIES, TCP_PAYLOAD_SHARE
+from experiments.analysis.linkstats import GOODPUT_MAX_FRAC, GOODPUT_MIN_FRAC, GOODPUT_TRIES, TCP_PAYLOAD_SHARE
 from topology import iperf
 from topology.profiles import LinkParams
 from topology.emulator import UserspaceEmulator

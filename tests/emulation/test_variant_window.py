@@ -4,16 +4,17 @@
   same schedule: each variant's link_changes lie inside its window at the steps' offsets, and the profile's
   base is back after each window.
 - A TCP cross flow xa -> xb on wan-cross-country: its iperf3 JSON is kept, its throughput is above zero and
-  below the link's rate, and its metadata entry (experiments.metadata.CrossTrafficEntry) says what ran.
+  below the link's rate, and its metadata entry (experiments.rundir.metadata.CrossTrafficEntry) says what ran.
 """
 
 import dataclasses
 import json
 import time
 
-from experiments import crosstraffic as ct
-from experiments.metadata import VariantRecord
-from experiments.window import Impairment, VariantWindow
+from experiments.analysis import crosstraffic as results
+from experiments.spec import crosstraffic as ct
+from experiments.rundir.metadata import VariantRecord
+from experiments.run.window import Impairment, VariantWindow
 from topology.net import Testbed, TopologyConfig
 from topology.profiles import DIRECTIONS, ScheduleStep, load_profile
 
@@ -90,7 +91,7 @@ def test_tcp_cross_flow_on_the_wan(backend, tmp_path):
     assert t0 + 0.5e9 <= entry.start_ns < entry.end_ns
     doc = json.loads((tmp_path / entry.iperf_json).read_text())
     assert "error" not in doc, doc.get("error")
-    result = ct.parse_result(doc, "tcp")
+    result = results.parse_result(doc, "tcp")
     print(f"cross flow: {result.mean_mbit:.1f} Mbit/s, streams {result.stream_mbit}, retransmits {result.retransmits}")
     assert 0 < result.mean_mbit < profile.a_to_b.rate_mbit
     assert len(result.intervals) >= 3 and len(result.stream_mbit) == 2

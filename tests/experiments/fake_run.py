@@ -11,10 +11,12 @@ import json
 import struct
 from pathlib import Path
 
-from experiments import clientlog, deploy, metadata, spec as specmod, workload as wl
-from experiments.clientlog import ClientRecord, Done, TokenRow
-from experiments.deployment import KV_PORTS, role_of, worker_ip
-from experiments.metadata import RunMetadata, VariantRecord
+from experiments.rundir import clientlog, metadata
+from experiments.run import deploy
+from experiments.spec import experiment as specmod, workload as wl
+from experiments.rundir.clientlog import ClientRecord, Done, TokenRow
+from experiments.spec.deployment import KV_PORTS, role_of, worker_ip
+from experiments.rundir.metadata import RunMetadata, VariantRecord
 from topology.profiles import LinkParams, Profile
 
 T0 = 10_000_000_000  # monotonic ns of the first send

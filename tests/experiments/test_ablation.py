@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from experiments import ablation
+from experiments.analysis import ablation
 
 S = 1_000_000_000
 
@@ -85,7 +85,7 @@ def test_summary_only_for_a_spec_with_pdd_and_an_ablation_variant():
 
 
 def test_the_section_and_the_plot_render(tmp_path):
-    from experiments import plots, summary_md
+    from experiments.analysis import plots, summary_md
 
     s = ablation.summarize(*collapsed_run())
     text = "\n".join(summary_md._ablation_section(s))

@@ -5,10 +5,11 @@ import math
 
 import pytest
 
-from experiments import analyze, clientlog, metrics, pcap, plots
-from experiments.clientlog import TokenRow
-from experiments.metadata import SpecRecord
-from experiments.records import read as read_records
+from experiments.analysis import analyze, metrics, pcap, plots
+from experiments.rundir import clientlog
+from experiments.rundir.clientlog import TokenRow
+from experiments.rundir.metadata import SpecRecord
+from experiments.analysis.records import read as read_records
 from fake_run import make_run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -121,6 +122,12 @@ def test_pcap_parser(run):
     assert tp["a_to_b"][0] == (0.0, 3000 * 8 / 0.5 / 1e6)
 
 
+def test_a_truncated_last_record_ends_the_capture(run, tmp_path):
+    cut = tmp_path / "cut.pcap"
+    cut.write_bytes((run / "pcap" / "wan-a.pcap").read_bytes()[:-10])  # tcpdump killed mid-record
+    assert [f.wire_bytes for f in pcap.read_frames(cut)] == [1500, 1500]
+
+
 def test_pcap_rejects_other_files(tmp_path):
     (tmp_path / "x.pcap").write_bytes(b"\x0a\x0d\x0d\x0a" + b"\x00" * 40)
     with pytest.raises(pcap.PcapError, match="not a pcap file"):
@@ -214,7 +221,7 @@ def _handoffs(modes: dict, latencies: list[float]) -> dict:
 
 
 def test_handoffs_by_variant_and_the_std_ratio_of_ids_to_kv():
-    from experiments import summary_md
+    from experiments.analysis import summary_md
 
     per = {
         "ids": _handoffs({"oneshot": 3}, [300.0, 302.0, 304.0]),  # std 2

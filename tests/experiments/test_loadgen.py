@@ -5,10 +5,10 @@ client stands in for the gRPC one."""
 import threading
 import time
 
-from experiments import clientlog
-from experiments.clientlog import TokenRow
-from experiments.loadgen import Client, Recorder, _run_chain, read_reference
-from experiments.workload import WorkloadRequest
+from experiments.rundir import clientlog
+from experiments.rundir.clientlog import TokenRow
+from experiments.run.loadgen import Client, Recorder, _run_chain, read_reference
+from experiments.spec.workload import WorkloadRequest
 
 
 def req(rid, turn, after=None, head=(1, 2), arrival_s=0.0, think_s=0.0):
@@ -64,7 +64,7 @@ def test_nothing_is_sent_past_the_issue_deadline(tmp_path, capsys):
 
 
 def test_settle_waits_for_an_md_holding_the_whole_warmup_prefix():
-    from experiments.loadgen import settle
+    from experiments.run.loadgen import settle
 
     hits = iter([0, 0, 32, 96, 96])
     other = iter([0] * 5)
@@ -74,8 +74,8 @@ def test_settle_waits_for_an_md_holding_the_whole_warmup_prefix():
 
 
 def test_settle_gives_up_at_its_timeout_and_says_so():
-    from experiments.loadgen import settle
-    from experiments.runner import _settled
+    from experiments.run.loadgen import settle
+    from experiments.run.runner import _settled
 
     now = iter(range(100))
     s = settle([lambda: 48], want=96, timeout_s=5, poll_s=0, clock=lambda: next(now))
@@ -85,7 +85,7 @@ def test_settle_gives_up_at_its_timeout_and_says_so():
 
 
 def test_drc_blocks_counts_whole_blocks_short_of_the_last_token():
-    from experiments.loadgen import drc_blocks
+    from experiments.run.loadgen import drc_blocks
 
     assert [drc_blocks(n, 16) for n in (0, 1, 16, 17, 33, 512)] == [0, 0, 0, 16, 32, 496]
 
@@ -93,8 +93,8 @@ def test_drc_blocks_counts_whole_blocks_short_of_the_last_token():
 def test_summary_says_how_long_each_clock_waited_for_the_warmup_prefix():
     from types import SimpleNamespace
 
-    from experiments.metadata import VariantRecord, WarmupSettle
-    from experiments.summary_md import _settle_lines
+    from experiments.rundir.metadata import VariantRecord, WarmupSettle
+    from experiments.analysis.summary_md import _settle_lines
 
     ok = WarmupSettle(ok=True, wait_s=22.16, cached_tokens=512, want_tokens=512)
     late = WarmupSettle(ok=False, wait_s=75.0, cached_tokens=0, want_tokens=512)
@@ -114,9 +114,9 @@ def test_only_pdd_waits_for_the_warmup_prefix_at_its_mds():
     """pd-cross's MD keeps no DRC (its requests do not use it): waiting there would only run out the timeout."""
     from types import SimpleNamespace
 
-    from experiments.deploy import grpc_address
-    from experiments.runner import _settle_args
-    from experiments.spec import load_spec
+    from experiments.run.deploy import grpc_address
+    from experiments.run.runner import _settle_args
+    from experiments.spec.experiment import load_spec
 
     spec = load_spec("pdd-smoke", ["pools.md.workers=2"])
     runtime = SimpleNamespace(workers=["md1", "md2", "rld1", "p1", "router"], address=grpc_address)

@@ -1,4 +1,4 @@
-"""Mooncake FAST'25 traces as a workload (experiments.mooncake): hash ids to token blocks, scaling, the
+"""Mooncake FAST'25 traces as a workload (experiments.spec.mooncake): hash ids to token blocks, scaling, the
 window, the expected hit from the hash ids, bad lines refused naming the line, and the shipped slice."""
 
 import json
@@ -7,10 +7,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from experiments import mooncake, workload
-from experiments.spec import SpecError, load_spec
-from experiments.mooncake import MooncakeError
-from experiments.workload import TraceError
+from experiments.spec import mooncake, workload
+from experiments.spec.experiment import SpecError, load_spec
+from experiments.spec.mooncake import MooncakeError
+from experiments.spec.workload import TraceError
 
 REPO = Path(__file__).resolve().parents[2]
 SLICE = REPO / "experiments" / "traces" / "mooncake-conversation-slice.jsonl"

@@ -6,9 +6,11 @@ import json
 import pytest
 
 import fake_run as fr
-from experiments import analyze, clientlog, occupancy, runmeta, spec as specmod, workload as wl
-from experiments.metadata import RunMetadata, VariantRecord
-from experiments.records import build_record, read as read_records
+from experiments.analysis import analyze, occupancy, runmeta
+from experiments.rundir import clientlog
+from experiments.spec import experiment as specmod, workload as wl
+from experiments.rundir.metadata import RunMetadata, VariantRecord
+from experiments.analysis.records import build_record, read as read_records
 from fake_run import make_run
 
 KV_BPT = 512  # fake_run's KV bytes per token

@@ -1,14 +1,15 @@
-"""The run directory's typed records: metadata.json (experiments.metadata) and client.jsonl
-(experiments.clientlog) written and read back whole; a missing or wrong field is an error naming the file
+"""The run directory's typed records: metadata.json (experiments.rundir.metadata) and client.jsonl
+(experiments.rundir.clientlog) written and read back whole; a missing or wrong field is an error naming the file
 and the field; older layouts still read."""
 
 import json
 
 import pytest
 
-from experiments import analyze, clientlog, metadata
-from experiments.clientlog import ClientLogError, ClientRecord, Done, TokenRow
-from experiments.metadata import MetadataError, RunMetadata, VariantRecord
+from experiments.analysis import analyze
+from experiments.rundir import clientlog, metadata
+from experiments.rundir.clientlog import ClientLogError, ClientRecord, Done, TokenRow
+from experiments.rundir.metadata import MetadataError, RunMetadata, VariantRecord
 from fake_run import PROVENANCE, topology_record
 
 
@@ -151,3 +152,15 @@ def test_an_older_client_record_without_its_mode_ran_its_variant(tmp_path):
     path.write_text(json.dumps(old) + "\n")
     [rec] = clientlog.read(path)
     assert rec.mode == "pdd" and rec.prompt is None and rec.reply() == [8, 9]
+
+
+def test_provenance_records_the_machine_and_the_package_versions(tmp_path):
+    from experiments.rundir import files
+
+    prov = files.provenance()
+    assert prov["machine"]["cores"] >= 1 and len(prov["machine"]["load_average"]) == 3
+    assert prov["machine"]["cpu_model"]
+    assert prov["packages"]["torch"].startswith("2.13.0") and prov["packages"]["numpy"] and prov["packages"]["grpcio"]
+    metadata.write(tmp_path, RunMetadata(experiment="x", complete=True, provenance=prov))
+    back = metadata.read(tmp_path).provenance
+    assert back.machine.cores == prov["machine"]["cores"] and back.packages == prov["packages"]

@@ -1,18 +1,17 @@
-"""The front door's pure parts (experiments.serve_http): the chat template, the parameters greedy decoding
+"""The front door's pure parts (experiments.serve.front_door): the chat template, the parameters greedy decoding
 honours, OpenAI's error shape, and the shipped tokenizers' sizes (the served API is tested for real in
 tests/emulation/test_serve.py)."""
 
 import json
-from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer
 
-from experiments import serve_http
-from experiments.serve_http import ApiError, chat_prompt
+from experiments.serve import front_door as serve_http
+from experiments.serve.front_door import ApiError, chat_prompt
 from workers.model import CONFIGS, precision_base
 
-TOKENIZERS = Path(serve_http.__file__).resolve().parent / "tokenizers"
+from experiments.serve.session import TOKENIZERS  # noqa: E402
 
 
 def test_the_chat_template_and_bad_messages():

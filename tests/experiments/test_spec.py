@@ -2,8 +2,8 @@
 
 import pytest
 
-from experiments import spec
-from experiments.spec import SpecError, load_spec
+from experiments.spec import experiment as spec
+from experiments.spec.experiment import SpecError, load, load_spec, variant_mode
 
 
 def test_shipped_specs_load():
@@ -92,7 +92,7 @@ def test_resolved_spec_round_trips():
 
 
 def test_deployment_follows_the_profile_rate():
-    from experiments.deploy import deployment_dict
+    from experiments.run.deploy import deployment_dict
     from workers.roles.config import parse_config
 
     s = load_spec("pdd-smoke", profile="wan-lossy")
@@ -104,8 +104,9 @@ def test_deployment_follows_the_profile_rate():
 def test_a_plan_parses_the_profile_once_and_the_link_it_runs_sets_the_rate():
     import dataclasses
 
-    from experiments import runner, workload
-    from experiments.deploy import deployment_dict
+    from experiments.run import runner
+    from experiments.spec import workload
+    from experiments.run.deploy import deployment_dict
     from topology.profiles import load_profile
 
     s = load_spec("pdd-smoke", profile="wan-lossy")
@@ -117,3 +118,20 @@ def test_a_plan_parses_the_profile_once_and_the_link_it_runs_sets_the_rate():
     swapped = dataclasses.replace(swapped, a_to_b=dataclasses.replace(swapped.a_to_b, rate_mbit=37.0))
     assert deployment_dict(s, "/tmp/ev", wan=swapped)["policy"]["wan_rate_mbit"] == 37.0
     assert deployment_dict(s, "/tmp/ev")["policy"]["wan_rate_mbit"] == 100.0  # none given: spec.profile's
+
+
+def test_a_run_parses_its_profile_once(monkeypatch, tmp_path):
+    """From the command line's load to every variant's deployment config: one parse of the WAN profile (the
+    topology then takes the Plan's Profile)."""
+    import topology.profiles as profiles
+    from experiments.run import deploy, runner
+
+    calls, real = [], profiles.load_profile
+    monkeypatch.setattr(profiles, "load_profile", lambda *a, **k: calls.append(a) or real(*a, **k))
+    loaded = load("pdd-vs-baselines", ["variant_defs={pdd-measured: {mode: pdd}}", "variants=[pd-intra,pdd-measured]"])
+    plan = runner.prepare(loaded.spec, loaded.profile)
+    for v in plan.spec.variants:
+        deploy.write_deployment(
+            plan.spec, tmp_path / f"{v}.yaml", tmp_path, variant_mode(plan.spec, v), wan=plan.profile
+        )
+    assert len(calls) == 1 and plan.profile.name == "wan-cross-country"

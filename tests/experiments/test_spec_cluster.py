@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from experiments import spec
-from experiments.deployment import deployment_dict
-from experiments.spec import SpecError, load_spec
+from experiments.spec import experiment as spec
+from experiments.spec.deployment import deployment_dict
+from experiments.spec.experiment import SpecError, load_spec
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where torch sees no GPU; here is one")
@@ -29,7 +29,7 @@ def test_a_cuda_pool_passes_where_a_gpu_is_and_reaches_its_workers():
 
 
 def test_runtime_ray_in_the_topology_puts_a_node_in_every_worker_host():
-    from experiments.deployment import ray_nodes
+    from experiments.spec.deployment import ray_nodes
 
     s = load_spec("pdd-smoke", ["runtime=ray", "pools.p.workers=2", "pools.md.workers=2", "pools.md.num_cpus=2"])
     nodes = {n.host: (n.ip, n.site, n.num_cpus) for n in ray_nodes(s)}

@@ -2,7 +2,7 @@
 
 import pytest
 
-from experiments.spec import SpecError, from_dict, load_spec, to_dict
+from experiments.spec.experiment import SpecError, from_dict, load_spec, to_dict
 
 
 def test_pdd_congestion_has_cross_traffic_and_an_outage_on_the_variant_clock():

@@ -3,8 +3,8 @@ and what the runner derives from them."""
 
 import pytest
 
-from experiments.deployment import deployment_dict
-from experiments.spec import SpecError, load_spec, variant_mode, variant_overrides
+from experiments.spec.deployment import deployment_dict
+from experiments.spec.experiment import SpecError, load_spec, variant_mode, variant_overrides
 from workers.roles.config import parse_config
 
 
@@ -45,8 +45,8 @@ def test_the_default_experiment_bounds_its_window():
 
 
 def test_a_variant_may_run_fewer_workers_than_the_spec_has():
-    from experiments.deployment import deployment_dict
-    from experiments.spec import variant_pools
+    from experiments.spec.deployment import deployment_dict
+    from experiments.spec.experiment import variant_pools
     from workers.roles.config import parse_config
 
     s = load_spec(
@@ -68,8 +68,8 @@ def test_a_variant_may_run_fewer_workers_than_the_spec_has():
 def test_a_pools_cores_are_checked_and_reach_the_process_runtime():
     from types import SimpleNamespace
 
-    from experiments import deploy
-    from experiments.deployment import pool_cpusets
+    from experiments.run import deploy
+    from experiments.spec.deployment import pool_cpusets
     from topology.runtime import ProcessRuntime
 
     s = load_spec("pdd-smoke", ["pools.md.cpuset=1", "pools.p.cpuset='0'"])

@@ -5,8 +5,9 @@ import json
 import pytest
 import yaml
 
-from experiments import sweep, sweep_report
-from experiments.sweep import Plan, Point, SweepError, parse_over, validate
+from experiments.run import sweep
+from experiments.analysis import sweep_report
+from experiments.run.sweep import Plan, Point, SweepError, parse_over, validate
 from topology.profiles import load_profile
 
 
@@ -70,7 +71,7 @@ def test_repeats_alone_are_a_sweep_of_one_point():
 
 
 def test_the_same_command_gives_every_point_the_same_workload(tmp_path):
-    from experiments import workload
+    from experiments.spec import workload
 
     def workloads(pl):
         return [
@@ -204,7 +205,7 @@ def test_a_points_metrics_come_from_its_summary_with_the_runs_own_intervals():
 
 
 def test_the_ratio_plot_draws_each_baselines_ratio_against_the_swept_value(tmp_path):
-    from experiments import plots
+    from experiments.analysis import plots
 
     pl = plan("link.loss_pct=0,1")
     points = [done_point(0, r, 100.0, 0.5 + r / 10) for r in range(2)] + [done_point(1, r, 90.0, 0.9) for r in range(2)]
@@ -219,7 +220,7 @@ def test_the_ratio_plot_draws_each_baselines_ratio_against_the_swept_value(tmp_p
 def test_goodput_ratio_counts_requests_meeting_the_slo_per_second_of_each_variant():
     from types import SimpleNamespace
 
-    from experiments import metrics
+    from experiments.analysis import metrics
 
     def rec(variant, i, ttft):
         return SimpleNamespace(

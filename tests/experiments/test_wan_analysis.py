@@ -9,9 +9,10 @@ import pytest
 
 import fake_pcap as fp
 import fake_run as fr
-from experiments import analyze, flows, metadata, occupancy, plots, runmeta, transfers
-from experiments.metadata import EmulatorHealth, LinkChange, VariantRecord
-from experiments.records import fallback_cause
+from experiments.analysis import analyze, flows, occupancy, plots, runmeta, transfers
+from experiments.rundir import metadata
+from experiments.rundir.metadata import EmulatorHealth, LinkChange, VariantRecord
+from experiments.analysis.records import fallback_cause
 from fake_run import make_run
 
 matplotlib.use("Agg")
@@ -38,7 +39,7 @@ def old(tmp_path_factory):
 
 
 def _pdd_kv_bytes():
-    from experiments import spec as specmod, workload as wl
+    from experiments.spec import experiment as specmod, workload as wl
 
     reqs = wl.build(specmod.load_spec("pdd-smoke", []))
     return sum((r.prompt_len - r.cached_tokens) * KV_BPT for r in reqs)
@@ -185,7 +186,7 @@ def test_the_plots_clock_and_link_change_markers(run):
 
 
 def test_asking_for_the_kernel_default_is_not_a_mismatch():
-    from experiments.transfers import Transfer, congestion_warnings
+    from experiments.analysis.transfers import Transfer, congestion_warnings
 
     def ran(asked, used):
         return Transfer("r1", "fast", "ok", 0, 1, 1, congestion_requested=asked, congestion_used=used)
@@ -195,7 +196,7 @@ def test_asking_for_the_kernel_default_is_not_a_mismatch():
 
 
 def test_a_late_emulator_is_a_warning_and_a_quiet_one_is_not():
-    from experiments.analyze import emulator_health
+    from experiments.analysis.analyze import emulator_health
 
     quiet = {
         "a_to_b": {"frames": 100, "p50_us": 20, "p99_us": 60, "max_us": 90, "rx_drops": 0, "tx_errors": 0},
@@ -212,7 +213,7 @@ def test_a_late_emulator_is_a_warning_and_a_quiet_one_is_not():
 
 
 def test_few_handoffs_are_explained_with_the_transfer_times():
-    from experiments.summary_md import _why_few_handoffs
+    from experiments.analysis.summary_md import _why_few_handoffs
 
     p = {
         "md_token_share": 0.0,
@@ -232,7 +233,7 @@ def test_few_handoffs_are_explained_with_the_transfer_times():
 
 
 def test_retransmissions_inside_and_outside_the_schedules_impairments():
-    from experiments.impairment import impaired_intervals, retrans_rates
+    from experiments.analysis.impairment import impaired_intervals, retrans_rates
 
     s = 1_000_000_000
     changes = [
@@ -257,8 +258,8 @@ def test_retransmissions_inside_and_outside_the_schedules_impairments():
 
 
 def test_the_in_flight_drc_and_recomputed_relay_outputs_are_counted_per_request():
-    from experiments.summary_md import _md_cache_lines
-    from experiments.records import _md_cache
+    from experiments.analysis.summary_md import _md_cache_lines
+    from experiments.analysis.records import _md_cache
 
     rec = SimpleNamespace(inflight_tokens=0, relay_absorbed=False)
     _md_cache(

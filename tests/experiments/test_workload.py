@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from experiments import workload as wl
-from experiments.spec import load_spec
-from experiments.workload import TraceError, load_trace
+from experiments.spec import workload as wl
+from experiments.spec.experiment import load_spec
+from experiments.spec.workload import TraceError, load_trace
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +123,7 @@ def test_bad_trace_lines_name_the_line(tmp_path, line, needle):
 
 
 def test_trace_spec_fails_before_the_topology(tmp_path):
-    from experiments import runner
+    from experiments.run import runner
 
     p = _trace(tmp_path, ['{"t_s": 0, "input_tokens": 30, "output_tokens": 4}', '{"t_s": "soon"}'])
     s = load_spec("pdd-smoke", ["workload.source=trace", f"workload.trace={p}"])
@@ -140,7 +140,7 @@ def test_workload_file_round_trips(tmp_path, default_requests):
 def test_rate_steps_raise_the_arrival_rate_from_their_start():
     import random
 
-    from experiments.workload import next_arrival
+    from experiments.spec.workload import next_arrival
 
     rng, t, arrivals = random.Random(7), 0.0, []
     while t < 300:
@@ -155,7 +155,7 @@ def test_rate_steps_raise_the_arrival_rate_from_their_start():
 
 
 def test_rate_steps_must_increase():
-    from experiments.spec import SpecError, load_spec
+    from experiments.spec.experiment import SpecError, load_spec
 
     with pytest.raises(SpecError, match=r"rate_steps: from_s must increase, got \[20.0, 10.0\]"):
         load_spec("pdd-smoke", ["workload.synthetic.rate_steps=[[20, 1], [10, 2]]"])

@@ -22,8 +22,10 @@ import json
 
 import pytest
 
-from experiments import clientlog, deploy, records, runner
-from experiments.spec import load_spec
+from experiments.rundir import clientlog
+from experiments.run import deploy, runner
+from experiments.analysis import records
+from experiments.spec.experiment import load_spec
 from workers.engine import Engine, GenerationRequest
 from workers.sampling import greedy_divergence
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import ray
 
-from experiments.deploy import REPO
+from experiments.run.deploy import REPO
 
 pytestmark = pytest.mark.slow
 RUN_S = 420

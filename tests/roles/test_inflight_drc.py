@@ -12,11 +12,11 @@ import time
 import pytest
 
 from workers.engine import Engine, GenerationRequest
+from workers.kvwire import Inbox
 from workers.proto import pdd_pb2
 from workers.roles.config import parse_config
 from workers.roles.decode import DecodeServicer, shared_blocks
 from workers.roles.events import EventLog
-from workers.roles.kvwire import Inbox
 from workers.roles.session import Session
 
 BS = 16

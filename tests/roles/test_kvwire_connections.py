@@ -10,9 +10,9 @@ import time
 
 import numpy as np
 
+from workers.kvwire import ConnectionPool, Inbox, KVReceiver, KVSender, TransferMeta
 from workers.roles.config import PathConfig
 from workers.roles.events import NullLog
-from workers.roles.kvwire import ConnectionPool, Inbox, KVReceiver, KVSender, TransferMeta
 
 FP = "11" * 16
 N_LAYER, N_KV_HEAD, HEAD_DIM, N_TOKENS = 2, 2, 8, 40
@@ -23,7 +23,7 @@ def send(port: int, pool: ConnectionPool, rid: str, inbox: Inbox, settings: Path
     inbox.expect(rid, "prompt")
     rng = np.random.default_rng(len(rid))
     layers = [rng.integers(0, 255, (2, N_TOKENS, meta.row_bytes), dtype=np.uint8) for _ in range(N_LAYER)]
-    sender = KVSender(f"127.0.0.1:{port}", meta, settings, "wan", NullLog(), pool=pool).start()
+    sender = KVSender(f"127.0.0.1:{port}", meta, settings.send_settings(), "wan", NullLog(), pool=pool).start()
     for i, kv in enumerate(layers):
         sender.put_layer(i, kv)
     sender.finish(None)
@@ -78,7 +78,7 @@ def test_chunks_before_begin_are_kept_verified_and_sealed():
     from crc32c import crc32c
 
     from workers.kvcache import BLOB_HEADER
-    from workers.roles.kvwire import ACK, BEGIN, END, FRAME_HEADER, LAYER, pack_frame
+    from workers.kvwire import ACK, BEGIN, END, FRAME_HEADER, LAYER, pack_frame
 
     meta = TransferMeta(
         "early", "prompt", 0, N_TOKENS, tuple(range(N_TOKENS)), FP, N_LAYER, N_KV_HEAD, HEAD_DIM, "float32"

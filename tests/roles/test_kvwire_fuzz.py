@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from tests.roles.test_kvwire_hostile import SETTINGS, wait_until
 from tests.roles.test_kvwire_resilience import FP, HEAD_DIM, N_KV_HEAD, N_LAYER, Recorder, transfer
-from workers.roles.kvwire import BEGIN, CANCEL, END, LAYER, Inbox, KVReceiver, TransferMeta, pack_frame
-from workers.roles.kvwire.frame import RESUME
+from workers.kvwire import BEGIN, CANCEL, END, LAYER, Inbox, KVReceiver, TransferMeta, pack_frame
+from workers.kvwire.frame import RESUME
 
 RID = "fz"
 ROW_BYTES = N_KV_HEAD * HEAD_DIM * 4

@@ -16,8 +16,8 @@ import pytest
 from crc32c import crc32c
 
 from tests.roles.test_kvwire_resilience import FP, HEAD_DIM, N_KV_HEAD, N_LAYER, Recorder, transfer
+from workers.kvwire import BEGIN, END, LAYER, Inbox, KVReceiver, TransferMeta, pack_frame
 from workers.roles.config import PathConfig
-from workers.roles.kvwire import BEGIN, END, LAYER, Inbox, KVReceiver, TransferMeta, pack_frame
 
 SETTINGS = PathConfig(connections=2, frame_bytes=4096, stall_timeout_ms=500, max_retries=1)
 

@@ -14,11 +14,11 @@ import time
 import numpy as np
 
 from tests.e2e.wanproxy import WanProxy
+from workers.kvwire import ConnectionPool, Inbox, KVReceiver, KVSender, TransferMeta
+from workers.kvwire.tcpinfo import TCP_INFO_STRUCT, congestion_of, parse_tcp_info, read_tcp_info
+from workers.kvwire.watch import STALL_RTO_FACTOR, stall_limit_ns
 from workers.roles.config import PathConfig
 from workers.roles.events import NullLog
-from workers.roles.kvwire import ConnectionPool, Inbox, KVReceiver, KVSender, TransferMeta
-from workers.roles.kvwire.tcpinfo import TCP_INFO_STRUCT, congestion_of, parse_tcp_info, read_tcp_info
-from workers.roles.kvwire.watch import STALL_RTO_FACTOR, stall_limit_ns
 
 FP = "22" * 16
 N_LAYER, N_KV_HEAD, HEAD_DIM = 2, 2, 8  # 64 B per token per layer for K (and V)
@@ -47,7 +47,7 @@ def transfer(
     inbox.expect(rid, "prompt")
     rng = np.random.default_rng(n_tokens)
     layers = [rng.integers(0, 255, (2, n_tokens, meta.row_bytes), dtype=np.uint8) for _ in range(N_LAYER)]
-    sender = KVSender(address, meta, settings, "wan", events, pool=ConnectionPool()).start()
+    sender = KVSender(address, meta, settings.send_settings(), "wan", events, pool=ConnectionPool()).start()
     for i, kv in enumerate(layers):
         if i and pause_s:
             time.sleep(pause_s)

@@ -2,9 +2,9 @@
 
 import pytest
 
-from experiments import calibration
-from experiments.linkstats import GOODPUT_TRIES
-from experiments.calibration import CalibrationConfig, DirectionResult, _judge_goodput
+from experiments.run import calibration
+from experiments.analysis.linkstats import GOODPUT_TRIES
+from experiments.run.calibration import CalibrationConfig, DirectionResult, _judge_goodput
 
 RATE = 100.0
 

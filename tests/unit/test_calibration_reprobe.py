@@ -1,9 +1,9 @@
 """A direction whose probe checks fail is probed again once; the last probe run is judged (pure logic:
 the probe runs are ProbeResults built here, not sent)."""
 
-from experiments import calibration
-from experiments.calibration import CalibrationConfig, DirectionResult, markdown_table
-from experiments.linkstats import Expected, ProbePlan, fidelity_checks, probe_stats
+from experiments.run import calibration
+from experiments.run.calibration import CalibrationConfig, DirectionResult, markdown_table
+from experiments.analysis.linkstats import Expected, ProbePlan, fidelity_checks, probe_stats
 from topology.profiles import load_profile
 from topology.udp_probe import ProbeResult
 

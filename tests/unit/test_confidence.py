@@ -1,12 +1,12 @@
-"""The interval code of experiments.confidence against cases whose truth is known."""
+"""The interval code of experiments.analysis.confidence against cases whose truth is known."""
 
 import math
 
 import numpy as np
 import pytest
 
-from experiments import confidence
-from experiments.confidence import mean_ci, percentile_cis, ratio_ci, t975, verdict
+from experiments.analysis import confidence
+from experiments.analysis.confidence import mean_ci, percentile_cis, ratio_ci, t975, verdict
 
 SEEDS = 300  # samples drawn per coverage test: a 95% interval's coverage is then known to about +-2.5%
 

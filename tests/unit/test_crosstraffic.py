@@ -5,9 +5,10 @@ import math
 
 import pytest
 
-from experiments import crosstraffic as ct
-from experiments.crosstraffic import CrossFlow, CrossTrafficError
-from experiments.metadata import RunMetadata, VariantRecord
+from experiments.analysis import crosstraffic as results
+from experiments.spec import crosstraffic as ct
+from experiments.spec.crosstraffic import CrossFlow, CrossTrafficError
+from experiments.rundir.metadata import RunMetadata, VariantRecord
 
 RATES = {"a_to_b": 20.0, "b_to_a": 50.0}
 CCS = ("reno", "bbr")
@@ -18,12 +19,12 @@ def _validate(*flows, window_s=60.0):
 
 
 def test_jain_index_equal_shares_and_one_hog():
-    assert ct.jain_index([5.0, 5.0, 5.0, 5.0]) == pytest.approx(1.0)
-    assert ct.jain_index([9.0, 0.0, 0.0]) == pytest.approx(1 / 3)
-    assert ct.jain_index([3.0, 1.0]) == pytest.approx(16 / 20)
-    assert math.isnan(ct.jain_index([])) and math.isnan(ct.jain_index([0.0, 0.0]))
+    assert results.jain_index([5.0, 5.0, 5.0, 5.0]) == pytest.approx(1.0)
+    assert results.jain_index([9.0, 0.0, 0.0]) == pytest.approx(1 / 3)
+    assert results.jain_index([3.0, 1.0]) == pytest.approx(16 / 20)
+    assert math.isnan(results.jain_index([])) and math.isnan(results.jain_index([0.0, 0.0]))
     with pytest.raises(ValueError):
-        ct.jain_index([1.0, -1.0])
+        results.jain_index([1.0, -1.0])
 
 
 @pytest.mark.parametrize(
@@ -139,19 +140,19 @@ def _iperf_doc(kind, received_mbit, sent_intervals, streams=(), error=None):
 
 
 def test_parse_a_complete_tcp_run_uses_the_receiver():
-    r = ct.parse_result(_iperf_doc("tcp", 80.0, [(0, 1, 60.0), (1, 2, 100.0)], streams=(30.0, 50.0)), "tcp")
+    r = results.parse_result(_iperf_doc("tcp", 80.0, [(0, 1, 60.0), (1, 2, 100.0)], streams=(30.0, 50.0)), "tcp")
     assert (r.mean_mbit, r.retransmits, r.lost_pct, r.error) == (80.0, 7, None, None)
     assert r.intervals == ((0.0, 1.0, 60.0), (1.0, 2.0, 100.0)) and r.stream_mbit == (30.0, 50.0)
 
 
 def test_parse_a_cut_run_falls_back_to_its_intervals():
     doc = _iperf_doc("tcp", 0.0, [(0, 1, 60.0), (1, 1.5, 90.0)], error="interrupt - the client has terminated")
-    r = ct.parse_result(doc, "tcp")
+    r = results.parse_result(doc, "tcp")
     assert r.mean_mbit == pytest.approx((60 + 0.5 * 90) / 1.5) and r.error.startswith("interrupt")
 
 
 def test_parse_udp_reports_loss():
-    r = ct.parse_result(_iperf_doc("udp", 9.5, [(0, 1, 10.0)]), "udp")
+    r = results.parse_result(_iperf_doc("udp", 9.5, [(0, 1, 10.0)]), "udp")
     assert (r.mean_mbit, r.retransmits, r.lost_pct) == (9.5, None, 1.5)
 
 
@@ -167,7 +168,7 @@ def test_summarize_a_run_directory(tmp_path):
     meta = RunMetadata.model_construct(
         variants={"pdd": VariantRecord(status="ok", cross_traffic=entries), "pd-intra": VariantRecord(status="ok")}
     )
-    s = ct.summarize(tmp_path, meta)
+    s = results.summarize(tmp_path, meta)
     assert list(s) == ["pdd"]
     flows = s["pdd"]["flows"]
     assert flows["a-a_to_b"]["mean_mbit"] == 30.0 and flows["a-a_to_b"]["retransmits"] == 7

@@ -7,7 +7,7 @@ import pytest
 import torch
 from engine_helpers import BS, assert_greedy_match, prompt, reference_greedy, req
 
-from experiments.deployment import roles_config
+from experiments.spec.deployment import roles_config
 from workers.engine import Engine
 from workers.errors import KVHeaderError
 from workers.model import CONFIGS, DEFAULT, SMALL, TINY, get_config

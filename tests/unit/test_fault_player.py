@@ -1,4 +1,4 @@
-"""The spec's `faults:` (experiments.faults): validation, which variant plays what, and the player's timing
+"""The spec's `faults:` (experiments.spec.faults): validation, which variant plays what, and the player's timing
 and records, with stand-in kill callables (the real kills are exercised in tests/faults)."""
 
 import json
@@ -7,8 +7,9 @@ import time
 
 import pytest
 
-from experiments.faults import Fault, FaultPlayer, for_variant, validate
-from experiments.spec import SpecError, load_spec
+from experiments.run.faults import FaultPlayer
+from experiments.spec.faults import Fault, for_variant, validate
+from experiments.spec.experiment import SpecError, load_spec
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ from workers.engine import Engine, GenerationRequest
 from workers.errors import KVChecksumError
 from crc32c import crc32c
 
-from workers.roles.kvwire import BufferPool, FrameError, blob_buffer, meta_for, seal_blob
+from workers.kvwire import BufferPool, FrameError, blob_buffer, meta_for, seal_blob
 
 MB = 1 << 20
 

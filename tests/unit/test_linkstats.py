@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from experiments.linkstats import (
+from experiments.analysis.linkstats import (
     Expected,
     _binomial_interval,
     _interval_of,
@@ -79,7 +79,7 @@ def test_rare_spikes_do_not_move_the_trimmed_mean_and_std():
 
 
 def test_gilbert_elliott_distribution_is_exact_against_the_model():
-    from experiments.linkstats import ProbePlan, _simulate, gilbert_elliott_loss_distribution
+    from experiments.analysis.linkstats import ProbePlan, _simulate, gilbert_elliott_loss_distribution
     from topology.profiles import GilbertElliott, LinkParams
 
     params = LinkParams(loss_ge=GilbertElliott(p_pct=2, r_pct=20, bad_loss_pct=60, good_loss_pct=1))

@@ -4,7 +4,7 @@ import socket
 
 import pytest
 
-from experiments.spec import build, ExperimentSpec, load_spec
+from experiments.spec.experiment import build, ExperimentSpec, load_spec
 from ray_rt import RayRuntimeError
 from ray_rt.cluster import check_reachable, split_address
 from ray_rt.placement import (

@@ -4,7 +4,16 @@ import textwrap
 
 import pytest
 
-from topology.profiles import LinkParams, ProfileError, available_profiles, load_profile, profile_from_dict
+from topology.profiles import (
+    PACKET_IMPAIRMENTS,
+    TIMING,
+    GilbertElliott,
+    LinkParams,
+    ProfileError,
+    available_profiles,
+    load_profile,
+    profile_from_dict,
+)
 
 WAN_PROFILES = ["wan-congested", "wan-cross-country", "wan-flaky", "wan-lossy", "wan-regional"]
 
@@ -108,3 +117,19 @@ def test_replace_validates():
 def test_gilbert_elliott_mean_loss():
     p = profile_from_dict({"name": "x", "link": {"loss_ge": {"p_pct": 1, "r_pct": 25, "bad_loss_pct": 50}}}, "x")
     assert p.a_to_b.expected_loss_pct == pytest.approx(100 * (0.01 / 0.26) * 0.5)
+
+
+def test_every_link_field_is_a_packet_impairment_or_timing():
+    fields = set(LinkParams.__dataclass_fields__)
+    assert set(PACKET_IMPAIRMENTS) | set(TIMING) == fields
+    assert not set(PACKET_IMPAIRMENTS) & set(TIMING)
+
+
+def test_lossless_keeps_the_timing_and_clears_every_packet_impairment():
+    p = LinkParams(rate_mbit=100, delay_ms=30, jitter_ms=4, loss_pct=2, loss_correlation_pct=25, duplicate_pct=1,
+                   corrupt_pct=0.1, reorder_pct=5, reorder_gap=3)  # fmt: skip
+    q = p.lossless()
+    assert all(getattr(q, f) == getattr(p, f) for f in TIMING)
+    assert all(getattr(q, f) == getattr(LinkParams(), f) for f in PACKET_IMPAIRMENTS)
+    ge = LinkParams(delay_ms=10, loss_ge=GilbertElliott(p_pct=1, r_pct=30)).lossless()
+    assert ge.loss_ge is None and ge.delay_ms == 10

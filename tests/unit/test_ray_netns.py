@@ -23,7 +23,7 @@ def test_the_head_runs_in_the_router_host_with_fixed_ports_and_its_site_and_host
     assert head["--num-cpus"] == "1"  # Ray takes whole CPUs: 0.5 asked -> 1 offered
     assert json.loads(head["--system-config"])["health_check_failure_threshold"] >= 20
     assert all(head[f] == str(port) for f, port in NODE_PORTS.items())
-    assert all(port < 50050 for port in NODE_PORTS.values())  # below the roles' ports (experiments.deployment)
+    assert all(port < 50050 for port in NODE_PORTS.values())  # below the roles' ports (experiments.spec.deployment)
     assert head["--temp-dir"] == str(tmp_path / "router") and "--memory" not in head
 
 

@@ -3,6 +3,11 @@
 Layers (a package may import only those below it): schema (the one validation approach) is under everything;
 topology and workers are the bottom above it; docker_rt and ray_rt (the container and Ray runtimes) may use
 both; experiments (and the VM harness's users) may use everything. Generated gRPC stubs are left out.
+
+Inside experiments/, floors show the flow (a floor may import only those below it): the run directory's formats
+(rundir) at the bottom, the spec's descriptions (spec) on it, the analysis of a run directory (analysis), running
+(run), the interactive front ends (serve), and the command line (experiments/cli.py) on top. The analysis never
+imports the run floor, so any run directory can be analysed again on its own.
 """
 
 import ast
@@ -22,6 +27,8 @@ MAY_IMPORT = {
     "experiments": {"schema", "topology", "workers", "docker_rt", "ray_rt", "vm"},
 }
 MAX_LINES = 600
+FLOORS = ("rundir", "spec", "analysis", "run", "serve", "cli")  # bottom to top
+LEAVES = {"experiments.progress"}  # utilities any floor may use; they import nothing of experiments/
 
 
 def modules() -> dict[str, Path]:
@@ -89,6 +96,41 @@ def test_layers_only_look_down():
     assert not upward, upward
 
 
+def floor_of(module: str) -> str | None:
+    """experiments.<floor>.x -> floor; experiments/cli.py is a floor of its own; a leaf or the package: None."""
+    parts = module.split(".")
+    if parts[0] != "experiments" or len(parts) < 2 or module in LEAVES:
+        return None
+    assert parts[1] in FLOORS, f"{module} is in no floor of experiments/ (floors: {', '.join(FLOORS)})"
+    return parts[1]
+
+
+def floor_violations(g: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for m, deps in g.items():
+        if (floor := floor_of(m)) is None and m in LEAVES:
+            bad += [f"leaf {m} imports {d}" for d in deps if d.startswith("experiments")]
+        for d in deps:
+            below = floor_of(d)
+            if floor and below and FLOORS.index(below) > FLOORS.index(floor):
+                bad.append(f"{m} ({floor}) imports {d} ({below})")
+    return bad
+
+
+def test_experiments_floors_only_look_down():
+    assert not floor_violations(graph()), floor_violations(graph())
+
+
+def test_every_experiments_module_is_in_a_floor():
+    loose = {m for m, p in modules().items() if p.parent == ROOT / "experiments" and p.name != "__init__.py"}
+    assert loose <= LEAVES | {"experiments.cli"}, loose - LEAVES - {"experiments.cli"}
+
+
+def test_the_floor_check_finds_analysis_importing_run():
+    g = {"experiments.analysis.metrics": {"experiments.run.runner"}, "experiments.run.runner": set()}
+    assert floor_violations(g) == ["experiments.analysis.metrics (analysis) imports experiments.run.runner (run)"]
+
+
 def test_no_import_cycle():
     assert not cycles(graph()), cycles(graph())
 
@@ -106,3 +148,29 @@ def test_no_file_over_600_lines(pkg):
         if "proto" not in p.parts and (n := p.read_text().count("\n")) > MAX_LINES
     }
     assert not big, big
+
+
+def data_plane_violations(g: dict[str, set[str]]) -> list[str]:
+    """The KV data plane (workers.kvwire) sits below the roles that use it: it imports nothing of workers.roles."""
+    return sorted(
+        f"{m} imports {d}"
+        for m, deps in g.items()
+        if m == "workers.kvwire" or m.startswith("workers.kvwire.")
+        for d in deps
+        if d == "workers.roles" or d.startswith("workers.roles.")
+    )
+
+
+def test_the_kv_data_plane_imports_nothing_of_the_roles():
+    assert any(m.startswith("workers.kvwire.") for m in graph())  # the walk sees the data plane at all
+    assert not data_plane_violations(graph()), data_plane_violations(graph())
+
+
+def test_the_data_plane_check_finds_kvwire_importing_a_role():
+    g = {
+        "workers.kvwire.sender": {"workers.roles.config", "workers.kvwire.frame"},
+        "workers.kvwire.frame": set(),
+        "workers.roles.prefill": {"workers.kvwire"},  # the roles may use the data plane
+        "workers.roles.config": set(),
+    }
+    assert data_plane_violations(g) == ["workers.kvwire.sender imports workers.roles.config"]

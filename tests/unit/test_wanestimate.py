@@ -4,8 +4,8 @@ Pure logic: samples are built by hand."""
 import dataclasses
 import math
 
+from workers.kvwire.tcpinfo import parse_tcp_info
 from workers.roles.config import RouterPolicy
-from workers.roles.kvwire.tcpinfo import parse_tcp_info
 from workers.roles.routing import decide_route
 from workers.roles.wanestimate import WanEstimate, WanEstimator
 

@@ -9,11 +9,11 @@ import time
 
 import pytest
 
-from experiments import window as winmod
-from experiments.spec import load_spec
-from experiments import metadata
-from experiments.metadata import LinkChange, SharedTopologyRecord, VariantRecord
-from experiments.window import Impairment, VariantWindow, variant_link_changes
+from experiments.run import window as winmod
+from experiments.spec.experiment import load_spec
+from experiments.rundir import metadata
+from experiments.rundir.metadata import LinkChange, SharedTopologyRecord, VariantRecord
+from experiments.run.window import Impairment, VariantWindow, variant_link_changes
 from topology.net import Testbed, TestbedError, TopologyConfig
 from topology.profiles import DIRECTIONS, LinkParams, Profile, ScheduleStep, load_profile
 from topology.shaping import AppliedChange, LinkState
@@ -187,7 +187,7 @@ class FakeShared:
         return SharedTopologyRecord(id=1, runs_before=0, start_s=0.0)
 
     def run(self, spec, profile, out, meta):
-        from experiments import runner
+        from experiments.run import runner
 
         runner._run_variants(self.tb, spec, out, meta, Impairment(PROFILE.schedule, LABELS, restore=True))
 
@@ -195,11 +195,11 @@ class FakeShared:
 @pytest.fixture
 def roles_faked(monkeypatch):
     """The runner without processes: no roles, readiness at once, no analysis."""
-    from experiments import runner
+    from experiments.run import runner
 
     monkeypatch.setattr(runner.deploy, "Runtime", FakeRuntime)
-    monkeypatch.setattr(runner, "_wait_ready", lambda *args: None)
-    monkeypatch.setattr(runner, "_analyze_safely", lambda out: None)
+    monkeypatch.setattr(runner, "wait_ready", lambda *args: None)
+    monkeypatch.setattr(runner, "analyze_safely", lambda out: None)
     return runner
 
 
@@ -254,7 +254,7 @@ def test_a_failed_schedule_step_ends_a_serve_session_incomplete(testbed, tmp_pat
     """serve plays the link's schedule for as long as it serves: a failed change ends the session, and its
     metadata.json says incomplete and why."""
     import topology.net
-    from experiments import serve
+    from experiments.serve import session as serve
 
     class FrontDoor:  # the front door's process, serving
         def poll(self):
@@ -279,7 +279,7 @@ def test_a_failed_schedule_step_ends_a_serve_session_incomplete(testbed, tmp_pat
 
 
 def test_a_failed_schedule_step_leaves_a_calibration_incomplete_with_its_numbers(testbed, tmp_path, monkeypatch):
-    from experiments import calibration
+    from experiments.run import calibration
 
     monkeypatch.setattr(calibration, "Testbed", FakeTestbed(testbed(fail=True)))
     monkeypatch.setattr(calibration, "preflight", lambda: None)

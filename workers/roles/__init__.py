@@ -3,13 +3,15 @@
 Module map (one concept each):
   config     typed, validated deployment config (YAML -> dataclasses); addresses and ports
   events     JSON-lines event logs on the shared monotonic clock
-  kvwire     the KV data plane: framed, checksummed KV over plain TCP (sender, receiver)
   layerhook  taps the engine's prefill so KV streams layer by layer as it is produced
   server     gRPC server plumbing shared by every role: health, stats, lifecycle
   prefill    the P role: prefill and dual-path KV transfer (asks the MD's DRC first)
   decode     the RLD and MD roles: eager decoding, handoff by token IDs or KV, DRC
   router     the client-facing role: route decision, one ordered stream per request
   client     helpers to call the router and wait for health (tests, benchmarks)
+
+Below them, workers/kvwire moves KV on its own TCP data plane; the roles pass it their settings
+(config.PathConfig.send_settings) and their event log (an EventSink).
 
 Run a role: python -m workers.roles.<router|prefill|decode> --config cfg.yaml [--worker NAME]
 """

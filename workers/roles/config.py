@@ -3,7 +3,7 @@
 Responsible for: reading one YAML file into frozen dataclasses, refusing
 unknown keys and out-of-range values with the field's dotted name and the
 allowed values; deriving the addresses peers use (`grpc_address`,
-`kv_address`).
+`kv_address`) and the data plane's settings of a path (`PathConfig.send_settings`).
 Not responsible for: starting anything (workers/roles/server.py) or the
 model's own shapes (workers/model.py).
 
@@ -23,12 +23,15 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import yaml
 from pydantic import BeforeValidator
 
 from schema import Bool, Float, Int, Range, Str, build, check_choice, check_range, literal_values, schema
+
+if TYPE_CHECKING:  # importing workers.kvwire loads the engine's KV layout (and torch): not for reading a config
+    from workers.kvwire import SendSettings
 
 Mode = Literal["colocated", "pd-intra", "pd-cross", "pdd"]
 MODES = literal_values(Mode)
@@ -88,6 +91,21 @@ class PathConfig:
     progress_interval_ms: Annotated[Int, Range(0)] = 50  # at most one progress event per transfer per interval
     persistent: Bool = True  # keep connections open for the next transfer to the same peer (no new
     # handshake per transfer); false: a new connection per transfer
+
+    def send_settings(self) -> SendSettings:
+        """What the data plane's sender takes (workers/kvwire/seam.py): this path's validated values."""
+        from workers.kvwire import SendSettings
+
+        return SendSettings(
+            connections=self.connections,
+            congestion=self.congestion,
+            frame_bytes=self.frame_bytes,
+            stall_timeout_ms=self.stall_timeout_ms,
+            max_retries=self.max_retries,
+            deadline_ms=self.deadline_ms,
+            progress_interval_ms=self.progress_interval_ms,
+            persistent=self.persistent,
+        )
 
 
 @schema
@@ -277,8 +295,11 @@ def to_dict(cfg: DeploymentConfig) -> dict:
 
 
 def parse_address(address: str) -> tuple[str, int]:
-    """'host:port' -> (host, port); raise ConfigError on anything else."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise ConfigError(f"address {address!r} is not host:port")
-    return host, int(port)
+    """'host:port' -> (host, port), by the data plane's rule (workers.kvwire.parse_address); ConfigError on
+    anything else."""
+    from workers.kvwire import parse_address as parse_kv_address
+
+    try:
+        return parse_kv_address(address)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None

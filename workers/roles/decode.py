@@ -17,7 +17,7 @@ hard deadline ends its session (`kv_timeout`); an MD whose relay vanished
 (unreachable at KVReady, or its process gone while the MD waits for the
 handoff: probed every RELAY_PROBE_S) decodes alone.
 Not responsible for: prefill for remote workers (prefill.py), routing and the
-client's ordered stream (router.py), the wire (kvwire.py).
+client's ordered stream (router.py), the wire (workers/kvwire/).
 
 Token indices: index 0 is the first generated token (sampled by P, or here
 when colocated). The MD's "pending" token is its last token without KV; a
@@ -36,13 +36,11 @@ import grpc
 
 from workers.engine import Engine, GenerationRequest
 from workers.errors import CapacityExceeded, EngineError
+from workers.kvwire import CONNECTIONS, Inbox, KVReceiver, KVSender
 from workers.proto import pdd_pb2, pdd_pb2_grpc
 from workers.roles.config import DeploymentConfig, WorkerConfig
 from workers.roles.events import EventLog
 from workers.roles.handoff import MDHandoff, RelayHandoff
-from workers.roles.kvwire import CONNECTIONS, Inbox, KVReceiver, KVSender
-from workers.roles.session import HANDOFF_NAMES, H, Session, end_msg, token_msg
-from workers.roles.steps import DecodeSteps
 from workers.roles.server import (
     Channels,
     RoleServer,
@@ -53,6 +51,8 @@ from workers.roles.server import (
     role_main,
     status_of,
 )
+from workers.roles.session import HANDOFF_NAMES, H, Session, end_msg, token_msg
+from workers.roles.steps import DecodeSteps
 
 log = logging.getLogger(__name__)
 POLL_S = 0.05  # how often a session waiting to open (for room, or for an earlier copy) looks again

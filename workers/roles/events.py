@@ -5,7 +5,9 @@ once so a killed process leaves a readable log; reading a log back; `NAMES`,
 every event name a role writes, with what it means (the roles and the analysis
 share it; tests/unit/test_event_names.py fails on a name missing from it, or
 one nobody writes).
-Not responsible for: deciding what to record (each role does) or analysis.
+Not responsible for: deciding what to record (each role does; the KV data
+plane below them writes its kv_* events through an EventLog, which is its
+EventSink: workers/kvwire/seam.py) or analysis.
 
 Line format: {"t_ns": int, "worker": str, "role": str, "event": str,
 "request_id": str | null, ...event fields}. t_ns is time.monotonic_ns():

@@ -17,8 +17,8 @@ import grpc
 
 from workers.errors import EngineError
 from workers.kvcache import blob_kv_view
+from workers.kvwire import meta_for, send_blob
 from workers.proto import pdd_pb2, pdd_pb2_grpc
-from workers.roles.kvwire import meta_for, send_blob
 from workers.roles.server import status_of
 from workers.roles.session import HANDOFF_NAMES, H, Session
 
@@ -393,7 +393,12 @@ class RelayHandoff:
             meta = meta_for(self.s.engine, rid, "handoff", L, L + n - 1, toks[: n - 1])
             layers = blob_kv_view(blob, meta.n_layer, n - 1, meta.row_bytes)  # (nl, 2, n-1, row)
             result = send_blob(
-                self.session.request.handoff_kv, meta, layers, self.s.cfg.kv.wan, "handoff", self.s.events
+                self.session.request.handoff_kv,
+                meta,
+                layers,
+                self.s.cfg.kv.wan.send_settings(),
+                "handoff",
+                self.s.events,
             )
             if not result.ok:
                 raise _KVShipFailed(result.reason)

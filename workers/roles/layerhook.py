@@ -4,7 +4,7 @@ Responsible for: a context manager that, for the duration of a prefill,
 calls back after every layer has written its K and V into the cache, with the
 slots of the request's positions; reading one layer's KV of a position range
 as a private uint8 copy shaped for the data plane.
-Not responsible for: sending (workers/roles/kvwire.py) or the engine itself.
+Not responsible for: sending (workers/kvwire/) or the engine itself.
 
 How: the engine binds each forward pass through `KVCache.bind`; we add a
 listener to the returned binding (`PassKV.listeners`: called once per layer,

@@ -27,10 +27,10 @@ import numpy as np
 from workers.chunked import ChunkScheduler
 from workers.engine import Engine, GenerationRequest, LayerWrite
 from workers.errors import EngineError
+from workers.kvwire import CONNECTIONS, KVSender, SendResult, meta_for
 from workers.proto import pdd_pb2, pdd_pb2_grpc
 from workers.roles.config import DeploymentConfig, PathConfig, WorkerConfig
 from workers.roles.events import EventLog
-from workers.roles.kvwire import CONNECTIONS, KVSender, SendResult, meta_for
 from workers.roles.layerhook import layer_tap, read_layer
 from workers.roles.server import (
     Channels,
@@ -306,7 +306,7 @@ class PrefillServicer(pdd_pb2_grpc.PrefillServicer):
         sender = KVSender(
             target.kv_address,
             meta,
-            path_cfg,
+            path_cfg.send_settings(),
             target.path,
             self.events,
             on_done=lambda result, rid=rid: self._forget(rid, result, wan),

@@ -35,10 +35,10 @@ from workers.errors import (
     QueueFull,
     UnknownRequest,
 )
+from workers.kvwire import count_socket_fds
 from workers.proto import pdd_pb2, pdd_pb2_grpc
 from workers.roles.config import DeploymentConfig, WorkerConfig, load_config
 from workers.roles.events import EventLog
-from workers.roles.kvwire import count_socket_fds
 
 log = logging.getLogger(__name__)
 

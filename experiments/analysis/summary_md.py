@@ -1,0 +1,549 @@
+"""summary.md: the tables a reader of one run looks at first, from summary.json (pure functions).
+
+Responsible for: rendering the summary (experiments.analysis.metrics) as Markdown: the
+main table per variant, warnings, the latencies with their 95% intervals and
+pdd over each baseline, KV transfers by path, WAN bytes three ways, fallbacks,
+each worker on its own, the PDD section (and why the MD took little over, where it did), hit-rate
+buckets and token streams; numbers formatted for reading (kB / MB, thousands).
+Not responsible for: computing any metric (experiments.analysis.metrics) or plotting.
+"""
+
+from __future__ import annotations
+
+import math
+
+from experiments.rundir.metadata import RunMetadata
+from experiments.spec.workload import bucket_names
+
+
+def _f(x, digits: int = 0) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    return f"{x:,.{digits}f}"
+
+
+def _mb(x) -> str:
+    """Bytes, human-readable (kB / MB / GB, powers of 1000)."""
+    if x is None:
+        return "–"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:,.1f} {unit}"
+    return f"{x:,.0f} B"
+
+
+def _done(s: dict) -> str:
+    """completed / sent, and what was not sent or leaned on the reference (older runs lack both)."""
+    out = f"{s['completed']}/{s.get('issued', s['requests'])}"
+    if s.get("not_issued"):
+        out += f" (+{s['not_issued']} not sent)"
+    if s.get("prompt_from_reference"):
+        out += f" ({s['prompt_from_reference']} on the reference reply)"
+    return out
+
+
+def markdown(summary: dict, meta: RunMetadata) -> str:
+    """summary.md: the tables a reader looks at first (meta: a serving run's, with its spec)."""
+    per = summary["variants"]
+    spec = meta.require("spec")
+    lines = [
+        f"# {meta.experiment}: {spec.profile}",
+        "",
+        f"complete: {meta.complete}; backend: {meta.topology.backend if meta.topology else None}; "
+        f"model: {spec.model}; SLO: TTFT ≤ {summary['slo']['ttft_ms']:g} ms, "
+        f"TPOT ≤ {summary['slo']['tpot_ms']:g} ms",
+        "",
+        "| variant | done | TTFT p50 / p90 / p99 ms | TTFT-decode p50 / p90 / p99 ms | TPOT p50 ms | "
+        "decode batch | ITL p99 ms | E2E p50 ms | goodput rps | WAN bytes (total / per req) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for v, s in per.items():
+        t, d = s["ttft_ms"], s["ttft_decode_ms"]
+        lines.append(
+            f"| {v} | {_done(s)} | {_f(t.get('p50'))} / {_f(t.get('p90'))} / "
+            f"{_f(t.get('p99'))} | {_f(d.get('p50'))} / {_f(d.get('p90'))} / {_f(d.get('p99'))} | "
+            f"{_f(s['tpot_ms'].get('p50'), 1)} | {_f(s['decode_batch'].get('mean'), 1)} | "
+            f"{_f(s['itl_ms'].get('p99'))} | {_f(s['e2e_ms'].get('p50'))} | "
+            f"{_f(s['goodput_rps'], 3)} | {_mb(s['wan_bytes_total'])} / "
+            f"{_mb(s['wan_bytes_per_request'].get('mean'))} |"
+        )
+    lines += [
+        "",
+        "done: completed / sent; '+N not sent': requests due past the spec's timeouts.issue_s (the "
+        "variant was too slow for its window); 'N on the reference reply': later turns whose previous "
+        "turn failed, sent with the colocated variant's reply in their prompt.",
+        "decode batch: mean size of the batched engine steps that decoded a request's tokens, over "
+        "requests (1 = decoded alone; a worker batches the steps of its concurrent sessions).",
+    ]
+    lines += _warnings_section(summary.get("warnings") or [])
+    lines += _intervals_section(per)
+    lines += _comparisons_section(summary.get("comparisons") or [])
+    lines += _kv_section(per)
+    lines += _wan_bytes_section(per)
+    lines += _fallback_section(per)
+    lines += _workers_section(per)
+    lines += _pdd_section(per.get("pdd"), summary)
+    lines += _settle_lines(meta)
+    lines += _handoff_section(per)
+    lines += _bucket_section(per)
+    lines += _ablation_section(summary.get("ablation"))
+    lines += _streams_section(summary["streams"])
+    return "\n".join(lines) + "\n"
+
+
+def _ablation_section(abl: dict | None) -> list[str]:
+    """pdd-ablation: does the ablation's MD hit fall behind P's while its RLD saturates (PDD.md point 6)?"""
+    if not abl:
+        return []
+    v, name = abl["verdict"], abl["ablation_variant"]
+    gap, rld, ttft = v["md_hit_gap_pp"], v["rld_sessions"], v["ttft_p50_ms"]
+    holds = "holds" if v["claim_holds"] else "does not hold here"
+    lines = [
+        "",
+        "## Why every pipeline ends at the MD (the ablation)",
+        "",
+        f"Over the last third of each run (the highest load): the MD's hit behind P's by {_f(gap['pdd'], 1)} "
+        f"points in pdd and {_f(gap['ablation'], 1)} in {name}; RLD open sessions {_f(rld['pdd'], 1)} vs "
+        f"{_f(rld['ablation'], 1)}; TTFT p50 {_f(ttft['pdd'])} vs {_f(ttft['ablation'])} ms. The claim (the "
+        f"MD falls behind: {v['md_hit_falls_behind']}; the RLD saturates: {v['rld_saturates']}) {holds}.",
+        "",
+        "| variant | " + " | ".join(f"{b['t_s']:g} s" for b in abl["variants"][name]) + " |",
+        "|---|" + "---|" * len(abl["variants"][name]),
+    ]
+    for variant, bins in abl["variants"].items():
+        cells = [f"{_f(b['p_hit'])}/{_f(b['md_hit'])}% · {_f(b['on_rld'])}% · {_f(b['rld_sessions'], 1)}" for b in bins]
+        lines.append(f"| {variant} | {' | '.join(cells)} |")
+    lines += ["", "cells: P hit / MD hit (% of the prompt) · finished on the RLD (%) · RLD open sessions (mean)"]
+    return lines
+
+
+def _warnings_section(warnings: list[dict]) -> list[str]:
+    if not warnings:
+        return []
+    return ["", "## Warnings", ""] + [f"- **{w['message']}**" for w in warnings]
+
+
+INTERVAL_COLUMNS = (("TTFT p50", "ttft_ms", "p50"), ("TTFT p90", "ttft_ms", "p90"), ("TPOT p50", "tpot_ms", "p50"),
+                    ("E2E p50", "e2e_ms", "p50"), ("E2E mean", "e2e_ms", "mean"))  # fmt: skip
+
+
+def _with_ci(st: dict, key: str, digits: int = 0) -> str:
+    ci = (st.get("ci95") or {}).get(key)
+    ends = f" [{_f(ci[0], digits)}, {_f(ci[1], digits)}]" if ci else ""
+    return f"{_f(st.get(key), digits)}{ends}"
+
+
+def _intervals_section(per: dict) -> list[str]:
+    """Each variant's main latencies with their 95% intervals (absent from summaries made before them)."""
+    if not any("ci95" in s["ttft_ms"] for s in per.values()):
+        return []
+    lines = [
+        "",
+        "## With 95% confidence intervals (ms)",
+        "",
+        "| variant | " + " | ".join(c[0] for c in INTERVAL_COLUMNS) + " |",
+        "|---|" + "---|" * len(INTERVAL_COLUMNS),
+    ]
+    for v, s in per.items():
+        cells = [_with_ci(s[metric], key, 1 if metric == "tpot_ms" else 0) for _, metric, key in INTERVAL_COLUMNS]
+        lines.append(f"| {v} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Percentiles: bootstrap over the variant's completed requests (1000 resamples); means: Student's t. "
+        "With a few dozen requests a p90's interval is wide: read one run's ranking only where the "
+        "comparisons below call it significant.",
+    ]
+    return lines
+
+
+def _comparisons_section(comps: list[dict]) -> list[str]:
+    if not comps:
+        return []
+    names = list(dict.fromkeys(c["metric"] for c in comps))
+    subject = comps[0]["variant"]
+    lines = [
+        "",
+        f"## {subject} over each baseline: ratio [95% interval]",
+        "",
+        "| baseline | " + " | ".join(names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
+    by = {(c["baseline"], c["metric"]): c for c in comps}
+    for base in dict.fromkeys(c["baseline"] for c in comps):
+        cells = []
+        for n in names:
+            c = by.get((base, n))
+            if c is None or c["ratio"] is None:
+                cells.append("–")
+                continue
+            ends = f" [{c['ci95'][0]:.2f}, {c['ci95'][1]:.2f}]" if c["ci95"] else ""
+            short = {"no significant difference": "n.s."}.get(c["verdict"], c["verdict"])
+            cells.append(f"{c['ratio']:.2f}{ends} {short}")
+        lines.append(f"| {base} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        f"Ratio of {subject}'s statistic to the baseline's; the interval resamples each variant's requests "
+        "independently (bootstrap). lower / higher: the interval excludes 1; n.s.: no significant difference "
+        "in this run (the interval holds 1) — repeat the run (pddlab sweep --repeat) before ranking them.",
+    ]
+    return lines
+
+
+def _kv_section(per: dict) -> list[str]:
+    rows = [(v, path, k) for v, s in per.items() for path, k in (s.get("kv_paths") or {}).items() if k["transfers"]]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "## KV transfers by path",
+        "",
+        "| variant | path | ok / failed / cancelled (retried) | time p50 / p90 / p99 / max ms | "
+        "retrans segs per MB | RTT p50 ms | cwnd p50 | congestion used (requested) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for v, path, k in rows:
+        t = k["time_ms"]
+        lines.append(
+            f"| {v} | {path} | {k['ok']} / {k['failed']} / {k['cancelled']} ({k['retried']}) | "
+            f"{_f(t.get('p50'))} / {_f(t.get('p90'))} / {_f(t.get('p99'))} / {_f(t.get('max'))} | "
+            f"{_f(k['retrans_segs_per_mb'], 2)} | {_f(k['rtt_ms_p50'], 1)} | {_f(k['cwnd_p50'])} | "
+            f"{', '.join(k['congestion_used']) or '–'} ({', '.join(k['congestion_requested']) or '–'}) |"
+        )
+    lines += [
+        "",
+        "time: kv_send_start to kv_send_end of completed transfers; RTT and cwnd: medians of the "
+        "connections' TCP_INFO samples (kv_tcp_info); – where the run did not record them.",
+    ]
+    for v, s in per.items():
+        r = s.get("wan_retrans_by_impairment")
+        if r:
+            lines.append(
+                f"- {v}: WAN KV retransmissions {_f(r['retrans_per_s_impaired'], 1)} segments/s while the "
+                f"schedule impaired the link ({_f(r['impaired_s'], 1)} s) vs {_f(r['retrans_per_s_clear'], 1)}/s "
+                "outside"
+            )
+    return lines
+
+
+def _wan_bytes_section(per: dict) -> list[str]:
+    rows = [(v, s["wan_bytes"]) for v, s in per.items() if s.get("wan_bytes")]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "## WAN bytes three ways",
+        "",
+        "| variant | on the wire (pcap A→B, all / KV flows) | delivered KV | wasted | resumed KV | TCP retransmitted |",
+        "|---|---|---|---|---|---|",
+    ]
+    for v, b in rows:
+        lines.append(
+            f"| {v} | {_mb(b['on_wire_pcap'])} / {_mb(b['on_wire_kv_pcap'])} | {_mb(b['delivered'])} | "
+            f"{_mb(b['wasted'])} | {_mb(b['resumed'])} | {_mb(b['bytes_retrans'])} |"
+        )
+    lines += [
+        "",
+        "On the wire: what the capture at gwb saw arrive from A in the variant's window (headers and "
+        "TCP retransmissions included). Delivered: KV of completed transfers (kv_send_end). Wasted: every "
+        "byte of failed and cancelled transfers plus what earlier attempts of retried transfers sent "
+        "(wire_bytes − kv_bytes). Resumed: KV a retry did not resend because the receiver held it. "
+        "Paths wan (P→MD) and handoff (RLD→MD KV).",
+    ]
+    return lines
+
+
+def _fallback_section(per: dict) -> list[str]:
+    causes = sorted({c for s in per.values() for c in s["fallbacks"]})
+    lines = [
+        "",
+        "## Fallbacks by cause, and what the RLD took on",
+        "",
+        "| variant | "
+        + " | ".join(causes)
+        + (" | " if causes else "")
+        + "RLD token share | RLD sessions | RLD open at once: mean / max |",
+        "|---|" + "---|" * (len(causes) + 3),
+    ]
+    for v, s in per.items():
+        occ = s.get("rld_occupancy") or {}
+        lines.append(
+            f"| {v} | "
+            + "".join(f"{s['fallbacks'].get(c, 0)} | " for c in causes)
+            + f"{_f(100 * s['rld_token_share'], 1)}% | {occ.get('sessions', '–')} | "
+            f"{_f(occ.get('mean'), 2)} / {occ.get('max', '–')} |"
+        )
+    return lines
+
+
+def _workers_section(per: dict) -> list[str]:
+    """Each worker on its own (summary.json `variants.<v>.workers`, experiments.analysis.per_worker): a pool the
+    variant did not use is left out, an idle worker of a pool it used is not (absent from older summaries)."""
+    rows = [(v, w, f) for v, s in per.items() for w, f in (s.get("workers") or {}).items() if _pool_used(s, f)]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "## Per worker",
+        "",
+        "| variant | worker | KV tokens · threads | requests | tokens | queue p50 / p90 ms | load | prefix hit % | "
+        "KV sent | KV received | handoffs · relays |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for v, w, f in rows:
+        q = f["queue_ms"]
+        lines.append(
+            f"| {v} | {w} | {_limits(f['limits'])} | {f['requests']} | {f['tokens']} "
+            f"({_f(100 * f['token_share'])}%) | {_f(q.get('p50'), 1)} / {_f(q.get('p90'), 1)} | {_load(f)} | "
+            f"{_hit(f['prefix_hit'])} | {_sent(f['kv_sent'])} | "
+            f"{_received(f['kv_received'])} | {_passed_on(f)} |"
+        )
+    lines += [
+        "",
+        "Every request of the variant counts, warm-ups included. requests: routed to the worker; tokens: "
+        "received from it (token 0 is the P's). queue: P prefill_arrival → prefill_start (its engine prefills "
+        "one at a time), decode workers decode_arrival → decode_open (admission). load: P busy prefilling, % of "
+        "the window; decode workers open sessions mean / max over the window and the KV slots they reserved "
+        "(prompt + max tokens), mean % of capacity. prefix hit: cached / prompt tokens, mean (sessions): P's "
+        "prefills, the RLD's local prefills, every MD session (its DRC; 0 where the route asks for none: pd-cross). "
+        "KV: delivered bytes by path → receiver; received: transfers held whole (count).",
+    ]
+    return lines
+
+
+def _pool_used(s: dict, f: dict) -> bool:
+    """Whether any worker of f's role took part in the variant."""
+    same = [g for g in s["workers"].values() if g["role"] == f["role"]]
+    return any(g["requests"] or g["sessions"] or g["tokens"] for g in same)
+
+
+def _hit(h: dict) -> str:
+    return f"{_f(100 * h['mean'], 1)} ({h['n']})" if h.get("n") else "–"
+
+
+def _limits(lim: dict) -> str:
+    out = f"{_f(lim.get('capacity_tokens'))} · {_f(lim.get('threads'))}"
+    if lim.get("cpus") is not None or lim.get("memory_mb") is not None:
+        out += f" · {_f(lim.get('cpus'), 1)} CPU · {_f(lim.get('memory_mb'))} MiB"
+    return out
+
+
+def _load(f: dict) -> str:
+    if f["occupancy"] is None:
+        return f"busy {_f(f['busy_pct'], 1)}%"
+    o = f["occupancy"]
+    return f"{_f(o['sessions_mean'], 2)} / {o['sessions_max']} open · KV {_f(o['reserved_pct_mean'], 1)}%"
+
+
+def _sent(paths: dict) -> str:
+    parts = []
+    for path, k in paths.items():
+        if not k["transfers"]:
+            continue
+        to = ", ".join(f"{_mb(t['kv_bytes'])} → {w}" for w, t in k["to"].items())
+        failed = k["failed"] + k["cancelled"] + k["unfinished"]
+        parts.append(f"{path} {to}" + (f" ({failed} not delivered)" if failed else ""))
+    return "; ".join(parts) or "–"
+
+
+def _received(kinds: dict) -> str:
+    return "; ".join(f"{kind} {_mb(k['kv_bytes'])} ({k['transfers']})" for kind, k in kinds.items()) or "–"
+
+
+def _passed_on(f: dict) -> str:
+    h, r = f["handoffs"], f["relay_outputs"]
+    parts = [(h["sent"], "handoffs out"), (h["received"], "handoffs in"), (r["sent"], "relays out"),
+             (r["received"], "relays in")]  # fmt: skip
+    return ", ".join(f"{n} {what}" for n, what in parts if n) or "–"
+
+
+# ../shared/PDD.md, point 3: a 100-token handoff over the WAN.
+PUBLISHED_HANDOFF = (
+    "published (100 tokens over the WAN): KV 4649 KB, mean 185 ms, peaks 512.6 ms; token IDs + recompute "
+    "1.5 KB, mean 305 ms, max 321.4 ms, std 4.8 ms"
+)
+IDS_MODES = ("oneshot", "chunked", "auto:oneshot", "auto:chunked")  # handoffs by token IDs
+
+
+def _handoff_section(per: dict) -> list[str]:
+    """Per variant with handoffs: their latency distribution (RLD's handoff start to the MD's reply), what
+    the MD spent absorbing them (extend, or KV import), payload, and the KV transfer of `kv` handoffs; with
+    an IDs variant and a KV variant side by side, std(IDs) / std(KV)."""
+    rows = [(v, s["handoff"]) for v, s in per.items() if (s.get("handoff") or {}).get("count")]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "## Handoffs by variant",
+        "",
+        "| variant | modes | count | tokens p50 | payload mean | latency mean / std / p50 / p99 / max ms | "
+        "MD absorb mean ms | handoff KV transfer p50 ms |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for v, h in rows:
+        lat, kv = h["latency_ms"], (per[v].get("kv_paths") or {}).get("handoff") or {}
+        lines.append(
+            f"| {v} | {', '.join(f'{m}: {n}' for m, n in h['modes'].items())} | {h['count']} | "
+            f"{_f(h['tokens'].get('p50'))} | {_mb(h['payload_bytes'].get('mean'))} | {_f(lat.get('mean'), 1)} / "
+            f"{_f(lat.get('std'), 1)} / {_f(lat.get('p50'), 1)} / {_f(lat.get('p99'), 1)} / "
+            f"{_f(lat.get('max'), 1)} | {_f(h['extend_ms'].get('mean'), 1)} | "
+            f"{_f((kv.get('time_ms') or {}).get('p50'), 1)} |"
+        )
+    lines += [
+        "",
+        "latency: the RLD's handoff start (before a KV export) to the MD's reply, so one WAN round trip is in "
+        "it; MD absorb: the MD's extend of the handed IDs, or its wait for and import of their KV; tokens: "
+        "IDs sent, P's token included (the overlap the MD checks). " + PUBLISHED_HANDOFF + ".",
+    ]
+    ratio = std_ratio(per)
+    if ratio is not None:
+        lines.append(f"- std(IDs) / std(KV) of the handoff latency: {ratio:.2f} (below 1: IDs are the steadier)")
+    return lines
+
+
+def std_ratio(per: dict) -> float | None:
+    """std of handoff latency in the variant handing off only by IDs over the one handing off only by KV
+    (the first of each), None without both."""
+
+    def pick(kv: bool):
+        for s in per.values():
+            h = s.get("handoff") or {}
+            modes = set(h.get("modes") or {})
+            if h.get("count", 0) > 1 and modes and (modes == {"kv"} if kv else modes <= set(IDS_MODES)):
+                return h["latency_ms"].get("std")
+        return None
+
+    ids, kv = pick(False), pick(True)
+    return ids / kv if ids is not None and kv else None
+
+
+def _pdd_section(p: dict | None, summary: dict) -> list[str]:
+    if not p:
+        return []
+    h, hr = p["handoff"], p["hit_rate"]
+    return [
+        "",
+        "## PDD",
+        "",
+        f"- routes: {p['routes']}",
+        f"- DRC hit: mean {_f(100 * hr.get('drc_mean', math.nan), 1)}%, token-weighted "
+        f"{_f(100 * hr.get('drc_token_weighted', math.nan), 1)}%, above 95%: "
+        f"{_f(100 * hr.get('drc_share_above_95', math.nan), 0)}% of requests",
+        f"- RLD token share: {_f(100 * p['rld_token_share'], 1)}% (MD {_f(100 * p['md_token_share'], 1)}%)",
+        f"- handoffs: {h['count']} ({h['modes']}); latency mean {_f(h['latency_ms'].get('mean'), 1)} ms, "
+        f"max {_f(h['latency_ms'].get('max'), 1)} ms; payload mean {_f(h['payload_bytes'].get('mean'))} B; "
+        f"extend mean {_f(h['extend_ms'].get('mean'), 1)} ms; largest gap around it p50 "
+        f"{_f(h['gap_ms'].get('p50'))} ms, max {_f(h['gap_ms'].get('max'))} ms",
+        f"- singular requests: {p['singular']['count']}, WAN bytes saved {_mb(p['singular']['kv_bytes_saved'])}",
+        *_md_cache_lines(p),
+        f"- fallbacks: {p['fallbacks'] or 'none'}",
+        f"- median uncached suffix {_f(summary['reference']['median_uncached_tokens'])} tokens = "
+        f"{_f(summary['reference']['wan_estimate_ms_median_uncached'], 1)} ms on the WAN at "
+        f"{summary['reference']['wan_rate_mbit']:g} Mbit/s",
+        *_why_few_handoffs(p),
+    ]
+
+
+def _settle_lines(meta: RunMetadata) -> list[str]:
+    """Per variant whose warm-up crossed the WAN: how long its clock waited for the prefix in an MD's DRC."""
+    waits = [(v, w.warmup_settle) for v, w in meta.variants.items() if w.warmup_settle is not None]
+    if not waits:
+        return []
+    return ["", "Warm-up before each variant's clock (its prompt's whole blocks in an MD's DRC):", ""] + [
+        f"- {v}: "
+        + (
+            f"in the DRC {ws.wait_s:.1f} s after the warm-up's reply"
+            if ws.ok
+            else f"NOT in the DRC after {ws.wait_s:.1f} s (settle timeout; {ws.cached_tokens} of "
+            f"{ws.want_tokens} tokens): the window's first turns waited on its copy"
+        )
+        for v, ws in waits
+    ]
+
+
+def _md_cache_lines(p: dict) -> list[str]:
+    """The MD's in-flight DRC and the RLD outputs it recomputed (absent from summaries made before them)."""
+    inf = p.get("inflight")
+    if inf is None:
+        return []
+    return [
+        f"- in-flight DRC: {inf['requests']} requests shipped only what lies beyond an earlier turn's WAN copy "
+        f"still under way ({inf['tokens_not_resent']} prompt tokens not sent again); {inf['prefix_lost']} lost "
+        "that prefix (the earlier session ended without caching it) and completed on the RLD",
+        f"- RLD outputs recomputed at the MD (the RLD finished alone; the MD's DRC keeps prompt + output): "
+        f"{p.get('relay_absorbed', 0)}",
+    ]
+
+
+def _why_few_handoffs(p: dict) -> list[str]:
+    """Where the MD took little over, the reason in numbers: how often its copy came too late, how long the
+    WAN copies took against the requests, how many were still under way when the variant ended."""
+    late = sum(n for cause, n in (p.get("fallbacks") or {}).items() if cause == "completed_on_rld:md_never_ready")
+    wan = (p.get("kv_paths") or {}).get("wan") or {}
+    if p["md_token_share"] >= 0.5 or not late:
+        return []
+    return [
+        f"- why the MD took little over: its copy of the prompt KV came after the RLD had finished in {late} of "
+        f"{p['requests']} requests (completed_on_rld: md_never_ready); WAN KV transfers p50 "
+        f"{_f((wan.get('time_ms') or {}).get('p50'))} ms against a request E2E p50 of {_f(p['e2e_ms'].get('p50'))} "
+        f"ms; {wan.get('ok', 0)} of {wan.get('transfers', 0)} WAN transfers completed, {wan.get('cancelled', 0)} "
+        f"were cancelled (by their request's end, or still under way when the variant's roles stopped) and "
+        f"{wan.get('unfinished', 0)} never ended"
+        + (
+            f"; {(p.get('inflight') or {}).get('requests', 0)} of the MD's sessions could open only once an earlier "
+            "turn's copy had landed (in-flight DRC)"
+            if (p.get("inflight") or {}).get("requests")
+            else ""
+        )
+    ]
+
+
+def _bucket_section(per: dict) -> list[str]:
+    names = bucket_names()
+    lines = [
+        "",
+        "## By expected hit-rate bucket (%): requests, TTFT p50 ms, mean WAN KB per request",
+        "",
+        "| variant | " + " | ".join(names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
+    for v, s in per.items():
+        b = s["hit_rate"]["buckets"]
+        lines.append(
+            f"| {v} | "
+            + " | ".join(
+                f"{b[n]['requests']}: {_f(b[n]['ttft_p50_ms'])} ms, {_f((b[n]['wan_bytes_mean'] or 0) / 1e3)} KB"
+                if b[n]["requests"]
+                else "0"
+                for n in names
+            )
+            + " |"
+        )
+    return lines
+
+
+def _streams_section(streams: dict) -> list[str]:
+    lines = ["", f"## Token streams vs {streams['reference']}", ""]
+    for v, s in streams["variants"].items():
+        line = f"- {v}: {s['equal']} equal, {s['diverged']} diverged"
+        if s["diverged"]:
+            verdicts = [
+                f"{s[k]} {k.replace('_', ' ')}"
+                for k in ("near_ties", "unexplained", "prompt_differs", "unjudged")
+                if s.get(k)
+            ]
+            first = ", ".join(
+                f"{d['request_id']}@{d['index']}"
+                + (f" margin {d['margin']:.1e}" if d.get("margin") is not None else "")
+                for d in s["divergences"][:3]
+            )
+            line += f" ({', '.join(verdicts) or 'not judged'}; first: {first})"
+        lines.append(line)
+    lines.append("")
+    from workers.sampling import TIE_MARGIN
+
+    lines.append(
+        "A divergence is a near tie when the reference model's top-2 logit margin at the first differing "
+        f"token is below {TIE_MARGIN:g}: there float rounding alone may flip a greedy choice. 'prompt differs': "
+        "an earlier turn of the session diverged, so the requests were not the same."
+    )
+    return lines
