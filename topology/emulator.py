@@ -59,6 +59,7 @@ def health_between(before: dict[str, Any] | None, after: dict[str, Any]) -> dict
     span_s = (after["t_ns"] - before.get("t_ns", after["t_ns"])) / 1e9
     out["cpu_share"] = round((after["cpu_s"] - before.get("cpu_s", 0.0)) / span_s, 3) if span_s > 0 else None
     out["late"] = any((out[d]["p99_us"] or 0) > LATE_P99_US for d in DIRECTIONS)
+    out["scheduling"] = after.get("scheduling")  # "fifo:<priority>" or "other" (None: an older forwarder)
     return out
 
 

@@ -45,6 +45,7 @@ import dataclasses
 import errno
 import json
 import logging
+import os
 import select
 import signal
 import socket
@@ -80,12 +81,16 @@ SOCKET_BUFFER_BYTES = 64 << 20
 # Frames taken from one socket before the due frames are sent again: bounds
 # the extra delay a receive burst adds to departures (~256 x 3 us).
 RECV_BATCH = 256
+# Real-time priority (SCHED_FIFO) of the forwarder: it preempts the roles and the load generator that share the
+# machine's cores with it, so its frames leave on time (the roles wait for it instead; the kernel keeps 5% of
+# each second for normal tasks). 0: normal scheduling. Any priority does: nothing else of the testbed is RT.
+DEFAULT_RT_PRIORITY = 50
 # Ethernet header + VLAN tag + slack above the interface MTU.
 FRAME_OVERHEAD_BYTES = 32
 READY_POLL_S = 0.02
 # Poll instead of sleeping this long before each departure (us): a wake-up
 # from select() on a VM is late by 0.1-0.3 ms, which the delay would inherit.
-DEFAULT_SPIN_US = 100
+DEFAULT_SPIN_US = 100  # under normal scheduling; at real-time priority it never spins (see --spin-us)
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -108,8 +113,10 @@ def emulator_cmd(
     b_to_a: LinkParams,
     prefix: Sequence[str] = (),
     python: str = sys.executable,
+    rt_priority: int = DEFAULT_RT_PRIORITY,
 ) -> list[str]:
-    """The command line that runs the forwarder (inside `prefix`, e.g. ip netns exec NS)."""
+    """The command line that runs the forwarder (inside `prefix`, e.g. ip netns exec NS); rt_priority: its
+    SCHED_FIFO priority (0: normal scheduling)."""
     return [
         *prefix,
         python,
@@ -127,6 +134,8 @@ def emulator_cmd(
         json.dumps(a_to_b.to_dict()),
         "--params-b-to-a",
         json.dumps(b_to_a.to_dict()),
+        "--rt-priority",
+        str(rt_priority),
     ]
 
 
@@ -151,6 +160,19 @@ def _set_timer_slack_ns(slack_ns: int) -> None:
         libc.prctl(PR_SET_TIMERSLACK, ctypes.c_ulong(slack_ns), 0, 0, 0)
     except (OSError, AttributeError) as exc:
         log.warning("cannot set timer slack: %s", exc)
+
+
+def _set_realtime(priority: int) -> str:
+    """SCHED_FIFO at priority for this process (0: leave it as it is); the scheduling it runs under, as a word
+    for its health record: "fifo:<priority>", or "other" (asked for none, or refused: logged)."""
+    if priority <= 0:
+        return "other"
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
+    except (OSError, AttributeError) as exc:  # no CAP_SYS_NICE, or a cgroup without real-time runtime
+        log.warning("cannot run at real-time priority %d (its frames may leave late): %s", priority, exc)
+        return "other"
+    return f"fifo:{priority}"
 
 
 def _set_buffer(sock: socket.socket, force_opt: int, opt: int, size: int) -> None:
@@ -315,6 +337,7 @@ class Forwarder:
         self.queues = {"a_to_b": NetemQueue(a_to_b, seed * 2), "b_to_a": NetemQueue(b_to_a, seed * 2 + 1)}
         self.lateness = {d: Lateness() for d in DIRECTIONS}
         self.stopping = False
+        self.scheduling = "other"  # how the process is scheduled (main sets it: "fifo:<priority>" or "other")
 
     def handle(self, request: dict[str, Any]) -> dict[str, Any]:
         """Answer one control request."""
@@ -328,6 +351,7 @@ class Forwarder:
                 "health": {
                     "t_ns": time.monotonic_ns(),
                     "cpu_s": time.process_time(),
+                    "scheduling": self.scheduling,
                     "lateness": {
                         d: self.lateness[d].to_dict(reset_recent=bool(request.get("reset_recent"))) for d in DIRECTIONS
                     },
@@ -421,8 +445,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--spin-us",
         type=float,
-        default=DEFAULT_SPIN_US,
-        help="poll instead of sleeping this long before a departure (us); 0 = never",
+        default=None,
+        help=f"poll instead of sleeping this long before a departure (us); 0 = never; default {DEFAULT_SPIN_US} "
+        "under normal scheduling, 0 at real-time priority (a real-time task that spins through a busy second is "
+        "throttled by the kernel for the rest of it: 50 ms without forwarding; and it wakes on time anyway)",
+    )
+    parser.add_argument(
+        "--rt-priority", type=int, default=DEFAULT_RT_PRIORITY, help="SCHED_FIFO priority (1-99); 0 = normal"
     )
     parser.add_argument("--log-level", default="INFO")
     return parser.parse_args(argv)
@@ -437,16 +466,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s userspace-emulator[%(process)d] %(levelname)s %(message)s",
     )
     _set_timer_slack_ns(1)
+    scheduling = _set_realtime(args.rt_priority)
     wake_r, wake_w = socket.socketpair()
     wake_w.setblocking(False)
     signal.set_wakeup_fd(wake_w.fileno(), warn_on_full_buffer=False)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)  # the wakeup fd does the work
     try:
-        forwarder = Forwarder(args.if_a, args.if_b, args.params_a_to_b, args.params_b_to_a, args.seed, args.spin_us)
+        spin_us = args.spin_us if args.spin_us is not None else (0 if scheduling != "other" else DEFAULT_SPIN_US)
+        forwarder = Forwarder(args.if_a, args.if_b, args.params_a_to_b, args.params_b_to_a, args.seed, spin_us)
     except (OSError, NetemConfigError) as exc:
         log.error("cannot start: %s", exc)
         return 2
+    forwarder.scheduling = scheduling
     control = ControlServer(args.control, forwarder.handle)
     log.info("forwarding %s <-> %s, control %s, seed %d", args.if_a, args.if_b, args.control, args.seed)
     try:

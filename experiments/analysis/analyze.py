@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from experiments.analysis import summary as summary_mod
 from experiments.analysis import (
     ablation,
     flows,
@@ -91,6 +92,35 @@ def add_wan_analysis(summary: dict, events: list[dict], rm: runmeta.RunMeta, wan
         s["wan_retrans_by_impairment"] = impairment.variant_retrans(evs, window) if window else None
 
 
+def offered_bytes(wan: flows.WanFlows | None, rm: runmeta.RunMeta, variants: list[str]) -> dict[str, int | None]:
+    """variant -> the KV bytes its senders offered to the WAN: the capture at gwa, before the shaper (what the
+    link dropped counts, with headers and retransmissions); None without both captures or a window."""
+    out: dict[str, int | None] = {}
+    for v in variants:
+        window = rm.windows.get(v)
+        known = wan is not None and window is not None and window.wall_start is not None
+        out[v] = flows.by_class(wan.rows, v)["kv"]["bytes_offered"] if known else None
+    return out
+
+
+def mark_machinery(summary: dict) -> None:
+    """In place: every comparison that uses a variant whose userspace emulator fell behind (p99 lateness over
+    1 ms, or frames dropped for lack of CPU) gets a caveat naming it, and its verdict is not called ("not
+    judged"): there the machinery, not the link, was part of what was measured."""
+    late = {}
+    for v, s in summary["variants"].items():
+        e = s.get("emulator")
+        if e and (e["late"] or any(e[d]["rx_drops"] + e[d]["tx_errors"] for d in ("a_to_b", "b_to_a"))):
+            late[v] = s.get("emulator_p99_late_ms")
+    for c in summary["comparisons"]:
+        who = [v for v in (c["variant"], c["baseline"]) if v in late]
+        if who:
+            c["caveat"] = "the userspace emulator fell behind in " + ", ".join(
+                f"{v} (p99 {late[v]:,.1f} ms late)" if late[v] is not None else v for v in who
+            )
+            c["verdict"] = "not judged"
+
+
 def add_workers(summary: dict, recs: list[records.RequestRecord], events: list[dict], rm: runmeta.RunMeta) -> None:
     """Into summary, in place: per variant `workers`, each P, RLD and MD on its own
     (experiments.analysis.per_worker)."""
@@ -111,6 +141,8 @@ def emulator_health(variant: str, s: dict, h: EmulatorHealth | None) -> list[dic
     p99 lateness passed the limit or it dropped frames for lack of CPU: there the machinery, not the link,
     was measured."""
     s["emulator"] = h.model_dump(mode="json") if h else None
+    late_us = [d.p99_us for d in (h.a_to_b, h.b_to_a) if d.p99_us is not None] if h else []
+    s["emulator_p99_late_ms"] = max(late_us) / 1000 if late_us else None
     if not h or not (h.late or h.dropped()):
         return []
     worst = max((h.a_to_b, h.b_to_a), key=lambda x: x.p99_us or 0)
@@ -210,8 +242,10 @@ def analyze(run_dir: Path) -> dict:
     wan = wan_flows(run_dir, rm)
     if wan:
         rundir.write_json(run_dir / "flows.json", wan.to_json())
-    summary = metrics.summarize(recs, variants, slo, kv_bpt, rate or float("nan"), _pcap_bytes(frames, meta))
+    offered = offered_bytes(wan, rm, variants)
+    summary = metrics.summarize(recs, variants, slo, kv_bpt, rate or float("nan"), _pcap_bytes(frames, meta), offered)
     add_wan_analysis(summary, events, rm, wan)
+    mark_machinery(summary)
     add_workers(summary, recs, events, rm)
     judge_divergences(run_dir, summary["streams"], spec)
     summary["complete"] = meta.complete
@@ -220,8 +254,9 @@ def analyze(run_dir: Path) -> dict:
     summary["cross_traffic"] = crosstraffic.summarize(run_dir, meta)
     if (abl := ablation.summarize(recs, events, spec)) is not None:
         summary["ablation"] = abl
-    rundir.write_json(run_dir / "summary.json", summary)
-    (run_dir / "summary.md").write_text(summary_md.markdown(summary, meta))
+    typed = summary_mod.Summary.model_validate(summary)
+    summary_mod.write(run_dir, typed)
+    (run_dir / "summary.md").write_text(summary_md.markdown(typed, meta))
     plots.draw_all(run_dir, recs, variants, meta, frames, events, rm, wan)
     if "ablation" in summary:
         plots.ablation_over_time(summary["ablation"], run_dir / "plots" / "ablation.png")

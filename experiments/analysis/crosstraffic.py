@@ -26,7 +26,7 @@ class FlowResult:
     stream_mbit: each stream's mean throughput (Mbit/s), receiver side where reported
     """
 
-    mean_mbit: float
+    mean_mbit: float | None
     retransmits: int | None
     lost_pct: float | None
     intervals: tuple[tuple[float, float, float], ...]
@@ -44,9 +44,10 @@ def intervals(doc: dict) -> tuple[tuple[float, float, float], ...]:
     return tuple(out)
 
 
-def _interval_mean_mbit(ivs: tuple[tuple[float, float, float], ...]) -> float:
+def _interval_mean_mbit(ivs: tuple[tuple[float, float, float], ...]) -> float | None:
+    """The intervals' time-weighted mean Mbit/s; None without intervals (iperf3 reported none: not measured)."""
     span = sum(e - s for s, e, _ in ivs)
-    return sum((e - s) * m for s, e, m in ivs) / span if span > 0 else 0.0
+    return sum((e - s) * m for s, e, m in ivs) / span if span > 0 else None
 
 
 def parse_result(doc: dict, kind: str) -> FlowResult:
@@ -101,7 +102,8 @@ def summarize(run_dir: Path, meta: RunMetadata) -> dict:
                 "error": (r.error if r else f"no iperf3 output at {e.iperf_json}"),
             }
             if r:
-                by_direction.setdefault(e.direction, []).append(r.mean_mbit)
+                if r.mean_mbit is not None:
+                    by_direction.setdefault(e.direction, []).append(r.mean_mbit)
         out[variant] = {
             "flows": flows,
             "jain_index": {d: _finite(jain_index(x)) for d, x in by_direction.items() if len(x) >= 2},

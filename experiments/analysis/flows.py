@@ -309,13 +309,16 @@ def table(flows: dict, kv_ports: set[int], cross_ports: set[int], windows: dict[
 
 
 def by_class(rows: list[dict], variant: str) -> dict:
-    """{class: {flows, bytes_delivered, retrans_segs, rtt_data_ms_p50}} of one variant's A->B flows."""
+    """{class: {flows, bytes_offered, bytes_delivered, retrans_segs, rtt_data_ms_p50}} of one variant's A->B flows;
+    offered: what the senders put on the WAN (the capture before the shaper: drops, headers and retransmissions
+    count), delivered: what arrived past it."""
     out = {}
     for cls in CLASSES:
         mine = [r for r in rows if r["variant"] == variant and r["class"] == cls and r["direction"] == "a_to_b"]
         p50s = [r["rtt_data_ms"]["p50"] for r in mine if r["rtt_data_ms"].get("p50") is not None]
         out[cls] = {
             "flows": len(mine),
+            "bytes_offered": sum(r["bytes_sent"] for r in mine),
             "bytes_delivered": sum(r["bytes_delivered"] for r in mine),
             "retrans_segs": sum(r["retrans_segs"] for r in mine),
             "rtt_data_ms_p50": sorted(p50s)[len(p50s) // 2] if p50s else None,

@@ -36,29 +36,61 @@ PERCENTILES = (50, 90, 95, 99)
 
 
 def percentile(xs: list[float], p: float) -> float:
-    """Linear-interpolated percentile (numpy's default), p in 0..100."""
+    """Linear-interpolated percentile (numpy's default), p in 0..100; +inf (a failed request) ranks last and a
+    percentile that reaches it is +inf."""
     s = sorted(xs)
     if not s:
         return math.nan
     k = (len(s) - 1) * p / 100
     lo, hi = math.floor(k), math.ceil(k)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+    if math.isinf(s[lo]) or (math.isinf(s[hi]) and k > lo):
+        return math.inf
+    return s[lo] + (s[hi] - s[lo]) * (k - lo) if k > lo else s[lo]
 
 
-def stats(xs: list[float]) -> dict:
-    """mean, std (sample), p50, p90, p95, p99, max, and `ci95`: the 95% interval of the mean (t) and of
-    each percentile (bootstrap over the values; experiments.analysis.confidence), absent under two values.
-    None-free input; empty -> n=0 only."""
-    xs = [x for x in xs if x is not None]
-    if not xs:
+def _ends(ci) -> list[float | None] | None:
+    """An interval for summary.json: an end at +inf (failed requests) is None ("failed"); None stays None."""
+    return None if ci is None else [None if math.isinf(x) else float(x) for x in ci]
+
+
+def stats(xs: list[float], clusters: list | None = None) -> dict:
+    """n, failed, mean, std (sample), p50, p90, p95, p99, max, and `ci95`: the 95% interval of the mean and of
+    each percentile (experiments.analysis.confidence; None where the sample cannot support it: too few values
+    or clusters). xs: one value per unit, +inf for a failed request (ranked worst: a percentile that lands on
+    failures is None, named in beyond_completed), None dropped; mean and std over the finite values.
+    clusters: each value's cluster (a request's session, an ITL gap's request), None: independent values.
+    Empty -> n=0 only."""
+    keep = [(x, c) for x, c in zip(xs, clusters if clusters is not None else range(len(xs))) if x is not None]
+    if not keep:
         return {"n": 0}
-    out = {"n": len(xs), "mean": mean(xs), "std": stdev(xs) if len(xs) > 1 else 0.0}
-    out.update({f"p{p}": percentile(xs, p) for p in PERCENTILES})
-    out["max"] = max(xs)
-    cis = confidence.percentile_cis(xs, PERCENTILES)
-    if cis is not None:
-        out["ci95"] = {"mean": list(confidence.mean_ci(xs)), **{f"p{p}": list(ci) for p, ci in cis.items()}}
+    vals = [x for x, _ in keep]
+    finite = [x for x in vals if math.isfinite(x)]
+    out: dict = {"n": len(finite), "failed": len(vals) - len(finite), "beyond_completed": []}
+    out["mean"] = mean(finite) if finite else None
+    out["std"] = stdev(finite) if len(finite) > 1 else (0.0 if finite else None)
+    for p in PERCENTILES:
+        q = percentile(vals, p)
+        out[f"p{p}"] = None if math.isinf(q) else q
+        if math.isinf(q):
+            out["beyond_completed"].append(f"p{p}")
+    out["max"] = max(finite) if finite and len(finite) == len(vals) else None
+    if out["max"] is None:
+        out["beyond_completed"].append("max")
+    sample = confidence.Sample(np.asarray(vals, float), np.asarray([c for _, c in keep]), np.arange(len(vals)))
+    out["ci95"] = {
+        "mean": _ends(confidence.mean_interval(sample)) if finite and len(finite) == len(vals) else None,
+        **{f"p{p}": _ends(confidence.quantile_interval(sample, p)) for p in PERCENTILES},
+    }
     return out
+
+
+def request_stats(recs: list[RequestRecord], value) -> dict:
+    """stats of value(request) over a variant's issued requests: a request that did not complete counts as
+    +inf (ranked worst), a completed one without the value (a TPOT of one token) is left out; clustered by
+    session (a session's turns share a prefix and a queue)."""
+    rows = [(value(r) if r.ok else math.inf, r.session) for r in recs if r.issued]
+    rows = [(x, c) for x, c in rows if x is not None]
+    return stats([x for x, _ in rows], [c for _, c in rows])
 
 
 def itls(rec: RequestRecord) -> list[float]:
@@ -85,7 +117,7 @@ def _hits(recs: list[RequestRecord]) -> dict:
     drc = [r for r in recs if r.drc_hit is not None]
     buckets = {}
     for b in bucket_names():
-        inb = [r for r in recs if bucket_of(r.expected_hit) == b]
+        inb = [r for r in recs if r.expected_hit is not None and bucket_of(r.expected_hit) == b]
         measured = [r for r in drc if bucket_of(r.drc_hit) == b]
         buckets[b] = {
             "requests": len(inb),
@@ -94,7 +126,8 @@ def _hits(recs: list[RequestRecord]) -> dict:
             "ttft_decode_p50_ms": percentile([r.ttft_decode_ms for r in inb if r.ttft_decode_ms], 50) if inb else None,
             "wan_bytes_mean": mean([r.wan_bytes for r in inb]) if inb else None,
         }
-    out = {"expected_mean": mean([r.expected_hit for r in recs]) if recs else None, "buckets": buckets}
+    known = [r.expected_hit for r in recs if r.expected_hit is not None]
+    out = {"expected_mean": mean(known) if known else None, "buckets": buckets}
     if drc:
         out["drc_mean"] = mean([r.drc_hit for r in drc])
         out["drc_token_weighted"] = sum(r.md_cached_tokens for r in drc) / max(1, sum(r.prompt_tokens for r in drc))
@@ -106,7 +139,7 @@ def _handoffs(recs: list[RequestRecord]) -> dict:
     h = [r.handoff for r in recs if r.handoff]
     return {
         "count": len(h),
-        "latency_ms": stats([x["duration_ms"] for x in h]),
+        "latency_ms": stats([x["duration_ms"] for x in h if x.get("duration_ms") is not None]),
         "extend_ms": stats([x["extend_ms"] for x in h if x.get("extend_ms") is not None]),
         "gap_ms": stats([x["gap_ms"] for x in h if x.get("gap_ms") is not None]),
         "payload_bytes": stats([x["payload_bytes"] for x in h if x.get("payload_bytes") is not None]),
@@ -152,29 +185,31 @@ def variant_summary(recs: list[RequestRecord], slo) -> dict:
         "not_issued": len(recs) - len(issued),
         "completed": len(ok),
         "failed": len(issued) - len(ok),
+        "completion_ci95": _completion_ci(issued),
         "prompt_from_reference": sum(r.prompt_source == "reference" for r in issued),
         "duration_s": dur,
-        "throughput_rps": len(ok) / dur if dur else 0.0,
-        "output_tokens_per_s": out_tokens / dur if dur else 0.0,
+        "throughput_rps": len(ok) / dur if dur else None,
+        "output_tokens_per_s": out_tokens / dur if dur else None,
         "input_tokens_total": in_tokens,
         "output_tokens_total": out_tokens,
-        "total_tokens_per_s": (in_tokens + out_tokens) / dur if dur else 0.0,
-        "ttft_ms": stats([r.ttft_ms for r in ok]),
-        "ttft_decode_ms": stats([r.ttft_decode_ms for r in ok]),
-        "tpot_ms": stats([r.tpot_ms for r in ok]),
-        "itl_ms": stats([g for r in ok for g in itls(r)]),
-        "decode_batch": stats([r.decode_batch for r in ok]),
-        "e2e_ms": stats([r.e2e_ms for r in ok]),
-        "goodput_rps": len(good) / dur if dur else 0.0,
-        "slo_attainment": len(good) / len(recs) if recs else 0.0,
+        "total_tokens_per_s": (in_tokens + out_tokens) / dur if dur else None,
+        "ttft_ms": request_stats(recs, lambda r: r.ttft_ms),
+        "ttft_decode_ms": request_stats(recs, lambda r: r.ttft_decode_ms),
+        "tpot_ms": request_stats(recs, lambda r: r.tpot_ms),
+        # inter-token gaps of completed requests, clustered by request (its gaps share its decode worker)
+        "itl_ms": stats([g for r in ok for g in itls(r)], [r.request_id for r in ok for _ in itls(r)]),
+        "decode_batch": stats([r.decode_batch for r in ok], [r.session for r in ok]),
+        "e2e_ms": request_stats(recs, lambda r: r.e2e_ms),
+        "goodput_rps": len(good) / dur if dur else None,
+        "slo_attainment": len(good) / len(recs) if recs else None,
         "wan_bytes_total": sum(r.wan_bytes for r in recs),
-        "wan_bytes_per_request": stats([r.wan_bytes for r in recs]),
+        "wan_bytes_per_request": stats([r.wan_bytes for r in issued], [r.session for r in issued]),
         "wan_kv_bytes_total": sum(r.wan_kv_bytes for r in recs),
         "wan_handoff_bytes_total": sum(r.wan_handoff_bytes for r in recs),
         "fast_kv_bytes_total": sum(r.fast_kv_bytes for r in recs),
         "hit_rate": _hits(recs),
-        "rld_token_share": sum(r.rld_tokens for r in ok) / out_tokens if out_tokens else 0.0,
-        "md_token_share": sum(r.md_tokens for r in ok) / out_tokens if out_tokens else 0.0,
+        "rld_token_share": sum(r.rld_tokens for r in ok) / out_tokens if out_tokens else None,
+        "md_token_share": sum(r.md_tokens for r in ok) / out_tokens if out_tokens else None,
         "handoff": _handoffs(recs),
         "singular": {"count": len(singular), "kv_bytes_saved": sum(r.kv_bytes_saved for r in recs)},
         "inflight": {
@@ -189,6 +224,16 @@ def variant_summary(recs: list[RequestRecord], slo) -> dict:
     }
     out["vllm"] = vllm_names(out)
     return out
+
+
+def _completion_ci(issued: list[RequestRecord]) -> list[float] | None:
+    """Completed / issued with its 95% interval (Wilson's, n shrunk by the sessions' clustering)."""
+    if not issued:
+        return None
+    done = confidence.Sample(
+        np.asarray([float(r.ok) for r in issued]), np.asarray([r.session for r in issued]), np.arange(len(issued))
+    )
+    return list(confidence.clustered_proportion_interval(done))
 
 
 def compare_streams(records: list[RequestRecord], variants: list[str]) -> dict:
@@ -217,14 +262,15 @@ def compare_streams(records: list[RequestRecord], variants: list[str]) -> dict:
     return out
 
 
-# What each comparison takes from a request and how it reduces the sample: name -> (value, statistic).
+# What each comparison takes from a request and which statistic of the variant it compares: name -> (value,
+# statistic). Latencies over every issued request (one that did not complete ranks worst).
 COMPARED = {
-    "ttft_ms.p50": (lambda r: r.ttft_ms, confidence.median_of_rows),
-    "ttft_ms.p90": (lambda r: r.ttft_ms, confidence.p90_of_rows),
-    "tpot_ms.p50": (lambda r: r.tpot_ms, confidence.median_of_rows),
-    "e2e_ms.p50": (lambda r: r.e2e_ms, confidence.median_of_rows),
-    "wan_bytes_total": (lambda r: r.wan_bytes, confidence.sum_of_rows),
+    "ttft_ms.p50": (lambda r: r.ttft_ms, "p50"),
+    "ttft_ms.p90": (lambda r: r.ttft_ms, "p90"),
+    "tpot_ms.p50": (lambda r: r.tpot_ms, "p50"),
+    "e2e_ms.p50": (lambda r: r.e2e_ms, "p50"),
 }
+WAN_METRIC = "wan_bytes_offered"
 
 
 def comparison_subject(variants: list[str]) -> str | None:
@@ -232,56 +278,103 @@ def comparison_subject(variants: list[str]) -> str | None:
     return "pdd" if "pdd" in variants else (variants[-1] if variants else None)
 
 
-def comparisons(records: list[RequestRecord], variants: list[str], slo=None) -> list[dict]:
-    """The subject variant's metrics over each other variant's, as ratios with 95% bootstrap intervals
-    (requests resampled within each variant) and a verdict: 'lower' / 'higher' where the interval excludes 1,
-    else 'no significant difference'. Latencies over completed requests; WAN bytes over every request; with an
-    slo, goodput (requests meeting it per second of each variant's own duration: the bathtub's gain)."""
+def _sample(records: list[RequestRecord], variant: str, value, latency: bool) -> confidence.Sample | None:
+    """One variant's issued requests as a Sample clustered by session and keyed by request id; a latency of a
+    request that did not complete is +inf."""
+    rows = [
+        (value(r) if (r.ok or not latency) else math.inf, r.session, r.request_id)
+        for r in records
+        if r.variant == variant and r.issued
+    ]
+    rows = [x for x in rows if x[0] is not None]
+    if not rows:
+        return None
+    v, c, k = zip(*rows)
+    return confidence.Sample(np.asarray(v, float), np.asarray(c), np.asarray(k))
+
+
+def _point(s: confidence.Sample, stat: str) -> float:
+    if stat == "sum":
+        return float(s.values.sum())
+    if stat == "mean":
+        return float(s.values.mean())
+    return percentile(list(s.values), float(stat[1:]))
+
+
+def _entry(name: str, subject: str, base: str, ratio: float | None, ci, paired: bool) -> dict:
+    ci = None if ratio is None else ci
+    return {
+        "metric": name,
+        "variant": subject,
+        "baseline": base,
+        "ratio": ratio,
+        "ci95": _ends(ci),
+        "verdict": confidence.verdict(ci),
+        "paired": paired,
+        "scope": "this run",
+    }
+
+
+def _ratio(x: confidence.Sample, y: confidence.Sample, stat: str) -> tuple[float | None, object, bool]:
+    """stat(x) / stat(y) (None where either is undefined: zero, or a percentile on failed requests), its 95%
+    interval (paired by request where both variants hold the same requests), and whether it was paired."""
+    num, den = _point(x, stat), _point(y, stat)
+    ratio = num / den if den and math.isfinite(num) and math.isfinite(den) else None
+    paired = confidence._paired(x, y) is not None
+    return ratio, confidence.ratio_interval(x, y, stat, paired=True), paired
+
+
+def comparisons(
+    records: list[RequestRecord], variants: list[str], slo=None, offered: dict[str, int | None] | None = None
+) -> list[dict]:
+    """The subject variant's metrics over each other variant's, as ratios with 95% intervals and a verdict:
+    'lower' / 'higher' where the interval excludes 1, else 'no significant difference'. Intervals resample the
+    run's sessions (its independent units), paired by request id where both variants replayed the same requests;
+    they speak for this run only (scope). Latencies over every issued request, failures ranked worst; WAN bytes as
+    offered to the WAN (offered: variant -> the capture's KV bytes before the shaper); with an slo, goodput."""
     subject = comparison_subject(variants)
     out = []
     for base in (v for v in variants if v != subject):
         if slo is not None:
             out += _goodput_ratio(records, subject, base, slo)
         for name, (value, stat) in COMPARED.items():
-            xs, ys = (_values(records, v, value, completed=name != "wan_bytes_total") for v in (subject, base))
-            if not xs or not ys:
-                continue
-            den = float(stat(np.asarray([ys]))[0])
-            ratio = float(stat(np.asarray([xs]))[0]) / den if den else None
-            ci = confidence.ratio_ci(xs, ys, stat) if ratio is not None else None
-            out.append(
-                {
-                    "metric": name,
-                    "variant": subject,
-                    "baseline": base,
-                    "ratio": ratio,
-                    "ci95": list(ci) if ci else None,
-                    "verdict": confidence.verdict(ci),
-                }
-            )
+            x, y = (_sample(records, v, value, latency=True) for v in (subject, base))
+            if x is not None and y is not None:
+                out.append(_entry(name, subject, base, *_ratio(x, y, stat)))
+        out += _wan_ratio(records, subject, base, offered or {})
     return out
 
 
+def _wan_ratio(records: list[RequestRecord], subject: str, base: str, offered: dict) -> list[dict]:
+    """WAN bytes as offered, subject over base. The interval: the paired interval of the application's own WAN
+    bytes per request (the sum), moved on the log scale by the ratio of the offered totals to the application's
+    (the capture cannot tell which request a byte of a kept connection belonged to; headers and retransmissions
+    are taken as a fixed share of each variant's bytes). None without the capture's figure for both."""
+    ox, oy = offered.get(subject), offered.get(base)
+    x, y = (_sample(records, v, lambda r: float(r.wan_bytes), latency=False) for v in (subject, base))
+    if not ox or not oy or x is None or y is None:
+        return []
+    app, ci, paired = _ratio(x, y, "sum")
+    ratio = ox / oy
+    if ci is not None and app:
+        ci = tuple(end * ratio / app for end in ci)
+    return [_entry(WAN_METRIC, subject, base, ratio, ci if app else None, paired)]
+
+
 def _goodput_ratio(records: list[RequestRecord], subject: str, base: str, slo) -> list[dict]:
-    """goodput(subject) / goodput(base): each request counts 1/duration of its variant if it met the SLO, so a
-    resample's sum is that variant's goodput (requests resampled, durations kept)."""
-    rows = {}
+    """goodput(subject) / goodput(base): each issued request counts 1/duration of its variant if it met the SLO,
+    so a sum is that variant's goodput (durations kept fixed)."""
+    samples = {}
     for v in (subject, base):
         recs = [r for r in records if r.variant == v and r.issued]
         dur = _duration_s(recs)
-        rows[v] = [float(meets_slo(r, slo)) / dur for r in recs] if dur else []
-    xs, ys = rows[subject], rows[base]
-    if not xs or not ys or not sum(ys):
+        if not dur:
+            return []
+        samples[v] = _sample(records, v, lambda r, d=dur: float(meets_slo(r, slo)) / d, latency=False)
+    x, y = samples[subject], samples[base]
+    if x is None or y is None or not y.values.sum():
         return []
-    ci = confidence.ratio_ci(xs, ys, confidence.sum_of_rows)
-    ratio = sum(xs) / sum(ys)
-    entry = {"metric": "goodput_rps", "variant": subject, "baseline": base, "ratio": ratio}
-    return [{**entry, "ci95": list(ci) if ci else None, "verdict": confidence.verdict(ci)}]
-
-
-def _values(records: list[RequestRecord], variant: str, value, completed: bool) -> list[float]:
-    vals = (value(r) for r in records if r.variant == variant and (r.ok or not completed))
-    return [x for x in vals if x is not None]
+    return [_entry("goodput_rps", subject, base, *_ratio(x, y, "sum"))]
 
 
 def wan_estimate_ms(tokens: float, kv_bytes_per_token: int, rate_mbit: float) -> float:
@@ -296,28 +389,34 @@ def summarize(
     kv_bytes_per_token: int,
     rate_mbit: float,
     pcap_bytes: dict | None = None,
+    offered: dict[str, int | None] | None = None,
 ) -> dict:
-    """The whole summary.json."""
+    """The whole summary.json (as data; experiments.analysis.summary types it). offered: variant -> KV bytes
+    offered to the WAN (the capture before the shaper; None without captures)."""
     measured = [r for r in records if r.kind != "warmup"]
     per = {v: variant_summary([r for r in measured if r.variant == v], slo) for v in variants}
     for v, b in (pcap_bytes or {}).items():
         if v in per:
             per[v]["wan_bytes_pcap"] = b
+    for v in per:
+        per[v]["wan_bytes_offered"] = (offered or {}).get(v)
     uncached = [
         r.prompt_tokens - round(r.expected_hit * r.prompt_tokens)
         for r in measured
-        if r.variant == (variants[0] if variants else None)
+        if r.variant == (variants[0] if variants else None) and r.expected_hit is not None
     ]
-    med = percentile(uncached, 50) if uncached else 0.0
+    med = percentile(uncached, 50) if uncached else None
     return {
         "variants": per,
-        "comparisons": comparisons(measured, variants, slo),
+        "comparisons": comparisons(measured, variants, slo, offered),
         "streams": compare_streams(measured, variants),
         "reference": {
             "kv_bytes_per_token": kv_bytes_per_token,
             "wan_rate_mbit": rate_mbit,
             "median_uncached_tokens": med,
-            "wan_estimate_ms_median_uncached": wan_estimate_ms(med, kv_bytes_per_token, rate_mbit),
+            "wan_estimate_ms_median_uncached": wan_estimate_ms(med, kv_bytes_per_token, rate_mbit)
+            if med is not None
+            else None,
         },
         "slo": {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms, "e2e_ms": slo.e2e_ms},
     }

@@ -66,6 +66,10 @@ CLASS_STYLE = {
 TCP_PATHS = {"wan": "o", "handoff": "x"}  # kv_tcp_info paths that cross the WAN, and their markers
 
 
+def _hit(h: float | None) -> str:
+    return "–" if h is None else f"{100 * h:.0f}%"
+
+
 def _save(fig, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -107,14 +111,14 @@ def _timeline_picks(recs: list[RequestRecord], n: int = 4) -> list[str]:
     pdd = [r for r in recs if r.variant == "pdd" and r.ok]
     picks = []
     for pred in (
-        lambda r: r.route == Route.P_RLD_MD and r.expected_hit < 0.9,
+        lambda r: r.route == Route.P_RLD_MD and r.expected_hit is not None and r.expected_hit < 0.9,
         lambda r: r.route == Route.P_RLD_MD,
         lambda r: r.route == Route.P_MD,
         lambda r: r.route == Route.P_RLD_SINGULAR,
     ):
         cand = [r for r in pdd if pred(r) and r.request_id not in picks]
         if cand:
-            picks.append(min(cand, key=lambda r: r.expected_hit).request_id)
+            picks.append(min(cand, key=lambda r: r.expected_hit if r.expected_hit is not None else 1.0).request_id)
     return picks[:n]
 
 
@@ -155,7 +159,7 @@ def timeline(recs: list[RequestRecord], path: Path, changes: list[tuple[str, Lin
         if r.ttft_ms is not None:
             ax.plot([r.ttft_ms], [y], marker="|", color="k", markersize=14)
         _row_changes(ax, r, y, changes)
-    labels = [f"{r.variant} {r.request_id} ({r.route}, hit {100 * r.expected_hit:.0f}%)" for r in rows]
+    labels = [f"{r.variant} {r.request_id} ({r.route}, hit {_hit(r.expected_hit)})" for r in rows]
     ax.set_yticks(range(len(rows)), labels)
     ax.invert_yaxis()
     ax.set_xlabel("ms since the client sent the request (| = first token at the client)")
@@ -281,7 +285,7 @@ def tcp_wan(events: list[dict], rm: RunMeta, path: Path) -> None:
 def hit_buckets(recs: list[RequestRecord], variants: list[str], path: Path) -> None:
     names = bucket_names()
     ref = [r for r in recs if r.variant == (variants[0] if variants else None)]
-    expected = [sum(bucket_of(r.expected_hit) == b for r in ref) for b in names]
+    expected = [sum(r.expected_hit is not None and bucket_of(r.expected_hit) == b for r in ref) for b in names]
     drc = [r for r in recs if r.variant == "pdd" and r.drc_hit is not None]
     measured = [sum(bucket_of(r.drc_hit) == b for r in drc) for b in names]
     fig, ax = plt.subplots(figsize=(9, 4))
@@ -332,7 +336,7 @@ def handoff_latency(recs: list[RequestRecord], variants: list[str], path: Path) 
     fig, ax = plt.subplots(figsize=(8, 4))
     for k, v in enumerate(variants):
         hs = [r.handoff for r in recs if r.variant == v and r.handoff]
-        xs = sorted(h["duration_ms"] for h in hs)
+        xs = sorted(h["duration_ms"] for h in hs if h["duration_ms"] is not None)
         if not xs:
             continue
         modes = ", ".join(sorted({str(h.get("mode")) for h in hs}))

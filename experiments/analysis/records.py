@@ -61,7 +61,7 @@ class RequestRecord:
     max_tokens: int
     output_tokens: int
     route: str | None
-    expected_hit: float  # workload's expected DRC hit (same in every variant)
+    expected_hit: float | None  # workload's expected DRC hit (same in every variant); None: not in workload.jsonl
     drc_hit: float | None  # the MD's measured hit (pdd only; None where the DRC is not used)
     md_cached_tokens: int
     token_ids: list[int]
@@ -131,6 +131,9 @@ def _span(evs: list[dict], start: str, end: str, t0: int, **match) -> list[float
 
 
 def _bytes(evs: list[dict], rec: RequestRecord) -> None:
+    """The request's bytes by path. A chunked handoff's chunk logs its payload at its handoff_start (its
+    handoff_end has none): a chunk the MD acknowledged counts that payload."""
+    chunk_payload = None
     for e in evs:
         if e["event"] == "kv_send_end":
             if e.get("path") == "fast":
@@ -139,8 +142,11 @@ def _bytes(evs: list[dict], rec: RequestRecord) -> None:
                 rec.wan_kv_bytes += e.get("wire_bytes", 0)
             elif e.get("path") == "handoff":
                 pass  # counted in handoff_end's payload_bytes
+        elif e["event"] == "handoff_start" and e.get("final") is False:
+            chunk_payload = e.get("payload_bytes")
         elif e["event"] == "handoff_end":
-            rec.wan_handoff_bytes += e.get("payload_bytes", 0)
+            payload = e.get("payload_bytes") if e.get("final", True) else chunk_payload
+            rec.wan_handoff_bytes += payload or 0
         elif e["event"] == "wan_blocked":
             rec.kv_bytes_saved += e.get("kv_bytes_saved", 0)
     rec.wan_bytes = rec.wan_kv_bytes + rec.wan_handoff_bytes
@@ -170,8 +176,11 @@ def _handoff(evs: list[dict], rec: RequestRecord, t0: int) -> None:
     rec.handoff = {
         "mode": e.get("mode"),
         "tokens": e.get("tokens"),
-        "payload_bytes": e.get("payload_bytes"),
-        "duration_ms": e.get("duration_ns", 0) / 1e6,
+        # every message of the handoff (a chunked one's chunks and its final message); None: none logged one
+        "payload_bytes": rec.wan_handoff_bytes
+        if any(x.get("payload_bytes") is not None for x in evs if x["event"].startswith("handoff_"))
+        else None,
+        "duration_ms": e["duration_ns"] / 1e6 if e.get("duration_ns") is not None else None,
         "extend_ms": (extends[-1] / 1e6) if extends else None,
         "chunks": sum(1 for x in evs if x["event"] == "handoff_end"),
         "switch_index": switch,
@@ -235,7 +244,7 @@ def build_record(raw: ClientRecord, wreq: WorkloadRequest | None, evs: list[dict
         max_tokens=raw.max_tokens,
         output_tokens=n_out,
         route=route,
-        expected_hit=wreq.expected_hit if wreq else 0.0,
+        expected_hit=wreq.expected_hit if wreq else None,
         drc_hit=(cached / raw.prompt_tokens) if raw.mode == "pdd" and raw.prompt_tokens else None,
         mode=raw.mode,
         md_cached_tokens=cached,

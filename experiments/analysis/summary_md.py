@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+from experiments.analysis.summary import Stats, Summary, VariantSummary, columns
 from experiments.rundir.metadata import RunMetadata
 from experiments.spec.workload import bucket_names
 
@@ -20,6 +21,11 @@ def _f(x, digits: int = 0) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "–"
     return f"{x:,.{digits}f}"
+
+
+def _pct(share) -> str:
+    """A share (0..1) as a percentage with one decimal; "–" where it was not measured."""
+    return "–" if share is None else f"{100 * share:,.1f}%"
 
 
 def _mb(x) -> str:
@@ -32,62 +38,75 @@ def _mb(x) -> str:
     return f"{x:,.0f} B"
 
 
-def _done(s: dict) -> str:
-    """completed / sent, and what was not sent or leaned on the reference (older runs lack both)."""
-    out = f"{s['completed']}/{s.get('issued', s['requests'])}"
-    if s.get("not_issued"):
-        out += f" (+{s['not_issued']} not sent)"
-    if s.get("prompt_from_reference"):
-        out += f" ({s['prompt_from_reference']} on the reference reply)"
+def _done(s: VariantSummary) -> str:
+    """completed / sent, and what was not sent or leaned on the reference."""
+    out = f"{s.completed}/{s.issued}"
+    if s.not_issued:
+        out += f" (+{s.not_issued} not sent)"
+    if s.prompt_from_reference:
+        out += f" ({s.prompt_from_reference} on the reference reply)"
     return out
 
 
-def markdown(summary: dict, meta: RunMetadata) -> str:
+def _q(st: Stats, key: str, digits: int = 0) -> str:
+    """A percentile of a Stats: its value, "failed" where it lands on failed requests, "–" where none."""
+    return "failed" if key in st.beyond_completed else _f(getattr(st, key), digits)
+
+
+def markdown(summary: Summary, meta: RunMetadata) -> str:
     """summary.md: the tables a reader looks at first (meta: a serving run's, with its spec)."""
-    per = summary["variants"]
+    typed = summary.variants
+    per = {v: s.model_dump(mode="json") for v, s in typed.items()}  # for the sections read as mappings
     spec = meta.require("spec")
+    extra = columns()
     lines = [
         f"# {meta.experiment}: {spec.profile}",
         "",
         f"complete: {meta.complete}; backend: {meta.topology.backend if meta.topology else None}; "
-        f"model: {spec.model}; SLO: TTFT ≤ {summary['slo']['ttft_ms']:g} ms, "
-        f"TPOT ≤ {summary['slo']['tpot_ms']:g} ms",
+        f"model: {spec.model}; SLO: TTFT ≤ {summary.slo['ttft_ms']:g} ms, "
+        f"TPOT ≤ {summary.slo['tpot_ms']:g} ms",
         "",
         "| variant | done | TTFT p50 / p90 / p99 ms | TTFT-decode p50 / p90 / p99 ms | TPOT p50 ms | "
-        "decode batch | ITL p99 ms | E2E p50 ms | goodput rps | WAN bytes (total / per req) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "decode batch | ITL p99 ms | E2E p50 ms | goodput rps | WAN KV bytes offered / delivered | "
+        + "".join(f"{c.heading} | " for _, c in extra),
+        "|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(extra),
     ]
-    for v, s in per.items():
-        t, d = s["ttft_ms"], s["ttft_decode_ms"]
+    for v, s in typed.items():
+        t, d = s.ttft_ms, s.ttft_decode_ms
         lines.append(
-            f"| {v} | {_done(s)} | {_f(t.get('p50'))} / {_f(t.get('p90'))} / "
-            f"{_f(t.get('p99'))} | {_f(d.get('p50'))} / {_f(d.get('p90'))} / {_f(d.get('p99'))} | "
-            f"{_f(s['tpot_ms'].get('p50'), 1)} | {_f(s['decode_batch'].get('mean'), 1)} | "
-            f"{_f(s['itl_ms'].get('p99'))} | {_f(s['e2e_ms'].get('p50'))} | "
-            f"{_f(s['goodput_rps'], 3)} | {_mb(s['wan_bytes_total'])} / "
-            f"{_mb(s['wan_bytes_per_request'].get('mean'))} |"
+            f"| {v} | {_done(s)} | {_q(t, 'p50')} / {_q(t, 'p90')} / {_q(t, 'p99')} | "
+            f"{_q(d, 'p50')} / {_q(d, 'p90')} / {_q(d, 'p99')} | "
+            f"{_q(s.tpot_ms, 'p50', 1)} | {_f(s.decode_batch.mean, 1)} | "
+            f"{_q(s.itl_ms, 'p99')} | {_q(s.e2e_ms, 'p50')} | "
+            f"{_f(s.goodput_rps, 3)} | {_mb(s.wan_bytes_offered)} / "
+            f"{_mb((s.wan_bytes or {}).get('delivered'))} | "
+            + "".join(f"{_f(getattr(s, n), c.digits)} | " for n, c in extra)
         )
     lines += [
         "",
         "done: completed / sent; '+N not sent': requests due past the spec's timeouts.issue_s (the "
         "variant was too slow for its window); 'N on the reference reply': later turns whose previous "
-        "turn failed, sent with the colocated variant's reply in their prompt.",
+        "turn failed, sent with the colocated variant's reply in their prompt. Latencies are over every "
+        "request sent: one that did not complete ranks worst ('failed': the percentile lands on such requests).",
+        "WAN KV bytes offered: what the KV senders put on the WAN, counted by the capture before the shaper "
+        "(headers, retransmissions and what the link then dropped included; – without captures); delivered: "
+        "the KV of completed transfers.",
         "decode batch: mean size of the batched engine steps that decoded a request's tokens, over "
         "requests (1 = decoded alone; a worker batches the steps of its concurrent sessions).",
     ]
-    lines += _warnings_section(summary.get("warnings") or [])
+    lines += _warnings_section(summary.warnings)
     lines += _intervals_section(per)
-    lines += _comparisons_section(summary.get("comparisons") or [])
+    lines += _comparisons_section([c.model_dump() for c in summary.comparisons])
     lines += _kv_section(per)
     lines += _wan_bytes_section(per)
     lines += _fallback_section(per)
     lines += _workers_section(per)
-    lines += _pdd_section(per.get("pdd"), summary)
+    lines += _pdd_section(per.get("pdd"), summary.model_dump(mode="json"))
     lines += _settle_lines(meta)
     lines += _handoff_section(per)
     lines += _bucket_section(per)
-    lines += _ablation_section(summary.get("ablation"))
-    lines += _streams_section(summary["streams"])
+    lines += _ablation_section(summary.ablation)
+    lines += _streams_section(summary.streams)
     return "\n".join(lines) + "\n"
 
 
@@ -127,9 +146,18 @@ INTERVAL_COLUMNS = (("TTFT p50", "ttft_ms", "p50"), ("TTFT p90", "ttft_ms", "p90
                     ("E2E p50", "e2e_ms", "p50"), ("E2E mean", "e2e_ms", "mean"))  # fmt: skip
 
 
+def _end(x, digits: int) -> str:
+    return "failed" if x is None else _f(x, digits)
+
+
 def _with_ci(st: dict, key: str, digits: int = 0) -> str:
-    ci = (st.get("ci95") or {}).get(key)
-    ends = f" [{_f(ci[0], digits)}, {_f(ci[1], digits)}]" if ci else ""
+    """A statistic with its interval: [lo, hi]; "(too few)" where the sample cannot support one; an end on
+    failed requests reads "failed"."""
+    if key in (st.get("beyond_completed") or ()):
+        return "failed"
+    cis = st.get("ci95") or {}
+    ci = cis.get(key)
+    ends = f" [{_end(ci[0], digits)}, {_end(ci[1], digits)}]" if ci else (" (too few)" if key in cis else "")
     return f"{_f(st.get(key), digits)}{ends}"
 
 
@@ -149,9 +177,11 @@ def _intervals_section(per: dict) -> list[str]:
         lines.append(f"| {v} | " + " | ".join(cells) + " |")
     lines += [
         "",
-        "Percentiles: bootstrap over the variant's completed requests (1000 resamples); means: Student's t. "
-        "With a few dozen requests a p90's interval is wide: read one run's ranking only where the "
-        "comparisons below call it significant.",
+        "Over every request sent, a failed one ranked worst. The unit is the session (its turns share a prefix and "
+        "a queue, so they are not independent): percentiles by Woodruff's interval with a cluster-robust "
+        "variance, means by the delete-one-session jackknife (experiments/analysis/confidence.py). '(too few)': "
+        "this run's requests and sessions cannot support an interval for that statistic (a tail needs hundreds "
+        "of requests). These intervals speak for this run only.",
     ]
     return lines
 
@@ -176,17 +206,25 @@ def _comparisons_section(comps: list[dict]) -> list[str]:
             if c is None or c["ratio"] is None:
                 cells.append("–")
                 continue
-            ends = f" [{c['ci95'][0]:.2f}, {c['ci95'][1]:.2f}]" if c["ci95"] else ""
+            ends = f" [{_ratio_end(c['ci95'][0])}, {_ratio_end(c['ci95'][1])}]" if c["ci95"] else ""
             short = {"no significant difference": "n.s."}.get(c["verdict"], c["verdict"])
-            cells.append(f"{c['ratio']:.2f}{ends} {short}")
+            cells.append(f"{c['ratio']:.2f}{ends} {short}{' †' if c.get('caveat') else ''}")
         lines.append(f"| {base} | " + " | ".join(cells) + " |")
+    caveats = sorted({c["caveat"] for c in comps if c.get("caveat")})
     lines += [
         "",
-        f"Ratio of {subject}'s statistic to the baseline's; the interval resamples each variant's requests "
-        "independently (bootstrap). lower / higher: the interval excludes 1; n.s.: no significant difference "
-        "in this run (the interval holds 1) — repeat the run (pddlab sweep --repeat) before ranking them.",
+        f"Ratio of {subject}'s statistic to the baseline's, with its 95% interval (on the log scale). Paired: both "
+        "variants replayed the same requests, so the interval compares each request with itself and resamples "
+        "sessions, the run's independent units. lower / higher: the interval excludes 1; n.s.: it holds 1; not "
+        "judged: no interval (too few sessions, or the statistic lands on failed requests). These verdicts speak "
+        "for this run only: a claim needs them to repeat (pddlab sweep --repeat N, then pddlab compare).",
     ]
+    lines += [f"† not judged: {c} (the machinery, not the link, was part of what was measured)" for c in caveats]
     return lines
+
+
+def _ratio_end(x) -> str:
+    return "∞" if x is None else f"{x:.2f}"
 
 
 def _kv_section(per: dict) -> list[str]:
@@ -269,7 +307,7 @@ def _fallback_section(per: dict) -> list[str]:
         lines.append(
             f"| {v} | "
             + "".join(f"{s['fallbacks'].get(c, 0)} | " for c in causes)
-            + f"{_f(100 * s['rld_token_share'], 1)}% | {occ.get('sessions', '–')} | "
+            + f"{_pct(s['rld_token_share'])} | {occ.get('sessions', '–')} | "
             f"{_f(occ.get('mean'), 2)} / {occ.get('max', '–')} |"
         )
     return lines
@@ -428,7 +466,7 @@ def _pdd_section(p: dict | None, summary: dict) -> list[str]:
         f"- DRC hit: mean {_f(100 * hr.get('drc_mean', math.nan), 1)}%, token-weighted "
         f"{_f(100 * hr.get('drc_token_weighted', math.nan), 1)}%, above 95%: "
         f"{_f(100 * hr.get('drc_share_above_95', math.nan), 0)}% of requests",
-        f"- RLD token share: {_f(100 * p['rld_token_share'], 1)}% (MD {_f(100 * p['md_token_share'], 1)}%)",
+        f"- RLD token share: {_pct(p['rld_token_share'])} (MD {_pct(p['md_token_share'])})",
         f"- handoffs: {h['count']} ({h['modes']}); latency mean {_f(h['latency_ms'].get('mean'), 1)} ms, "
         f"max {_f(h['latency_ms'].get('max'), 1)} ms; payload mean {_f(h['payload_bytes'].get('mean'))} B; "
         f"extend mean {_f(h['extend_ms'].get('mean'), 1)} ms; largest gap around it p50 "
@@ -479,7 +517,7 @@ def _why_few_handoffs(p: dict) -> list[str]:
     WAN copies took against the requests, how many were still under way when the variant ended."""
     late = sum(n for cause, n in (p.get("fallbacks") or {}).items() if cause == "completed_on_rld:md_never_ready")
     wan = (p.get("kv_paths") or {}).get("wan") or {}
-    if p["md_token_share"] >= 0.5 or not late:
+    if (p["md_token_share"] or 0) >= 0.5 or not late:
         return []
     return [
         f"- why the MD took little over: its copy of the prompt KV came after the RLD had finished in {late} of "

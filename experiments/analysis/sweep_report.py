@@ -1,9 +1,13 @@
 """A sweep's numbers and sweep.md: its points aggregated across repeats (pure functions over sweep.json data).
 
 Responsible for: the main metrics read from each point's summary.json, per
-grid point and variant the mean over complete repeats with its 95% interval
-(Student's t over the repeats; with one repeat, the run's own bootstrap
-interval), pdd's ratios to each baseline likewise, the per-point overhead
+grid point and variant the mean over every repeat that has a summary (complete
+or not: a repeat that lost requests counts, its latencies with the failures
+ranked worst; one without a summary is listed, never silently left out) with
+its 95% interval (Student's t over the repeats; with one repeat, the run's own
+interval), pdd's ratios to each baseline as the geometric mean over repeats
+(t on the log scale: no bound below zero), the within-run verdicts tallied over
+the repeats (an A/A sweep's false-positive rate), the per-point overhead
 (measured windows, role start, the rest, shared topologies), and sweep.md.
 Not responsible for: planning or running the points (experiments.run.sweep), or
 the plots (experiments.analysis.plots.sweep_plots).
@@ -11,6 +15,7 @@ the plots (experiments.analysis.plots.sweep_plots).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from experiments.analysis import confidence
@@ -28,7 +33,7 @@ METRICS: dict[str, tuple[str, ...]] = {
     "e2e_p50_ms": ("e2e_ms", "p50"),
     "goodput_rps": ("goodput_rps",),
     "completed": ("completed",),
-    "wan_bytes_total": ("wan_bytes_total",),
+    "wan_bytes_offered": ("wan_bytes_offered",),
     "rld_token_share": ("rld_token_share",),
     "fallbacks": ("fallbacks",),
     "wan_kv_retrans_bytes": ("wan_bytes", "bytes_retrans"),
@@ -43,7 +48,7 @@ PLOTTED = (
     "ttft_p90_ms",
     "tpot_p50_ms",
     "goodput_rps",
-    "wan_bytes_total",
+    "wan_bytes_offered",
     "rld_token_share",
     "fallbacks",
     "wan_kv_retrans_bytes",
@@ -69,15 +74,23 @@ def point_metrics(s: dict) -> dict:
     return out
 
 
+def counted(p: Point) -> bool:
+    """A repeat the aggregate counts: every one that ran to its end and left a summary, complete or incomplete
+    (requests lost, a variant failed), so the hardest repeats are not left out of the mean. A repeat the user
+    interrupted, or one without a summary, is listed instead ("not_counted")."""
+    return p.status in ("complete", "incomplete") and bool(p.metrics)
+
+
 def aggregate(points: list[Point]) -> list[dict]:
-    """Per grid point and variant, each metric over the complete repeats: mean, 95% interval, n.
+    """Per grid point and variant, each metric over every counted repeat: mean, 95% interval, n; the repeats
+    that are incomplete and those without a summary, by name.
 
     With two or more repeats the interval is Student's t over the repeat-level values; with one, the run's
-    own interval (bootstrap over its requests) where the metric has one."""
+    own interval where the metric has one."""
     out = []
     for index in sorted({p.index for p in points}):
         reps = [p for p in points if p.index == index]
-        done = [p for p in reps if p.status == "complete" and p.metrics]
+        done = [p for p in reps if counted(p)]
         variants = list(dict.fromkeys(v for p in done for v in p.metrics))
         per = {}
         for v in variants:
@@ -90,24 +103,67 @@ def aggregate(points: list[Point]) -> list[dict]:
                 "index": index,
                 "values": reps[0].values,
                 "repeats": len(reps),
-                "complete": len(done),
+                "complete": sum(p.status == "complete" for p in done),
+                "counted": len(done),
+                "incomplete": [p.name for p in done if p.status != "complete"],
+                "not_counted": [f"{p.name}: {p.status}" for p in reps if not counted(p) and p.status != "pending"],
                 "variants": per,
                 "comparisons": _aggregate_comparisons(done),
+                "verdicts": _tally_verdicts(done),
             }
         )
     return out
 
 
 def _aggregate_comparisons(done: list[Point]) -> dict:
-    """Each ratio of the subject variant to a baseline over the complete repeats: mean, 95% interval (t over
-    repeats; with one repeat the run's bootstrap interval), n, and the verdict of that interval."""
+    """Each ratio of the subject variant to a baseline over the counted repeats: the geometric mean, its 95%
+    interval (t on the log ratios of independent repeats; with one repeat the run's own interval), n, and the
+    verdict of that interval (scope "repeats")."""
     out = {}
     for key in dict.fromkeys(k for p in done for k in p.comparisons):
         entries = [p.comparisons[key] for p in done if key in p.comparisons]
-        agg = _over_repeats(entries, "ratio", single=len(done) == 1)
-        if agg is not None:
-            out[key] = {"variant": entries[0]["variant"], **agg, "verdict": confidence.verdict(agg["ci95"])}
+        ratios = [e["ratio"] for e in entries if e["ratio"] is not None and e["ratio"] > 0]
+        if not ratios:
+            continue
+        ci = confidence.repeats_ratio_interval(ratios)
+        if ci is None and len(done) == 1:
+            ci = entries[0].get("ci95")
+        out[key] = {
+            "variant": entries[0]["variant"],
+            "n": len(ratios),
+            "mean": math.exp(sum(math.log(r) for r in ratios) / len(ratios)),  # geometric
+            "ci95": list(ci) if ci else None,
+            "values": ratios,
+            "verdict": confidence.verdict(ci),
+            "scope": "repeats" if len(ratios) > 1 else "this run",
+        }
     return out
+
+
+def _tally_verdicts(done: list[Point]) -> dict:
+    """Per comparison, how the runs' own (within-run) verdicts fell over the repeats: {lower, higher, n.s., not
+    judged}. In an A/A sweep (identical variants) every lower or higher is a false positive."""
+    out: dict = {}
+    for p in done:
+        for key, c in p.comparisons.items():
+            tally = out.setdefault(key, {"lower": 0, "higher": 0, "no significant difference": 0, "not judged": 0})
+            tally[c.get("verdict") or "not judged"] = tally.get(c.get("verdict") or "not judged", 0) + 1
+    return out
+
+
+def false_positives(agg: list[dict]) -> dict | None:
+    """Over every point and comparison of a sweep: within-run verdicts that called the variants different (lower
+    or higher) out of those judged, with the share's 95% interval (Wilson). For an A/A sweep, whose variants are
+    identical, that share is the verdicts' false-positive rate."""
+    judged = called = 0
+    for a in agg:
+        for t in (a.get("verdicts") or {}).values():
+            called += t["lower"] + t["higher"]
+            judged += t["lower"] + t["higher"] + t["no significant difference"]
+    if not judged:
+        return None
+    lo, hi = confidence.proportion_interval(called, judged)
+    return {"called": called, "judged": judged, "share": called / judged, "ci95": [lo, hi]}
 
 
 def _over_repeats(entries: list[dict], key: str, single: bool) -> dict | None:
@@ -116,7 +172,7 @@ def _over_repeats(entries: list[dict], key: str, single: bool) -> dict | None:
     vals = [e[key] for e in entries if e[key] is not None]
     if not vals:
         return None
-    ci = confidence.mean_ci(vals)
+    ci = confidence.repeats_mean_interval(vals)
     if ci is None and single:
         ci = entries[0].get("ci95")
     return {"n": len(vals), "mean": sum(vals) / len(vals), "ci95": list(ci) if ci else None, "values": vals}
@@ -149,12 +205,15 @@ def markdown(plan: Plan, points: list[Point], agg: list[dict], topologies: list[
     """sweep.md: one table per metric (rows: grid points, columns: variants), the overhead, the failures."""
     axes = ", ".join(f"{a.key} = {list(a.values)}" for a in plan.axes)
     done = sum(p.status == "complete" for p in points)
+    counted_runs = sum(counted(p) for p in points)
     lines = [
         f"# Sweep of {plan.spec}: {axes}",
         "",
-        f"{len(agg)} points x {plan.repeat} repeats; {done} of {len(points)} runs complete. "
-        "Cells: mean over the complete repeats [95% interval] (n); with one repeat, the run's own interval "
-        "(bootstrap over its requests) where the metric has one.",
+        f"{len(agg)} points x {plan.repeat} repeats; {done} of {len(points)} runs complete, {counted_runs} counted. "
+        "Cells: mean over every repeat that left a summary, complete or not (a repeat that lost requests counts, "
+        "its latencies with the failures ranked worst) [95% interval: Student's t over the repeats] (n); with "
+        "one repeat, the run's own interval where the metric has one. Runs that did not complete are listed at "
+        "the end.",
         "",
     ]
     variants = list(dict.fromkeys(v for a in agg for v in a["variants"]))
@@ -166,6 +225,7 @@ def markdown(plan: Plan, points: list[Point], agg: list[dict], topologies: list[
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
         lines.append("")
     lines += _comparison_tables(agg)
+    lines += _verdicts_section(agg)
     lines += _overhead_section(points, topologies)
     bad = [p for p in points if p.status not in ("complete", "pending")]
     if bad:
@@ -196,15 +256,51 @@ def _comparison_tables(agg: list[dict]) -> list[str]:
                 if not c:
                     cells.append("–")
                     continue
-                ends = f" [{c['ci95'][0]:.2f}, {c['ci95'][1]:.2f}]" if c["ci95"] else ""
+                ends = f" [{_r(c['ci95'][0])}, {_r(c['ci95'][1])}]" if c["ci95"] else ""
                 short = {"no significant difference": "n.s."}.get(c["verdict"], c["verdict"])
                 cells.append(f"{c['mean']:.2f}{ends} {short}" + (f" (n={c['n']})" if c["n"] > 1 else ""))
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
         lines.append("")
     lines += [
-        f"Ratio of {subject}'s statistic to the baseline's: the mean over repeats with Student's t interval "
-        "(one repeat: the run's bootstrap interval); lower / higher where the interval excludes 1, n.s. "
-        "(no significant difference) where it holds 1.",
+        f"Ratio of {subject}'s statistic to the baseline's: the geometric mean over repeats, its interval Student's "
+        "t on the log ratios of the independent repeats (one repeat: the run's own interval); lower / higher where "
+        "the interval excludes 1, n.s. (no significant difference) where it holds 1. Over repeats a verdict "
+        "includes the run-to-run variance: this is the one to quote.",
+        "",
+    ]
+    return lines
+
+
+def _r(x) -> str:
+    return "∞" if x is None else f"{x:.2f}"
+
+
+def _verdicts_section(agg: list[dict]) -> list[str]:
+    """Within-run verdicts over the repeats, and the share that called the variants different."""
+    keys = list(dict.fromkeys(k for a in agg for k in a.get("verdicts") or {}))
+    fp = false_positives(agg)
+    if not keys or fp is None:
+        return []
+    lines = [
+        "## Within-run verdicts over the repeats",
+        "",
+        "| point | comparison | lower | higher | n.s. | not judged |",
+        "|---|---|---|---|---|---|",
+    ]
+    for a in agg:
+        label = ", ".join(f"{k}={v}" for k, v in a["values"].items()) or "all"
+        for key, t in (a.get("verdicts") or {}).items():
+            lines.append(
+                f"| {label} | {key} | {t['lower']} | {t['higher']} | {t['no significant difference']} | "
+                f"{t['not judged']} |"
+            )
+    lines += [
+        "",
+        f"Called different (lower or higher): {fp['called']} of {fp['judged']} judged verdicts, "
+        f"{100 * fp['share']:.1f}% [95% interval {100 * fp['ci95'][0]:.1f}, {100 * fp['ci95'][1]:.1f}] (Wilson). "
+        "In an A/A sweep (EXP=aa-calibration: identical variants) this is the false-positive rate of one run's "
+        "verdicts; the verdicts of one point's repeats are correlated (the same machine and spec), so the "
+        "interval is a lower bound on the uncertainty.",
         "",
     ]
     return lines

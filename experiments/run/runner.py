@@ -28,7 +28,9 @@ Run directory (results/<time>-<experiment>/):
 
 from __future__ import annotations
 
+import itertools
 import logging
+import random
 import signal
 import subprocess
 import sys
@@ -313,11 +315,26 @@ class _HeldSignals:
             raise KeyboardInterrupt(f"signal {self.caught}")
 
 
+def run_order(spec: ExperimentSpec) -> list[str]:
+    """The order the variants run in (spec.variant_order). shuffled: one of the orders of the variants, picked
+    by the workload's seed from a fixed shuffled list of all of them, so the same spec and seed run in the same
+    order and any n! consecutive seeds (a sweep's repeats) run every order once: each variant in each position
+    equally often; the reference variant first where it runs. as_listed: the spec's own order."""
+    if spec.variant_order == "as_listed":
+        return list(spec.variants)
+    first = [v for v in spec.variants if v == REFERENCE_VARIANT]
+    orders = sorted(itertools.permutations(v for v in spec.variants if v != REFERENCE_VARIANT))
+    random.Random("pddlab-variant-order").shuffle(orders)
+    return first + list(orders[spec.workload.seed % len(orders)])
+
+
 def _run_variants(tb, spec: ExperimentSpec, out: Path, meta: RunMetadata, imp: winmod.Impairment) -> None:
-    """Every variant in turn on the running testbed; metadata.json rewritten at each step."""
+    """Every variant in turn (run_order) on the running testbed; metadata.json rewritten at each step."""
     meta.topology = metadata.topology_of(tb)
+    meta.variant_order = run_order(spec)
     metadata.write(out, meta)
-    for variant in spec.variants:
+    log.info("variants run in this order: %s", ", ".join(meta.variant_order))
+    for variant in meta.variant_order:
         window = meta.variants[variant] = VariantRecord(status="running")
         metadata.write(out, meta)
         try:

@@ -206,6 +206,7 @@ class EmulatorHealth(Record):
     b_to_a: EmulatorDirection
     cpu_share: float | None
     late: bool  # some direction's p99 above topology.emulator.LATE_P99_US
+    scheduling: str | None = None  # the forwarder's: "fifo:<priority>" (real-time) or "other"; None: older runs
 
     def dropped(self) -> int:
         """Frames lost for lack of CPU, both directions."""
@@ -290,6 +291,7 @@ class RunMetadata(Record):
     topology: TopologyRecord | None = None
     shared_topology: SharedTopologyRecord | None = None
     variants: dict[str, VariantRecord] = {}
+    variant_order: list[str] | None = None  # the order the variants ran in (runner.run_order); None: older runs
     interrupted: bool = False
     error: str | None = None  # what ended the run early: `ExceptionType: message`
     finished_at: str | None = None

@@ -192,8 +192,12 @@ class ExperimentSpec:
     profile: Str = "wan-cross-country"  # netem profile name or YAML path (the WAN link)
     backend: Literal["auto", "tc", "userspace"] = "auto"
     runtime: Runtime = "process"  # how roles run in the hosts; docker: see runtime.py
-    variants: tuple[Str, ...] = VARIANTS  # compared on the same topology and workload, in this order:
+    variants: tuple[Str, ...] = VARIANTS  # compared on the same topology and workload (the tables' order):
     # modes, or names defined in variant_defs
+    # the order they run in: shuffled (seeded by workload.seed, recorded in metadata.json; colocated, whose
+    # replies stand in for other variants' failed turns, first) so that no variant owns a position in the run
+    # (the first after the topology came up, the last on a longer-lived machine); as_listed: `variants`' order
+    variant_order: Literal["shuffled", "as_listed"] = "shuffled"
     # more variants of one mode side by side: name -> {mode: <a mode>, deployment: {overrides of the roles'
     # config for this variant only, e.g. policy: {wan_estimate: measured}}}
     variant_defs: dict = field(default_factory=dict)

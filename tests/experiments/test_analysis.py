@@ -60,23 +60,21 @@ def test_every_variant_has_vllms_benchmark_names_read_from_the_same_stats(run):
     assert names["request_goodput"] == v["goodput_rps"]
 
 
-def test_every_latency_has_intervals_and_pdd_is_compared_with_each_baseline(run):
+def test_intervals_only_where_the_sample_supports_them_and_pdd_is_compared_with_each_baseline(run):
     s = json.loads((run / "summary.json").read_text())
     for v in s["variants"].values():
         st = v["ttft_ms"]
+        assert st["failed"] == 0 and st["n"] == 9
         for key in ("mean", "p50", "p90", "p99"):
-            lo, hi = st["ci95"][key]
-            assert lo <= st[key] <= hi, (key, st)
+            ci = st["ci95"][key]
+            assert ci is None or ci[0] <= st[key] <= ci[1], (key, st)
+        assert st["ci95"]["p90"] is None and st["ci95"]["p99"] is None  # 9 requests in 3 sessions: too few
     comps = {(c["baseline"], c["metric"]): c for c in s["comparisons"]}
     assert {c["variant"] for c in s["comparisons"]} == {"pdd"}
     assert {b for b, _ in comps} == {"colocated", "pd-intra", "pd-cross"}
     c = comps[("pd-cross", "ttft_ms.p50")]
-    assert c["ratio"] == pytest.approx(20 / 90) and c["ci95"][1] < 1 and c["verdict"] == "lower"
-    w = comps[("pd-cross", "wan_bytes_total")]
-    assert w["ratio"] == pytest.approx(
-        s["variants"]["pdd"]["wan_bytes_total"] / s["variants"]["pd-cross"]["wan_bytes_total"]
-    )
-    assert ("colocated", "wan_bytes_total") not in comps or comps[("colocated", "wan_bytes_total")]["ratio"] is None
+    assert c["ratio"] == pytest.approx(20 / 90) and c["paired"] and c["scope"] == "this run"
+    assert c["ci95"] is None and c["verdict"] == "not judged"  # 3 sessions cannot support an interval
     md = (run / "summary.md").read_text()
     assert "## With 95% confidence intervals" in md and "## pdd over each baseline" in md
 

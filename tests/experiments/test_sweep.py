@@ -136,8 +136,32 @@ def test_repeats_aggregate_to_a_mean_with_a_t_interval():
     assert m["n"] == 3 and m["mean"] == pytest.approx(110)
     assert m["ci95"] == pytest.approx([110 - 24.843, 110 + 24.843], abs=0.01)
     c = agg[0]["comparisons"]["ttft_ms.p50 / pd-cross"]
-    assert c["mean"] == pytest.approx(0.6) and c["verdict"] == "lower" and c["n"] == 3
+    # the geometric mean of 0.5, 0.7, 0.6 and t(2) on the logs: never a bound below zero
+    assert c["mean"] == pytest.approx((0.5 * 0.7 * 0.6) ** (1 / 3)) and c["verdict"] == "lower" and c["n"] == 3
+    assert 0 < c["ci95"][0] < c["mean"] < c["ci95"][1] < 1 and c["scope"] == "repeats"
     assert agg[0]["variants"]["pd-cross"]["ttft_p50_ms"] == {"n": 0}
+
+
+def test_a_repeat_that_lost_requests_counts_and_is_named():
+    lossy = done_point(0, 1, 900.0, 3.0)
+    lossy.status = "incomplete"  # a variant lost requests: its latencies rank them worst
+    agg = sweep_report.aggregate([done_point(0, 0, 100.0, 1.0), lossy])
+    m = agg[0]["variants"]["pdd"]["ttft_p50_ms"]
+    assert m["n"] == 2 and m["mean"] == pytest.approx(500.0) and 900.0 in m["values"]
+    assert agg[0]["counted"] == 2 and agg[0]["complete"] == 1 and agg[0]["incomplete"] == ["p00-r1"]
+    md = sweep_report.markdown(plan("link.loss_pct=0"), [done_point(0, 0, 100.0, 1.0), lossy], agg)
+    assert "2 counted" in md and "p00-r1: incomplete" in md
+
+
+def test_within_run_verdicts_are_tallied_into_a_false_positive_rate():
+    points = [done_point(0, r, 100.0, 1.0) for r in range(20)]
+    for r, p in enumerate(points):
+        p.comparisons["ttft_ms.p50 / pd-cross"]["verdict"] = "higher" if r == 3 else "no significant difference"
+    agg = sweep_report.aggregate(points)
+    assert agg[0]["verdicts"]["ttft_ms.p50 / pd-cross"]["higher"] == 1
+    fp = sweep_report.false_positives(agg)
+    assert (fp["called"], fp["judged"]) == (1, 20) and fp["ci95"][0] < 0.05 < fp["ci95"][1]
+    assert "Called different (lower or higher): 1 of 20" in sweep_report.markdown(plan("link.loss_pct=0"), points, agg)
 
 
 def test_one_repeat_keeps_the_runs_own_interval_and_unfinished_repeats_do_not_count():
@@ -147,6 +171,7 @@ def test_one_repeat_keeps_the_runs_own_interval_and_unfinished_repeats_do_not_co
     m = agg[0]["variants"]["pdd"]["ttft_p50_ms"]
     assert m["mean"] == 100.0 and m["ci95"] == [90.0, 130.0] and agg[0]["complete"] == 1
     assert agg[0]["comparisons"]["ttft_ms.p50 / pd-cross"]["verdict"] == "no significant difference"
+    assert agg[0]["not_counted"] == ["p00-r1: interrupted"]
 
 
 def test_sweep_md_has_a_table_per_metric_the_comparisons_and_what_failed():
@@ -225,14 +250,14 @@ def test_goodput_ratio_counts_requests_meeting_the_slo_per_second_of_each_varian
     def rec(variant, i, ttft):
         return SimpleNamespace(
             variant=variant, issued=True, ok=True, ttft_ms=ttft, tpot_ms=10.0, e2e_ms=100.0,
-            t_send_ns=i * 10**9, t_done_ns=i * 10**9 + 10**8,
+            t_send_ns=i * 10**9, t_done_ns=i * 10**9 + 10**8, session=f"s{i % 10}", request_id=f"r{i}",
         )  # fmt: skip
 
     slo = SimpleNamespace(ttft_ms=100.0, tpot_ms=50.0, e2e_ms=0.0)
-    # both over 29.1 s; pdd meets the SLO in 24 of 30, pd-intra in 12 of 30: ratio 2 (a resample of pd-intra
-    # with none meeting it, which would leave no interval, has odds 0.6^30)
+    # both over 29.1 s; pdd meets the SLO in 24 of 30, pd-intra in 12 of 30: ratio 2; 10 sessions of 3 requests,
+    # the same requests in both (paired)
     recs = [rec("pdd", i, 50 if i < 24 else 500) for i in range(30)]
     recs += [rec("pd-intra", i, 50 if i < 12 else 500) for i in range(30)]
     [entry] = metrics._goodput_ratio(recs, "pdd", "pd-intra", slo)
-    assert entry["ratio"] == pytest.approx(2.0) and entry["metric"] == "goodput_rps"
+    assert entry["ratio"] == pytest.approx(2.0) and entry["metric"] == "goodput_rps" and entry["paired"]
     assert entry["ci95"][0] < 2.0 < entry["ci95"][1]

@@ -205,11 +205,15 @@ def test_a_late_emulator_is_a_warning_and_a_quiet_one_is_not():
         "late": False,
     }
     s = {}
-    assert emulator_health("pdd", s, EmulatorHealth.model_validate(quiet)) == [] and s["emulator"] == quiet
+    assert emulator_health("pdd", s, EmulatorHealth.model_validate(quiet)) == []
+    assert s["emulator"] == {**quiet, "scheduling": None} and s["emulator_p99_late_ms"] == pytest.approx(0.06)
     late = {**quiet, "a_to_b": {**quiet["a_to_b"], "p99_us": 4000, "max_us": 9000, "rx_drops": 3}, "late": True}
-    [w] = emulator_health("pdd", {}, EmulatorHealth.model_validate(late))
+    s = {}
+    [w] = emulator_health("pdd", s, EmulatorHealth.model_validate(late))
     assert w["kind"] == "emulator_late" and "p99 lateness 4000.0 us" in w["message"] and w["count"] == 3
-    assert emulator_health("pdd", {}, None) == []  # the tc backend, or a run before the record
+    assert s["emulator_p99_late_ms"] == pytest.approx(4.0)
+    s = {}
+    assert emulator_health("pdd", s, None) == [] and s["emulator_p99_late_ms"] is None  # the tc backend
 
 
 def test_few_handoffs_are_explained_with_the_transfer_times():

@@ -1,0 +1,200 @@
+"""summary.json, typed: one run's results — its one layout, writer and reader.
+
+Responsible for: `Summary` (what the analysis of one run found: every variant's figures, the comparisons
+between variants, the token streams, the reference figures, warnings) with a `schema_version`; `write` (the
+one place summary.json is written) and `read` (validated: a summary of another version is an error that says
+which version it has and which this code reads, and how to rewrite it: `pddlab analyze RUN`). summary.md,
+sweep reports, `pddlab compare` and the plots read a run's results through these fields.
+Not responsible for: computing the figures (experiments.analysis.metrics, analyze) or rendering them
+(experiments.analysis.summary_md).
+
+A per-variant figure declared with a `Column` is a column of summary.md's per-variant table on its own: adding
+such a metric touches its computation and its field here, nothing else. Figures a run could not measure are
+None (null in the file, "–" in summary.md), never 0. Sections not yet typed field by field (the per-path KV
+transfers, each worker's figures, the ablation) are kept as mappings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict
+
+from experiments.rundir.files import RecordError, read_record, write_json
+
+# 1: summaries written before this module (no schema_version); 2: typed, failures ranked worst in the latency
+# quantiles, WAN bytes as offered, session-clustered intervals and paired comparisons.
+SCHEMA_VERSION = 2
+FILE = "summary.json"
+
+
+class SummaryError(RecordError):
+    """summary.json is absent, of another schema version, or lacks a field; the message says which."""
+
+
+@dataclass(frozen=True)
+class Column:
+    """A per-variant figure that is a column of summary.md's per-variant table: its heading and its digits."""
+
+    heading: str
+    digits: int = 0
+
+
+class Closed(BaseModel):
+    """A typed part of the summary: every field declared, nothing else accepted."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Stats(Closed):
+    """A latency's (or other figure's) distribution over a variant's requests.
+
+    n: values (completed requests); failed: issued requests that have no value (failed, timed out), ranked
+    worst, so a percentile at or beyond the completed share is None with `beyond_completed` naming it;
+    ci95: per statistic the 95% interval (None: the sample cannot support one: too few requests or sessions)
+    """
+
+    n: int
+    mean: float | None = None
+    std: float | None = None
+    p50: float | None = None
+    p90: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+    max: float | None = None
+    failed: int = 0
+    beyond_completed: list[str] = []  # the percentiles (p90, p99, ...) that land on failed requests
+    ci95: dict[str, list[float] | None] | None = None
+
+
+class Comparison(Closed):
+    """One variant's statistic over a baseline's: a ratio with its 95% interval and the verdict it supports.
+
+    paired: requests matched by id across the two variants (both replayed the same workload); scope: what the
+    interval covers ("this run": resampled sessions of one run; "repeats": independent runs); caveat: why the
+    verdict is not called (the machinery fell behind in a variant it compares), None when it stands
+    """
+
+    metric: str
+    variant: str
+    baseline: str
+    ratio: float | None
+    ci95: list[float] | None
+    verdict: str
+    paired: bool = False
+    scope: str = "this run"
+    caveat: str | None = None
+
+
+class VariantSummary(BaseModel):
+    """Every figure of one variant (experiments.analysis.metrics.variant_summary, then analyze's additions)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    requests: int
+    issued: int
+    not_issued: int
+    completed: int
+    failed: int
+    completion_ci95: list[float] | None = None  # completed / issued, Wilson interval
+    prompt_from_reference: int
+    duration_s: float | None
+    throughput_rps: float | None
+    output_tokens_per_s: float | None
+    input_tokens_total: int
+    output_tokens_total: int
+    total_tokens_per_s: float | None
+    ttft_ms: Stats
+    ttft_decode_ms: Stats
+    tpot_ms: Stats
+    itl_ms: Stats
+    decode_batch: Stats
+    e2e_ms: Stats
+    goodput_rps: float | None
+    slo_attainment: float | None
+    # WAN bytes: as offered to the WAN (the capture before the shaper, KV flows: what the headline and every
+    # ratio use; None without captures), and the application's own counts beside
+    wan_bytes_offered: int | None = None
+    wan_bytes_total: int
+    wan_bytes_per_request: Stats
+    wan_kv_bytes_total: int
+    wan_handoff_bytes_total: int
+    fast_kv_bytes_total: int
+    hit_rate: dict[str, Any]
+    rld_token_share: float | None
+    md_token_share: float | None
+    handoff: dict[str, Any]
+    singular: dict[str, Any]
+    inflight: dict[str, Any]
+    relay_absorbed: int
+    routes: dict[str, int]
+    fallbacks: dict[str, int]
+    errors: list[str]
+    vllm: dict[str, Any]
+    # analyze's additions (absent where the run had no captures, events or emulator)
+    wan_bytes_pcap: dict[str, int] | None = None
+    kv_paths: dict[str, Any] | None = None
+    wan_bytes: dict[str, Any] | None = None
+    wan_flows: dict[str, Any] | None = None
+    rld_occupancy: dict[str, Any] | None = None
+    emulator: dict[str, Any] | None = None
+    wan_retrans_by_impairment: dict[str, Any] | None = None
+    workers: dict[str, Any] | None = None
+    prefill_steps: dict[str, Any] | None = None
+    # The worse direction's p99 lateness of the userspace emulator's frames in the variant's window (ms; None
+    # under tc, where there is no emulator): above 1 ms the machinery is in what was measured.
+    emulator_p99_late_ms: Annotated[float | None, Column("emulator p99 late ms", 1)] = None
+
+
+class Summary(Closed):
+    """summary.json: what the analysis of one run found."""
+
+    schema_version: int = SCHEMA_VERSION
+    variants: dict[str, VariantSummary]
+    comparisons: list[Comparison]
+    streams: dict[str, Any]
+    reference: dict[str, Any]
+    slo: dict[str, float]
+    warnings: list[dict[str, Any]] = []
+    complete: bool | None = None
+    cross_traffic: dict[str, Any] = {}
+    ablation: dict[str, Any] | None = None
+    analysed_by: dict[str, Any] | None = None
+
+
+def columns() -> list[tuple[str, Column]]:
+    """(field, Column) of every per-variant figure that is a column of summary.md's per-variant table."""
+    return [
+        (name, meta)
+        for name, info in VariantSummary.model_fields.items()
+        for meta in info.metadata
+        if isinstance(meta, Column)
+    ]
+
+
+def write(run_dir: Path, summary: Summary) -> None:
+    """run_dir/summary.json, atomically."""
+    write_json(Path(run_dir) / FILE, summary.model_dump(mode="json"))
+
+
+def read(run_dir: Path) -> Summary:
+    """run_dir/summary.json (or the file itself), validated; SummaryError naming the file, the version it has and
+    the one this code reads (an older run: `pddlab analyze RUN` rewrites it from the run's raw files)."""
+    path = Path(run_dir)
+    path = path / FILE if path.is_dir() else path
+    import json
+
+    try:
+        version = json.loads(path.read_text()).get("schema_version", 1)
+    except FileNotFoundError:
+        raise SummaryError(f"{path}: no such file (pddlab analyze {path.parent} writes it)") from None
+    except (json.JSONDecodeError, AttributeError) as err:
+        raise SummaryError(f"{path}: not a summary ({err})") from None
+    if version != SCHEMA_VERSION:
+        raise SummaryError(
+            f"{path}: summary schema version {version}; this code reads version {SCHEMA_VERSION}: rewrite it with "
+            f"`pddlab analyze {path.parent}` (the run's raw files are enough)"
+        )
+    return read_record(Summary, path, SummaryError)

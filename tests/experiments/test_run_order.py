@@ -1,0 +1,27 @@
+"""The order a run's variants run in: seeded, recorded, the reference variant first; or the spec's own."""
+
+import dataclasses
+
+from experiments.run.runner import run_order
+from experiments.spec.experiment import load_spec
+
+
+def test_shuffled_is_a_seeded_permutation_with_the_reference_first():
+    spec = load_spec("pdd-vs-baselines")
+    orders = {}
+    for seed in range(1, 13):
+        s = dataclasses.replace(spec, workload=dataclasses.replace(spec.workload, seed=seed))
+        order = run_order(s)
+        assert order[0] == "colocated" and sorted(order) == sorted(spec.variants)
+        assert run_order(s) == order  # the same seed, the same order
+        orders[seed] = tuple(order)
+    assert len(set(orders.values())) == 6  # every order of the three others occurs over the seeds
+    for first in range(1, 7):  # any 6 consecutive seeds: each variant in each position once
+        window = [orders[s] for s in range(first, first + 6) if s in orders]
+        if len(window) == 6:
+            assert all(len({o[pos] for o in window}) == 3 for pos in (1, 2, 3))
+
+
+def test_as_listed_keeps_the_spec_order():
+    spec = load_spec("pdd-vs-baselines", ["variant_order=as_listed"])
+    assert run_order(spec) == list(spec.variants)
