@@ -50,6 +50,7 @@ from typing import Any
 
 import yaml
 
+from experiments.analysis import summary as summary_mod
 from experiments.rundir import metadata, files as rundir
 from experiments.rundir.metadata import RunMetadata
 from experiments.progress import Progress
@@ -372,11 +373,11 @@ def _read_point(out: Path, p: Point) -> None:
     p.error = meta.error or ""
     p.overhead = _overhead(meta)
     if summary_path.exists():
-        summary = json.loads(summary_path.read_text())
-        p.metrics = {v: point_metrics(s) for v, s in summary["variants"].items()}
+        summary = summary_mod.read(run_dir)
+        p.metrics = {v: point_metrics(s.model_dump(mode="json")) for v, s in summary.variants.items()}
         p.comparisons = {
-            f"{c['metric']} / {c['baseline']}": {"variant": c["variant"], "ratio": c["ratio"], "ci95": c["ci95"]}
-            for c in summary.get("comparisons") or []
+            f"{c.metric} / {c.baseline}": {"variant": c.variant, "ratio": c.ratio, "ci95": c.ci95, "verdict": c.verdict}
+            for c in summary.comparisons
         }
 
 
