@@ -11,6 +11,8 @@ experiments and maintenance commands. Not responsible for: the experiments.
                                          the experiment over a grid of values x repeats (experiments.run.sweep)
     pddlab sweep --resume SWEEP_DIR      run the points an interrupted sweep had not finished
     pddlab analyze RUN_DIR               recompute summary and plots of a serving experiment's run
+    pddlab compare DIR DIR [DIR ...] [--json FILE]
+                                         runs (or sweeps) of one spec side by side: ratios, intervals, verdicts
     pddlab serve [EXPERIMENT] [--profile NAME] [--mode pdd] [--port 8000] [--set KEY=VALUE ...]
                                          the roles behind an OpenAI-compatible API until Ctrl-C
                                          (experiments.serve.session)
@@ -29,6 +31,7 @@ default is `pdd-vs-baselines`.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from pathlib import Path
@@ -133,6 +136,23 @@ def _analyze(args) -> int:
     except analyze.AnalysisError as err:
         raise UsageError(str(err)) from None
     print((run_dir / "summary.md").read_text())
+    return 0
+
+
+def _compare(args) -> int:
+    from experiments.analysis import compare, summary as summary_mod
+
+    dirs = [Path(d) for d in args.dirs]
+    for d in dirs:
+        if not d.is_dir():
+            raise UsageError(f"{d}: no such directory")
+    try:
+        rows = compare.compare(dirs)
+    except (compare.CompareError, summary_mod.SummaryError) as err:
+        raise UsageError(str(err)) from None
+    print(compare.markdown(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps(compare.to_json(rows), indent=2) + "\n")
     return 0
 
 
@@ -271,6 +291,10 @@ def parser() -> argparse.ArgumentParser:
     an = sub.add_parser("analyze", help="recompute summary and plots of a run directory")
     an.add_argument("run_dir")
     an.set_defaults(func=_analyze)
+    cmp = sub.add_parser("compare", help="runs (or sweeps) of one spec side by side, later ones over the first")
+    cmp.add_argument("dirs", nargs="+", metavar="DIR", help="run directories, or sweep directories (with repeats)")
+    cmp.add_argument("--json", default=None, metavar="FILE", help="also write the rows as JSON")
+    cmp.set_defaults(func=_compare)
     sv = sub.add_parser("serve", help="serve an OpenAI-compatible API from the testbed until Ctrl-C")
     sv.add_argument("experiment", nargs="?", default=DEFAULT_EXPERIMENT, help="the spec: model, runtime, roles")
     sv.add_argument("--profile", default=None, help="profile name or YAML path (default: the spec's)")
