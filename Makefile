@@ -11,7 +11,7 @@ PYTEST  := $(PY) -m pytest -q -rs
 PROFILE_ARG = $(if $(PROFILE),--profile $(PROFILE))
 
 .PHONY: help setup docker image lint test test-unit test-roles test-ray test-emulation test-faults test-docker vm-test \
-	bench run-experiment sweep analyze clean profiles net serve
+	bench run-experiment sweep analyze compare docs-figures clean profiles net serve
 
 help: ## this list
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-15s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -88,6 +88,14 @@ endif
 
 analyze: setup ## recompute summary and plots from a run directory alone: RUN=results/<dir>
 	$(PDDLAB) analyze $(RUN)
+
+# Two or more runs (or sweeps) of one spec side by side: make compare DIRS="results/<a> results/<b>"
+DIRS    ?=
+compare: setup ## runs (or sweeps) side by side, later over the first: DIRS="results/<a> results/<b>"
+	$(PDDLAB) compare $(DIRS)
+
+docs-figures: setup ## regenerate docs/' tables of figures from the runs kept in docs/runs/
+	$(PY) scripts/docs_figures.py
 
 profiles: setup ## list the shipped netem profiles
 	@$(PDDLAB) profiles

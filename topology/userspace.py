@@ -327,12 +327,21 @@ class Forwarder:
     """Bridges two WirePorts through one NetemQueue per direction."""
 
     def __init__(
-        self, if_a: str, if_b: str, a_to_b: LinkParams, b_to_a: LinkParams, seed: int, spin_us: float = DEFAULT_SPIN_US
+        self,
+        if_a: str,
+        if_b: str,
+        a_to_b: LinkParams,
+        b_to_a: LinkParams,
+        seed: int,
+        spin_us: float = DEFAULT_SPIN_US,
+        recv_batch: int = RECV_BATCH,
     ):
         """if_a/if_b: wire interfaces; a_to_b/b_to_a: impairments; seed: seeds both directions;
-        spin_us: poll instead of sleeping this long before a departure (us)."""
+        spin_us: poll instead of sleeping this long before a departure (us); recv_batch: frames taken from one
+        socket before the due frames are sent again."""
         self.port_a, self.port_b = WirePort(if_a), WirePort(if_b)
         self.spin_ns = int(spin_us * 1000)
+        self.recv_batch = recv_batch
         # Different but reproducible random streams per direction.
         self.queues = {"a_to_b": NetemQueue(a_to_b, seed * 2), "b_to_a": NetemQueue(b_to_a, seed * 2 + 1)}
         self.lateness = {d: Lateness() for d in DIRECTIONS}
@@ -394,9 +403,9 @@ class Forwarder:
             readable, _, _ = select.select([pa, pb, wakeup, *control.sockets()], [], [], self._timeout_s(clock()))
             for sock in readable:
                 if sock is pa:
-                    pa.drain(qa)
+                    pa.drain(qa, self.recv_batch)
                 elif sock is pb:
-                    pb.drain(qb)
+                    pb.drain(qb, self.recv_batch)
                 elif sock is wakeup:
                     self.stopping = True
                 else:
@@ -450,6 +459,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "under normal scheduling, 0 at real-time priority (a real-time task that spins through a busy second is "
         "throttled by the kernel for the rest of it: 50 ms without forwarding; and it wakes on time anyway)",
     )
+    parser.add_argument("--recv-batch", type=int, default=RECV_BATCH, help="frames read per socket per pass")
     parser.add_argument(
         "--rt-priority", type=int, default=DEFAULT_RT_PRIORITY, help="SCHED_FIFO priority (1-99); 0 = normal"
     )
@@ -474,7 +484,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(sig, lambda *_: None)  # the wakeup fd does the work
     try:
         spin_us = args.spin_us if args.spin_us is not None else (0 if scheduling != "other" else DEFAULT_SPIN_US)
-        forwarder = Forwarder(args.if_a, args.if_b, args.params_a_to_b, args.params_b_to_a, args.seed, spin_us)
+        forwarder = Forwarder(
+            args.if_a, args.if_b, args.params_a_to_b, args.params_b_to_a, args.seed, spin_us, args.recv_batch
+        )
     except (OSError, NetemConfigError) as exc:
         log.error("cannot start: %s", exc)
         return 2

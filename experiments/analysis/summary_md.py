@@ -55,10 +55,8 @@ def _q(st: Stats, key: str, digits: int = 0) -> str:
 
 def markdown(summary: Summary, meta: RunMetadata) -> str:
     """summary.md: the tables a reader looks at first (meta: a serving run's, with its spec)."""
-    typed = summary.variants
-    per = {v: s.model_dump(mode="json") for v, s in typed.items()}  # for the sections read as mappings
+    per = {v: s.model_dump(mode="json") for v, s in summary.variants.items()}  # sections read as mappings
     spec = meta.require("spec")
-    extra = columns()
     lines = [
         f"# {meta.experiment}: {spec.profile}",
         "",
@@ -66,6 +64,30 @@ def markdown(summary: Summary, meta: RunMetadata) -> str:
         f"model: {spec.model}; SLO: TTFT ≤ {summary.slo['ttft_ms']:g} ms, "
         f"TPOT ≤ {summary.slo['tpot_ms']:g} ms",
         "",
+        *main_table(summary),
+    ]
+    lines += _warnings_section(summary.warnings)
+    lines += _intervals_section(per)
+    lines += _comparisons_section([c.model_dump() for c in summary.comparisons])
+    lines += _rest(per, summary, meta)
+    return "\n".join(lines) + "\n"
+
+
+def figures(summary: Summary) -> list[str]:
+    """The figures docs/ keeps of a run (scripts/docs_figures.py): the per-variant table, the intervals and the
+    comparisons."""
+    per = {v: s.model_dump(mode="json") for v, s in summary.variants.items()}
+    return [
+        *main_table(summary),
+        *_intervals_section(per),
+        *_comparisons_section([c.model_dump() for c in summary.comparisons]),
+    ]
+
+
+def main_table(summary: Summary) -> list[str]:
+    """The per-variant table, its Column figures last, and its notes."""
+    typed, extra = summary.variants, columns()
+    lines = [
         "| variant | done | TTFT p50 / p90 / p99 ms | TTFT-decode p50 / p90 / p99 ms | TPOT p50 ms | "
         "decode batch | ITL p99 ms | E2E p50 ms | goodput rps | WAN KV bytes offered / delivered | "
         + "".join(f"{c.heading} | " for _, c in extra),
@@ -94,10 +116,12 @@ def markdown(summary: Summary, meta: RunMetadata) -> str:
         "decode batch: mean size of the batched engine steps that decoded a request's tokens, over "
         "requests (1 = decoded alone; a worker batches the steps of its concurrent sessions).",
     ]
-    lines += _warnings_section(summary.warnings)
-    lines += _intervals_section(per)
-    lines += _comparisons_section([c.model_dump() for c in summary.comparisons])
-    lines += _kv_section(per)
+    return lines
+
+
+def _rest(per: dict, summary: Summary, meta: RunMetadata) -> list[str]:
+    """The sections after the comparisons, read as mappings."""
+    lines = _kv_section(per)
     lines += _wan_bytes_section(per)
     lines += _fallback_section(per)
     lines += _workers_section(per)
@@ -107,7 +131,7 @@ def markdown(summary: Summary, meta: RunMetadata) -> str:
     lines += _bucket_section(per)
     lines += _ablation_section(summary.ablation)
     lines += _streams_section(summary.streams)
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _ablation_section(abl: dict | None) -> list[str]:
