@@ -135,9 +135,57 @@ def _hits(recs: list[RequestRecord]) -> dict:
     return out
 
 
+IDS_MODES = ("oneshot", "chunked", "ids", "auto:oneshot", "auto:chunked")  # handoffs by token IDs (recomputed)
+
+
+def _mode_of(r: RequestRecord) -> str | None:
+    """The handoff mode a request asked for or, without one, the mode its handoff ran."""
+    return r.handoff_requested or (r.handoff or {}).get("mode")
+
+
+def _handoffs_by_mode(recs: list[RequestRecord]) -> dict:
+    """Per handoff mode asked for (requests interleaving modes in one window) or run: the requests that planned a
+    handoff (routed P->RLD->MD), those whose handoff finished, the share that never did (censored: failed, the MD
+    never ready, the RLD done first; their latency is unknown and would be the longest), and the latency from
+    the RLD's decision to the MD ready (ready_ms) with its std and the std's 95% interval (BCa bootstrap: the
+    requests are one-turn and independent in the microbenchmark)."""
+    out = {}
+    planned = [r for r in recs if r.issued and r.route == Route.P_RLD_MD and _mode_of(r)]
+    for mode in sorted({_mode_of(r) for r in planned}):
+        mine = [r for r in planned if _mode_of(r) == mode]
+        ready = [r.handoff["ready_ms"] for r in mine if r.handoff and r.handoff.get("ready_ms") is not None]
+        done = sum(1 for r in mine if r.handoff)
+        out[mode] = {
+            "planned": len(mine),
+            "finished": done,
+            "censored": len(mine) - done,
+            "censored_share": (len(mine) - done) / len(mine),
+            "ready_ms": stats(ready),
+            "std_ci95": _ends(confidence.std_interval(ready)),
+        }
+    return out
+
+
+def _std_ratio(by_mode: dict, recs: list[RequestRecord]) -> dict | None:
+    """std(IDs) / std(KV) of ready_ms with its 95% interval, where both an IDs mode and kv ran."""
+    ids = next((m for m in by_mode if m in IDS_MODES), None)
+    if ids is None or "kv" not in by_mode:
+        return None
+    xs = [r.handoff["ready_ms"] for r in recs if r.handoff and _mode_of(r) == ids and r.handoff.get("ready_ms")]
+    ys = [r.handoff["ready_ms"] for r in recs if r.handoff and _mode_of(r) == "kv" and r.handoff.get("ready_ms")]
+    sx, sy = by_mode[ids]["ready_ms"].get("std"), by_mode["kv"]["ready_ms"].get("std")
+    if not sx or not sy:
+        return None
+    return {"ids_mode": ids, "ratio": sx / sy, "ci95": _ends(confidence.std_ratio_interval(xs, ys))}
+
+
 def _handoffs(recs: list[RequestRecord]) -> dict:
     h = [r.handoff for r in recs if r.handoff]
+    by_mode = _handoffs_by_mode(recs)
     return {
+        "by_mode": by_mode,
+        "std_ratio": _std_ratio(by_mode, recs),
+        "ready_ms": stats([x["ready_ms"] for x in h if x.get("ready_ms") is not None]),
         "count": len(h),
         "latency_ms": stats([x["duration_ms"] for x in h if x.get("duration_ms") is not None]),
         "extend_ms": stats([x["extend_ms"] for x in h if x.get("extend_ms") is not None]),

@@ -91,6 +91,7 @@ class RequestRecord:
     issued: bool = True  # False: never sent (past the variant's timeouts.issue_s)
     prompt_source: str = ""  # workload | previous | reference (a failed turn's reply from colocated)
     workers: dict[str, str] = field(default_factory=dict)  # role (p, rld, md) -> the worker that took its part
+    handoff_requested: str | None = None  # the handoff mode the client asked for (None: the deployment's)
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -173,6 +174,12 @@ def _handoff(evs: list[dict], rec: RequestRecord, t0: int) -> None:
         lo, hi = max(0, switch - 1 - HANDOFF_GAP_WINDOW), min(len(gaps), switch + HANDOFF_GAP_WINDOW)
         gap = max(gaps[lo:hi]) if hi > lo else None
     extends = [x.get("extend_ns", 0) for x in evs if x["event"] == "handoff_recv_end"]
+    # ready: from the RLD's decision to hand off (its handoff_end less the duration it measured from there,
+    # before any KV export) to the MD's handoff_recv_end of the final message, after its extend or KV import:
+    # the same two points for every mode, on the host's one monotonic clock
+    recv = [x for x in evs if x["event"] == "handoff_recv_end" and x.get("final")]
+    started = e["t_ns"] - e["duration_ns"] if e.get("duration_ns") is not None else None
+    ready = (recv[-1]["t_ns"] - started) / 1e6 if recv and started is not None else None
     rec.handoff = {
         "mode": e.get("mode"),
         "tokens": e.get("tokens"),
@@ -182,6 +189,7 @@ def _handoff(evs: list[dict], rec: RequestRecord, t0: int) -> None:
         else None,
         "duration_ms": e["duration_ns"] / 1e6 if e.get("duration_ns") is not None else None,
         "extend_ms": (extends[-1] / 1e6) if extends else None,
+        "ready_ms": ready,
         "chunks": sum(1 for x in evs if x["event"] == "handoff_end"),
         "switch_index": switch,
         "gap_ms": gap,
@@ -259,6 +267,7 @@ def build_record(raw: ClientRecord, wreq: WorkloadRequest | None, evs: list[dict
         e2e_ms=_ms(raw.t_done_ns, t0) if raw.t_done_ns and raw.error is None else None,
         issued=raw.issued,
         prompt_source=raw.prompt_source,
+        handoff_requested=raw.handoff,
     )
     rec.rld_tokens = sum(w.startswith("rld") for w in rec.token_workers)
     rec.md_tokens = sum(w.startswith("md") for w in rec.token_workers)

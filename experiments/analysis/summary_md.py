@@ -459,6 +459,45 @@ def _handoff_section(per: dict) -> list[str]:
     ratio = std_ratio(per)
     if ratio is not None:
         lines.append(f"- std(IDs) / std(KV) of the handoff latency: {ratio:.2f} (below 1: IDs are the steadier)")
+    return lines + _handoff_modes_section(per)
+
+
+def _handoff_modes_section(per: dict) -> list[str]:
+    """Per variant and handoff mode (modes interleaved in one window where the spec asks): the handoffs planned,
+    finished and censored, and the time from the RLD's decision to the MD ready, with the std's interval; the
+    std ratio of IDs over KV with its interval."""
+    rows = [(v, m, b) for v, s in per.items() for m, b in ((s.get("handoff") or {}).get("by_mode") or {}).items()]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "### Handoffs by mode: decision to MD ready",
+        "",
+        "| variant | mode | planned | finished | censored | ready mean / p50 / p99 ms | ready std ms [95%] |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for v, m, b in rows:
+        r, ci = b["ready_ms"], b.get("std_ci95")
+        std = f"{_f(r.get('std'), 1)}" + (f" [{_f(ci[0], 1)}, {_f(ci[1], 1)}]" if ci else " (too few)")
+        lines.append(
+            f"| {v} | {m} | {b['planned']} | {b['finished']} | {b['censored']} ({_pct(b['censored_share'])}) | "
+            f"{_f(r.get('mean'), 1)} / {_f(r.get('p50'), 1)} / {_f(r.get('p99'), 1)} | {std} |"
+        )
+    for v, s in per.items():
+        sr = (s.get("handoff") or {}).get("std_ratio")
+        if sr:
+            ci = sr.get("ci95")
+            ends = f" [{_ratio_end(ci[0])}, {_ratio_end(ci[1])}]" if ci else ""
+            lines.append(f"- {v}: std({sr['ids_mode']}) / std(kv) of ready: {sr['ratio']:.2f}{ends}")
+    lines += [
+        "",
+        "ready: from the RLD's decision to hand off (before any KV export) to the MD's handoff_recv_end (after its "
+        "extend or KV import), the same two points for every mode on the host's one clock. Censored: handoffs "
+        "planned (P->RLD->MD) that never finished (failed, the MD never ready, the RLD done first): their time is "
+        "unknown and would be the longest, so a mode with many censored handoffs looks steadier than it is. std "
+        "intervals: delete-one jackknife of log(std), t (a std's interval from a skewed sample runs short: ~90% "
+        "measured for lognormal latencies).",
+    ]
     return lines
 
 

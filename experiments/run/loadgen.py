@@ -84,7 +84,9 @@ class Recorder:
 
 
 class Client:
-    """channel: to the router; variant: the mode sent with every request; handoff: '' = the config's."""
+    """channel: to the router; variant: the mode sent with every request; handoff: '' = the config's, or several
+    comma-separated: the modes the measured requests take in turn, in the workload's order (one window holds
+    both modes of a comparison, interleaved)."""
 
     def __init__(
         self,
@@ -97,7 +99,9 @@ class Client:
         mode: str = "",
     ):
         self.stub = pdd_pb2_grpc.RouterStub(channel)
-        self.variant, self.handoff, self.timeout_s = variant, handoff, timeout_s
+        self.variant, self.timeout_s = variant, timeout_s
+        self.handoffs = tuple(m for m in handoff.split(",") if m) or ("",)
+        self.turn_of: dict[str, int] = {}  # request_id -> its position among the measured requests
         self.mode = mode or variant
         self.rec = recorder
         self.outputs: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}  # request_id -> (prompt, reply)
@@ -130,10 +134,17 @@ class Client:
                 return prev[0] + prev[1] + req.head_tokens, source
         return None, "none"
 
+    def handoff_of(self, req: WorkloadRequest) -> str:
+        """The handoff mode the request asks for ('' = the config's): the modes in turn over the measured
+        requests in the workload's order (the warm-up takes the first)."""
+        return self.handoffs[self.turn_of.get(req.request_id, 0) % len(self.handoffs)]
+
     def _record(self, req: WorkloadRequest, prompt: tuple[int, ...] | None, t0_ns: int) -> ClientRecord:
-        return clientlog.new_record(
+        rec = clientlog.new_record(
             req.request_id, self.variant, self.mode, req.session, req.turn, req.kind, req.max_tokens, prompt, t0_ns
         )
+        rec.handoff = self.handoff_of(req) or None
+        return rec
 
     def not_issued(self, req: WorkloadRequest, t0_ns: int, reason: str) -> None:
         rec = self._record(req, None, t0_ns)
@@ -155,7 +166,7 @@ class Client:
                 prompt_tokens=prompt,
                 max_tokens=req.max_tokens,
                 mode=self.mode,
-                handoff=self.handoff,
+                handoff=self.handoff_of(req),
             ),
             timeout=self.timeout_s,
         )
@@ -295,6 +306,7 @@ def run(args) -> int:
     ) as ch:
         reference = read_reference(Path(args.reference)) if args.reference else {}
         client = Client(ch, args.variant, args.handoff, args.request_timeout_s, rec, reference, args.mode)
+        client.turn_of = {r.request_id: i for i, r in enumerate(measured)}
         t0 = None
         try:
             for r in warm:  # alone, before the clock starts: fills the caches with the shared system prompt
@@ -346,7 +358,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--router", required=True)
     r.add_argument("--variant", required=True, help="the variant's name (its records and request ids)")
     r.add_argument("--mode", default="", help="the serving mode sent with every request (default: the variant)")
-    r.add_argument("--handoff", default="")
+    r.add_argument(
+        "--handoff", default="", help="handoff mode(s): '' = the config's; a,b,...: the requests take them in turn"
+    )
     r.add_argument("--out", required=True)
     r.add_argument("--request-timeout-s", type=float, default=240.0)
     r.add_argument("--reference", default="", help="client log whose replies stand in for failed turns")

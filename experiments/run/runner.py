@@ -470,6 +470,7 @@ def _drive(
         "--issue-until-s",
         str(spec.timeouts.issue_s),
         *(["--reference", str(reference)] if variant != REFERENCE_VARIANT else []),
+        *(["--handoff", ",".join(spec.handoff_per_request)] if spec.handoff_per_request else []),
         *_settle_args(spec, variant, runtime),
     )
     proc = tb.popen(

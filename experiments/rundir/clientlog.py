@@ -78,6 +78,7 @@ class ClientRecord(BaseModel):
     done: Done | None = None  # None: the router's stream ended without it (an error)
     error: str | None  # None: it completed
     issued: bool = True  # False: never sent (past the issue deadline, or the run stopped first)
+    handoff: str | None = None  # the handoff mode it asked for (None: the deployment's; older logs)
 
     @model_validator(mode="before")
     @classmethod

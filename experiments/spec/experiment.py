@@ -205,6 +205,9 @@ class ExperimentSpec:
     weights_seed: Int = 0  # every worker loads the same seeded weights
     block_size: Annotated[Int, Range(1, 4096)] = 16  # KV block / DRC granularity (tokens)
     handoff: Handoff = "oneshot"  # workers.roles.config's handoff modes
+    # the handoff modes the measured requests take in turn (in the workload's order), e.g. [oneshot, kv]: both
+    # modes of a comparison interleaved in one window (the handoff microbenchmark); () = each variant's own
+    handoff_per_request: tuple[Handoff, ...] = ()
     capacity_tokens: Capacity = Capacity()
     pools: Pools = Pools()  # workers per role and their limits; the router picks among them (policy.pick_*)
     cluster: Cluster = Cluster()  # where the roles run: this machine, or a Ray cluster (runtime ray)

@@ -213,3 +213,16 @@ def test_verdicts_and_overlap():
     assert verdict((0.5, 0.9)) == "lower" and verdict((1.1, 2.0)) == "higher"
     assert verdict((0.9, 1.1)) == "no significant difference" and verdict(None) == "not judged"
     assert confidence.overlap((1, 2), (2, 3)) is True and confidence.overlap((1, 2), (2.5, 3)) is False
+
+
+def test_the_std_intervals_cover_about_95_percent_for_normal_values():
+    hits = ratio_hits = 0
+    for seed in range(SEEDS):
+        rng = np.random.default_rng(seed)
+        a, b = rng.normal(100, 10, 30), rng.normal(100, 20, 30)
+        lo, hi = confidence.std_interval(a)
+        hits += lo <= 10 <= hi
+        lo, hi = confidence.std_ratio_interval(a, b)
+        ratio_hits += lo <= 0.5 <= hi
+    assert 0.91 <= hits / SEEDS <= 0.98 and 0.91 <= ratio_hits / SEEDS <= 0.98
+    assert confidence.std_interval([1.0] * 7) is None and confidence.std_ratio_interval([1.0] * 9, [2.0] * 9) is None

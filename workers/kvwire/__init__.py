@@ -58,7 +58,7 @@ from workers.kvwire.frame import (
 from workers.kvwire.inbox import Inbox, ReceivedTransfer
 from workers.kvwire.receiver import KVReceiver
 from workers.kvwire.seam import EventSink, SendSettings
-from workers.kvwire.sender import KVSender, SendResult, send_blob
+from workers.kvwire.sender import KVSender, SendResult, send_blob, start_blob
 from workers.kvwire.sockets import (
     CONNECTIONS,
     ConnectionPool,
@@ -105,5 +105,6 @@ __all__ = [
     "seal_blob",
     "send_all",
     "send_blob",
+    "start_blob",
     "set_congestion",
 ]

@@ -76,13 +76,27 @@ def send_blob(
     pool: ConnectionPool = CONNECTIONS,
 ) -> SendResult:
     """Send a whole KV region that already exists (kv: (n_layer, 2, n, row_bytes), e.g.
-    kvcache.blob_kv_view of an exported blob) and wait for the outcome: the RLD's KV handoff and the
-    benchmark that measures it call this same function."""
+    kvcache.blob_kv_view of an exported blob) and wait for the outcome (start_blob, then its wait)."""
+    return start_blob(address, meta, kv, settings, path, events, next_token, pool).wait()
+
+
+def start_blob(
+    address: str,
+    meta: TransferMeta,
+    kv: np.ndarray,
+    settings: SendSettings,
+    path: str,
+    events: EventSink,
+    next_token: int | None = None,
+    pool: ConnectionPool = CONNECTIONS,
+) -> KVSender:
+    """A whole existing KV region handed to a sender that runs on: the caller does what it must meanwhile (the
+    RLD's KV handoff sends its gRPC while the KV is on the wire) and waits for the outcome with .wait()."""
     sender = KVSender(address, meta, settings, path, events, pool=pool).start()
     for layer in range(meta.n_layer):
         sender.put_layer(layer, kv[layer])
     sender.finish(next_token)
-    return sender.wait()
+    return sender
 
 
 class KVSender:

@@ -17,7 +17,7 @@ import grpc
 
 from workers.errors import EngineError
 from workers.kvcache import blob_kv_view
-from workers.kvwire import meta_for, send_blob
+from workers.kvwire import KVSender, meta_for, start_blob
 from workers.proto import pdd_pb2, pdd_pb2_grpc
 from workers.roles.server import status_of
 from workers.roles.session import HANDOFF_NAMES, H, Session
@@ -352,9 +352,9 @@ class RelayHandoff:
         name = HANDOFF_NAMES[mode] if self.mode != H.HANDOFF_AUTO else f"auto:{HANDOFF_NAMES[mode]}"
         try:
             if mode == H.HANDOFF_KV:
-                req, kv_bytes = self._ship_kv(toks)
+                req, sender = self._ship_kv(toks)
             else:
-                req, kv_bytes = self._request(self.md_pending, list(toks[self.md_pending :]), final=True), 0
+                req, sender = self._request(self.md_pending, list(toks[self.md_pending :]), final=True), None
             self.s.events.emit(
                 "handoff_start",
                 rid,
@@ -362,9 +362,13 @@ class RelayHandoff:
                 final=True,
                 start_index=req.start_index,
                 tokens=len(toks) - self.md_pending,
-                payload_bytes=req.ByteSize() + kv_bytes,
+                payload_bytes=req.ByteSize(),
             )
-            reply = self.stub.Handoff(req, timeout=self.s.cfg.decode.handoff_timeout_ms / 1000)
+            # The KV (if any) is on its way: the request goes at once, and the MD imports the KV as it lands
+            # (it waits for it in its inbox), so a KV handoff pays no extra round trip for the data plane's ack.
+            call = self.stub.Handoff.future(req, timeout=self.s.cfg.decode.handoff_timeout_ms / 1000)
+            kv_bytes = self._shipped(sender, call)
+            reply = call.result()
         except grpc.RpcError as err:
             self._fail(f"{name}: {err.code().name}: {err.details()}")
             return False
@@ -383,16 +387,17 @@ class RelayHandoff:
         )
         return True
 
-    def _ship_kv(self, toks: tuple[int, ...]) -> tuple[pdd_pb2.HandoffRequest, int]:
-        """Send the KV of generated tokens 0..n-2 to the MD's data plane; the last token travels as an ID."""
+    def _ship_kv(self, toks: tuple[int, ...]) -> tuple[pdd_pb2.HandoffRequest, KVSender | None]:
+        """Start sending the KV of generated tokens 0..n-2 to the MD's data plane (the sender runs on; None
+        with nothing to send); the last token travels as an ID in the request."""
         rid, n, L = self.session.request_id, len(toks), self.session.prompt_len
-        kv_bytes = 0
+        sender = None
         if n > 1:
             with self.s.lock:
                 blob = self.s.engine.export_kv(rid, L, L + n - 1)
             meta = meta_for(self.s.engine, rid, "handoff", L, L + n - 1, toks[: n - 1])
             layers = blob_kv_view(blob, meta.n_layer, n - 1, meta.row_bytes)  # (nl, 2, n-1, row)
-            result = send_blob(
+            sender = start_blob(
                 self.session.request.handoff_kv,
                 meta,
                 layers,
@@ -400,10 +405,19 @@ class RelayHandoff:
                 "handoff",
                 self.s.events,
             )
-            if not result.ok:
-                raise _KVShipFailed(result.reason)
-            kv_bytes = result.wire_bytes
-        return self._request(n - 1, [toks[n - 1]], final=True, kv=True), kv_bytes
+        return self._request(n - 1, [toks[n - 1]], final=True, kv=True), sender
+
+    @staticmethod
+    def _shipped(sender: KVSender | None, call) -> int:
+        """The KV's wire bytes once its transfer ended (0 without one); a failed transfer cancels the request
+        already sent (the MD would wait for KV that never comes) and raises _KVShipFailed."""
+        if sender is None:
+            return 0
+        result = sender.wait()
+        if not result.ok:
+            call.cancel()
+            raise _KVShipFailed(result.reason)
+        return result.wire_bytes
 
     def _fail(self, reason: str) -> None:
         """A handoff failed: keep decoding here to the end; tell the MD (best effort) to drop its copy."""
