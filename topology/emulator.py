@@ -77,13 +77,15 @@ class UserspaceEmulator:
         prefix: Sequence[str] = (),
         log_path: str | Path | None = None,
         ready_timeout_s: float = 10.0,
+        cpu: int | None = None,
     ):
         """if_a/if_b: wire interfaces (in the namespace `prefix` enters);
         a_to_b/b_to_a: initial impairments; control_path: UNIX socket path;
         seed: random seed; prefix: command prefix, e.g. ["ip", "netns", "exec", "NS"]
         or ["mnexec", "-a", PID]; log_path: file for the process's stderr (None: inherit);
-        ready_timeout_s: how long to wait for the first ping answer (s)."""
-        self.cmd = emulator_cmd(if_a, if_b, control_path, seed, a_to_b, b_to_a, prefix)
+        ready_timeout_s: how long to wait for the first ping answer (s); cpu: the one core the forwarder runs on
+        (None: any)."""
+        self.cmd = emulator_cmd(if_a, if_b, control_path, seed, a_to_b, b_to_a, prefix, cpu=cpu)
         self.control_path = Path(control_path)
         self.log_path = Path(log_path) if log_path else None
         self.ready_timeout_s = ready_timeout_s

@@ -144,6 +144,15 @@ class TcBackend:
         self._installed.clear()
 
 
+def rps_cmd(dev: str, mask: int) -> list[str]:
+    """The command (run in the interface's host) that steers its receive processing to the cores of `mask`
+    (RPS). A host's /sys shows the machine's own namespace's interfaces, so the command mounts the host's
+    sysfs in a mount namespace of its own first, in place of the one there (as `ip netns exec` does); dev and mask are the
+    testbed's own names and numbers, never a user's."""
+    path = f"/sys/class/net/{dev}/queues/rx-0/rps_cpus"
+    return ["unshare", "--mount", "sh", "-c", f"umount -l /sys; mount -t sysfs sysfs /sys && echo {mask:x} > {path}"]
+
+
 class UserspaceBackend:
     """The userspace emulator forwarding frames between wan-eth0 and wan-eth1."""
 
@@ -172,9 +181,16 @@ class UserspaceBackend:
         return self._emulator.pid if self._emulator else None
 
     def start(self, a_to_b: LinkParams, b_to_a: LinkParams) -> None:
-        """Start the forwarder in the wire host and wait until it answers."""
+        """Start the forwarder in the wire host, on a core of its own where there are two or more, with the
+        gateways' receive work of what it sends steered to the other cores; wait until it answers."""
         from topology.emulator import UserspaceEmulator
+        from topology.userspace import forwarder_cpu, rps_mask
 
+        cpu = forwarder_cpu()
+        mask = rps_mask(cpu)
+        if mask is not None:
+            for host, dev in naming.wan_interfaces().values():
+                self._run(host, rps_cmd(dev, mask))
         self._emulator = UserspaceEmulator(
             if_a=f"{naming.WIRE}-eth0",
             if_b=f"{naming.WIRE}-eth1",
@@ -184,6 +200,7 @@ class UserspaceBackend:
             seed=self._seed,
             prefix=self._prefix_of(naming.WIRE),
             log_path=self._log_path,
+            cpu=cpu,
         )
         self._emulator.start()
 

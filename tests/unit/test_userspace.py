@@ -10,7 +10,16 @@ import pytest
 
 from topology.profiles import LinkParams
 from topology.emulator import control_request
-from topology.userspace import ControlServer, emulator_cmd, offload_off_cmds, parse_args
+from topology.shaping import rps_cmd
+from topology.userspace import (
+    DEFAULT_RT_PRIORITY,
+    ControlServer,
+    emulator_cmd,
+    forwarder_cpu,
+    offload_off_cmds,
+    parse_args,
+    rps_mask,
+)
 
 
 def test_offload_off_cmds():
@@ -37,6 +46,19 @@ def test_emulator_cmd_round_trips_through_the_cli():
     args = parse_args(cmd[7:])
     assert (args.if_a, args.if_b, args.control, args.seed) == ("wa", "wb", "/tmp/x.sock", 7)
     assert args.params_a_to_b == a_to_b and args.params_b_to_a == LinkParams(delay_ms=30)
+    assert args.rt_priority == DEFAULT_RT_PRIORITY and args.cpu is None and args.spin_us is None
+    pinned = parse_args(emulator_cmd("wa", "wb", "/c", 1, a_to_b, a_to_b, python="p", rt_priority=0, cpu=1)[3:])
+    assert pinned.rt_priority == 0 and pinned.cpu == 1
+
+
+def test_the_forwarder_takes_the_last_core_and_its_receivers_the_others():
+    assert forwarder_cpu(2) == 1 and rps_mask(1, 2) == 0b01
+    assert forwarder_cpu(8) == 7 and rps_mask(7, 8) == 0x7F
+    assert forwarder_cpu(1) is None and rps_mask(None, 1) is None  # one core: nothing to pin or steer
+    cmd = rps_cmd("gwb-eth1", 0x7F)
+    assert cmd[:3] == ["unshare", "--mount", "sh"] and cmd[-1].endswith(
+        "echo 7f > /sys/class/net/gwb-eth1/queues/rx-0/rps_cpus"
+    )
 
 
 def test_cli_rejects_bad_params():
