@@ -147,8 +147,8 @@ class TcBackend:
 def rps_cmd(dev: str, mask: int) -> list[str]:
     """The command (run in the interface's host) that steers its receive processing to the cores of `mask`
     (RPS). A host's /sys shows the machine's own namespace's interfaces, so the command mounts the host's
-    sysfs in a mount namespace of its own first, in place of the one there (as `ip netns exec` does); dev and mask are the
-    testbed's own names and numbers, never a user's."""
+    sysfs in a mount namespace of its own first, in place of the one there (as `ip netns exec` does); dev and
+    mask are the testbed's own names and numbers, never a user's."""
     path = f"/sys/class/net/{dev}/queues/rx-0/rps_cpus"
     return ["unshare", "--mount", "sh", "-c", f"umount -l /sys; mount -t sysfs sysfs /sys && echo {mask:x} > {path}"]
 

@@ -136,6 +136,6 @@ def site_a(meta: RunMetadata) -> frozenset[bytes] | None:
     import ipaddress
 
     topo = meta.topology
-    if topo is None or topo.runtime != "ray-cluster" or not topo.runtime_metadata:
+    if topo is None or not (topo.runtime_metadata or {}).get("site_a"):  # recorded by runs on a cluster only
         return None
     return frozenset(ipaddress.IPv4Address(a).packed for a in topo.runtime_metadata.get("site_a", []))

@@ -10,32 +10,12 @@ Not responsible for: computing any metric (experiments.analysis.metrics) or plot
 
 from __future__ import annotations
 
-import math
 
+from experiments.analysis.formats import num as _f, pct as _pct, ratio_end as _ratio_end, size as _mb
 from experiments.analysis.summary import Stats, Summary, VariantSummary, columns
+from experiments.analysis.summary_pdd import _handoff_section, _pdd_section, _settle_lines
 from experiments.rundir.metadata import RunMetadata
 from experiments.spec.workload import bucket_names
-
-
-def _f(x, digits: int = 0) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "–"
-    return f"{x:,.{digits}f}"
-
-
-def _pct(share) -> str:
-    """A share (0..1) as a percentage with one decimal; "–" where it was not measured."""
-    return "–" if share is None else f"{100 * share:,.1f}%"
-
-
-def _mb(x) -> str:
-    """Bytes, human-readable (kB / MB / GB, powers of 1000)."""
-    if x is None:
-        return "–"
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(x) >= scale:
-            return f"{x / scale:,.1f} {unit}"
-    return f"{x:,.0f} B"
 
 
 def _done(s: VariantSummary) -> str:
@@ -247,10 +227,6 @@ def _comparisons_section(comps: list[dict]) -> list[str]:
     return lines
 
 
-def _ratio_end(x) -> str:
-    return "∞" if x is None else f"{x:.2f}"
-
-
 def _kv_section(per: dict) -> list[str]:
     rows = [(v, path, k) for v, s in per.items() for path, k in (s.get("kv_paths") or {}).items() if k["transfers"]]
     if not rows:
@@ -419,185 +395,6 @@ def _passed_on(f: dict) -> str:
 
 
 # ../shared/PDD.md, point 3: a 100-token handoff over the WAN.
-PUBLISHED_HANDOFF = (
-    "published (100 tokens over the WAN): KV 4649 KB, mean 185 ms, peaks 512.6 ms; token IDs + recompute "
-    "1.5 KB, mean 305 ms, max 321.4 ms, std 4.8 ms"
-)
-IDS_MODES = ("oneshot", "chunked", "auto:oneshot", "auto:chunked")  # handoffs by token IDs
-
-
-def _handoff_section(per: dict) -> list[str]:
-    """Per variant with handoffs: their latency distribution (RLD's handoff start to the MD's reply), what
-    the MD spent absorbing them (extend, or KV import), payload, and the KV transfer of `kv` handoffs; with
-    an IDs variant and a KV variant side by side, std(IDs) / std(KV)."""
-    rows = [(v, s["handoff"]) for v, s in per.items() if (s.get("handoff") or {}).get("count")]
-    if not rows:
-        return []
-    lines = [
-        "",
-        "## Handoffs by variant",
-        "",
-        "| variant | modes | count | tokens p50 | payload mean | latency mean / std / p50 / p99 / max ms | "
-        "MD absorb mean ms | handoff KV transfer p50 ms |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for v, h in rows:
-        lat, kv = h["latency_ms"], (per[v].get("kv_paths") or {}).get("handoff") or {}
-        lines.append(
-            f"| {v} | {', '.join(f'{m}: {n}' for m, n in h['modes'].items())} | {h['count']} | "
-            f"{_f(h['tokens'].get('p50'))} | {_mb(h['payload_bytes'].get('mean'))} | {_f(lat.get('mean'), 1)} / "
-            f"{_f(lat.get('std'), 1)} / {_f(lat.get('p50'), 1)} / {_f(lat.get('p99'), 1)} / "
-            f"{_f(lat.get('max'), 1)} | {_f(h['extend_ms'].get('mean'), 1)} | "
-            f"{_f((kv.get('time_ms') or {}).get('p50'), 1)} |"
-        )
-    lines += [
-        "",
-        "latency: the RLD's handoff start (before a KV export) to the MD's reply, so one WAN round trip is in "
-        "it; MD absorb: the MD's extend of the handed IDs, or its wait for and import of their KV; tokens: "
-        "IDs sent, P's token included (the overlap the MD checks). " + PUBLISHED_HANDOFF + ".",
-    ]
-    ratio = std_ratio(per)
-    if ratio is not None:
-        lines.append(f"- std(IDs) / std(KV) of the handoff latency: {ratio:.2f} (below 1: IDs are the steadier)")
-    return lines + _handoff_modes_section(per)
-
-
-def _handoff_modes_section(per: dict) -> list[str]:
-    """Per variant and handoff mode (modes interleaved in one window where the spec asks): the handoffs planned,
-    finished and censored, and the time from the RLD's decision to the MD ready, with the std's interval; the
-    std ratio of IDs over KV with its interval."""
-    rows = [(v, m, b) for v, s in per.items() for m, b in ((s.get("handoff") or {}).get("by_mode") or {}).items()]
-    if not rows:
-        return []
-    lines = [
-        "",
-        "### Handoffs by mode: decision to MD ready",
-        "",
-        "| variant | mode | planned | finished | censored | ready mean / p50 / p99 ms | ready std ms [95%] |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for v, m, b in rows:
-        r, ci = b["ready_ms"], b.get("std_ci95")
-        std = f"{_f(r.get('std'), 1)}" + (f" [{_f(ci[0], 1)}, {_f(ci[1], 1)}]" if ci else " (too few)")
-        lines.append(
-            f"| {v} | {m} | {b['planned']} | {b['finished']} | {b['censored']} ({_pct(b['censored_share'])}) | "
-            f"{_f(r.get('mean'), 1)} / {_f(r.get('p50'), 1)} / {_f(r.get('p99'), 1)} | {std} |"
-        )
-    for v, s in per.items():
-        sr = (s.get("handoff") or {}).get("std_ratio")
-        if sr:
-            ci = sr.get("ci95")
-            ends = f" [{_ratio_end(ci[0])}, {_ratio_end(ci[1])}]" if ci else ""
-            lines.append(f"- {v}: std({sr['ids_mode']}) / std(kv) of ready: {sr['ratio']:.2f}{ends}")
-    lines += [
-        "",
-        "ready: from the RLD's decision to hand off (before any KV export) to the MD's handoff_recv_end (after its "
-        "extend or KV import), the same two points for every mode on the host's one clock. Censored: handoffs "
-        "planned (P->RLD->MD) that never finished (failed, the MD never ready, the RLD done first): their time is "
-        "unknown and would be the longest, so a mode with many censored handoffs looks steadier than it is. std "
-        "intervals: delete-one jackknife of log(std), t (a std's interval from a skewed sample runs short: ~90% "
-        "measured for lognormal latencies).",
-    ]
-    return lines
-
-
-def std_ratio(per: dict) -> float | None:
-    """std of handoff latency in the variant handing off only by IDs over the one handing off only by KV
-    (the first of each), None without both."""
-
-    def pick(kv: bool):
-        for s in per.values():
-            h = s.get("handoff") or {}
-            modes = set(h.get("modes") or {})
-            if h.get("count", 0) > 1 and modes and (modes == {"kv"} if kv else modes <= set(IDS_MODES)):
-                return h["latency_ms"].get("std")
-        return None
-
-    ids, kv = pick(False), pick(True)
-    return ids / kv if ids is not None and kv else None
-
-
-def _pdd_section(p: dict | None, summary: dict) -> list[str]:
-    if not p:
-        return []
-    h, hr = p["handoff"], p["hit_rate"]
-    return [
-        "",
-        "## PDD",
-        "",
-        f"- routes: {p['routes']}",
-        f"- DRC hit: mean {_f(100 * hr.get('drc_mean', math.nan), 1)}%, token-weighted "
-        f"{_f(100 * hr.get('drc_token_weighted', math.nan), 1)}%, above 95%: "
-        f"{_f(100 * hr.get('drc_share_above_95', math.nan), 0)}% of requests",
-        f"- RLD token share: {_pct(p['rld_token_share'])} (MD {_pct(p['md_token_share'])})",
-        f"- handoffs: {h['count']} ({h['modes']}); latency mean {_f(h['latency_ms'].get('mean'), 1)} ms, "
-        f"max {_f(h['latency_ms'].get('max'), 1)} ms; payload mean {_f(h['payload_bytes'].get('mean'))} B; "
-        f"extend mean {_f(h['extend_ms'].get('mean'), 1)} ms; largest gap around it p50 "
-        f"{_f(h['gap_ms'].get('p50'))} ms, max {_f(h['gap_ms'].get('max'))} ms",
-        f"- singular requests: {p['singular']['count']}, WAN bytes saved {_mb(p['singular']['kv_bytes_saved'])}",
-        *_md_cache_lines(p),
-        f"- fallbacks: {p['fallbacks'] or 'none'}",
-        f"- median uncached suffix {_f(summary['reference']['median_uncached_tokens'])} tokens = "
-        f"{_f(summary['reference']['wan_estimate_ms_median_uncached'], 1)} ms on the WAN at "
-        f"{summary['reference']['wan_rate_mbit']:g} Mbit/s",
-        *_why_few_handoffs(p),
-    ]
-
-
-def _settle_lines(meta: RunMetadata) -> list[str]:
-    """Per variant whose warm-up crossed the WAN: how long its clock waited for the prefix in an MD's DRC."""
-    waits = [(v, w.warmup_settle) for v, w in meta.variants.items() if w.warmup_settle is not None]
-    if not waits:
-        return []
-    return ["", "Warm-up before each variant's clock (its prompt's whole blocks in an MD's DRC):", ""] + [
-        f"- {v}: "
-        + (
-            f"in the DRC {ws.wait_s:.1f} s after the warm-up's reply"
-            if ws.ok
-            else f"NOT in the DRC after {ws.wait_s:.1f} s (settle timeout; {ws.cached_tokens} of "
-            f"{ws.want_tokens} tokens): the window's first turns waited on its copy"
-        )
-        for v, ws in waits
-    ]
-
-
-def _md_cache_lines(p: dict) -> list[str]:
-    """The MD's in-flight DRC and the RLD outputs it recomputed (absent from summaries made before them)."""
-    inf = p.get("inflight")
-    if inf is None:
-        return []
-    return [
-        f"- in-flight DRC: {inf['requests']} requests shipped only what lies beyond an earlier turn's WAN copy "
-        f"still under way ({inf['tokens_not_resent']} prompt tokens not sent again); {inf['prefix_lost']} lost "
-        "that prefix (the earlier session ended without caching it) and completed on the RLD",
-        f"- RLD outputs recomputed at the MD (the RLD finished alone; the MD's DRC keeps prompt + output): "
-        f"{p.get('relay_absorbed', 0)}",
-    ]
-
-
-def _why_few_handoffs(p: dict) -> list[str]:
-    """Where the MD took little over, the reason in numbers: how often its copy came too late, how long the
-    WAN copies took against the requests, how many were still under way when the variant ended."""
-    late = sum(n for cause, n in (p.get("fallbacks") or {}).items() if cause == "completed_on_rld:md_never_ready")
-    wan = (p.get("kv_paths") or {}).get("wan") or {}
-    if (p["md_token_share"] or 0) >= 0.5 or not late:
-        return []
-    return [
-        f"- why the MD took little over: its copy of the prompt KV came after the RLD had finished in {late} of "
-        f"{p['requests']} requests (completed_on_rld: md_never_ready); WAN KV transfers p50 "
-        f"{_f((wan.get('time_ms') or {}).get('p50'))} ms against a request E2E p50 of {_f(p['e2e_ms'].get('p50'))} "
-        f"ms; {wan.get('ok', 0)} of {wan.get('transfers', 0)} WAN transfers completed, {wan.get('cancelled', 0)} "
-        f"were cancelled (by their request's end, or still under way when the variant's roles stopped) and "
-        f"{wan.get('unfinished', 0)} never ended"
-        + (
-            f"; {(p.get('inflight') or {}).get('requests', 0)} of the MD's sessions could open only once an earlier "
-            "turn's copy had landed (in-flight DRC)"
-            if (p.get("inflight") or {}).get("requests")
-            else ""
-        )
-    ]
-
-
 def _bucket_section(per: dict) -> list[str]:
     names = bucket_names()
     lines = [

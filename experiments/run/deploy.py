@@ -24,6 +24,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import yaml
 
@@ -31,6 +32,7 @@ import yaml
 from experiments.spec.deployment import KV_PORTS as KV_PORTS
 from experiments.spec.deployment import PORTS as PORTS
 from experiments.spec import deployment
+from experiments.spec.runtimes import KINDS
 from experiments.spec.deployment import deployment_dict
 from experiments.spec.deployment import grpc_address as grpc_address
 from experiments.spec.deployment import roles_config as roles_config
@@ -58,22 +60,70 @@ def write_deployment(
     return path
 
 
-def topology_kwargs(spec, run_dir: Path | None = None) -> dict:
-    """Extra TopologyConfig arguments for the spec's runtime ({} for process; without run_dir: only validated).
+class Launcher(Protocol):
+    """How a runtime brings a variant's workers up: what the topology needs for it, and the workers themselves
+    (start, address, dead, kill, stop)."""
 
-    docker: the router, P, RLD and MD hosts become Docker hosts of the worker
-    image (built or reused here); the run directory is mounted at its own path
-    so configs and event logs are where the process runtime puts them, and the
-    weights (generated here first) are mounted read-only.
-    """
-    from experiments.spec.experiment import RUNTIMES, SpecError
+    def topology_kwargs(self, spec, run_dir: Path | None) -> dict: ...
 
-    if spec.runtime not in RUNTIMES:
-        raise SpecError(f"runtime={spec.runtime!r} is unknown; allowed: {list(RUNTIMES)}")
-    if spec.runtime == "ray":
+    def workers(self, testbed, spec, config: Path, log_dir: Path, pools: dict[str, int], cpusets: dict[str, str]): ...
+
+
+class _Processes:
+    """process and docker: the roles as `python -m workers.roles.<module>` in their hosts through
+    `Testbed.popen` (Docker's containers run them: containers=True)."""
+
+    def __init__(self, containers: bool):
+        self.containers = containers
+
+    def topology_kwargs(self, spec, run_dir: Path | None) -> dict:
+        return _docker_kwargs(spec, run_dir) if self.containers and run_dir is not None else {}
+
+    def workers(self, testbed, spec, config, log_dir, pools, cpusets):
+        return Runtime(testbed, config, log_dir, pools, cpusets)
+
+
+class _Ray:
+    """ray: a Ray node in every host (ray_rt.netns) and the roles placed and supervised by Ray
+    (ray_rt.session.RayDeployment); on an existing Ray cluster (cluster.address), its ClusterDeployment."""
+
+    def topology_kwargs(self, spec, run_dir: Path | None) -> dict:
         return _ray_kwargs(spec, run_dir)
-    if spec.runtime == "process" or run_dir is None:
-        return {}
+
+    def workers(self, testbed, spec, config, log_dir, pools, cpusets):
+        from ray_rt.placement import deployment_needs
+        from ray_rt.session import ClusterDeployment, RayDeployment
+
+        needs = deployment_needs(spec.pools, pools)
+        if spec.cluster.address:  # an existing cluster: this process is the driver
+            work_dir = f"{testbed.work_dir}/{config.parent.name}"
+            return ClusterDeployment(config, log_dir, start_order(pools), needs, work_dir, cpusets)
+        return RayDeployment(testbed, config, log_dir, start_order(pools), needs, cpusets)
+
+
+# The one place a runtime's kind (experiments.spec.runtimes) becomes the code that launches its workers.
+LAUNCHERS: dict[str, Launcher] = {"process": _Processes(False), "docker": _Processes(True), "ray": _Ray()}
+
+
+def launcher(spec) -> Launcher:
+    """The spec's runtime's launcher (SpecError for a runtime without one)."""
+    from experiments.spec.experiment import SpecError
+
+    kind = KINDS.get(spec.runtime)
+    if kind is None or kind.name not in LAUNCHERS:
+        raise SpecError(f"runtime={spec.runtime!r} is unknown; allowed: {list(LAUNCHERS)}")
+    return LAUNCHERS[kind.name]
+
+
+def topology_kwargs(spec, run_dir: Path | None = None) -> dict:
+    """Extra TopologyConfig arguments for the spec's runtime ({} for process; without run_dir: only validated)."""
+    return launcher(spec).topology_kwargs(spec, run_dir)
+
+
+def _docker_kwargs(spec, run_dir: Path) -> dict:
+    """docker: the router, P, RLD and MD hosts become Docker hosts of the worker image (built or reused here);
+    the run directory is mounted at its own path so configs and event logs are where the process runtime puts
+    them, and the weights (generated here first) are mounted read-only."""
     from docker_rt.host import DEFAULT_LIMITS, DockerOptions, DockerRuntime, RoleLimits
     from workers.model import get_config, get_or_create_weights
 
@@ -114,18 +164,9 @@ def _ray_kwargs(spec, run_dir: Path | None) -> dict:
 
 
 def make_runtime(testbed, spec, config: Path, log_dir: Path, pools: dict[str, int], cpusets: dict[str, str]):
-    """The workers of one variant under the testbed's runtime: `Runtime` (processes, containers), or under Ray
-    (ray_rt.session.RayDeployment: placed by Ray on the nodes in the hosts); both have start, dead, kill, stop."""
-    if testbed.runtime.name not in ("ray", "ray-cluster"):
-        return Runtime(testbed, config, log_dir, pools, cpusets)
-    from ray_rt.placement import deployment_needs
-    from ray_rt.session import ClusterDeployment, RayDeployment
-
-    needs = deployment_needs(spec.pools, pools)
-    if testbed.runtime.name == "ray-cluster":  # an existing cluster: this process is the driver
-        work_dir = f"{testbed.work_dir}/{config.parent.name}"
-        return ClusterDeployment(config, log_dir, start_order(pools), needs, work_dir, cpusets)
-    return RayDeployment(testbed, config, log_dir, start_order(pools), needs, cpusets)
+    """The workers of one variant under the spec's runtime (its Launcher): `Runtime` (processes, containers),
+    or under Ray (ray_rt.session); all have start, address, dead, kill, stop."""
+    return launcher(spec).workers(testbed, spec, config, log_dir, pools, cpusets)
 
 
 def start_order(pools: dict[str, int] | None) -> list[str]:

@@ -28,6 +28,7 @@ from experiments.spec.crosstraffic import CrossFlow
 from experiments.spec.deployment import pool_sizes, worker_names
 from experiments.spec.faults import Fault
 from experiments.spec.placement import Cluster
+from experiments.spec.runtimes import kind_of
 from schema import Bool, Float, Int, Range, Str, check_range, literal_values, schema
 from schema import build as schema_build
 from topology.profiles import Profile
@@ -446,7 +447,7 @@ def _validate_pools(spec: ExperimentSpec, profile: Profile | None = None, availa
                 f"pools.{role}.memory_mb={limit}: one {role} worker needs about {mb} MiB (model {spec.model}, "
                 f"capacity_tokens.{role}={getattr(spec.capacity_tokens, role)}); allowed: >= {mb} or 0 (the default)"
             )
-    ray_mb = ray_overhead_mb(spec) if spec.runtime == "ray" else 0
+    ray_mb = ray_overhead_mb(spec) if kind_of(spec).ray_nodes else 0
     total = FRONT_MB + ray_mb + sum(mb * n for mb, n in need.values())
     available = machine_memory_mb() if available_mb is None else available_mb
     if here and total > available:

@@ -19,6 +19,7 @@ from typing import Annotated, Literal
 
 from pydantic import StringConstraints
 
+from experiments.spec.runtimes import kind_of
 from schema import Str, schema
 
 RAY_ADDRESS = re.compile(r"(ray://)?[A-Za-z0-9.-]+:[0-9]{1,5}")
@@ -73,7 +74,7 @@ def device_problem(spec, cuda_here: bool | None = None, gpus_here: int | None = 
     if not cuda_pools or spec.cluster.address:
         return None
     where = f"pools.{cuda_pools[0]}.device=cuda"
-    if spec.runtime == "docker":
+    if kind_of(spec).containers:
         if not (nvidia_gpus() if gpus_here is None else gpus_here):
             return (
                 f"{where}: runtime docker runs it in the cuda worker image (make image VARIANT=cuda) on this "
@@ -100,7 +101,7 @@ def placement_problem(spec) -> str | None:
     address = spec.cluster.address
     if address and not RAY_ADDRESS.fullmatch(address):
         return f'cluster.address={address!r}: "" (this machine) or ray://HOST:PORT (a Ray cluster)'
-    if address and spec.runtime != "ray":
+    if address and not kind_of(spec).on_cluster:
         return f"cluster.address={address!r}: a Ray cluster needs runtime: ray (runtime is {spec.runtime})"
     for role in ("p", "rld", "md"):
         pool = getattr(spec.pools, role)
@@ -114,7 +115,7 @@ def placement_problem(spec) -> str | None:
                 f"pools.{role}.cluster={pool.cluster!r}: in the emulated topology {role} workers live in cluster "
                 f"{home.upper()} (topology.naming); allowed: '{home}' or '' (a Ray cluster's sites are free to choose)"
             )
-    if spec.runtime == "ray" and not address:
+    if kind_of(spec).ray_nodes and not address:
         return topology_placement_problem(spec)
     return None
 

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from experiments.analysis import analyze, metrics, pcap, plots
+from experiments.analysis import analyze, metrics, pcap, plots, summary_pdd
 from experiments.rundir import clientlog
 from experiments.rundir.clientlog import TokenRow
 from experiments.rundir.metadata import SpecRecord
@@ -219,19 +219,18 @@ def _handoffs(modes: dict, latencies: list[float]) -> dict:
 
 
 def test_handoffs_by_variant_and_the_std_ratio_of_ids_to_kv():
-    from experiments.analysis import summary_md
 
     per = {
         "ids": _handoffs({"oneshot": 3}, [300.0, 302.0, 304.0]),  # std 2
         "kv": _handoffs({"kv": 3}, [150.0, 190.0, 230.0]),  # std 40
         "pd-intra": {"handoff": {"count": 0}},
     }
-    assert summary_md.std_ratio(per) == pytest.approx(2 / 40)
-    lines = "\n".join(summary_md._handoff_section(per))
+    assert summary_pdd.std_ratio(per) == pytest.approx(2 / 40)
+    lines = "\n".join(summary_pdd._handoff_section(per))
     assert "## Handoffs by variant" in lines and "| ids | oneshot: 3 | 3 | 101 |" in lines
     assert "302.0 / 2.0 / 302.0" in lines and "std(IDs) / std(KV) of the handoff latency: 0.05" in lines
     assert "| pd-intra |" not in lines and "published" in lines
-    assert summary_md.std_ratio({"ids": per["ids"]}) is None and summary_md._handoff_section({}) == []
+    assert summary_pdd.std_ratio({"ids": per["ids"]}) is None and summary_pdd._handoff_section({}) == []
 
 
 def test_stats_has_the_sample_std():

@@ -94,7 +94,7 @@ def test_summary_says_how_long_each_clock_waited_for_the_warmup_prefix():
     from types import SimpleNamespace
 
     from experiments.rundir.metadata import VariantRecord, WarmupSettle
-    from experiments.analysis.summary_md import _settle_lines
+    from experiments.analysis.summary_pdd import _settle_lines
 
     ok = WarmupSettle(ok=True, wait_s=22.16, cached_tokens=512, want_tokens=512)
     late = WarmupSettle(ok=False, wait_s=75.0, cached_tokens=0, want_tokens=512)

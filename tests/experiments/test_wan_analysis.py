@@ -217,7 +217,7 @@ def test_a_late_emulator_is_a_warning_and_a_quiet_one_is_not():
 
 
 def test_few_handoffs_are_explained_with_the_transfer_times():
-    from experiments.analysis.summary_md import _why_few_handoffs
+    from experiments.analysis.summary_pdd import _why_few_handoffs
 
     p = {
         "md_token_share": 0.0,
@@ -262,7 +262,7 @@ def test_retransmissions_inside_and_outside_the_schedules_impairments():
 
 
 def test_the_in_flight_drc_and_recomputed_relay_outputs_are_counted_per_request():
-    from experiments.analysis.summary_md import _md_cache_lines
+    from experiments.analysis.summary_pdd import _md_cache_lines
     from experiments.analysis.records import _md_cache
 
     rec = SimpleNamespace(inflight_tokens=0, relay_absorbed=False)

@@ -11,6 +11,7 @@ imports the run floor, so any run directory can be analysed again on its own.
 """
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -174,3 +175,35 @@ def test_the_data_plane_check_finds_kvwire_importing_a_role():
         "workers.roles.config": set(),
     }
     assert data_plane_violations(g) == ["workers.kvwire.sender imports workers.roles.config"]
+
+
+# A runtime is chosen once, by name, where the spec is read (experiments/spec/runtimes.py: KINDS, and the run
+# floor's LAUNCHERS keyed by the same names); everywhere else the code asks the kind or the launcher.
+RUNTIME_NAME_TEST = re.compile(r"""runtime(\.name)?\s*(==|!=|\bin\b|\bnot in\b)\s*[("'\[]""")
+
+
+def runtime_name_tests(paths: dict[str, Path]) -> list[str]:
+    return [
+        f"{m}:{n}: {line.strip()}"
+        for m, p in paths.items()
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if RUNTIME_NAME_TEST.search(line) and not line.lstrip().startswith("#")
+    ]
+
+
+def test_no_runtime_name_is_compared_outside_its_registry():
+    assert not runtime_name_tests(modules()), runtime_name_tests(modules())
+
+
+def test_the_runtime_check_finds_a_comparison(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text('if spec.runtime == "docker":\n    pass\nif testbed.runtime.name not in ("ray", "x"):\n    pass\n')
+    assert len(runtime_name_tests({"bad": bad})) == 2
+
+
+def test_every_runtime_of_the_schema_has_a_kind_and_a_launcher():
+    from experiments.run.deploy import LAUNCHERS
+    from experiments.spec.experiment import RUNTIMES
+    from experiments.spec.runtimes import KINDS
+
+    assert set(KINDS) == set(RUNTIMES) == set(LAUNCHERS)
