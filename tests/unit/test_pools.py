@@ -142,3 +142,12 @@ def _cfg_dict():
         "rld": {"name": "rld1", "grpc_port": 3, "kv_port": 4},
         "md": {"name": "md1", "grpc_port": 5, "kv_port": 6},
     }
+
+
+def test_every_pick_policy_of_the_config_has_its_function():
+    from schema import literal_values
+    from workers.roles.config import PickMD, PickP, PickRLD
+    from workers.roles.routing import MD_PICKS, P_PICKS, RLD_PICKS
+
+    assert set(P_PICKS) == set(literal_values(PickP)) and set(RLD_PICKS) == set(literal_values(PickRLD))
+    assert set(MD_PICKS) == set(literal_values(PickMD))

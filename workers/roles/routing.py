@@ -178,41 +178,29 @@ def _first_pass(loads: list[WorkerLoad]) -> tuple[list[WorkerLoad], Pick | None]
     return cands, None
 
 
-def pick_p(loads: list[WorkerLoad], policy: str, turn: int) -> Pick:
-    """The P that prefills: the fewest prompt tokens still to prefill (then the fewest prefills), or in turn."""
-    cands, pick = _first_pass(loads)
-    if pick is not None:
-        return pick
-    if policy == "round_robin":
-        return Pick(cands[turn % len(cands)].name, "round_robin")
+def _round_robin(cands: list[WorkerLoad], turn: int, **_) -> Pick:
+    return Pick(cands[turn % len(cands)].name, "round_robin")
+
+
+def _p_least_load(cands: list[WorkerLoad], turn: int, **_) -> Pick:
+    """The fewest prompt tokens still to prefill, then the fewest prefills."""
     return Pick(_least(cands, lambda w: (w.tokens, w.sessions)).name, "least_load")
 
 
-def pick_rld(loads: list[WorkerLoad], policy: str, turn: int) -> Pick:
-    """The RLD: the most free KV (then the fewest sessions), or in turn."""
-    cands, pick = _first_pass(loads)
-    if pick is not None:
-        return pick
-    if policy == "round_robin":
-        return Pick(cands[turn % len(cands)].name, "round_robin")
+def _rld_least_load(cands: list[WorkerLoad], turn: int, **_) -> Pick:
+    """The most free KV, then the fewest sessions."""
     return Pick(_least(cands, lambda w: (-w.free_tokens, w.sessions)).name, "least_load")
 
 
-def pick_md(
-    loads: list[WorkerLoad], policy: str, turn: int, load_cap: int, balance_abs: int, balance_rel: float
-) -> Pick:
-    """The MD a request ends at. cache_aware (as SGLang's cache-aware router and llm-d's prefix scorer): the
-    longest expected DRC hit, ties to the least loaded; but the least loaded while the pool is out of
-    balance (the busiest has more than balance_abs sessions more than the idlest and more than balance_rel
-    times as many), and never an MD at load_cap sessions while another is below it."""
-    cands, pick = _first_pass(loads)
-    if pick is not None:
-        return pick
-    if policy == "round_robin":
-        return Pick(cands[turn % len(cands)].name, "round_robin")
-    least = _least(cands, lambda w: (w.sessions, w.tokens))
-    if policy == "least_load":
-        return Pick(least.name, "least_load")
+def _md_least_load(cands: list[WorkerLoad], turn: int, **_) -> Pick:
+    return Pick(_least(cands, lambda w: (w.sessions, w.tokens)).name, "least_load")
+
+
+def _md_cache_aware(cands: list[WorkerLoad], turn: int, load_cap: int, balance_abs: int, balance_rel: float) -> Pick:
+    """As SGLang's cache-aware router and llm-d's prefix scorer: the longest expected DRC hit, ties to the least
+    loaded; but the least loaded while the pool is out of balance (the busiest has more than balance_abs
+    sessions more than the idlest and more than balance_rel times as many), and never an MD at load_cap
+    sessions while another is below it."""
     below = [w for w in cands if w.sessions < load_cap] or cands
     busiest, idlest = max(w.sessions for w in cands), min(w.sessions for w in cands)
     if busiest - idlest > balance_abs and busiest > balance_rel * idlest:
@@ -221,3 +209,32 @@ def pick_md(
     if best not in below:
         return Pick(_least(below, lambda w: (-w.hit_tokens, w.sessions, w.tokens)).name, "cap")
     return Pick(best.name, "affinity" if best.hit_tokens > 0 else "least_load")
+
+
+# The pick policies of each pool (workers.roles.config's PickP, PickRLD, PickMD), by name: the one place a
+# policy's name becomes its function.
+P_PICKS = {"least_load": _p_least_load, "round_robin": _round_robin}
+RLD_PICKS = {"least_load": _rld_least_load, "round_robin": _round_robin}
+MD_PICKS = {"cache_aware": _md_cache_aware, "least_load": _md_least_load, "round_robin": _round_robin}
+
+
+def pick_p(loads: list[WorkerLoad], policy: str, turn: int) -> Pick:
+    """The P that prefills (P_PICKS[policy]: least_load or round_robin)."""
+    cands, pick = _first_pass(loads)
+    return pick if pick is not None else P_PICKS[policy](cands, turn)
+
+
+def pick_rld(loads: list[WorkerLoad], policy: str, turn: int) -> Pick:
+    """The RLD (RLD_PICKS[policy]: least_load or round_robin)."""
+    cands, pick = _first_pass(loads)
+    return pick if pick is not None else RLD_PICKS[policy](cands, turn)
+
+
+def pick_md(
+    loads: list[WorkerLoad], policy: str, turn: int, load_cap: int, balance_abs: int, balance_rel: float
+) -> Pick:
+    """The MD a request ends at (MD_PICKS[policy]: cache_aware, least_load or round_robin)."""
+    cands, pick = _first_pass(loads)
+    if pick is not None:
+        return pick
+    return MD_PICKS[policy](cands, turn, load_cap=load_cap, balance_abs=balance_abs, balance_rel=balance_rel)
