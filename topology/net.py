@@ -164,6 +164,7 @@ class Testbed:
         self.net: Any = None
         self.backend_choice: BackendChoice | None = None
         self.backend: Backend | None = None  # the shaping backend: it says how the WAN is wired
+        self._steering: dict | None = None  # the backend's receive steering (steer_receive), for metadata
         self.link: LinkState | None = None
         self._schedule: ScheduleRunner | None = None
         self._played: list[ScheduleRunner] = []  # schedules played on a caller's clock (play_schedule)
@@ -332,16 +333,24 @@ class Testbed:
         wan, backend = self.config.wan_profile, self.backend
         backend.shape_lan(self._lan_ends(), self.config.lan_profile.a_to_b)
         self._offloads_off()
+        self._steering = backend.steer_receive(self._all_ends())
         backend.start(wan.a_to_b, wan.b_to_a)
         if backend.pid:
             self._state.add(backend.pid, f"{backend.name} shaper")
         self.link = LinkState(backend=backend, current={d: wan.direction(d) for d in DIRECTIONS})
 
+    def _all_ends(self) -> list[tuple[str | None, str]]:
+        """(host, interface) of both ends of every link (a switch's end: host None)."""
+        return [
+            (None if _is_switch(end.node) else end.node.name, end.name)
+            for link in self.net.links
+            for end in (link.intf1, link.intf2)
+        ]
+
     def _offloads_off(self) -> None:
         """Every interface behaves like a wire: no GSO super-frames, checksums really checked."""
-        for link in self.net.links:
-            for end in (link.intf1, link.intf2):
-                self.run(None if _is_switch(end.node) else end.node.name, tc.offload_off_cmd(end.name))
+        for host, dev in self._all_ends():
+            self.run(host, tc.offload_off_cmd(dev))
 
     def _lan_ends(self) -> list[tuple[str | None, str]]:
         """(host, interface) of both ends of every intra-cluster link (a switch's end: host None)."""
@@ -465,6 +474,7 @@ class Testbed:
             "runtime": self.runtime.name,
             "runtime_metadata": self.runtime.metadata(),
             "link_changes": [ch.__dict__ for ch in self.link.changes] if self.link else [],
+            "receive_steering": self._steering,
         }
 
     # ---- teardown steps --------------------------------------------------

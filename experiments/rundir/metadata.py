@@ -154,6 +154,8 @@ class TopologyRecord(Record):
     runtime: str = "process"  # older runs: the only runtime there was
     runtime_metadata: dict[str, Any] | None = None  # the host runtime's record (docker: images, containers)
     link_changes: list[AppliedChange]
+    # the userspace shaper's receive steering: its core, the RPS mask, interfaces steered and refused (None: tc)
+    receive_steering: dict[str, Any] | None = None
 
 
 class SharedTopologyRecord(Record):

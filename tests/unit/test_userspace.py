@@ -87,3 +87,26 @@ def test_control_server_answers_json_lines(tmp_path):
         thread.join()
         server.close()
     assert not path.exists()
+
+
+def test_receive_work_is_steered_off_the_forwarders_core_and_refusals_are_recorded(monkeypatch):
+    from topology import userspace
+    from topology.shaping import UserspaceBackend
+
+    ran = []
+
+    def run(host, argv):
+        if host == "md1":
+            raise RuntimeError("read-only file system")
+        ran.append((host, argv[-1].split("> ")[-1]))
+
+    monkeypatch.setattr(userspace.os, "cpu_count", lambda: 2)
+    backend = UserspaceBackend(run, lambda host: [], "/tmp/c.sock", 1, None)
+    record = backend.steer_receive([(None, "pdd-sa-eth1"), ("gwa", "gwa-eth1"), ("md1", "md1-eth0")])
+    assert record == {"forwarder_cpu": 1, "rps_mask": "1", "interfaces": 2, "refused": ["md1:md1-eth0"]}
+    assert ran == [
+        (None, "/sys/class/net/pdd-sa-eth1/queues/rx-0/rps_cpus"),
+        ("gwa", "/sys/class/net/gwa-eth1/queues/rx-0/rps_cpus"),
+    ]
+    monkeypatch.setattr(userspace.os, "cpu_count", lambda: 1)
+    assert backend.steer_receive([("gwa", "gwa-eth1")]) is None  # one core: nothing to keep free
