@@ -193,24 +193,6 @@ def _set_affinity(cpu: int | None) -> None:
         log.warning("cannot run on core %d: %s", cpu, exc)
 
 
-CPU_DMA_LATENCY = Path("/dev/cpu_dma_latency")
-
-
-def _hold_cpu_wakeup_latency(path: Path = CPU_DMA_LATENCY):
-    """Keep the machine's idle cores out of their sleeping idle states while the forwarder runs (PM QoS: 0 us
-    written to /dev/cpu_dma_latency and the file held open; the kernel drops the request when it closes, at
-    the process's exit). Between bursts its core idles; on a VM a halted virtual core wakes from the host's
-    scheduler, milliseconds late (the default experiment's pdd, with bursts: p99 lateness 1.4-2.8 ms). Returns
-    the open file (None where the kernel has no such file or refuses: logged)."""
-    try:
-        f = open(path, "wb", buffering=0)  # noqa: SIM115 - held open for the process's lifetime on purpose
-        f.write(struct.pack("i", 0))
-        return f
-    except OSError as exc:
-        log.warning("cannot keep the cores awake (%s): frames may leave late after an idle spell", exc)
-        return None
-
-
 def _set_realtime(priority: int) -> str:
     """SCHED_FIFO at priority for this process (0: leave it as it is); the scheduling it runs under, as a word
     for its health record: "fifo:<priority>", or "other" (asked for none, or refused: logged)."""
@@ -528,7 +510,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     _set_timer_slack_ns(1)
     scheduling = _set_realtime(args.rt_priority)
     _set_affinity(args.cpu)
-    awake = _hold_cpu_wakeup_latency() if scheduling != "other" else None  # noqa: F841 - held until exit
     # Its objects are frames and tuples freed by reference counting: no cycles to collect, and a collection's
     # pause would hold every frame due meanwhile.
     gc.disable()
