@@ -79,9 +79,10 @@ run-experiment: setup ## run EXP (default pdd-vs-baselines) [PROFILE=name] [BACK
 OVER    ?=
 REPEAT  ?= 1
 RESUME  ?=
-sweep: setup ## EXP over a grid x repeats: OVER="key=v1,v2" REPEAT=n (RESUME=dir finishes one)
+SAME_SEED ?=
+sweep: setup ## EXP over a grid x repeats: OVER="key=v1,v2" REPEAT=n [SAME_SEED=1] (RESUME=dir finishes one)
 ifeq ($(RESUME),)
-	$(PDDLAB) sweep $(EXP) --repeat $(REPEAT) --backend $(BACKEND) $(PROFILE_ARG) $(foreach o,$(OVER),--over $(o)) $(foreach s,$(SET),--set $(s))
+	$(PDDLAB) sweep $(EXP) --repeat $(REPEAT) --backend $(BACKEND) $(PROFILE_ARG) $(if $(SAME_SEED),--same-seed) $(foreach o,$(OVER),--over $(o)) $(foreach s,$(SET),--set $(s))
 else
 	$(PDDLAB) sweep --resume $(RESUME)
 endif

@@ -317,15 +317,17 @@ class _HeldSignals:
 
 def run_order(spec: ExperimentSpec) -> list[str]:
     """The order the variants run in (spec.variant_order). shuffled: one of the orders of the variants, picked
-    by the workload's seed from a fixed shuffled list of all of them, so the same spec and seed run in the same
-    order and any n! consecutive seeds (a sweep's repeats) run every order once: each variant in each position
-    equally often; the reference variant first where it runs. as_listed: the spec's own order."""
+    by variant_order_seed (else the workload's seed) from a fixed shuffled list of all of them, so the same spec
+    and seed run in the same order and any n! consecutive seeds (a sweep's repeats: it sets the repeat's index,
+    so repeats on one workload seed turn too) run every order once: each variant in each position equally
+    often; the reference variant first where it runs. as_listed: the spec's own order."""
     if spec.variant_order == "as_listed":
         return list(spec.variants)
     first = [v for v in spec.variants if v == REFERENCE_VARIANT]
     orders = sorted(itertools.permutations(v for v in spec.variants if v != REFERENCE_VARIANT))
     random.Random("pddlab-variant-order").shuffle(orders)
-    return first + list(orders[spec.workload.seed % len(orders)])
+    seed = spec.workload.seed if spec.variant_order_seed is None else spec.variant_order_seed
+    return first + list(orders[seed % len(orders)])
 
 
 def _run_variants(tb, spec: ExperimentSpec, out: Path, meta: RunMetadata, imp: winmod.Impairment) -> None:

@@ -211,6 +211,7 @@ def point_spec(plan: Plan, point: Point, profile_dir: Path) -> ExperimentSpec:
         profile = str(_derived_profile(plan, profile, fields, profile_dir / f"{name}.yaml"))
     overrides = {k: v for k, v in point.values.items() if k != "profile" and not _is_profile_field(k)}
     overrides["workload.seed"] = point.seed
+    overrides["variant_order_seed"] = point.repeat  # repeats turn the variants' order, on one seed too
     return _load(plan, overrides, profile, what=", ".join(f"{k}={v}" for k, v in point.values.items()))
 
 

@@ -199,6 +199,7 @@ class ExperimentSpec:
     # replies stand in for other variants' failed turns, first) so that no variant owns a position in the run
     # (the first after the topology came up, the last on a longer-lived machine); as_listed: `variants`' order
     variant_order: Literal["shuffled", "as_listed"] = "shuffled"
+    variant_order_seed: Int | None = None  # picks the shuffled order; None: workload.seed (a sweep sets the repeat)
     # more variants of one mode side by side: name -> {mode: <a mode>, deployment: {overrides of the roles'
     # config for this variant only, e.g. policy: {wan_estimate: measured}}}
     variant_defs: dict = field(default_factory=dict)

@@ -25,3 +25,9 @@ def test_shuffled_is_a_seeded_permutation_with_the_reference_first():
 def test_as_listed_keeps_the_spec_order():
     spec = load_spec("pdd-vs-baselines", ["variant_order=as_listed"])
     assert run_order(spec) == list(spec.variants)
+
+
+def test_the_order_seed_turns_the_order_on_one_workload_seed():
+    spec = load_spec("pdd-vs-baselines")
+    orders = {tuple(run_order(dataclasses.replace(spec, variant_order_seed=r))) for r in range(6)}
+    assert len(orders) == 6 and {o[0] for o in orders} == {"colocated"}
