@@ -157,7 +157,7 @@ class UserspaceEmulator:
         reply = self._checked({"cmd": "stats", "reset_recent": True})
         return {
             **reply["health"],
-            "drops": {d: {"rx_drops": reply[d]["rx_drops"], "tx_errors": reply[d]["tx_errors"]} for d in DIRECTIONS},
+            "drops": {d: {k: reply[d].get(k, 0) for k in ("rx_drops", "tx_errors", "tx_retries")} for d in DIRECTIONS},
         }
 
     def stop(self, grace_s: float = 5.0) -> None:

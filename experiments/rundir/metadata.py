@@ -201,6 +201,7 @@ class EmulatorDirection(Record):
     max_us: float | None
     rx_drops: int  # frames lost for lack of CPU: the socket buffer overflowed ...
     tx_errors: int  # ... or the wire refused them
+    tx_retries: int = 0  # sends tried again after the kernel refused them a moment (late, not lost)
 
 
 class EmulatorHealth(Record):
