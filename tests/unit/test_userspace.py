@@ -110,3 +110,29 @@ def test_receive_work_is_steered_off_the_forwarders_core_and_refusals_are_record
     ]
     monkeypatch.setattr(userspace.os, "cpu_count", lambda: 1)
     assert backend.steer_receive([("gwa", "gwa-eth1")]) is None  # one core: nothing to keep free
+
+
+def test_a_refused_frame_is_tried_again_and_lost_only_past_the_retry_time(monkeypatch):
+    import errno as errno_
+
+    from topology import userspace
+
+    class Sock:
+        def __init__(self, refusals):
+            self.refusals, self.sent = refusals, []
+
+        def send(self, frame):
+            if self.refusals:
+                self.refusals -= 1
+                raise OSError(errno_.ENOBUFS, "no buffer space")
+            self.sent.append(frame)
+
+    port = object.__new__(userspace.WirePort)
+    port.tx_errors = port.tx_retries = 0
+    port.sock = Sock(refusals=2)
+    port.send_all([b"a", b"b"])
+    assert port.sock.sent == [b"a", b"b"] and (port.tx_retries, port.tx_errors) == (2, 0)
+    monkeypatch.setattr(userspace, "SEND_RETRY_S", 0.0005)
+    port.sock = Sock(refusals=10**9)
+    port.send_all([b"c"])
+    assert port.sock.sent == [] and port.tx_errors == 1
