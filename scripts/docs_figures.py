@@ -38,7 +38,13 @@ KEPT = ("summary.json", "metadata.json", "sweep.json")
 
 
 def render(name: str) -> str | None:
-    """The block's body from docs/runs/name/, None without kept data."""
+    """The block's body from docs/runs/name/ (its headings demoted under the page's own), None without kept
+    data."""
+    body = _render(name)
+    return None if body is None else re.sub(r"^## ", "#### ", body, flags=re.M)
+
+
+def _render(name: str) -> str | None:
     src = RUNS / name
     if (src / "summary.json").exists():
         return "\n".join(summary_md.figures(summary_mod.read(src))) + "\n"
