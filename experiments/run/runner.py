@@ -320,14 +320,21 @@ def run_order(spec: ExperimentSpec) -> list[str]:
     by variant_order_seed (else the workload's seed) from a fixed shuffled list of all of them, so the same spec
     and seed run in the same order and any n! consecutive seeds (a sweep's repeats: it sets the repeat's index,
     so repeats on one workload seed turn too) run every order once: each variant in each position equally
-    often; the reference variant first where it runs. as_listed: the spec's own order."""
+    often; the reference variant first where it runs, and a variant that kills the emulator last (the WAN stays
+    dead after it; spec.faults allows that kill in the spec's last variant only). as_listed: the spec's own
+    order."""
     if spec.variant_order == "as_listed":
         return list(spec.variants)
     first = [v for v in spec.variants if v == REFERENCE_VARIANT]
-    orders = sorted(itertools.permutations(v for v in spec.variants if v != REFERENCE_VARIANT))
+    last = [v for v in spec.variants if v not in first and _kills_the_wan(spec, v)]
+    orders = sorted(itertools.permutations(v for v in spec.variants if v not in first + last))
     random.Random("pddlab-variant-order").shuffle(orders)
     seed = spec.workload.seed if spec.variant_order_seed is None else spec.variant_order_seed
-    return first + list(orders[seed % len(orders)])
+    return first + list(orders[seed % len(orders)]) + last
+
+
+def _kills_the_wan(spec: ExperimentSpec, variant: str) -> bool:
+    return any(f.kill == "emulator" for f in specfaults.for_variant(spec.faults, variant))
 
 
 def _run_variants(tb, spec: ExperimentSpec, out: Path, meta: RunMetadata, imp: winmod.Impairment) -> None:

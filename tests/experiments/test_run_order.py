@@ -31,3 +31,11 @@ def test_the_order_seed_turns_the_order_on_one_workload_seed():
     spec = load_spec("pdd-vs-baselines")
     orders = {tuple(run_order(dataclasses.replace(spec, variant_order_seed=r))) for r in range(6)}
     assert len(orders) == 6 and {o[0] for o in orders} == {"colocated"}
+
+
+def test_a_variant_that_kills_the_emulator_runs_last():
+    """The WAN stays dead once the emulator is killed: that variant goes last whatever the seed."""
+    defs = "variant_defs={a: {mode: pdd}, b: {mode: pdd}, c: {mode: pdd}}"
+    spec = load_spec("pdd-smoke", [defs, "variants=[a, b, c]", "faults=[{kill: emulator, at_s: 4, variants: [c]}]"])
+    orders = {tuple(run_order(dataclasses.replace(spec, variant_order_seed=r))) for r in range(4)}
+    assert {o[-1] for o in orders} == {"c"} and len(orders) == 2
