@@ -28,9 +28,7 @@ Run directory (results/<time>-<experiment>/):
 
 from __future__ import annotations
 
-import itertools
 import logging
-import random
 import signal
 import subprocess
 import sys
@@ -49,12 +47,12 @@ from experiments.rundir.metadata import RunMetadata, Seeds, SharedTopologyRecord
 from experiments.spec.deployment import pool_cpusets, role_of
 from experiments.run.loadgen import Settled
 from experiments.spec.experiment import ExperimentSpec
+from experiments.spec.order import REFERENCE_VARIANT, run_order
 from experiments.progress import Progress
 from topology.profiles import Profile
 
 log = logging.getLogger(__name__)
 HEALTH_MARGIN_S = 30.0  # on top of the spec's ready_s: the health command's own start-up
-REFERENCE_VARIANT = "colocated"  # its replies stand in for a later variant's failed turns (loadgen --reference)
 
 
 class VariantError(RuntimeError):
@@ -313,28 +311,6 @@ class _HeldSignals:
             self.held = False
         if self.caught is not None:
             raise KeyboardInterrupt(f"signal {self.caught}")
-
-
-def run_order(spec: ExperimentSpec) -> list[str]:
-    """The order the variants run in (spec.variant_order). shuffled: one of the orders of the variants, picked
-    by variant_order_seed (else the workload's seed) from a fixed shuffled list of all of them, so the same spec
-    and seed run in the same order and any n! consecutive seeds (a sweep's repeats: it sets the repeat's index,
-    so repeats on one workload seed turn too) run every order once: each variant in each position equally
-    often; the reference variant first where it runs, and a variant that kills the emulator last (the WAN stays
-    dead after it; spec.faults allows that kill in the spec's last variant only). as_listed: the spec's own
-    order."""
-    if spec.variant_order == "as_listed":
-        return list(spec.variants)
-    first = [v for v in spec.variants if v == REFERENCE_VARIANT]
-    last = [v for v in spec.variants if v not in first and _kills_the_wan(spec, v)]
-    orders = sorted(itertools.permutations(v for v in spec.variants if v not in first + last))
-    random.Random("pddlab-variant-order").shuffle(orders)
-    seed = spec.workload.seed if spec.variant_order_seed is None else spec.variant_order_seed
-    return first + list(orders[seed % len(orders)]) + last
-
-
-def _kills_the_wan(spec: ExperimentSpec, variant: str) -> bool:
-    return any(f.kill == "emulator" for f in specfaults.for_variant(spec.faults, variant))
 
 
 def _run_variants(tb, spec: ExperimentSpec, out: Path, meta: RunMetadata, imp: winmod.Impairment) -> None:

@@ -294,7 +294,7 @@ class RunMetadata(Record):
     topology: TopologyRecord | None = None
     shared_topology: SharedTopologyRecord | None = None
     variants: dict[str, VariantRecord] = {}
-    variant_order: list[str] | None = None  # the order the variants ran in (runner.run_order); None: older runs
+    variant_order: list[str] | None = None  # the order the variants ran in (spec.order.run_order); None: older runs
     interrupted: bool = False
     error: str | None = None  # what ended the run early: `ExceptionType: message`
     finished_at: str | None = None

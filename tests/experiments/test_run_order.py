@@ -2,7 +2,7 @@
 
 import dataclasses
 
-from experiments.run.runner import run_order
+from experiments.spec.order import run_order
 from experiments.spec.experiment import load_spec
 
 
