@@ -47,8 +47,26 @@ def nothing_left_behind(request):
     if not _in_topology_tier(request.node.fspath) or _requirement_missing():
         yield
         return
-    from topology.cleanup import NOTHING, leftovers
-
-    assert leftovers() == NOTHING, "a previous run left things behind: run `make clean`"
+    assert _leftovers() == _nothing(), "a previous run left things behind: run `make clean`"
     yield
-    assert leftovers() == NOTHING
+    assert _leftovers() == _nothing()
+
+
+def _nothing() -> dict:
+    from topology.cleanup import NOTHING
+
+    return {**NOTHING, "containers": []}
+
+
+def _leftovers() -> dict:
+    """The topology's leftovers (topology.cleanup) and every container a run labelled as its own (the Docker
+    runtime's roles and holders), running or not; none when no Docker engine answers."""
+    from docker_rt import LABEL_RUN, DockerError
+    from docker_rt.host import labelled
+    from topology.cleanup import leftovers
+
+    try:
+        containers = sorted(c.name for c in labelled(LABEL_RUN))
+    except DockerError:
+        containers = []
+    return {**leftovers(), "containers": containers}

@@ -119,10 +119,19 @@ def check_accounted(out, meta, summary, variant: str, reference) -> dict:
     return v
 
 
+RLD_ONLY_ROUTES = {"p-rld", "p-rld-singular", "p-rld-fallback", "p-rld-ablation"}  # routes without an MD
+KILLED_CODES = (-9, 137)  # SIGKILL: a process's returncode; a container's exit status (128 + 9)
+
+
 def check_nobody_hung(meta, variant: str, killed: str | None) -> None:
+    """Every role the fault spared exited 0 at teardown (its SIGTERM handler ran: it neither hung until the
+    SIGKILL nor crashed); the killed role's worker shows the SIGKILL."""
     codes = meta["variants"][variant]["exit_codes"]  # by worker name (the killed role's: its first worker)
     spared = {w: code for w, code in codes.items() if killed is None or deploy.role_of(w) != killed}
-    assert all(code != -9 for code in spared.values()), f"a role had to be SIGKILLed at teardown: {codes}"
+    assert spared and all(code == 0 for code in spared.values()), f"a spared role did not exit 0: {codes}"
+    if killed is not None:
+        hit = {w: code for w, code in codes.items() if deploy.role_of(w) == killed}
+        assert hit and all(code in KILLED_CODES for code in hit.values()), f"{killed} not SIGKILLed: {codes}"
 
 
 @pytest.fixture(scope="module")
@@ -183,6 +192,8 @@ def check_kill(run, reference, target: str) -> None:
         assert v["failed"] == 0 and v["fallbacks"], v
     if target == "rld":  # P->RLD->MD requests complete on the MD (only RLD-only routes fail)
         assert not [e for e in v["errors"] if "every worker stream ended" in e], v["errors"]
+        failed = {r.request_id: r.route for r in records.read(out) if r.variant == variant and r.issued and not r.ok}
+        assert set(failed.values()) <= RLD_ONLY_ROUTES, f"failed requests outside the RLD-only routes: {failed}"
     if target in ("router", "p"):  # the request path is gone: later requests fail, each with its error
         assert v["failed"] > 0 and v["fallbacks"].get("failed", 0) + len(v["errors"]) > 0, v
     if target == "loadgen":  # requests it never logged are counted against the workload
