@@ -61,7 +61,7 @@ class Rig:
         self.inbox.forget(RID)
         assert self.receiver.active_transfers == 0
         with self.receiver._lock:
-            assert self.receiver._early_bytes == 0
+            assert self.receiver.early.held_bytes == 0
 
 
 RIG: Rig | None = None

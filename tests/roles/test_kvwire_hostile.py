@@ -17,6 +17,7 @@ from crc32c import crc32c
 
 from tests.roles.test_kvwire_resilience import FP, HEAD_DIM, N_KV_HEAD, N_LAYER, Recorder, transfer
 from workers.kvwire import BEGIN, END, LAYER, Inbox, KVReceiver, TransferMeta, pack_frame
+from workers.kvwire.limits import ReceiverLimits
 from workers.roles.config import PathConfig
 
 SETTINGS = PathConfig(connections=2, frame_bytes=4096, stall_timeout_ms=500, max_retries=1)
@@ -102,7 +103,7 @@ def test_a_layer_header_alone_does_not_allocate_its_length():
 
 def test_bytes_held_before_begin_are_bounded():
     inbox, events = Inbox(), Recorder()
-    with KVReceiver("127.0.0.1", 0, FP, inbox, events, early_max_bytes=1 << 20) as receiver:
+    with KVReceiver("127.0.0.1", 0, FP, inbox, events, limits=ReceiverLimits(early_max_bytes=1 << 20)) as receiver:
         payload = bytes(64 << 10)
         frame = pack_frame(LAYER, 9, 0, 0, 1, len(payload), crc32c(payload)) + payload
         with connect(receiver) as s:
@@ -115,13 +116,13 @@ def test_bytes_held_before_begin_are_bounded():
         assert any("too much KV before BEGIN" in r for r in errors(events)), errors(events)
         assert wait_until(lambda: receiver.active_transfers == 0)
         with receiver._lock:
-            assert receiver._early_bytes == 0  # the bytes held went back with the connection
+            assert receiver.early.held_bytes == 0  # the bytes held went back with the connection
         still_serves(receiver, inbox, "after-early")
 
 
 def test_a_frame_that_stops_halfway_is_dropped_but_an_idle_connection_is_not():
     inbox, events = Inbox(), Recorder()
-    with KVReceiver("127.0.0.1", 0, FP, inbox, events, frame_idle_s=0.3) as receiver:
+    with KVReceiver("127.0.0.1", 0, FP, inbox, events, limits=ReceiverLimits(frame_idle_s=0.3)) as receiver:
         idle, half = connect(receiver), connect(receiver)
         try:
             half.sendall(pack_frame(LAYER, 11, 0, 0, 8, 4096, 0) + bytes(100))
@@ -166,7 +167,7 @@ def test_malformed_begin_is_a_frame_error(payload, needle):
 
 def test_connections_past_the_limit_are_refused():
     inbox, events = Inbox(), Recorder()
-    with KVReceiver("127.0.0.1", 0, FP, inbox, events, max_connections=3) as receiver:
+    with KVReceiver("127.0.0.1", 0, FP, inbox, events, limits=ReceiverLimits(max_connections=3)) as receiver:
         held = [connect(receiver) for _ in range(3)]
         try:
             assert wait_until(lambda: len(receiver._conns) == 3)

@@ -7,7 +7,7 @@ end-to-end acknowledgement, retry on a broken or stalled connection, and
 cancellation (`KVSender`), connections kept open between transfers
 (`ConnectionPool`); receiving and verifying transfers and handing
 complete ones, as engine KV blobs, to whoever expects them (`KVReceiver`,
-`Inbox`).
+`Inbox`), within the bounds a broken or hostile peer meets (`ReceiverLimits`).
 Not responsible for: what to send or when (the roles), where its settings
 come from or where its events go (the roles pass a SendSettings and an
 EventSink in: seam.py), importing KV into an engine (workers/engine.py), or
@@ -56,6 +56,7 @@ from workers.kvwire.frame import (
     pack_frame,
 )
 from workers.kvwire.inbox import Inbox, ReceivedTransfer
+from workers.kvwire.limits import ReceiverLimits
 from workers.kvwire.receiver import KVReceiver
 from workers.kvwire.seam import EventSink, SendSettings
 from workers.kvwire.sender import KVSender, SendResult, send_blob, start_blob
@@ -90,6 +91,7 @@ __all__ = [
     "KVReceiver",
     "KVSender",
     "ReceivedTransfer",
+    "ReceiverLimits",
     "SendResult",
     "SendSettings",
     "TransferFailed",

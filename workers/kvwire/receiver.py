@@ -1,9 +1,9 @@
 """The receiving side of the KV data plane: verify frames, assemble transfers, deliver them.
 
 Responsible for: KVReceiver (listener, one thread per connection, frame
-checks, assembly in place, the ACK, the bounds a hostile or broken peer
-meets: connections, bytes held before a BEGIN, a frame that stops halfway).
-Complete transfers go to an Inbox (inbox.py).
+checks, assembly in place, the ACK, which transfers exist and for how long).
+Complete transfers go to an Inbox (inbox.py); the bounds a broken or hostile
+peer meets (deadlines, what is held before a BEGIN) are limits.py's.
 Not responsible for: importing KV into an engine (the decode role).
 """
 
@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import socket
-import struct
 import threading
 import time
 from collections import OrderedDict
@@ -42,20 +41,14 @@ from workers.kvwire.frame import (
     pack_frame,
 )
 from workers.kvwire.inbox import Inbox, ReceivedTransfer
+from workers.kvwire.limits import ConnIdle, EarlyBudget, PeerConn, ReceiverLimits
 from workers.kvwire.seam import EventSink
 
 log = logging.getLogger(__name__)
 
 RESUME_KEEP_S = 60.0  # a transfer whose connection died waits this long for its sender's RESUME
 COMPLETED_KEPT = 4096  # ids of recently completed transfers remembered for a RESUME that lost its ACK
-# Bounds a broken or hostile peer meets (each is a kv_frame_error or kv_conn_refused event, never a dead thread):
-FRAME_IDLE_S = 60.0  # inside a frame, no byte for this long drops the connection (its transfers kept for RESUME)
-MAX_CONNECTIONS = 256  # connections served at once; more are closed on accept
-EARLY_MAX_BYTES = 256 << 20  # chunk bytes held for transfers whose BEGIN has not come, all connections ...
-EARLY_CONN_MAX_BYTES = 64 << 20  # ... and per connection
 READ_PIECE_BYTES = 1 << 20  # a payload read outside its transfer's buffer grows by this much as bytes arrive
-KEEPALIVE = (30, 10, 3)  # TCP keepalive: idle s, interval s, probes (a silent dead peer is found in ~60 s)
-MAX_TRANSFERS = 1024  # transfers in progress at once
 
 
 def _verify_chunk(k, v, crc: int, layer: int, off: int) -> tuple[int, int]:
@@ -67,15 +60,7 @@ def _verify_chunk(k, v, crc: int, layer: int, off: int) -> tuple[int, int]:
     return crc_k, crc_v
 
 
-@dataclass(eq=False)
-class _Conn:
-    """One accepted connection: the transfers it carried, its ACK lock, the bytes it holds before BEGINs."""
-
-    sock: socket.socket
-    peer: str
-    mine: set[int] = field(default_factory=set)  # dropped (or kept for RESUME) if it dies first
-    ack_lock: threading.Lock = field(default_factory=threading.Lock)
-    early_bytes: int = 0
+_EarlyChunk = tuple[int, int, int, bytearray, tuple[int, int], PeerConn]  # layer, offset, count, data, crcs, origin
 
 
 @dataclass
@@ -84,7 +69,7 @@ class _Assembly:
     meta: TransferMeta | None = None
     blob: np.ndarray | None = None  # blob_buffer: the engine blob being filled
     buf: np.ndarray | None = None  # its KV region, (n_layer, 2, n, row_bytes) uint8
-    early: list[tuple[int, int, int, bytearray, tuple[int, int], _Conn]] = field(default_factory=list)  # before BEGIN
+    early: list[_EarlyChunk] = field(default_factory=list)  # chunks that came before BEGIN
     seen: ChunkCrcs = field(default_factory=dict)  # verified chunks
     received_bytes: int = 0
     chunks_expected: int = -1
@@ -104,7 +89,7 @@ class KVReceiver:
     inbox: where complete transfers go
     max_transfer_bytes, max_frame_bytes: refuse larger (memory bound)
     events: where its events go (an EventSink: the role's event log)
-    frame_idle_s, max_connections, early_max_bytes: the bounds above (tests make them small)
+    limits: the bounds a broken or hostile peer meets (tests make them small)
     """
 
     def __init__(
@@ -116,17 +101,15 @@ class KVReceiver:
         events: EventSink,
         max_transfer_bytes: int = 1 << 30,
         max_frame_bytes: int = 64 << 20,
-        frame_idle_s: float = FRAME_IDLE_S,
-        max_connections: int = MAX_CONNECTIONS,
-        early_max_bytes: int = EARLY_MAX_BYTES,
+        limits: ReceiverLimits = ReceiverLimits(),
     ):
         self.fingerprint = expected_fingerprint
         self.inbox = inbox
         self.events = events
         self.max_transfer_bytes = max_transfer_bytes
         self.max_frame_bytes = max_frame_bytes
-        self.frame_idle_s, self.max_connections, self.early_max_bytes = frame_idle_s, max_connections, early_max_bytes
-        self._early_bytes = 0  # held for transfers whose BEGIN has not come (all connections)
+        self.limits = limits
+        self.early = EarlyBudget(limits)  # bytes held for transfers whose BEGIN has not come
         self._lock = threading.Lock()
         self._assemblies: dict[int, _Assembly] = {}
         self._completed: OrderedDict[int, None] = OrderedDict()  # recent transfer ids, for a late RESUME
@@ -181,36 +164,26 @@ class KVReceiver:
                 return
             name = f"{peer[0]}:{peer[1]}"
             with self._lock:
-                full = len(self._conns) >= self.max_connections
+                full = len(self._conns) >= self.limits.max_connections
             if full:
-                self.events.emit("kv_conn_refused", None, peer=name, reason=f"{self.max_connections} connections open")
+                reason = f"{self.limits.max_connections} connections open"
+                self.events.emit("kv_conn_refused", None, peer=name, reason=reason)
                 conn.close()
                 continue
-            self._tune(conn)
-            t = threading.Thread(
-                target=self._conn_main, args=(_Conn(conn, name),), name=f"kvrecv-{peer[1]}", daemon=True
-            )
+            c = PeerConn(conn, name, self.limits)
+            c.tune()
+            t = threading.Thread(target=self._conn_main, args=(c,), name=f"kvrecv-{peer[1]}", daemon=True)
             with self._lock:
                 self._conns.add(conn)
                 self._threads.add(t)
             t.start()
 
-    def _tune(self, conn: socket.socket) -> None:
-        """No Nagle; keepalive (a peer that vanished between frames); a receive timeout at the kernel level
-        (SO_RCVTIMEO: the socket stays blocking for Python, so MSG_WAITALL still fills whole frames)."""
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        for opt, value in zip((socket.TCP_KEEPIDLE, socket.TCP_KEEPINTVL, socket.TCP_KEEPCNT), KEEPALIVE):
-            conn.setsockopt(socket.IPPROTO_TCP, opt, value)
-        sec = int(self.frame_idle_s)
-        conn.setsockopt(
-            socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", sec, int((self.frame_idle_s - sec) * 1e6))
-        )
-
-    def _conn_main(self, c: _Conn) -> None:
+    def _conn_main(self, c: PeerConn) -> None:
         try:
             while self._read_frame(c):
                 pass
+        except ConnIdle as err:
+            log.info("KV connection from %s closed: %s", c.peer, err)
         except FrameError as err:
             self.events.emit("kv_frame_error", self._request_of(c.mine), peer=c.peer, reason=str(err))
             log.warning("KV frame from %s refused: %s", c.peer, err)
@@ -237,7 +210,7 @@ class KVReceiver:
                     return a.meta.request_id
         return None
 
-    def _orphan(self, c: _Conn, reason: str) -> None:
+    def _orphan(self, c: PeerConn, reason: str) -> None:
         """A connection died: keep its begun transfers for the sender's RESUME (unless a RESUME already moved
         them to another connection); drop the rest."""
         now, dropped, kept = time.monotonic_ns(), [], []
@@ -273,13 +246,18 @@ class KVReceiver:
                 kv_bytes_received=a.received_bytes,
             )
 
-    def _sweep_orphans(self) -> None:
-        """Drop kept transfers whose sender did not come back within RESUME_KEEP_S."""
-        limit = time.monotonic_ns() - int(RESUME_KEEP_S * 1e9)
+    def _sweep(self) -> None:
+        """Drop kept transfers whose sender did not come back within RESUME_KEEP_S, and transfers whose
+        chunks came but whose BEGIN did not within early_keep_s (their connections may live on)."""
+        now = time.monotonic_ns()
+        orphan_limit, early_limit = now - int(RESUME_KEEP_S * 1e9), now - int(self.limits.early_keep_s * 1e9)
         with self._lock:
-            old = [t for t, a in self._assemblies.items() if a.orphaned_ns and a.orphaned_ns < limit]
-            dropped = [self._pop(t) for t in old]
-        self._dropped(dropped, f"no RESUME within {RESUME_KEEP_S:.0f} s")
+            items = self._assemblies.items()
+            orphans = [t for t, a in items if a.orphaned_ns and a.orphaned_ns < orphan_limit]
+            unbegun = [t for t, a in items if a.meta is None and a.first_byte_ns < early_limit]
+            orphans, unbegun = [self._pop(t) for t in orphans], [self._pop(t) for t in unbegun]
+        self._dropped(orphans, f"no RESUME within {RESUME_KEEP_S:.0f} s")
+        self._dropped(unbegun, f"no BEGIN within {self.limits.early_keep_s:g} s of its first chunk")
 
     def _drop_request(self, request_id: str) -> None:
         """The request's session closed: what is kept for it is of no use."""
@@ -302,13 +280,13 @@ class KVReceiver:
         """The chunks a transfer held before its BEGIN, their bytes given back to the bounds (lock held)."""
         early, a.early = a.early, []
         for *_, data, _, origin in early:
-            self._unreserve_early(origin, len(data))
+            self.early.give_back(origin, len(data))
         return early
 
-    def _read_frame(self, c: _Conn) -> bool:
+    def _read_frame(self, c: PeerConn) -> bool:
         """Read and apply one frame; False at a clean EOF between frames."""
         hdr = bytearray(FRAME_HEADER.size)
-        got = self._recv(c.sock, memoryview(hdr), between_frames=True)
+        got = c.fill(memoryview(hdr), between_frames=True)
         if got == 0:
             return False
         if got < len(hdr):
@@ -321,11 +299,12 @@ class KVReceiver:
         limit = self.max_frame_bytes if ftype == LAYER else MAX_META_BYTES
         if plen > limit:
             raise FrameError(f"{FRAME_TYPES[ftype]} payload of {plen} bytes exceeds the limit of {limit}")
+        c.frame_payload(plen)
         if ftype == LAYER:
             c.mine.add(tid)
             self._on_layer(c, tid, layer, off, cnt, plen, crc)
         else:
-            payload = self._read_payload(c.sock, plen, crc)
+            payload = self._read_payload(c, plen, crc)
             if ftype == BEGIN:
                 self._on_begin(tid, payload, c)
             elif ftype == RESUME:
@@ -338,55 +317,71 @@ class KVReceiver:
         with self._lock:
             if tid not in self._assemblies:  # done or dropped: a kept connection carries many transfers
                 c.mine.discard(tid)
+        c.frame_done()
         return True
 
-    def _recv(self, sock: socket.socket, view: memoryview, between_frames: bool = False) -> int:
-        """Fill view; returns bytes read (fewer only at EOF). Waiting for the next frame may last (keepalive
-        watches the peer); inside a frame, a receive timeout without a byte is a FrameError."""
-        got = 0
-        while got < len(view):
-            try:
-                n = sock.recv_into(view[got:], 0, socket.MSG_WAITALL)
-            except BlockingIOError:  # SO_RCVTIMEO passed with nothing read by this call
-                if between_frames and got == 0:
-                    continue
-                raise FrameError(
-                    f"no byte for {self.frame_idle_s:g} s inside a frame ({got} of {len(view)} bytes)"
-                ) from None
-            if n == 0:
-                return got
-            got += n
-        return got
-
-    def _read_payload(self, conn: socket.socket, plen: int, crc: int) -> bytes:
+    def _read_payload(self, c: PeerConn, plen: int, crc: int) -> bytes:
         buf = bytearray(plen)  # at most MAX_META_BYTES here (BEGIN, END, RESUME, CANCEL)
-        if self._recv(conn, memoryview(buf)) < plen:
+        if c.fill(memoryview(buf)) < plen:
             raise FrameError(f"truncated payload (connection closed inside a {plen}-byte payload)")
         got = crc32c(buf)
         if got != crc:
             raise FrameError(f"payload checksum mismatch ({got:#010x} != {crc:#010x})")
         return bytes(buf)
 
-    def _read_held(self, conn: socket.socket, plen: int, what: str) -> bytearray:
+    def _read_held(self, c: PeerConn, plen: int, what: str, early: bool) -> bytearray:
         """A payload that cannot go straight into its transfer's buffer, its memory grown only as bytes
-        arrive (a LAYER header alone must not allocate its whole length)."""
+        arrive (a LAYER header alone must not allocate its whole length). early: its bytes count against
+        the pre-BEGIN budget as they arrive (given back here if the read fails)."""
         data, piece = bytearray(), bytearray(min(plen, READ_PIECE_BYTES))
-        while len(data) < plen:
-            view = memoryview(piece)[: min(len(piece), plen - len(data))]
-            if self._recv(conn, view) < len(view):
-                raise FrameError(f"truncated LAYER payload ({what})")
-            data += view
+        try:
+            while len(data) < plen:
+                view = memoryview(piece)[: min(len(piece), plen - len(data))]
+                n = c.read_some(view)
+                if n == 0:
+                    raise FrameError(f"truncated LAYER payload ({what})")
+                if early:
+                    with self._lock:
+                        self.early.reserve(c, n)
+                data += view[:n]
+        except BaseException:
+            if early:
+                with self._lock:
+                    self.early.give_back(c, len(data))
+            raise
         return data
 
     def _assembly(self, tid: int) -> _Assembly:
         a = self._assemblies.get(tid)
         if a is None:
-            if len(self._assemblies) >= MAX_TRANSFERS:
-                raise FrameError(f"too many transfers in progress ({MAX_TRANSFERS})")
+            if len(self._assemblies) >= self.limits.max_transfers:
+                raise FrameError(f"too many transfers in progress ({self.limits.max_transfers})")
             a = self._assemblies[tid] = _Assembly(tid, first_byte_ns=time.monotonic_ns())
         return a
 
-    def _on_begin(self, tid: int, payload: bytes, c: _Conn) -> None:
+    def _early_assembly(self, c: PeerConn, tid: int, cnt: int, plen: int) -> tuple[_Assembly, list[_Assembly]]:
+        """The transfer a chunk overtaking its BEGIN goes to, and the transfer that made room for it, if any
+        (lock held); FrameError for an empty chunk or past the bounds on transfers held before their BEGIN."""
+        if plen == 0 or cnt == 0:
+            raise FrameError(f"LAYER frame before BEGIN with no payload ({cnt} tokens, {plen} bytes)")
+        if plen % (2 * cnt):
+            raise FrameError(f"LAYER frame before BEGIN of {plen} bytes is not the K and V of {cnt} tokens")
+        lim = self.limits
+        c.early = {t for t in c.early if t in self._assemblies and self._assemblies[t].meta is None}
+        if tid not in c.early and len(c.early) >= lim.early_conn_max_transfers:
+            raise FrameError(f"too many transfers before BEGIN on this connection ({lim.early_conn_max_transfers})")
+        evicted = []
+        if tid not in self._assemblies:
+            unbegun = [a for a in self._assemblies.values() if a.meta is None]
+            if len(unbegun) >= lim.early_max_transfers:
+                oldest = min(unbegun, key=lambda a: a.first_byte_ns)
+                if time.monotonic_ns() - oldest.first_byte_ns < lim.early_evict_s * 1e9:
+                    raise FrameError(f"too many transfers before BEGIN in all ({lim.early_max_transfers})")
+                evicted.append(self._pop(oldest.transfer_id))  # a BEGIN is late by ms, not by early_evict_s
+        c.early.add(tid)
+        return self._assembly(tid), evicted
+
+    def _on_begin(self, tid: int, payload: bytes, c: PeerConn) -> None:
         meta = TransferMeta.from_json(payload)
         if meta.fingerprint != self.fingerprint:
             raise FrameError(f"KV of another model (fingerprint {meta.fingerprint[:12]}, mine {self.fingerprint[:12]})")
@@ -394,7 +389,7 @@ class KVReceiver:
             raise FrameError(f"transfer of {meta.kv_bytes} bytes exceeds the limit of {self.max_transfer_bytes}")
         if not self.inbox.is_expected(meta.request_id, meta.kind, EXPECT_WAIT_S):
             raise FrameError(f"no open request {meta.request_id!r} expects {meta.kind} KV")
-        self._sweep_orphans()
+        self._sweep()
         with self._lock:
             a = self._assembly(tid)
             if a.meta is not None:
@@ -416,10 +411,10 @@ class KVReceiver:
             kv_bytes=meta.kv_bytes,
         )
 
-    def _on_resume(self, tid: int, c: _Conn) -> None:
+    def _on_resume(self, tid: int, c: PeerConn) -> None:
         """A sender retrying transfer tid asks what arrived: HAVE {state: new | partial | done, chunks}. A
         partial transfer continues on this connection (its ACK goes here)."""
-        self._sweep_orphans()
+        self._sweep()
         with self._lock:
             a = self._assemblies.get(tid)
             held_bytes = 0
@@ -460,22 +455,26 @@ class KVReceiver:
             raise FrameError(f"chunk layer {layer} offset {off} arrived twice with {held[0]} and {cnt} tokens")
         return held is not None
 
-    def _on_layer(self, c: _Conn, tid: int, layer: int, off: int, cnt: int, plen: int, crc: int) -> None:
+    def _on_layer(self, c: PeerConn, tid: int, layer: int, off: int, cnt: int, plen: int, crc: int) -> None:
         where = f"layer {layer}, tokens [{off}, {off + cnt})"
+        if tid not in self._assemblies:
+            self._sweep()  # a new transfer record: first drop what expired
         with self._lock:
-            a = self._assembly(tid)
-            began = a.meta is not None
-            dup = began and self._check_chunk(a, layer, off, cnt, plen)
+            a = self._assemblies.get(tid)
+            began = a is not None and a.meta is not None
+            evicted = []
             if not began:  # BEGIN is still on its way on connection 0: hold the bytes, within bounds
-                self._reserve_early(c, plen)
+                a, evicted = self._early_assembly(c, tid, cnt, plen)
+            dup = began and self._check_chunk(a, layer, off, cnt, plen)
+        self._dropped(evicted, f"made room for newer transfers: no BEGIN within {self.limits.early_evict_s:g} s")
         if not began or dup:
+            data = self._read_held(c, plen, where, early=not began)
             try:
-                data = self._read_held(c.sock, plen, where)
                 crcs = _verify_chunk(memoryview(data)[: plen // 2], memoryview(data)[plen // 2 :], crc, layer, off)
             except FrameError:
                 if not began:
                     with self._lock:
-                        self._unreserve_early(c, plen)
+                        self.early.give_back(c, plen)
                 raise
             if dup:
                 return
@@ -483,7 +482,7 @@ class KVReceiver:
                 if a.meta is None and self._assemblies.get(tid) is a:
                     a.early.append((layer, off, cnt, data, crcs, c))
                     return
-                self._unreserve_early(c, plen)  # BEGIN came (or the transfer went) while the bytes did
+                self.early.give_back(c, plen)  # BEGIN came (or the transfer went) while the bytes did
             if a.meta is not None:
                 self._place(a, layer, off, cnt, data, crcs)
             return
@@ -491,24 +490,9 @@ class KVReceiver:
             memoryview(a.buf[layer, 0, off : off + cnt]).cast("B"),
             memoryview(a.buf[layer, 1, off : off + cnt]).cast("B"),
         )
-        if self._recv(c.sock, k_dst) < len(k_dst) or self._recv(c.sock, v_dst) < len(v_dst):
+        if c.fill(k_dst) < len(k_dst) or c.fill(v_dst) < len(v_dst):
             raise FrameError(f"truncated LAYER payload ({where})")
         self._count(a, layer, off, cnt, _verify_chunk(k_dst, v_dst, crc, layer, off), plen)
-
-    def _reserve_early(self, c: _Conn, plen: int) -> None:
-        """Count plen bytes held before a BEGIN (lock held); FrameError past the bounds."""
-        if c.early_bytes + plen > EARLY_CONN_MAX_BYTES or self._early_bytes + plen > self.early_max_bytes:
-            raise FrameError(
-                f"too much KV before BEGIN: {c.early_bytes} bytes on this connection, {self._early_bytes} in all, "
-                f"+{plen} (limits {EARLY_CONN_MAX_BYTES}, {self.early_max_bytes})"
-            )
-        c.early_bytes += plen
-        self._early_bytes += plen
-
-    def _unreserve_early(self, c: _Conn, plen: int) -> None:
-        """Give back what _reserve_early counted (lock held)."""
-        c.early_bytes -= plen
-        self._early_bytes -= plen
 
     def _place(self, a: _Assembly, layer: int, off: int, cnt: int, data: bytearray, crcs: tuple[int, int]) -> None:
         with self._lock:
