@@ -164,3 +164,19 @@ def test_limits_are_checked_once_with_the_field_named():
         ReceiverLimits(frame_grace_s=0)
     with pytest.raises(ValueError, match="early_max_transfers .* must be below max_transfers"):
         ReceiverLimits(early_max_transfers=1024, max_transfers=1024)
+
+
+def test_a_new_peer_displaces_idle_connections_when_the_table_is_full():
+    # max_connections idle connections locked every new peer out for as long as they stayed open.
+    inbox, events = Inbox(), Recorder()
+    limits = ReceiverLimits(max_connections=3, conn_evict_idle_s=0.2)
+    with KVReceiver("127.0.0.1", 0, FP, inbox, events, limits=limits) as receiver:
+        held = [connect(receiver) for _ in range(3)]
+        try:
+            assert wait_until(lambda: len(receiver._conns) == 3)
+            time.sleep(0.4)
+            still_serves(receiver, inbox, "displacing-idle")  # its two connections displace two idle ones
+            assert sum(closed_by_peer(s, 1) for s in held) == 2
+        finally:
+            for s in held:
+                s.close()

@@ -2,8 +2,9 @@
 
 Responsible for: ReceiverLimits (every bound in one place; tests make them small), PeerConn (one
 accepted connection: its reads, which end in a FrameError when a frame stalls or misses its deadline and
-in ConnIdle when no frame comes for too long) and EarlyBudget (bytes held for transfers whose BEGIN has
-not come, per connection and in all, counted as they arrive).
+in ConnIdle when no frame comes for too long), make_room (which idle connection a new one displaces
+when the table is full) and EarlyBudget (bytes held for transfers whose BEGIN has not come, per
+connection and in all, counted as they arrive).
 Not responsible for: what the frames mean or which transfers exist (receiver.py).
 """
 
@@ -14,6 +15,8 @@ import struct
 import threading
 import time
 from dataclasses import dataclass, field, fields
+
+from crc32c import crc32c
 
 from workers.kvwire.frame import FRAME_HEADER, FrameError
 
@@ -33,7 +36,8 @@ class ReceiverLimits:
     frame_grace_s: float = 30.0  # a frame must be whole within this long after its first byte ...
     frame_min_rate_bytes_s: float = 64 << 10  # ... plus its length at this rate (a drip cannot hold a frame open)
     conn_idle_s: float = 300.0  # no frame for this long closes a connection (a sender's kept one reconnects)
-    max_connections: int = 256  # connections served at once; more are closed on accept
+    max_connections: int = 256  # connections served at once; past it, a new one displaces the longest idle ...
+    conn_evict_idle_s: float = 10.0  # ... idle this long, carrying no transfer, or is closed on accept
     max_transfers: int = 1024  # transfers in progress at once
     early_max_bytes: int = 256 << 20  # chunk bytes held for transfers whose BEGIN has not come, all connections ...
     early_conn_max_bytes: int = 64 << 20  # ... and per connection
@@ -68,6 +72,8 @@ class PeerConn:
     ack_lock: threading.Lock = field(default_factory=threading.Lock)
     early_bytes: int = 0
     idle_since_s: float = field(default_factory=time.monotonic)  # between frames since
+    in_frame: bool = False
+    evicted: bool = False  # closed to make room for a new connection
     last_byte_s: float = 0.0
     deadline_s: float = 0.0  # the frame being read must be whole by then
 
@@ -89,7 +95,12 @@ class PeerConn:
         self.deadline_s += plen / self.limits.frame_min_rate_bytes_s
 
     def frame_done(self) -> None:
-        self.idle_since_s = time.monotonic()
+        self.idle_since_s, self.in_frame = time.monotonic(), False
+
+    def displaceable(self, now_s: float) -> bool:
+        """Whether a new connection may take this one's place: idle between frames, carrying no transfer."""
+        idle = not self.in_frame and not self.mine and not self.evicted
+        return idle and now_s - self.idle_since_s >= self.limits.conn_evict_idle_s
 
     def fill(self, view: memoryview, between_frames: bool = False) -> int:
         """Fill view; returns bytes read (fewer only at EOF). between_frames: view is a frame's header, and
@@ -102,6 +113,16 @@ class PeerConn:
             got += n
         return got
 
+    def read_payload(self, plen: int, crc: int) -> bytes:
+        """A whole payload of plen bytes whose crc32c must be crc (FrameError otherwise)."""
+        buf = bytearray(plen)
+        if self.fill(memoryview(buf)) < plen:
+            raise FrameError(f"truncated payload (connection closed inside a {plen}-byte payload)")
+        got = crc32c(buf)
+        if got != crc:
+            raise FrameError(f"payload checksum mismatch ({got:#010x} != {crc:#010x})")
+        return bytes(buf)
+
     def read_some(self, view: memoryview, between_frames: bool = False) -> int:
         """Read at least one byte into view (0 only at EOF); FrameError when the frame stalls for frame_idle_s
         or misses its deadline."""
@@ -112,6 +133,7 @@ class PeerConn:
                 n = -1
             now = time.monotonic()
             if n > 0 and between_frames:  # a frame's first byte: its clock starts
+                self.in_frame = True
                 self.deadline_s = (
                     now + self.limits.frame_grace_s + FRAME_HEADER.size / self.limits.frame_min_rate_bytes_s
                 )
@@ -135,6 +157,18 @@ class PeerConn:
                 f"frame not complete within its deadline ({missing} bytes missing; a frame gets "
                 f"{self.limits.frame_grace_s:g} s plus its length at {self.limits.frame_min_rate_bytes_s:g} B/s)"
             )
+
+
+def make_room(conns: list[PeerConn], max_connections: int, now_s: float) -> tuple[bool, PeerConn | None]:
+    """Whether a new connection may be served, and the one it displaces (marked evicted; the caller closes
+    it): the longest idle, once max_connections are open (callers hold the receiver's lock)."""
+    live = [c for c in conns if not c.evicted]
+    idle = [c for c in live if c.displaceable(now_s)]
+    if len(live) < max_connections or not idle:
+        return len(live) < max_connections, None
+    victim = min(idle, key=lambda c: c.idle_since_s)
+    victim.evicted = True
+    return True, victim
 
 
 class EarlyBudget:

@@ -41,7 +41,7 @@ from workers.kvwire.frame import (
     pack_frame,
 )
 from workers.kvwire.inbox import Inbox, ReceivedTransfer
-from workers.kvwire.limits import ConnIdle, EarlyBudget, PeerConn, ReceiverLimits
+from workers.kvwire.limits import ConnIdle, EarlyBudget, PeerConn, ReceiverLimits, make_room
 from workers.kvwire.seam import EventSink
 
 log = logging.getLogger(__name__)
@@ -113,7 +113,7 @@ class KVReceiver:
         self._lock = threading.Lock()
         self._assemblies: dict[int, _Assembly] = {}
         self._completed: OrderedDict[int, None] = OrderedDict()  # recent transfer ids, for a late RESUME
-        self._conns: set[socket.socket] = set()
+        self._conns: dict[socket.socket, PeerConn] = {}
         self._threads: set[threading.Thread] = set()
         self._stopping = False
         self.pool = BufferPool()
@@ -163,9 +163,7 @@ class KVReceiver:
             except OSError:
                 return
             name = f"{peer[0]}:{peer[1]}"
-            with self._lock:
-                full = len(self._conns) >= self.limits.max_connections
-            if full:
+            if not self._room_for(name):
                 reason = f"{self.limits.max_connections} connections open"
                 self.events.emit("kv_conn_refused", None, peer=name, reason=reason)
                 conn.close()
@@ -174,9 +172,24 @@ class KVReceiver:
             c.tune()
             t = threading.Thread(target=self._conn_main, args=(c,), name=f"kvrecv-{peer[1]}", daemon=True)
             with self._lock:
-                self._conns.add(conn)
+                self._conns[conn] = c
                 self._threads.add(t)
             t.start()
+
+    def _room_for(self, name: str) -> bool:
+        """Whether a new connection may be served: under max_connections, or by displacing the longest idle."""
+        now = time.monotonic()
+        with self._lock:
+            room, victim = make_room(list(self._conns.values()), self.limits.max_connections, now)
+        if victim is None:
+            return room
+        reason = f"idle {now - victim.idle_since_s:.1f} s: closed to make room for {name}"
+        self.events.emit("kv_conn_refused", None, peer=victim.peer, reason=reason)
+        try:
+            victim.sock.shutdown(socket.SHUT_RDWR)  # its reader sees EOF between frames and ends
+        except OSError:
+            pass
+        return True
 
     def _conn_main(self, c: PeerConn) -> None:
         try:
@@ -198,7 +211,7 @@ class KVReceiver:
         finally:
             self._orphan(c, f"connection from {c.peer} closed before the transfer completed")
             with self._lock:
-                self._conns.discard(c.sock)
+                self._conns.pop(c.sock, None)
                 self._threads.discard(threading.current_thread())
             c.sock.close()
 
@@ -304,7 +317,7 @@ class KVReceiver:
             c.mine.add(tid)
             self._on_layer(c, tid, layer, off, cnt, plen, crc)
         else:
-            payload = self._read_payload(c, plen, crc)
+            payload = c.read_payload(plen, crc)  # at most MAX_META_BYTES here (BEGIN, END, RESUME, CANCEL)
             if ftype == BEGIN:
                 self._on_begin(tid, payload, c)
             elif ftype == RESUME:
@@ -319,15 +332,6 @@ class KVReceiver:
                 c.mine.discard(tid)
         c.frame_done()
         return True
-
-    def _read_payload(self, c: PeerConn, plen: int, crc: int) -> bytes:
-        buf = bytearray(plen)  # at most MAX_META_BYTES here (BEGIN, END, RESUME, CANCEL)
-        if c.fill(memoryview(buf)) < plen:
-            raise FrameError(f"truncated payload (connection closed inside a {plen}-byte payload)")
-        got = crc32c(buf)
-        if got != crc:
-            raise FrameError(f"payload checksum mismatch ({got:#010x} != {crc:#010x})")
-        return bytes(buf)
 
     def _read_held(self, c: PeerConn, plen: int, what: str, early: bool) -> bytearray:
         """A payload that cannot go straight into its transfer's buffer, its memory grown only as bytes
