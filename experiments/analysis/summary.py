@@ -148,6 +148,58 @@ class VariantSummary(BaseModel):
     emulator_p99_late_ms: Annotated[float | None, Column("emulator p99 late ms", 1)] = None
 
 
+# The similarity ratios (experiments.analysis.similarity computes them): name -> heading in summary.md
+SIMILARITY_RATIOS = {
+    "kv_transfer_over_prefill": "WAN KV transfer time ÷ prefill time",
+    "rtt_over_tpot": "WAN RTT ÷ TPOT",
+    "kv_bytes_over_bdp": "WAN KV bytes per request ÷ (line rate × RTT)",
+    "kv_transfer_over_rld_decode": "WAN KV transfer time ÷ the RLD's decode time of the request",
+    "rld_token_share": "RLD token share",
+    "drc_hit": "DRC hit",
+}
+
+
+class Published(Closed):
+    """The published deployment's value of a similarity ratio, derived from shared/PDD.md's figures.
+
+    value: None where PDD.md does not give enough to derive it; relation: how the derived value stands to the
+    deployment's ("≈", or "≥" / "≤" where a published figure only bounds a term); basis: the published figures
+    used, and how"""
+
+    value: float | None
+    relation: str = "≈"
+    basis: str
+
+
+class SimilarityRatio(Closed):
+    """One dimensionless ratio that decides PDD's behaviour, for one variant (experiments.analysis.similarity).
+
+    statistic: what value is (a median of per-request ratios, a token share, a mean); n: the requests it is
+    over; never_landed: of them, requests whose WAN copy of the prompt KV never finished (ranked as +inf);
+    beyond: the median lies among those (value None); ci95: the 95% interval, sessions resampled (None: too
+    few requests or sessions)"""
+
+    ratio: str  # a key of SIMILARITY_RATIOS
+    variant: str
+    value: float | None
+    ci95: list[float | None] | None = None
+    statistic: str
+    n: int
+    never_landed: int = 0
+    beyond: bool = False
+    published: Published
+
+
+class Similarity(Closed):
+    """How far the run's setting is from the published deployment: the WAN profile's base round trip and line
+    rate, their product, and each ratio per variant where it applies."""
+
+    rtt_ms: float | None  # both directions' delay_ms of the WAN profile (its schedule's changes left out)
+    rate_mbit: float | None  # A->B line rate; None: unlimited (or no topology)
+    bdp_bytes: float | None  # rate x RTT
+    ratios: list[SimilarityRatio]
+
+
 class Summary(Closed):
     """summary.json: what the analysis of one run found."""
 
@@ -162,6 +214,7 @@ class Summary(Closed):
     cross_traffic: dict[str, Any] = {}
     ablation: dict[str, Any] | None = None
     analysed_by: dict[str, Any] | None = None
+    similarity: Similarity | None = None  # absent from summaries made before it (still version 2)
 
 
 def columns() -> list[tuple[str, Column]]:

@@ -2,7 +2,8 @@
 
 Responsible for: rendering the summary (experiments.analysis.metrics) as Markdown: the
 main table per variant, warnings, the latencies with their 95% intervals and
-pdd over each baseline, KV transfers by path, WAN bytes three ways, fallbacks,
+pdd over each baseline, the similarity to the published deployment (experiments.analysis.summary_pdd),
+KV transfers by path, WAN bytes three ways, fallbacks,
 each worker on its own, the PDD section (and why the MD took little over, where it did), hit-rate
 buckets and token streams; numbers formatted for reading (kB / MB, thousands).
 Not responsible for: computing any metric (experiments.analysis.metrics) or plotting.
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from experiments.analysis.formats import num as _f, pct as _pct, ratio_end as _ratio_end, size as _mb
 from experiments.analysis.summary import Stats, Summary, VariantSummary, columns
-from experiments.analysis.summary_pdd import _handoff_section, _pdd_section, _settle_lines
+from experiments.analysis.summary_pdd import _handoff_section, _pdd_section, _settle_lines, similarity_section
 from experiments.rundir.metadata import RunMetadata
 from experiments.spec.workload import bucket_names
 
@@ -49,6 +50,7 @@ def markdown(summary: Summary, meta: RunMetadata) -> str:
     lines += _warnings_section(summary.warnings)
     lines += _intervals_section(per)
     lines += _comparisons_section([c.model_dump() for c in summary.comparisons])
+    lines += similarity_section(summary.similarity)
     lines += _rest(per, summary, meta)
     return "\n".join(lines) + "\n"
 

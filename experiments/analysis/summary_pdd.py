@@ -1,5 +1,6 @@
 """summary.md's PDD sections: the handoffs (by variant, and by mode where modes interleave), the PDD bullet list,
-the warm-up's settle and why the MD took little over where it did (pure functions over summary.json's data).
+the warm-up's settle, why the MD took little over where it did, and the similarity to the published deployment
+(pure functions over summary.json's data).
 
 Not responsible for: the other sections of summary.md (experiments.analysis.summary_md) or any figure.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 import math
 
 from experiments.analysis.formats import num as _f, pct as _pct, ratio_end as _ratio_end, size as _mb
+from experiments.analysis.summary import SIMILARITY_RATIOS, Published, Similarity, SimilarityRatio
 from experiments.rundir.metadata import RunMetadata
 
 PUBLISHED_HANDOFF = (
@@ -188,3 +190,73 @@ def _why_few_handoffs(p: dict) -> list[str]:
             else ""
         )
     ]
+
+
+BOUND_OF_FACTOR = {"≥": "≤ ", "≤": "≥ ", "≈": ""}  # a published lower bound makes the factor an upper bound
+
+
+def _g(x: float | None) -> str:
+    """A ratio with three significant digits; "∞" for an interval's end on transfers that never landed."""
+    return "∞" if x is None else f"{x:.3g}"
+
+
+def _this_run(r: SimilarityRatio) -> str:
+    if r.beyond:
+        return f"never landed ({r.never_landed} of {r.n})"
+    if r.value is None:
+        return "–"
+    out = _g(r.value) + (f" [{_g(r.ci95[0])}, {_g(r.ci95[1])}]" if r.ci95 else " (too few)")
+    return out + (f" · {r.never_landed} never landed" if r.never_landed else "")
+
+
+def _published(p: Published) -> str:
+    if p.value is None:
+        return "not published" if p.basis.startswith("not published") else "–"
+    return f"{'' if p.relation == '≈' else p.relation + ' '}{_g(p.value)}"
+
+
+def _factor(r: SimilarityRatio) -> str:
+    """This run's value over the published one ("–" where either is missing or zero)."""
+    if r.value is None or not r.published.value:
+        return "–"
+    return f"{BOUND_OF_FACTOR.get(r.published.relation, '')}{r.value / r.published.value:.3g}×"
+
+
+def similarity_section(sim: Similarity | None) -> list[str]:
+    """The table "Similarity to the published deployment": each ratio per variant with its interval, beside the
+    published deployment's value and how far this run is from it; the published values' bases below."""
+    if sim is None or not sim.ratios:
+        return []
+    bdp = f"{sim.bdp_bytes / 1e6:,.2f} MB" if sim.bdp_bytes is not None else "–"
+    lines = [
+        "",
+        "## Similarity to the published deployment",
+        "",
+        f"WAN profile: base RTT {_f(sim.rtt_ms, 1)} ms (both directions' delay), line {_f(sim.rate_mbit)} Mbit/s, "
+        f"bandwidth-delay product {bdp}.",
+        "",
+        "| ratio | variant | this run [95%] | published | this run ÷ published | requests |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in sim.ratios:
+        lines.append(
+            f"| {SIMILARITY_RATIOS.get(r.ratio, r.ratio)} | {r.variant} | {_this_run(r)} | {_published(r.published)} "
+            f"| {_factor(r)} | {r.n} |"
+        )
+    lines += [
+        "",
+        "Per request, then the median over the variant's requests (the share and the hit: over its tokens and "
+        "requests); intervals resample sessions (experiments/analysis/similarity.py). WAN KV transfer: P's "
+        "kv_send_start to kv_send_end of the prompt's copy to the MD, a copy that never landed (cancelled when "
+        "the RLD finished first, failed) ranked longest; prefill: P's prefill_arrival to prefill_done; RLD decode "
+        "time: (max tokens − 1) × the RLD's TPOT for the request; above 1 the RLD finishes before the MD holds "
+        "the KV and no handoff happens. The published column is derived from shared/PDD.md's figures (pdd: PDD; "
+        "pd-cross: the naive cross-DC PD); ≥ / ≤: a published figure bounds a term, so the value is a bound. "
+        "Published bases:",
+    ]
+    seen = {}
+    for r in sim.ratios:
+        if r.published.value is not None or r.published.basis.startswith("not published"):
+            seen.setdefault((r.ratio, r.published.basis), f"{SIMILARITY_RATIOS.get(r.ratio, r.ratio)}, {r.variant}")
+    lines += [f"- {who}: {basis}" for (_, basis), who in seen.items()]
+    return lines
