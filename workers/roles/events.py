@@ -78,8 +78,11 @@ NAMES: dict[str, str] = {
     # decode workers (RLD and MD)
     "decode_arrival": "a decode session was asked for",
     "decode_open": "a decode session opened (cached tokens, where its KV comes from)",
-    "kv_room_wait": "the cache was full for now: the session opens once other sessions' ends free room",
-    "kv_room_ready": "a session that waited for room opened (how long it waited)",
+    "kv_room_wait": (
+        "the cache was full for now: the session (decode worker) or the prompt (P, queued behind `ahead` others) "
+        "opens once others' ends free room"
+    ),
+    "kv_room_ready": "a session or a prompt that waited for room opened (how long it waited: wait_ns)",
     "drc_inflight": "a session waits for the prefix another session is still bringing",
     "drc_inflight_ready": "that prefix landed: the session opens on it",
     "prefix_lost": "the prefix waited for was not left in the DRC: the session is not opened on it",

@@ -2,7 +2,9 @@
 
 Responsible for: the `Prefill` gRPC service; asking a decode worker's DRC
 (`Decode.PrefixLength`) where its WAN copy must start, while the prefill
-already runs (layers wait until the answer comes); computing the prompt
+already runs (layers wait until the answer comes); queueing a prompt while
+the cache is full for now, first come first served, bounded in length and
+time (roomqueue.py; prefill.max_waiting, room_wait_ms); computing the prompt
 (on top of P's own prefix cache) while every layer's KV leaves on each target
 path as soon as it is written (`layerhook`); the first token; cancelling a
 request's transfers still in flight (`Cancel`).
@@ -26,12 +28,13 @@ import numpy as np
 
 from workers.chunked import ChunkScheduler
 from workers.engine import Engine, GenerationRequest, LayerWrite
-from workers.errors import EngineError
+from workers.errors import CapacityExceeded, EngineError
 from workers.kvwire import CONNECTIONS, KVSender, SendResult, meta_for
 from workers.proto import pdd_pb2, pdd_pb2_grpc
 from workers.roles.config import DeploymentConfig, PathConfig, WorkerConfig
 from workers.roles.events import EventLog
 from workers.roles.layerhook import layer_tap, read_layer
+from workers.roles.roomqueue import RoomQueue
 from workers.roles.server import (
     Channels,
     RoleServer,
@@ -90,6 +93,8 @@ class PrefillServicer(pdd_pb2_grpc.PrefillServicer):
         self._senders_lock = threading.Lock()
         self.channels = Channels(cfg)
         self.wan = WanEstimator()
+        # prompts that find the cache full for now wait here, in order, for earlier ones' blocks
+        self.room = RoomQueue(cfg.prefill.max_waiting, cfg.prefill.room_wait_ms / 1000, "prefill")
 
     # ------------------------------------------------------------ RPCs
 
@@ -183,11 +188,7 @@ class PrefillServicer(pdd_pb2_grpc.PrefillServicer):
 
     def _prefill(self, gen: GenerationRequest, plans: list[_Target], context) -> tuple[int, int, tuple[int, int]]:
         rid = gen.request_id
-        with self.lock:
-            try:
-                opened = self.engine.open(gen)
-            except EngineError as err:
-                context.abort(status_of(err), str(err))
+        opened = self._open(gen, context)
         self.events.emit("prefill_start", rid, cached_tokens=opened.cached_tokens)
         try:
             first, computed = self._compute(gen, plans, opened.cached_tokens)
@@ -204,6 +205,7 @@ class PrefillServicer(pdd_pb2_grpc.PrefillServicer):
                 self.engine.abort(rid)
             raise
         finally:
+            self.room.freed()  # its blocks are free (or cached, evictable): a prompt waiting for room tries
             self._log_steps()
         ready = [p for p in plans if p.sender is not None]
         for plan in ready:
@@ -217,6 +219,35 @@ class PrefillServicer(pdd_pb2_grpc.PrefillServicer):
             else:  # P->MD: the first token travels with this copy
                 self._finish_late(gen, plan, first)
         return first, t_first, (opened.cached_tokens, computed)
+
+    def _open(self, gen: GenerationRequest, context):
+        """Open gen in the engine, reserving its blocks. A cache full for now queues it (FIFO, bounded in length
+        and time: prefill.max_waiting, room_wait_ms) until earlier prompts free blocks; past the bound, or
+        never fitting, it is refused (RESOURCE_EXHAUSTED)."""
+        rid = gen.request_id
+
+        def try_open():
+            with self.lock:
+                return self.engine.open(gen)
+
+        def on_queue(ahead: int) -> None:
+            self.events.emit("kv_room_wait", rid, prompt_tokens=len(gen.prompt_tokens), ahead=ahead)
+
+        def too_big() -> None:  # the engine's own test (CapacityExceeded.never_fits), without opening
+            kv = self.engine.kv
+            needed = kv.blocks_for(len(gen.prompt_tokens) + gen.max_tokens)
+            if needed > kv.num_blocks:
+                with self.lock:
+                    available = self.engine.available_blocks()
+                raise CapacityExceeded(rid, needed, available, kv.num_blocks, kv.block_size)
+
+        try:
+            opened, wait_ns = self.room.admit(rid, try_open, lambda: not context.is_active(), on_queue, too_big)
+        except EngineError as err:
+            context.abort(status_of(err), str(err))
+        if wait_ns:
+            self.events.emit("kv_room_ready", rid, wait_ns=wait_ns)
+        return opened
 
     def _compute(self, gen: GenerationRequest, plans: list[_Target], cached: int) -> tuple[int, int]:
         """The prompt's KV beyond the cached prefix, each layer shipped as it is written; (first token, tokens
