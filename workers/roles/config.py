@@ -168,8 +168,9 @@ class PrefillConfig:
     # the next one's first), each layer's KV leaving as it is written; 0: whole prompts, one at a time
     step_budget_tokens: Annotated[Int, Range(0, 1 << 20)] = 256
     # prompts that may wait at once for KV blocks while P's cache is full for now (FIFO; workers/roles/roomqueue.py);
-    # one more is refused (RESOURCE_EXHAUSTED). 0: none waits, a prompt without room is refused at once
-    max_waiting: Annotated[Int, Range(0, 100_000)] = 256
+    # one more is refused (RESOURCE_EXHAUSTED). 0: none waits, a prompt without room is refused at once. Each
+    # waiting prompt holds one of P's grpc_threads: kept well below them, Cancel and Stats still find a thread
+    max_waiting: Annotated[Int, Range(0, 100_000)] = 32
     # how long a prompt may wait for KV blocks before it is refused (RESOURCE_EXHAUSTED): below decode.kv_wait_ms,
     # which the decode side's session waits for this prompt's KV
     room_wait_ms: Ms = 10000
