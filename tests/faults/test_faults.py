@@ -6,6 +6,7 @@ Three experiments (tiny model, pdd, a few concurrent sessions over ~20 s; proces
   generator, each SIGKILLed KILL_AT_S into its variant's window, and last the userspace emulator (the WAN
   stops forwarding for good, so it goes last);
 - wan: 30% loss both ways for 10 s, then a 20 s outage (100% loss both ways);
+- one-way: a one-way partition (100% loss A->B for 10 s), then the other way (B->A);
 - docker-kills: the RLD and the MD each SIGKILLed in the Docker runtime, where the kill ends the role's
   container;
 - md-after-handoff: the MD SIGKILLed on the first handoff after KILL_AT_S (the fault's `after` cue), while
@@ -37,6 +38,7 @@ DOCKER_TARGETS = ("rld", "md")  # also in the Docker runtime: its kill ends the 
 REQUEST_S = 30
 LOSS = (2, 12, 30)  # s into the window: from, to, loss %
 OUTAGE = (14, 34)  # s: 100% loss both ways
+ONE_WAY = ((2, 10), (14, 10))  # (from s, for s): A->B down, then B->A down
 
 WORKLOAD = [
     "model=tiny",
@@ -77,6 +79,15 @@ def wan(tmp_path_factory):
     down = f"{{at_s: {OUTAGE[0]}, duration_s: {OUTAGE[1] - OUTAGE[0]}, direction: both, set: {{loss_pct: 100}}}}"
     schedule = f"schedule=[{lossy}, {down}]"
     return _run(tmp_path_factory, "wan", ["variants=[pdd]", schedule])
+
+
+@pytest.fixture(scope="module")
+def one_way(tmp_path_factory):
+    """A one-way partition each way in turn: A->B down (P's KV and the handoffs cannot reach the MD, its
+    tokens still come back), then B->A down (the MD's tokens and the KV's ACKs cannot come back)."""
+    there = f"{{at_s: {ONE_WAY[0][0]}, duration_s: {ONE_WAY[0][1]}, direction: a_to_b, set: {{loss_pct: 100}}}}"
+    back = f"{{at_s: {ONE_WAY[1][0]}, duration_s: {ONE_WAY[1][1]}, direction: b_to_a, set: {{loss_pct: 100}}}}"
+    return _run(tmp_path_factory, "one-way", ["variants=[pdd]", f"schedule=[{there}, {back}]"])
 
 
 @pytest.fixture(scope="module")
@@ -208,6 +219,15 @@ def test_the_wan_down_for_20_s_and_30_percent_loss(wan, reference):
     print(f"wan: {v['completed']} completed, {v['failed']} failed; fallbacks {v['fallbacks']}")
     assert v["failed"] == 0 and v["completed"] == v["requests"], v["errors"]
     assert v["fallbacks"], "the outage caught no request"
+    check_nobody_hung(meta, "pdd", None)
+
+
+def test_a_one_way_partition_each_way(one_way, reference):
+    out, meta, summary = one_way
+    v = check_accounted(out, meta, summary, "pdd", reference)
+    print(f"one-way: {v['completed']} completed, {v['failed']} failed; fallbacks {v['fallbacks']}")
+    assert v["failed"] == 0 and v["completed"] == v["requests"], v["errors"]
+    assert v["fallbacks"], "the partitions caught no request"
     check_nobody_hung(meta, "pdd", None)
 
 
