@@ -129,8 +129,9 @@ def test_a_burst_larger_than_the_cache_waits_and_completes_in_order(make_p):
     assert [e["ahead"] for e in p.logged("kv_room_wait")] == [0, 1, 2]
 
 
-def test_a_concurrent_burst_larger_than_the_cache_all_completes(make_p):
-    p = make_p()  # the aiperf case: prompts arrive together, nothing holds the cache but themselves
+@pytest.mark.parametrize("budget", [256, 0])  # chunks of every prompt share steps; whole prompts one at a time
+def test_a_concurrent_burst_larger_than_the_cache_all_completes(make_p, budget):
+    p = make_p(step_budget_tokens=budget)  # the aiperf case: prompts arrive together, nothing else holds the cache
     prompts = [_prompt(i) for i in range(8)]  # 8 x 7 blocks against 8
     calls = [p.prefill(f"r{i}", prompt) for i, prompt in enumerate(prompts)]
     assert [c.result().first_token for c in calls] == [_first_token(prompt) for prompt in prompts]
