@@ -2,7 +2,7 @@
 
 Responsible for: turning a spec's `workload` section into a fixed list of
 `WorkloadRequest`s (pure, seeded: the same list for every variant), reading a
-JSON-lines trace (bad lines rejected with their line number), and the
+JSON-lines trace (bad lines rejected with their line and field), and the
 *expected* decode-side hit of each request — what an unbounded DRC that has
 seen every earlier turn would hold — which buckets requests identically in
 every variant.
@@ -38,7 +38,7 @@ import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from experiments.spec import mooncake
+from experiments.spec import mooncake, tracefile
 
 KINDS = ("warmup", "turn", "fresh", "singular", "trace")
 WARMUP_OUTPUT_TOKENS = 16  # above any singular output cap, so the warm-up reaches the MD in pdd
@@ -258,36 +258,49 @@ TRACE_KEYS = {"t_s", "session", "input_tokens", "token_ids", "output_tokens"}
 
 
 def _trace_line(raw: str, where: str, vocab: int, context: int) -> dict:
-    try:
-        d = json.loads(raw)
-    except json.JSONDecodeError as err:
-        raise TraceError(f"{where}: not JSON: {err.msg}") from None
+    d = tracefile.parse(raw, where, TraceError)
     if not isinstance(d, dict):
-        raise TraceError(f"{where}: expected an object with keys {sorted(TRACE_KEYS)}")
+        raise TraceError(f"{where}: expected an object with keys {sorted(TRACE_KEYS)}; got {tracefile.shown(d)}")
     unknown = sorted(set(d) - TRACE_KEYS)
     if unknown:
         raise TraceError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(TRACE_KEYS)}")
-    t = d.get("t_s")
+    t = _required(d, "t_s", where)
     if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t) or t < 0:
-        raise TraceError(f"{where}: t_s must be a finite number >= 0 (arrival, s), got {t!r}")
-    out = d.get("output_tokens")
+        raise TraceError(f"{where}: t_s must be a finite number >= 0 (arrival, s), got {tracefile.shown(t)}")
+    out = _required(d, "output_tokens", where)
     if not isinstance(out, int) or isinstance(out, bool) or not 1 <= out < context:
-        raise TraceError(f"{where}: output_tokens must be an int in [1, {context - 1}], got {out!r}")
+        raise TraceError(f"{where}: output_tokens must be an int in [1, {context - 1}], got {tracefile.shown(out)}")
     if ("input_tokens" in d) == ("token_ids" in d):
         raise TraceError(f"{where}: exactly one of input_tokens or token_ids is required")
     if "token_ids" in d:
-        ids = d["token_ids"]
-        if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and 0 <= i < vocab for i in ids):
-            raise TraceError(f"{where}: token_ids must be a non-empty list of ints in [0, {vocab})")
+        _token_ids(d["token_ids"], out, where, vocab, context)
     elif not isinstance(d["input_tokens"], int) or isinstance(d["input_tokens"], bool) or d["input_tokens"] < 1:
-        raise TraceError(f"{where}: input_tokens must be an int >= 1, got {d['input_tokens']!r}")
+        raise TraceError(f"{where}: input_tokens must be an int >= 1, got {tracefile.shown(d['input_tokens'])}")
     elif d["input_tokens"] + out > context:  # checked before any token is drawn
         n = d["input_tokens"]
         raise TraceError(f"{where}: prompt {n} + output {out} tokens exceed the model's context {context}")
     session = d.get("session", "")
     if not isinstance(session, str):
-        raise TraceError(f"{where}: session must be a string, got {session!r}")
+        raise TraceError(f"{where}: session must be a string, got {tracefile.shown(session)}")
     return d
+
+
+def _required(d: dict, key: str, where: str):
+    if key not in d:
+        raise TraceError(f"{where}: missing key {key!r}")
+    return d[key]
+
+
+def _token_ids(ids, out: int, where: str, vocab: int, context: int) -> None:
+    if not isinstance(ids, list) or not ids:
+        raise TraceError(
+            f"{where}: token_ids must be a non-empty list of ints in [0, {vocab}), got {tracefile.shown(ids)}"
+        )
+    if len(ids) + out > context:  # checked before the list is walked
+        raise TraceError(f"{where}: prompt {len(ids)} + output {out} tokens exceed the model's context {context}")
+    for i, t in enumerate(ids):
+        if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab:
+            raise TraceError(f"{where}: token_ids[{i}] must be an int in [0, {vocab}), got {tracefile.shown(t)}")
 
 
 def load_trace(path: Path, vocab: int, block: int, context: int, seed: int) -> list[WorkloadRequest]:
@@ -298,12 +311,8 @@ def load_trace(path: Path, vocab: int, block: int, context: int, seed: int) -> l
     reply plus new tokens (so it must exceed them); the next turn waits for the previous reply.
     """
     rng = random.Random(seed)
-    try:
-        lines = Path(path).read_text().splitlines()
-    except OSError as err:
-        raise TraceError(f"{path}: cannot read the trace: {err.strerror}") from None
     parsed = []
-    for no, raw in enumerate(lines, 1):
+    for no, raw in tracefile.lines(path, TraceError):
         if raw.strip() and not raw.lstrip().startswith("#"):
             parsed.append((no, _trace_line(raw, f"{path}:{no}", vocab, context)))
     if not parsed:

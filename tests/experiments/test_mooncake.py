@@ -2,6 +2,8 @@
 window, the expected hit from the hash ids, bad lines refused naming the line, and the shipped slice."""
 
 import json
+import math
+import tracemalloc
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -78,14 +80,39 @@ def test_the_window_time_scale_and_caps(tmp_path):
 @pytest.mark.parametrize(
     "raw,needle",
     [
-        ("{nope", "t.jsonl:2: not JSON"),
+        ("{nope", "t.jsonl:2: not JSON: Expecting property name enclosed in double quotes (column 2)"),
         (json.dumps({"timestamp": 1, "input_length": 5, "output_length": 1}), "exactly the keys"),
+        (json.dumps({"timestamp": 1, "input_length": 5, "output_length": 1}), "; missing ['hash_ids']"),
         (json.dumps({**line(1, 5, 1, [0]), "session": "x"}), "exactly the keys"),
+        (json.dumps({**line(1, 5, 1, [0]), "session": "x"}), "; unknown ['session']"),
+        ("[1, 2]", "t.jsonl:2: a Mooncake trace line is an object with the keys"),
         (json.dumps(line(-1, 5, 1, [0])), "timestamp must be a finite number >= 0"),
         (json.dumps(line(1, 0, 1, [0])), "input_length must be an int >= 1, got 0"),
         (json.dumps(line(1, 5, 1.5, [0])), "output_length must be an int >= 1, got 1.5"),
         (json.dumps(line(1, 1025, 1, [0, 1])), "2 hash_ids cannot cover input_length=1025 (one per 512-token block: 3"),
-        (json.dumps(line(1, 5, 1, [0, "a"])), "hash_ids must be a list of ints >= 0"),
+        (json.dumps(line(1, 5, 1, [0, "a"])), "hash_ids[1] must be an int >= 0, got 'a'"),
+        (json.dumps(line(1, 5, 1, [0, -3])), "hash_ids[1] must be an int >= 0, got -3"),
+        (json.dumps(line(1, 5, 1, 7)), "hash_ids must be a list of ints >= 0, got 7"),
+        # absurd numbers and nesting: once a raw ValueError, OverflowError or RecursionError without the line
+        pytest.param(
+            json.dumps(line(1, "N", 1, [0])).replace('"N"', "9" * 5000),
+            "t.jsonl:2: input_length must be an int >= 1, got a 5000-digit number",
+            id="5000-digit",
+        ),
+        (
+            json.dumps(line(10**399, 5, 1, [0])),
+            "t.jsonl:2: timestamp must be a finite number >= 0 (ms), got a 400-digit",
+        ),
+        (json.dumps(line(1, 10**399, 1, [0])), "t.jsonl:2: input_length must be an int >= 1, got a 400-digit number"),
+        (json.dumps(line(1, 5, 1, [10**399])), "t.jsonl:2: hash_ids[0] must be an int >= 0, got a 400-digit number"),
+        pytest.param(
+            json.dumps(line(1, 5, 1, "X")).replace('"X"', "[" * 10_000 + "]" * 10_000),
+            "t.jsonl:2: not JSON this loader reads: nested too deep",
+            id="hash_ids-nested-10000",
+        ),
+        pytest.param(
+            "[" * 10_000 + "]" * 10_000, "t.jsonl:2: not JSON this loader reads: nested too deep", id="nested"
+        ),
     ],
 )
 def test_a_bad_line_is_refused_naming_it(tmp_path, raw, needle):
@@ -94,6 +121,46 @@ def test_a_bad_line_is_refused_naming_it(tmp_path, raw, needle):
     with pytest.raises(MooncakeError) as info:
         mooncake.load(path, opts(), 256, 4, 128, 0)
     assert needle in str(info.value)
+
+
+def test_a_huge_bad_value_is_shown_cut_and_bytes_not_utf8_name_the_line(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps(line(0, 512, 1, [0])) + "\n" + json.dumps(line(1, [0] * 200_000, 1, [0])) + "\n")
+    with pytest.raises(
+        MooncakeError, match=r"t.jsonl:2: input_length must be an int >= 1, got \[0, 0, 0, 0, \.\.\.\]$"
+    ):
+        mooncake.load(path, opts(), 256, 4, 128, 0)  # the message was the 600,000-character list
+    path.write_bytes(json.dumps(line(0, 512, 1, [0])).encode() + b"\n" + b'{"timestamp": \xff}\n')
+    with pytest.raises(MooncakeError, match=r"t.jsonl:2: not UTF-8 \(byte 15 of the line\)"):
+        mooncake.load(path, opts(), 256, 4, 128, 0)
+
+
+def huge_line(tmp_path, n_ids: int) -> Path:
+    """One request listing n_ids distinct hash ids (a line of about 8 bytes per id), all of them needed."""
+    return trace(tmp_path, line(0, 512 * n_ids, 1, list(range(10**6, 10**6 + n_ids))))
+
+
+def test_only_the_hash_ids_the_cut_prompt_needs_are_expanded(tmp_path):
+    path = huge_line(tmp_path, 250_000)
+    assert path.stat().st_size > 2 * 2**20
+    ((_, d),) = mooncake.read(path)
+    blocks = mooncake.Blocks(seed=0, vocab=32000, size=8)
+    prompt = blocks.prompt(d["hash_ids"], 4095)
+    assert len(prompt) == 4095 and len(blocks) == math.ceil(4095 / 8)  # 512 of the 250,000 ids
+    assert prompt[:8] == blocks[10**6] and prompt[-7:] == blocks[10**6 + 511][:7]
+
+
+def test_a_2_mib_line_loads_in_memory_of_its_json_not_of_its_hash_ids_expanded(tmp_path):
+    path = huge_line(tmp_path, 250_000)
+    tracemalloc.start()
+    try:
+        (entry,) = mooncake.load(path, opts(tokens_per_hash_block=8), vocab=32000, block=16, context=4096, seed=0)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert (len(entry.tokens), entry.max_tokens) == (4095, 1)
+    # the parsed line is ~10 MiB of ints; expanding every id to its 8 tokens first took 112 MiB
+    assert peak < 32 * 2**20, f"peak {peak / 2**20:.0f} MiB"
 
 
 def test_an_empty_window_and_a_missing_file_are_clear_errors(tmp_path):

@@ -104,9 +104,38 @@ def test_trace_replay(tmp_path):
         ('{"t_s": -1, "input_tokens": 4, "output_tokens": 1}', "t.jsonl:2: t_s must be a finite number >= 0"),
         ('{"t_s": Infinity, "input_tokens": 4, "output_tokens": 1}', "t.jsonl:2: t_s must be a finite number"),
         ('{"t_s": 1, "input_tokens": 1000000000, "output_tokens": 2}', "t.jsonl:2: prompt 1000000000 + output 2"),
-        ('{"t_s": 1, "input_tokens": 4}', "t.jsonl:2: output_tokens must be an int"),
+        ('{"t_s": 1, "input_tokens": 4}', "t.jsonl:2: missing key 'output_tokens'"),
+        ('{"input_tokens": 4, "output_tokens": 1}', "t.jsonl:2: missing key 't_s'"),
         ('{"t_s": 1, "output_tokens": 2}', "t.jsonl:2: exactly one of input_tokens or token_ids"),
-        ('{"t_s": 1, "token_ids": [1, 999], "output_tokens": 2}', "t.jsonl:2: token_ids must be"),
+        ('{"t_s": 1, "token_ids": [1, 999], "output_tokens": 2}', "t.jsonl:2: token_ids[1] must be an int in [0, 256)"),
+        (
+            '{"t_s": 1, "token_ids": [1, true], "output_tokens": 2}',
+            "t.jsonl:2: token_ids[1] must be an int in [0, 256)",
+        ),
+        ("[1, 2]", "'token_ids']; got [1, 2]"),
+        (
+            '{"t_s": 1, "input_tokens": 4, "output_tokens": 2, "session": ["a", "b", "c", "d", "e"]}',
+            "t.jsonl:2: session must be a string, got ['a', 'b', 'c', 'd', ...]",
+        ),
+        # absurd numbers and nesting: once a raw ValueError, OverflowError or RecursionError without the line
+        pytest.param(
+            '{"t_s": 1, "input_tokens": 4, "output_tokens": %s}' % ("9" * 5000),
+            "t.jsonl:2: output_tokens must be an int in [1, 127], got a 5000-digit number",
+            id="5000-digit",
+        ),
+        (
+            '{"t_s": 1%s, "input_tokens": 4, "output_tokens": 2}' % ("0" * 399),
+            "t.jsonl:2: t_s must be a finite number >= 0 (arrival, s), got a 400-digit number",
+        ),
+        (
+            '{"t_s": 1, "input_tokens": 1%s, "output_tokens": 2}' % ("0" * 399),
+            "t.jsonl:2: input_tokens must be an int >= 1, got a 400-digit number",
+        ),
+        pytest.param(
+            '{"t_s": 1, "token_ids": %s, "output_tokens": 2}' % ("[" * 10_000 + "]" * 10_000),
+            "t.jsonl:2: not JSON this loader reads: nested too deep",
+            id="token_ids-nested-10000",
+        ),
         ('{"t_s": 1, "input_tokens": 4, "output_tokens": 2, "colour": 1}', "t.jsonl:2: unknown key(s) ['colour']"),
         ('{"t_s": 1, "input_tokens": 200, "output_tokens": 2}', "t.jsonl:2: prompt 200 + output 2 tokens exceed"),
         (
@@ -120,6 +149,15 @@ def test_bad_trace_lines_name_the_line(tmp_path, line, needle):
     with pytest.raises(TraceError) as err:
         load_trace(p, vocab=256, block=8, context=128, seed=1)
     assert needle in str(err.value)
+
+
+def test_a_huge_bad_value_is_shown_cut_and_bytes_not_utf8_name_the_line(tmp_path):
+    p = _trace(tmp_path, ['{"t_s": 0, "input_tokens": 30, "output_tokens": 4}', json.dumps({"t_s": [0] * 200_000})])
+    with pytest.raises(TraceError, match=r"t.jsonl:2: t_s must be .*, got \[0, 0, 0, 0, \.\.\.\]$"):
+        load_trace(p, vocab=256, block=8, context=128, seed=1)  # the message was the 600,000-character list
+    p.write_bytes(b'{"t_s": 0, "input_tokens": 30, "output_tokens": 4}\n{"t_s": 1, "session": "\xe9"}\n')
+    with pytest.raises(TraceError, match=r"t.jsonl:2: not UTF-8 \(byte 24 of the line\)"):
+        load_trace(p, vocab=256, block=8, context=128, seed=1)
 
 
 def test_trace_spec_fails_before_the_topology(tmp_path):
