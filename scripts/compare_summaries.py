@@ -22,7 +22,7 @@ from pathlib import Path
 # (per second, Mbit/s, rps), emulator and TCP figures, and every ci95 block.
 TIMING = re.compile(
     r"(_ms|_s|_us|ms|_rps|per_s|_mbit|mbit|ci95|duration|lateness|emulator|rtt|cwnd|queue|busy|occupancy"
-    r"|throughput|tcp|retrans|analysed_by|late|time|gap|open|load)",
+    r"|throughput|tcp|retrans|analysed_by|late|time|gap|open|load|similarity)",
 )
 
 

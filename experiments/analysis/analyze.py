@@ -25,6 +25,7 @@ from experiments.analysis import (
     plots,
     records,
     runmeta,
+    similarity,
     summary_md,
     transfers,
 )
@@ -254,6 +255,7 @@ def analyze(run_dir: Path) -> dict:
     summary["cross_traffic"] = crosstraffic.summarize(run_dir, meta)
     if (abl := ablation.summarize(recs, events, spec)) is not None:
         summary["ablation"] = abl
+    similarity.add_to(summary, recs, variants, meta)
     typed = summary_mod.Summary.model_validate(summary)
     summary_mod.write(run_dir, typed)
     (run_dir / "summary.md").write_text(summary_md.markdown(typed, meta))
