@@ -3,11 +3,13 @@
 Responsible for: `/v1/completions` and `/v1/chat/completions` (streamed as server-sent events, or
 whole), `/v1/models`, `/health` and `/metrics` (Prometheus, vLLM's metric names where one exists, the
 testbed's own beside them); text <-> token IDs with the repo's tokenizer (Hugging Face `tokenizers`
-format, experiments/tokenizers/<model>/), OpenAI-style error bodies for bad input, the PDD mode per
-request (body field `mode`, header `X-PDD-Mode`, else the default), and one record per request in the
-load generator's client.jsonl format (experiments.rundir.clientlog), so the session's directory is analysed like
-a run's.
-Not responsible for: serving (the router and the roles), or bringing anything up (experiments.serve.session).
+format, experiments/tokenizers/<model>/, off the event loop), the PDD mode per request (body field `mode`,
+header `X-PDD-Mode`, else the default), a deadline on the router's silence, the headers of a stream held until
+its first token (a refusal before it is an HTTP status), a drain at SIGTERM, and one record per request, whatever
+became of it, in the load generator's client.jsonl format (experiments.rundir.clientlog), so the session's
+directory is analysed like a run's.
+Not responsible for: what is let in (experiments.serve.admission: body checks, the bound on requests in flight,
+error statuses), serving (the router and the roles), or bringing anything up (experiments.serve.session).
 
 aiohttp (a maintained HTTP stack with SSE-friendly streaming) and prometheus_client serve; decoding is
 greedy, so sampling parameters other than their greedy values are refused, not ignored.
@@ -19,6 +21,7 @@ import argparse
 import asyncio
 import json
 import logging
+import signal
 import threading
 import time
 import uuid
@@ -31,6 +34,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from tokenizers import Tokenizer
 
 from experiments.rundir import clientlog
+from experiments.serve import admission
+from experiments.serve.admission import ApiError, chat_prompt, check_fields
 from experiments.rundir.clientlog import ClientRecord
 from workers.proto import pdd_pb2, pdd_pb2_grpc
 from workers.roles.config import MODES
@@ -38,38 +43,11 @@ from workers.roles.routing import Route
 
 log = logging.getLogger(__name__)
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 60.0, 120.0)
-# Body fields a client may send, with the only values greedy decoding honours (None = any value).
-ALLOWED = {
-    "model": None,
-    "max_tokens": None,
-    "max_completion_tokens": None,
-    "stream": None,
-    "stream_options": None,
-    "mode": None,
-    "user": None,
-    "seed": None,
-    "ignore_eos": None,  # there is no end-of-sequence: every request runs to max_tokens
-    "temperature": (0, 0.0),
-    "n": (1,),
-    "best_of": (1,),
-    "stop": (None, [], ""),
-    "logprobs": (None, False, 0),
-    "top_logprobs": (None, 0),
-    "echo": (False,),
-    "presence_penalty": (0, 0.0),
-    "frequency_penalty": (0, 0.0),
-}
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, code: str = "invalid_request_error"):
-        super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
-
-    def response(self) -> web.Response:
-        kind = "invalid_request_error" if self.status < 500 else "server_error"
-        body = {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
-        return web.json_response(body, status=self.status)
+MAX_IN_FLIGHT = 64  # below the router's bound on calls (its grpc_threads, 80 by default): the door refuses first
+ROUTER_IDLE_S = 60.0  # longer than the roles' own waits (kv_wait_ms 30 s): a router this silent is not coming back
+DRAIN_S = 5.0  # at SIGTERM, requests in flight get this long to end before they are cancelled (and recorded)
+CLIENT_GONE = "CANCELLED: the client closed the connection"
+DOOR_STOPPED = "CANCELLED: the front door stopped"
 
 
 class Metrics:
@@ -108,36 +86,11 @@ class Metrics:
         self.failed = Counter("pddlab:requests_failed", "requests that ended with an error", ["code"], registry=r)
 
 
-def _check_fields(body: dict) -> None:
-    for key, value in body.items():
-        if key in ("prompt", "messages"):
-            continue
-        if key not in ALLOWED:
-            raise ApiError(400, f"unsupported parameter: {key!r}", key, "unsupported_parameter")
-        allowed = ALLOWED[key]
-        if allowed is not None and value not in allowed:
-            raise ApiError(
-                400, f"{key}={value!r} is not supported (greedy decoding: {allowed[0]!r})", key, "unsupported_parameter"
-            )
-
-
-def chat_prompt(messages) -> str:
-    """The chat template: one `<|role|>` line per message, then the assistant's turn."""
-    if not isinstance(messages, list) or not messages:
-        raise ApiError(400, "messages must be a non-empty list", "messages")
-    parts = []
-    for i, m in enumerate(messages):
-        content = m.get("content") if isinstance(m, dict) else None
-        if isinstance(content, list):  # content parts: the text ones
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(content, str):
-            raise ApiError(400, f"messages[{i}] needs a string role and text content", f"messages[{i}]")
-        parts.append(f"<|{m['role']}|>\n{content}\n")
-    return "".join(parts) + "<|assistant|>\n"
-
-
 class FrontDoor:
-    """One served model: the tokenizer, the router's channel, the metrics, the request log."""
+    """One served model: the tokenizer, the router's channel, the metrics, the request log.
+
+    max_in_flight: requests served at once (past it: 429); router_idle_s: the longest wait for the router's
+    next message (s) before the request fails DEADLINE_EXCEEDED."""
 
     def __init__(
         self,
@@ -149,9 +102,14 @@ class FrontDoor:
         log_path: Path,
         workers: dict[str, str],
         variant: str,
+        max_in_flight: int = MAX_IN_FLIGHT,
+        router_idle_s: float = ROUTER_IDLE_S,
     ):
         self.tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+        longest = max(len(t) for t in self.tok.get_vocab(with_added_tokens=True))
+        self.max_prompt_chars = admission.max_prompt_chars(longest, context)
         self.model, self.context, self.default_mode, self.variant = model, context, default_mode, variant
+        self.gate, self.router_idle_s = admission.Gate(max_in_flight), router_idle_s
         self.router = router
         self.channel = grpc.aio.insecure_channel(router)
         self.stub = pdd_pb2_grpc.RouterStub(self.channel)
@@ -164,8 +122,32 @@ class FrontDoor:
 
     # ---------------------------------------------------------------- parsing
 
-    def _request(self, body: dict, chat: bool, header_mode: str | None) -> tuple[list[int], int, str, bool, bool]:
-        _check_fields(body)
+    async def _encode(self, text: str) -> list[int]:
+        """text's token ids, tokenized off the event loop (encode_batch lets go of the GIL; encode does not);
+        text that cannot fit the context is refused before."""
+        if len(text) > self.max_prompt_chars:
+            raise admission.context_exceeded(self.context, f"; a prompt of {len(text)} characters is far over it")
+        (enc,) = await asyncio.to_thread(self.tok.encode_batch, [text])
+        return enc.ids
+
+    async def _prompt_ids(self, body: dict, chat: bool) -> list[int]:
+        if chat:
+            return await self._encode(chat_prompt(body.get("messages")))
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            return await self._encode(prompt)
+        if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+            if len(prompt) >= self.context:
+                raise admission.context_exceeded(self.context, f"; the prompt has {len(prompt)}")
+            if any(not 0 <= t < self.tok.get_vocab_size() for t in prompt):
+                raise ApiError(400, f"a token id outside [0, {self.tok.get_vocab_size()})", "prompt")
+            return list(prompt)
+        raise ApiError(400, "prompt must be a string, one string in a list, or a list of token ids", "prompt")
+
+    async def _request(self, body: dict, chat: bool, header_mode: str | None) -> tuple[list[int], int, str, bool, bool]:
+        check_fields(body)
         if body.get("model", self.model) != self.model:
             raise ApiError(
                 404,
@@ -173,74 +155,70 @@ class FrontDoor:
                 "model",
                 "model_not_found",
             )
-        if chat:
-            text = chat_prompt(body.get("messages"))
-            ids = self.tok.encode(text).ids
-        else:
-            prompt = body.get("prompt")
-            if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-                prompt = prompt[0]
-            if isinstance(prompt, str):
-                ids = self.tok.encode(prompt).ids
-            elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-                ids = list(prompt)
-                if any(not 0 <= t < self.tok.get_vocab_size() for t in ids):
-                    raise ApiError(400, f"a token id outside [0, {self.tok.get_vocab_size()})", "prompt")
-            else:
-                raise ApiError(400, "prompt must be a string, one string in a list, or a list of token ids", "prompt")
-        if not ids:
-            raise ApiError(400, "the prompt is empty", "prompt")
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens", 16))
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-            raise ApiError(400, f"max_tokens must be an integer >= 1, got {max_tokens!r}", "max_tokens")
-        if len(ids) >= self.context:
-            raise ApiError(
-                400,
-                f"This model's maximum context length is {self.context} tokens; the prompt has {len(ids)}",
-                "prompt",
-                "context_length_exceeded",
-            )
-        if len(ids) + max_tokens > self.context:
-            raise ApiError(
-                400,
-                f"This model's maximum context length is {self.context} tokens: {len(ids)} in the "
-                f"prompt + max_tokens={max_tokens} exceed it",
-                "max_tokens",
-                "context_length_exceeded",
-            )
+            raise ApiError(400, f"max_tokens must be an integer >= 1, got {str(max_tokens)[:40]}", "max_tokens")
         mode = body.get("mode") or header_mode or self.default_mode
         if mode not in MODES:
             raise ApiError(400, f"mode {mode!r} not in {list(MODES)}", "mode")
+        ids = await self._prompt_ids(body, chat)
+        if not ids:
+            raise ApiError(400, "the prompt is empty", "prompt")
+        if len(ids) >= self.context:
+            raise admission.context_exceeded(self.context, f"; the prompt has {len(ids)}")
+        if len(ids) + max_tokens > self.context:
+            raise admission.context_exceeded(
+                self.context, f": {len(ids)} in the prompt + max_tokens={max_tokens} exceed it", "max_tokens"
+            )
         stream = body.get("stream", False)
         opts = body.get("stream_options") or {}
-        usage_chunk = bool(stream and isinstance(opts, dict) and opts.get("include_usage"))
-        return ids, max_tokens, mode, bool(stream), usage_chunk
+        return ids, max_tokens, mode, stream, bool(stream and opts.get("include_usage"))
 
     # ---------------------------------------------------------------- serving
 
     async def handle(self, request: web.Request, chat: bool) -> web.StreamResponse:
-        try:
-            try:
-                body = await request.json()
-            except (json.JSONDecodeError, UnicodeDecodeError) as err:
-                raise ApiError(400, f"the body is not valid JSON: {err}") from None
-            if not isinstance(body, dict):
-                raise ApiError(400, "the body must be a JSON object")
-            ids, max_tokens, mode, stream, usage_chunk = self._request(body, chat, request.headers.get("X-PDD-Mode"))
-        except ApiError as err:
-            return err.response()
+        """One request, whatever becomes of it; each one admitted or refused is recorded once, at its end."""
         self.n += 1
         rid = f"serve.{self.n:05d}-{uuid.uuid4().hex[:6]}"
-        kind = "chat.completion" if chat else "text_completion"
-        head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{rid}", "created": int(time.time()), "model": self.model}
-        rec = self._record(rid, ids, max_tokens, mode)
+        if not self.gate.enter():
+            rec = self._record(rid, [], 0, request.headers.get("X-PDD-Mode") or self.default_mode)
+            rec.issued, rec.error = False, f"REFUSED: {self.gate.limit} requests in flight at the front door"
+            self._finish(rec)
+            return admission.too_busy(self.gate.limit).response()
+        rec = None
         self.metrics.running.labels(self.model).inc()
         try:
+            try:
+                body = admission.parse_body(await request.read())
+                ids, max_tokens, mode, stream, usage_chunk = await self._request(
+                    body, chat, request.headers.get("X-PDD-Mode")
+                )
+            except ApiError as err:
+                return err.response()
+            kind = "chat.completion" if chat else "text_completion"
+            head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{rid}", "created": int(time.time()), "model": self.model}
+            rec = self._record(rid, ids, max_tokens, mode)
             if stream:
                 return await self._stream(request, rec, head, kind, usage_chunk)
             return await self._whole(rec, head, kind)
+        except ConnectionError:  # the client went away before its answer was written
+            if rec is not None:
+                rec.error = rec.error or CLIENT_GONE
+            return web.Response(status=499)  # nobody reads it
+        except asyncio.CancelledError:  # the door stops (SIGTERM) past its drain time
+            if rec is not None:
+                rec.error = rec.error or DOOR_STOPPED
+            raise
+        except Exception as err:
+            log.exception("request %s", rid)
+            if rec is not None:
+                rec.error = f"INTERNAL: {err!r}"
+            return ApiError(500, f"the front door failed: {err!r}", code="internal_error").response()
         finally:
+            self.gate.leave()
             self.metrics.running.labels(self.model).dec()
+            if rec is not None:
+                self._finish(rec)
 
     def _record(self, rid: str, ids: list[int], max_tokens: int, mode: str) -> ClientRecord:
         return clientlog.new_record(
@@ -248,25 +226,26 @@ class FrontDoor:
         )
 
     async def _tokens(self, rec: ClientRecord):
-        """The router's tokens as they come (index order), recorded; the done message lands in rec."""
+        """The router's tokens as they come (index order), recorded in rec with its done message; a failed call
+        leaves its `CODE: details` in rec.error. Closing the generator early ends the router's call."""
         call = self.stub.Generate(
             pdd_pb2.GenerateRequest(
                 request_id=rec.router_id, prompt_tokens=rec.prompt, max_tokens=rec.max_tokens, mode=rec.mode
             )
         )
         try:
-            async for ev in call:
+            while (ev := await asyncio.wait_for(call.read(), self.router_idle_s)) is not grpc.aio.EOF:
                 clientlog.add_event(rec, ev)
                 if ev.WhichOneof("kind") == "token":
                     yield ev.token.token
+            if rec.done is None:
+                rec.error = "UNKNOWN: the router's stream ended without its done message"
+        except TimeoutError:
+            rec.error = f"DEADLINE_EXCEEDED: the router sent nothing for {self.router_idle_s:g} s"
         except grpc.aio.AioRpcError as err:
             rec.error = f"{err.code().name}: {err.details()}"
-        except (asyncio.CancelledError, GeneratorExit):  # the client went away: so does the router's call
-            rec.error = rec.error or "CANCELLED: the client closed the connection"
-            call.cancel()
-            raise
         finally:
-            self._finish(rec)
+            call.cancel()  # no-op once it ended; else the router's call ends with ours
 
     def _finish(self, rec: ClientRecord) -> None:
         rec.t_done_ns = time.monotonic_ns()
@@ -278,7 +257,8 @@ class FrontDoor:
             return
         ts = [t.t_recv_ns for t in rec.tokens]
         n = len(ts)
-        m.ttft.labels(lab).observe((ts[0] - rec.t_send_ns) / 1e9)
+        if n:
+            m.ttft.labels(lab).observe((ts[0] - rec.t_send_ns) / 1e9)
         if n > 1:
             m.tpot.labels(lab).observe((ts[-1] - ts[0]) / 1e9 / (n - 1))
         m.e2e.labels(lab).observe((rec.t_done_ns - rec.t_send_ns) / 1e9)
@@ -301,9 +281,13 @@ class FrontDoor:
         return self.tok.decode(ids, skip_special_tokens=False)
 
     async def _whole(self, rec: ClientRecord, head: dict, kind: str) -> web.Response:
-        ids = [t async for t in self._tokens(rec)]
+        tokens = self._tokens(rec)
+        try:
+            ids = [t async for t in tokens]
+        finally:
+            await tokens.aclose()
         if rec.error is not None:
-            return ApiError(503, f"the request failed in the testbed: {rec.error}", code="serving_failed").response()
+            return admission.status_of(rec.error).response()
         text = self._text(ids)
         choice = {"index": 0, "finish_reason": "length", "logprobs": None}
         choice.update(
@@ -312,6 +296,18 @@ class FrontDoor:
         return web.json_response({**head, "object": kind, "choices": [choice], "usage": self._usage(rec)})
 
     async def _stream(self, request, rec: ClientRecord, head: dict, kind: str, usage_chunk: bool) -> web.StreamResponse:
+        """Server-sent events; the headers wait for the first token, so a request the roles refuse or fail before
+        it gets its HTTP status (429, 503, 504), not a 200 stream with no content."""
+        tokens = self._tokens(rec)
+        try:
+            first = await anext(tokens, None)
+            if first is None:
+                return admission.status_of(rec.error or "UNKNOWN: no token").response()
+            return await self._events(request, rec, head, kind, usage_chunk, first, tokens)
+        finally:
+            await tokens.aclose()  # a client gone mid-stream: the router's call ends here
+
+    async def _events(self, request, rec, head: dict, kind: str, usage_chunk: bool, first: int, tokens):
         chat = kind == "chat.completion"
         obj = "chat.completion.chunk" if chat else "text_completion"
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
@@ -331,37 +327,33 @@ class FrontDoor:
         if chat:
             await send(chunk(role=True))
         ids, shown = [], ""
-        tokens = self._tokens(rec)
-        try:
-            async for tok in tokens:
-                ids.append(tok)
-                text = self._text(ids)
-                if text.endswith("\ufffd"):  # half a UTF-8 character: wait for the rest
-                    continue
+
+        async def emit(tok: int) -> None:
+            nonlocal shown
+            ids.append(tok)
+            text = self._text(ids)
+            if not text.endswith("\ufffd"):  # else half a UTF-8 character: wait for the rest
                 await send(chunk(text[len(shown) :]))
                 shown = text
-        except ConnectionError:  # the client closed the stream: end the router's call, record it failed
-            await tokens.aclose()
-            raise
-        if rec.error is not None:
-            await send(
-                {
-                    "error": {
-                        "message": f"the request failed in the testbed: {rec.error}",
-                        "type": "server_error",
-                        "param": None,
-                        "code": "serving_failed",
-                    }
-                }
-            )
+
+        await emit(first)
+        async for tok in tokens:
+            await emit(tok)
+        if rec.error is not None:  # failed mid-stream: the status is sent, the error goes in the stream
+            err = admission.status_of(rec.error)
+            await send({"error": {"message": err.message, "type": "server_error", "param": None, "code": err.code}})
         else:
-            rest = self._text(ids)[len(shown) :]
-            await send(chunk(rest or (None if chat else ""), finish="length"))
+            tail = self._text(ids)[len(shown) :]
+            await send(chunk(tail or (None if chat else ""), finish="length"))
             if usage_chunk:
                 await send({**head, "object": obj, "choices": [], "usage": self._usage(rec)})
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
+
+    def close(self) -> None:
+        with self._log_lock:
+            self._log.close()
 
     # ---------------------------------------------------------------- models, health, metrics
 
@@ -399,29 +391,42 @@ class FrontDoor:
         return web.Response(body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     def app(self) -> web.Application:
+        async def completions(request):
+            return await self.handle(request, chat=False)
+
+        async def chat_completions(request):
+            return await self.handle(request, chat=True)
+
         a = web.Application()
-        a.router.add_post("/v1/completions", lambda r: self.handle(r, chat=False))
-        a.router.add_post("/v1/chat/completions", lambda r: self.handle(r, chat=True))
+        a.router.add_post("/v1/completions", completions)
+        a.router.add_post("/v1/chat/completions", chat_completions)
         a.router.add_get("/v1/models", self.models)
         a.router.add_get("/health", self.health)
         a.router.add_get("/metrics", self.metrics_page)
         return a
 
 
-async def _serve(door: FrontDoor, listen: list[str], unix: str | None) -> None:
-    runner = web.AppRunner(door.app(), access_log=None)
+async def _serve(door: FrontDoor, listen: list[str], unix: str | None, drain_s: float) -> None:
+    """Serve until SIGTERM or SIGINT; then stop listening, give the requests in flight drain_s to end, cancel
+    the rest (each is recorded) and return."""
+    runner = web.AppRunner(door.app(), access_log=None, shutdown_timeout=drain_s)
     await runner.setup()
     for addr in listen:
         host, port = addr.rsplit(":", 1)
         await web.TCPSite(runner, host, int(port)).start()
     if unix:
         await web.UnixSite(runner, unix).start()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
     print("front door ready", flush=True)  # the parent waits for this line
     try:
-        await asyncio.Event().wait()
+        await stop.wait()
+        log.info("stopping: %d requests in flight get %g s", door.gate.in_flight, drain_s)
     finally:
         await runner.cleanup()
         await door.channel.close()
+        door.close()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -436,20 +441,48 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--listen", action="append", default=[], help="HOST:PORT (repeatable)")
     ap.add_argument("--unix", default=None, help="also listen on this UNIX socket")
     ap.add_argument("--worker", action="append", default=[], metavar="NAME=ADDR", help="a worker for /metrics")
+    ap.add_argument(
+        "--max-in-flight", type=_positive(int), default=MAX_IN_FLIGHT, help="requests at once; past it: 429"
+    )
+    ap.add_argument(
+        "--router-idle-s",
+        type=_positive(float),
+        default=ROUTER_IDLE_S,
+        help="longest wait for the router's next message (s); past it the request fails with 504",
+    )
+    ap.add_argument(
+        "--drain-s", type=_positive(float), default=DRAIN_S, help="at SIGTERM, time for requests in flight (s)"
+    )
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     workers = dict(w.split("=", 1) for w in args.worker)
 
     async def go() -> None:
         door = FrontDoor(
-            args.router, args.tokenizer, args.model, args.context, args.mode, args.log, workers, args.variant
+            args.router,
+            args.tokenizer,
+            args.model,
+            args.context,
+            args.mode,
+            args.log,
+            workers,
+            args.variant,
+            max_in_flight=args.max_in_flight,
+            router_idle_s=args.router_idle_s,
         )
-        await _serve(door, args.listen, args.unix)
+        await _serve(door, args.listen, args.unix, args.drain_s)
 
-    try:
-        asyncio.run(go())
-    except KeyboardInterrupt:
-        pass
+    asyncio.run(go())
+
+
+def _positive(kind):
+    def parse(text: str):
+        value = kind(text)
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+
+    return parse
 
 
 if __name__ == "__main__":

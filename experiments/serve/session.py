@@ -17,6 +17,7 @@ import asyncio
 import dataclasses
 import logging
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -27,6 +28,7 @@ from pathlib import Path
 from experiments.run import deploy, runner
 from experiments.spec import deployment
 from experiments.rundir import metadata, files as rundir
+from experiments.serve import front_door
 from experiments.spec import experiment as specmod
 from experiments.rundir.metadata import RunMetadata, VariantRecord
 from topology import naming
@@ -35,6 +37,7 @@ from workers.model import get_config, precision_base
 log = logging.getLogger(__name__)
 TOKENIZERS = Path(__file__).resolve().parents[1] / "tokenizers"
 READY_S = 60.0  # the front door's start (imports, tokenizer)
+FRONT_STOP_S = front_door.DRAIN_S + 10.0  # at teardown: its drain time, then the cancelled requests' records
 
 
 class ServeError(RuntimeError):
@@ -104,7 +107,7 @@ def tokenizer_dir(model: str) -> Path:
     return TOKENIZERS / precision_base(model)
 
 
-def _front_door_argv(spec, mode: str, vdir: Path, port: int, sock: str) -> list[str]:
+def _front_door_argv(spec, mode: str, vdir: Path, port: int, sock: str, max_in_flight: int) -> list[str]:
     names = deploy.worker_names(deployment.pool_sizes(spec))
     workers = [f"--worker={w}={deploy.grpc_address(w)}" for r in ("p", "rld", "md") for w in names[r]]
     return [
@@ -129,6 +132,7 @@ def _front_door_argv(spec, mode: str, vdir: Path, port: int, sock: str) -> list[
         f"--listen={naming.host_ip('client')}:{port}",
         "--unix",
         sock,
+        f"--max-in-flight={max_in_flight}",
         *workers,
     ]
 
@@ -152,8 +156,9 @@ def _wait_line(proc: subprocess.Popen, line: str, log_path: Path, timeout_s: flo
             raise ServeError(f"the front door did not start (exit {proc.poll()}); its log: {log_path}")
 
 
-def run(spec, mode: str = "pdd", port: int = 8000, until=None) -> Path:
-    """Serve until Ctrl-C/SIGTERM/SIGHUP (or until `until()` returns True, for tests); the session dir."""
+def run(spec, mode: str = "pdd", port: int = 8000, until=None, max_in_flight: int = front_door.MAX_IN_FLIGHT) -> Path:
+    """Serve until Ctrl-C/SIGTERM/SIGHUP (or until `until()` returns True, for tests); the session dir.
+    max_in_flight: requests the front door serves at once (past it: HTTP 429)."""
     from topology.net import Testbed, preflight
     from topology.profiles import load_profile
 
@@ -175,7 +180,8 @@ def run(spec, mode: str = "pdd", port: int = 8000, until=None) -> Path:
                 with Testbed(cfg) as tb:
                     meta.topology = metadata.topology_of(tb)
                     try:
-                        _serve_in(tb, spec, mode, out, port, str(sockdir / "http.sock"), meta, until)
+                        sock = str(sockdir / "http.sock")
+                        _serve_in(tb, spec, mode, out, port, sock, meta, until, max_in_flight)
                     finally:
                         meta.topology = metadata.topology_of(tb)  # with the link's changes
             except KeyboardInterrupt:
@@ -187,7 +193,9 @@ def run(spec, mode: str = "pdd", port: int = 8000, until=None) -> Path:
     return out
 
 
-def _serve_in(tb, spec, mode: str, out: Path, port: int, sock: str, meta: RunMetadata, until) -> None:
+def _serve_in(
+    tb, spec, mode: str, out: Path, port: int, sock: str, meta: RunMetadata, until, max_in_flight: int
+) -> None:
     """The roles and the front door up, served until until() (or Ctrl-C); raises ServeError when the front
     door exits, and the link's TestbedError when a step of its schedule failed (the session is incomplete)."""
     vdir = out / "variants" / mode
@@ -203,7 +211,7 @@ def _serve_in(tb, spec, mode: str, out: Path, port: int, sock: str, meta: RunMet
         runner.wait_ready(tb, spec, runtime)
         front = tb.popen(
             "client",
-            _front_door_argv(spec, mode, vdir, port, sock),
+            _front_door_argv(spec, mode, vdir, port, sock, max_in_flight),
             cwd=deploy.REPO,
             env=deploy.worker_env(),
             stdout=subprocess.PIPE,
@@ -230,7 +238,19 @@ def _serve_in(tb, spec, mode: str, out: Path, port: int, sock: str, meta: RunMet
         window.status = "stopped"
         if forwarder is not None:
             forwarder.stop()
-        if front is not None and front.poll() is None:
-            tb.kill("client", front)
+        if front is not None:
+            _stop_front_door(tb, front)
         window.exit_codes = runtime.stop()
         window.t_end_ns = time.monotonic_ns()
+
+
+def _stop_front_door(tb, front: subprocess.Popen) -> None:
+    """SIGTERM: the door stops listening, lets its requests in flight end (or cancels them) and writes every one's
+    record; SIGKILL only if it has not exited FRONT_STOP_S later (tb.kill also ends what a runtime still runs)."""
+    if front.poll() is None:
+        front.send_signal(signal.SIGTERM)
+        try:
+            front.wait(FRONT_STOP_S)
+        except subprocess.TimeoutExpired:
+            log.warning("the front door did not exit %g s after SIGTERM: SIGKILL", FRONT_STOP_S)
+    tb.kill("client", front)

@@ -188,6 +188,13 @@ def engine_stats(engine: Engine, lock: threading.Lock) -> tuple[Callable[[], int
     return open_requests, blocks
 
 
+def max_concurrent_rpcs(cfg: DeploymentConfig) -> int:
+    """The calls a worker takes at once: one per server thread (grpc_threads, the knob). Past it a call is refused
+    with RESOURCE_EXHAUSTED at once, instead of waiting, unbounded, for a thread behind streams that hold theirs
+    for a whole request; the caller (the router, the front door: HTTP 429) sees the overload."""
+    return cfg.grpc_threads
+
+
 class RoleServer:
     """A started gRPC server for one worker; a context manager that stops it.
 
@@ -210,6 +217,7 @@ class RoleServer:
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=cfg.grpc_threads, thread_name_prefix=f"grpc-{worker.name}"),
             options=grpc_options(cfg),
+            maximum_concurrent_rpcs=max_concurrent_rpcs(cfg),
         )
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
