@@ -256,13 +256,19 @@ def test_a_failed_schedule_step_ends_a_serve_session_incomplete(testbed, tmp_pat
     import topology.net
     from experiments.serve import session as serve
 
-    class FrontDoor:  # the front door's process, serving
+    class FrontDoor:  # the front door's process, serving (SIGTERM at teardown: it drains and exits 0)
         def poll(self):
             return None
 
+        def send_signal(self, sig):
+            pass
+
+        def wait(self, timeout=None):
+            return 0
+
     tb = testbed(fail=True)
     monkeypatch.setattr(tb, "popen", lambda *args, **kwargs: FrontDoor())
-    monkeypatch.setattr(tb, "kill", lambda host, proc: None)
+    monkeypatch.setattr(tb, "kill", lambda host, proc, grace_s=5.0: None)
     monkeypatch.setattr(topology.net, "Testbed", FakeTestbed(tb))
     monkeypatch.setattr(topology.net, "preflight", lambda: None)
     monkeypatch.setattr(serve.rundir, "new_run_dir", lambda name: tmp_path)
