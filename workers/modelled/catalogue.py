@@ -44,6 +44,8 @@ class Efficiency:
     host_link: achieved / peak host link (KV export/import) bandwidth
     step_overhead_s: fixed time per engine step: launches, Python, sampling (s)
     part_overhead_s: fixed time per request in a step: its own attention call, gathers, sampling (s)
+    ramp_tokens: a step of this many tokens reaches half the compute efficiency (tokens): small matmuls do
+      not fill the machine (efficiency x T / (T + ramp_tokens)); 0: every step reaches it
     """
 
     compute: Fraction = 0.5
@@ -51,6 +53,7 @@ class Efficiency:
     host_link: Fraction = 0.8
     step_overhead_s: Positive = 0.0
     part_overhead_s: Positive = 0.0
+    ramp_tokens: Positive = 0.0
 
 
 @schema

@@ -14,6 +14,7 @@ Bytes it moves:
     weight bytes of the dense body + of the routed experts the step's T tokens touch (uniform routing:
     a fraction 1 - (1 - k/E)^T of them) + of the LM head when any row has logits
   + the KV of every position a part attends to, read once, and of its new positions, written once
+Compute runs at efficiency x T / (T + ramp_tokens) of the peak (a step of few tokens does not fill the machine).
 Overheads: step_overhead_s per step, + part_overhead_s per request in it (a CPU engine attends request by
 request; a GPU's paged-attention kernel does a batch at once: ~0 there).
 """
@@ -73,8 +74,12 @@ class Roofline:
 
     @property
     def flops_per_s(self) -> float:
-        """Achieved FLOP/s."""
+        """Achieved FLOP/s of a large step."""
         return self.accelerator.dense_flops * self.devices * self.efficiency.compute
+
+    def step_flops_per_s(self, tokens: int) -> float:
+        """Achieved FLOP/s of a step of this many tokens (small ones do not fill the machine: ramp_tokens)."""
+        return self.flops_per_s * tokens / (tokens + self.efficiency.ramp_tokens)
 
     @property
     def bytes_per_s(self) -> float:
@@ -105,7 +110,8 @@ class Roofline:
         f, b = self.flops(parts), self.bytes(parts)
         e = self.efficiency
         overhead = e.step_overhead_s + e.part_overhead_s * len(parts)
-        return StepCost(f, b, f / self.flops_per_s, b / self.bytes_per_s, overhead)
+        compute_s = f / self.step_flops_per_s(sum(p.new_tokens for p in parts))
+        return StepCost(f, b, compute_s, b / self.bytes_per_s, overhead)
 
     def prefill_s(self, new_tokens: int, cached_tokens: int = 0) -> float:
         """A prompt's uncached new_tokens on top of cached_tokens, logits at its last row (s)."""
