@@ -191,7 +191,7 @@ def test_overheads_are_added_per_step_and_per_request():
 
 def test_calibration_recovers_known_efficiencies():
     accel, model = CAT.accelerator("this-machine"), CAT.model("small")
-    truth = Efficiency(compute=0.4, memory=0.8, step_overhead_s=0.004, part_overhead_s=0.001)
+    truth = Efficiency(compute=0.4, memory=0.8, step_overhead_s=0.004, part_overhead_s=0.001, ramp_tokens=10.0)
     true_roof = Roofline(accel, model, 1, truth)
     shapes = [(Part(n, 0, 1),) for n in (64, 512, 2048)] + [
         tuple(Part(1, 256, 1) for _ in range(b)) for b in (1, 8, 32)

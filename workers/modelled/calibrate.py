@@ -64,5 +64,5 @@ def fit_efficiency(
     overheads = [min(base.step_overhead_s, MAX_OVERHEAD_S / 2), min(base.part_overhead_s, MAX_OVERHEAD_S / 2)]
     x0 = np.array([base.compute, base.memory, *overheads, min(base.ramp_tokens, MAX_RAMP_TOKENS / 2)])
     hi = [1.0, 1.0, MAX_OVERHEAD_S, MAX_OVERHEAD_S, MAX_RAMP_TOKENS]
-    fit = least_squares(residuals, x0, bounds=([0.001, 0.001, 0.0, 0.0, 0.0], hi))
+    fit = least_squares(residuals, x0, bounds=([0.001, 0.001, 0.0, 0.0, 0.0], hi), x_scale="jac")
     return efficiency(fit.x)
