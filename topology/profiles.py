@@ -19,6 +19,12 @@ Schema (one file per profile; all keys optional except `name`):
         direction: both              # both | a_to_b | b_to_a
         set: {LinkParams fields}
 
+Instead of fields, `link`, `a_to_b` or `b_to_a` may hold one netem line,
+`{netem: "delay 40ms 8ms distribution normal loss 0.1% rate 200mbit"}`: it sets
+the fields it names, read with tc's grammar (topology.netem_grammar), as if
+they had been written as fields. `LinkParams.netem_line()` is the line the tc
+backend applies.
+
 The semantics of every field are those of `tc-netem(8)`.
 """
 
@@ -32,6 +38,15 @@ from typing import Annotated, Any, Literal
 import yaml
 
 from schema import Float, Int, Range, Str, build, literal_values, schema
+from topology.netem_grammar import (
+    MAX_GAP,
+    MAX_LIMIT_PKTS,
+    MAX_RATE_MBIT,
+    MAX_TIME_MS,
+    NetemSyntaxError,
+    parse_netem,
+    render_netem,
+)
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "netem_profiles"
 Distribution = Literal["uniform", "normal", "pareto", "paretonormal"]
@@ -43,7 +58,7 @@ NETEM_DEFAULT_LIMIT_PKTS = 1000
 # Full-size Ethernet frame used to size a queue in packets from a BDP.
 FRAME_BYTES = 1514
 Pct = Annotated[Float, Range(0, 100)]
-Ms = Annotated[Float, Range(0, 60_000)]
+Ms = Annotated[Float, Range(0, MAX_TIME_MS)]
 
 
 class ProfileError(ValueError):
@@ -102,8 +117,8 @@ class LinkParams:
     reorder_gap: reorder only every gap-th packet; 0 = netem's default
     """
 
-    rate_mbit: Annotated[Float, Range(0, 100_000)] = 0.0
-    limit_pkts: Annotated[Int, Range(0, 10_000_000)] = 0
+    rate_mbit: Annotated[Float, Range(0, MAX_RATE_MBIT)] = 0.0
+    limit_pkts: Annotated[Int, Range(0, MAX_LIMIT_PKTS)] = 0
     delay_ms: Ms = 0.0
     jitter_ms: Ms = 0.0
     delay_distribution: Distribution = "uniform"
@@ -114,7 +129,7 @@ class LinkParams:
     duplicate_pct: Pct = 0.0
     corrupt_pct: Pct = 0.0
     reorder_pct: Pct = 0.0
-    reorder_gap: Annotated[Int, Range(0, 1_000_000)] = 0
+    reorder_gap: Annotated[Int, Range(0, MAX_GAP)] = 0
 
     def __post_init__(self) -> None:
         if self.loss_ge and self.loss_pct:
@@ -123,6 +138,8 @@ class LinkParams:
             raise ValueError("reorder_pct: reordering needs delay_ms > 0 (as in tc-netem)")
         if self.reorder_gap and not self.reorder_pct:
             raise ValueError("reorder_gap: needs reorder_pct > 0 (as in tc-netem)")
+        if self.jitter_ms and self.delay_distribution != "uniform" and not self.delay_ms:
+            raise ValueError(f"delay_distribution: {self.delay_distribution} needs delay_ms > 0 (tc-netem refuses it)")
 
     def lossless(self) -> LinkParams:
         """The same delay, jitter, rate and queue with nothing lost, duplicated, corrupted or reordered (the
@@ -156,6 +173,10 @@ class LinkParams:
     def expected_loss_pct(self) -> float:
         """Long-run loss rate this direction should show (%)."""
         return self.loss_ge.mean_loss_pct() if self.loss_ge else self.loss_pct
+
+    def netem_line(self) -> str:
+        """The netem arguments the tc backend applies to this direction, queue limit resolved (`limit 3303 ...`)."""
+        return " ".join(render_netem(self, self.effective_limit_pkts))
 
     def replace(self, **changes: Any) -> "LinkParams":
         """A copy with some fields changed, validated."""
@@ -223,6 +244,10 @@ class Profile:
         """The LinkParams of direction `a_to_b` or `b_to_a`."""
         return {"a_to_b": self.a_to_b, "b_to_a": self.b_to_a}[name]
 
+    def netem_lines(self) -> dict[str, str]:
+        """Each direction's netem line as the tc backend applies it: {"a_to_b": "limit ...", "b_to_a": "limit ..."}."""
+        return {d: self.direction(d).netem_line() for d in DIRECTIONS}
+
     def to_dict(self) -> dict[str, Any]:
         """Plain dict of the resolved profile (for metadata.json)."""
         return {
@@ -262,14 +287,33 @@ def parse_schedule(data: Any, where: str) -> tuple[ScheduleStep, ...]:
     return tuple(steps)
 
 
+def link_fields(data: dict[str, Any] | None, where: str) -> dict[str, Any]:
+    """A profile's `link`/`a_to_b`/`b_to_a` mapping as LinkParams fields: as written, or read from its netem line."""
+    if not data or "netem" not in data:
+        return data or {}
+    if len(data) > 1:
+        others = sorted(k for k in data if k != "netem")
+        raise ProfileError(f"{where}: give a netem line or LinkParams fields, not both (also found {others})")
+    line = data["netem"]
+    if not isinstance(line, str):
+        raise ProfileError(f"{where}.netem: expected a netem line (a string), got {line!r}")
+    try:
+        return parse_netem(line)
+    except NetemSyntaxError as err:
+        raise ProfileError(f"{where}.netem {line!r}: {err}") from None
+
+
 def profile_from_dict(data: Any, source: str, path: Path | None = None) -> Profile:
     """Validate a whole profile mapping; `source` (a file name) prefixes every error."""
     if isinstance(data, dict) and not data.get("name"):
         raise ProfileError(f"{source}: 'name' is required (a string)")
     f = build(_ProfileFile, data, source, ProfileError)
-    base = f.link or {}
+    base = link_fields(f.link, f"{source}: link")
     build(LinkParams, {k: v for k, v in base.items() if k != "loss_ge"}, f"{source}: link", ProfileError)
-    dirs = {d: link_params_from_dict({**base, **(getattr(f, d) or {})}, f"{source}: {d}") for d in DIRECTIONS}
+    dirs = {
+        d: link_params_from_dict({**base, **link_fields(getattr(f, d), f"{source}: {d}")}, f"{source}: {d}")
+        for d in DIRECTIONS
+    }
     schedule = parse_schedule(f.schedule or [], f"{source}: schedule")
     return Profile(name=f.name, description=str(f.description), schedule=schedule, path=path, **dirs)
 

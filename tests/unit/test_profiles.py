@@ -133,3 +133,29 @@ def test_lossless_keeps_the_timing_and_clears_every_packet_impairment():
     assert all(getattr(q, f) == getattr(LinkParams(), f) for f in PACKET_IMPAIRMENTS)
     ge = LinkParams(delay_ms=10, loss_ge=GilbertElliott(p_pct=1, r_pct=30)).lossless()
     assert ge.loss_ge is None and ge.delay_ms == 10
+
+
+def test_every_shipped_profiles_netem_line_reads_back_to_its_parameters():
+    for name in available_profiles():
+        profile = load_profile(name)
+        for direction, line in profile.netem_lines().items():
+            p = profile.direction(direction)
+            back = profile_from_dict({"name": name, "link": {"netem": line}}, name).direction(direction)
+            assert back == p.replace(limit_pkts=p.effective_limit_pkts), (name, direction, line)
+
+
+def test_a_profile_file_may_give_a_direction_as_a_netem_line(tmp_path):
+    path = _write(tmp_path, 'name: mine\nlink: {netem: "delay 40ms 8ms distribution normal loss 0.1% rate 100mbit"}\n'
+                  "b_to_a: {rate_mbit: 50}\n", name="mine")  # fmt: skip
+    p = load_profile(path)
+    assert (p.a_to_b.delay_ms, p.a_to_b.jitter_ms, p.a_to_b.loss_pct, p.a_to_b.rate_mbit) == (40, 8, 0.1, 100)
+    assert (p.b_to_a.rate_mbit, p.b_to_a.delay_distribution) == (50, "normal")
+
+
+def test_a_bad_netem_line_names_file_direction_token_and_expectation(tmp_path):
+    path = _write(tmp_path, 'name: bad\na_to_b: {netem: "delay 40ms loss state 1%"}\n')
+    with pytest.raises(ProfileError) as err:
+        load_profile(path)
+    assert f"{path}: a_to_b.netem 'delay 40ms loss state 1%': token 4 'state': not supported yet: 4-state loss" in str(
+        err.value
+    )
