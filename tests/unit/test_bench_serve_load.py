@@ -134,8 +134,8 @@ def test_the_table_has_a_line_per_step_and_a_dash_for_what_was_not_measured():
     ]
     lines = bench.table(rows).splitlines()
     assert len(lines) == 4 and lines[1].count("---") == lines[0].count("|") - 1
-    assert lines[2] == "| 1 | 2 | 2 | 0 | 0 | 0 | 150 / 199 | 15.0 / 19.9 | 2.00 | 120 | 1200 |"
-    assert lines[3] == "| 48 | 1 | 0 | 1 | 0 | 0 | - / - | - / - | 0.00 | - | - |"
+    assert lines[2] == "| 1 | 2 | 2 | 0 | 0 | 0 | 150 / 199 | 15.0 / 19.9 | 2.00 (2) | 120 | 1200 |"
+    assert lines[3] == "| 48 | 1 | 0 | 1 | 0 | 0 | - / - | - / - | 0.00 (0) | - | - |"
 
 
 def test_processes_are_named_front_door_worker_serve_or_other():
@@ -190,7 +190,12 @@ def test_serve_is_waited_for_then_stopped_by_sigterm_and_killed_only_past_the_gr
         assert serve.session_dir() == Path("/nonexistent/s1")
     finally:
         t0 = time.monotonic()
-        serve.stop()
+        try:
+            serve.stop()
+        finally:
+            if serve.proc.poll() is None:  # stop() failed to end it: not left running past the test
+                serve.proc.kill()
+                serve.proc.wait()
     assert serve.exit_code == code and serve.leftovers == []
     assert time.monotonic() - t0 < 5 and bench.served_model(port) is None
 
