@@ -246,6 +246,20 @@ class Runtime:
         self.testbed.kill(name, proc)
         return proc.pid
 
+    def signal(self, target: str, signum: int) -> int | None:
+        """Send signum to one worker's process (a stop fault: SIGSTOP, then SIGCONT; a worker's name, or a
+        role for its first worker); its PID, or None if it was not running. Process runtime only: under
+        Docker the process is the container's docker client, which a SIGSTOP does not get past."""
+        kind = getattr(self.testbed.config.runtime, "name", "process")
+        if kind != "process":
+            raise RuntimeError(f"runtime {kind} cannot signal a role's process (only runtime process)")
+        name = worker_names(self.pools)[target][0] if target in START_ORDER else target
+        proc = self.procs.get(name)
+        if proc is None or proc.poll() is not None:
+            return None
+        os.kill(proc.pid, signum)
+        return proc.pid
+
     def stop(self) -> dict[str, int]:
         """SIGTERM every worker (graceful gRPC stop), SIGKILL after a grace period; worker -> exit status."""
         for proc in self.procs.values():

@@ -483,7 +483,11 @@ def _drive(
                 proc.wait(10)
                 raise
             player = faultsmod.FaultPlayer(
-                specfaults.for_variant(spec.faults, variant), t0.ns, _killers(tb, runtime, proc), vdir / "events"
+                specfaults.for_variant(spec.faults, variant),
+                t0.ns,
+                _killers(tb, runtime, proc),
+                vdir / "events",
+                **faultsmod.actions(tb, runtime),
             ).start()
         code = proc.wait(timeout=max(0.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:

@@ -250,3 +250,58 @@ def test_the_md_killed_after_it_took_over_a_request(md_after_handoff, reference)
     assert "md1" in workers and workers[-1] == "rld1", workers  # the MD decoded, then the RLD took it back
     took, back = workers.index("md1"), len(workers) - workers[::-1].index("md1")
     print(f"{resumed.request_id}: the MD decoded tokens {took}..{back - 1} of {len(workers)}; the RLD the rest")
+
+
+# ---- hung roles and hostile KV peers (issue 28): a role SIGSTOPped for a while, abusive KV connections
+
+STOP_TARGETS = ("p", "rld", "md")
+STOP_S = 5.0  # each stopped this long from KILL_AT_S, then resumed
+HOSTILE_S = 10.0  # hostile KV connections to the MD from KILL_AT_S for this long
+
+
+def hang_overrides() -> list[str]:
+    """stop-p, stop-rld, stop-md (each role SIGSTOPped STOP_S at KILL_AT_S) and hostile-md (hostile_kv on
+    the MD for HOSTILE_S): the spec overrides of the `hangs` experiment."""
+    names = [*(f"stop-{t}" for t in STOP_TARGETS), "hostile-md"]
+    defs = ", ".join(f"{n}: {{mode: pdd}}" for n in names)
+    stops = [f"{{stop: {t}, at_s: {KILL_AT_S}, duration_s: {STOP_S}, variants: [stop-{t}]}}" for t in STOP_TARGETS]
+    hostile = f"{{hostile_kv: md, at_s: {KILL_AT_S}, duration_s: {HOSTILE_S}, variants: [hostile-md]}}"
+    return [f"variant_defs={{{defs}}}", f"variants=[{', '.join(names)}]", f"faults=[{', '.join([*stops, hostile])}]"]
+
+
+@pytest.fixture(scope="module")
+def hangs(tmp_path_factory):
+    return _run(tmp_path_factory, "hangs", hang_overrides())
+
+
+@pytest.mark.parametrize("target", STOP_TARGETS)
+def test_a_role_stopped_for_5_s_mid_run(hangs, reference, target):
+    out, meta, summary = hangs
+    variant = f"stop-{target}"
+    window = meta["variants"][variant]
+    [fault] = window["faults"]
+    print(variant, "fault:", fault, "status:", window["status"])
+    assert fault["played"] and fault.get("pid") and "error" not in fault, fault
+    assert fault["stop"] == target and fault["resumed"], fault
+    assert abs(fault["offset_s"] - KILL_AT_S) < 1.0
+    assert abs(fault["resumed_offset_s"] - fault["offset_s"] - STOP_S) < 1.0, fault
+    v = check_accounted(out, meta, summary, variant, reference)  # lost = 0: every request has its record
+    print(
+        f"{variant}: {v['completed']} completed, {v['failed']} failed, {v['not_issued']} not sent; "
+        f"fallbacks {v['fallbacks']}; errors {v['errors'][:3]}"
+    )
+    check_nobody_hung(meta, variant, None)  # resumed: the stopped role too exits 0 at teardown
+    assert v["completed"] > 0, "nothing completed"
+
+
+def test_hostile_kv_peers_at_the_md_mid_run(hangs, reference):
+    out, meta, summary = hangs
+    window = meta["variants"]["hostile-md"]
+    [fault] = window["faults"]
+    print("hostile-md fault:", fault, "status:", window["status"])
+    assert fault["played"] and fault.get("pid") and "error" not in fault, fault
+    assert fault["hostile_kv"] == "md" and fault["exit"] == 0 and fault["peer"]["connections"] > 0, fault
+    v = check_accounted(out, meta, summary, "hostile-md", reference)
+    print(f"hostile-md: {v['completed']} completed, {v['failed']} failed; fallbacks {v['fallbacks']}")
+    assert v["failed"] == 0 and v["completed"] == v["requests"], v["errors"]
+    check_nobody_hung(meta, "hostile-md", None)
