@@ -26,6 +26,9 @@ experiments and maintenance commands. Not responsible for: the experiments.
 Experiments: `link-calibration` (experiments/run/calibration.py) and every spec in
 experiments/specs/*.yaml (serving experiments, experiments/run/runner.py); the
 default is `pdd-vs-baselines`.
+
+Exit status (EXIT_CODES; docs/spec.md "Exit codes"): 0 done as asked, 1 a variant, run or sweep point
+failed, 2 bad input, 3 the environment (not root, Docker or a Ray cluster unavailable), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import logging
 import sys
 from pathlib import Path
 
-from experiments.run import calibration
+from experiments.run import calibration, outcome
 from experiments.analysis.linkstats import ProbePlan
 from experiments.spec.experiment import SpecError, available_specs
 from experiments.run.sweep import SweepError
@@ -45,6 +48,13 @@ from topology.profiles import ProfileError, available_profiles, load_profile
 from topology.shaping import BACKENDS
 
 log = logging.getLogger("pddlab")
+OK, FAILED, BAD_INPUT, ENVIRONMENT, INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_CODES = f"""exit status:
+  {OK}    done as asked: every variant ran and was analysed (requests that failed under impairment are data)
+  {FAILED}    a variant, the run or a sweep point failed (the run directory / sweep.json says which and why)
+  {BAD_INPUT}    bad input: an unknown experiment or profile, a bad --set, --over or option
+  {ENVIRONMENT}    the environment: not root, Mininet or tools missing, Docker or a Ray cluster unavailable
+  {INTERRUPTED}  interrupted (Ctrl-C, SIGTERM): everything the run made was torn down"""
 DEFAULT_EXPERIMENT = "pdd-vs-baselines"
 DEFAULT_PROFILE = "wan-cross-country"
 CALIBRATION = "link-calibration"
@@ -89,11 +99,33 @@ def _run(args) -> int:
     )
     # the workload and trace, the cluster's address: fail before anything (the profile parsed once, at load)
     plan = runner.prepare(loaded.spec, loaded.profile)
+    if not loaded.spec.cluster.address:  # on an existing Ray cluster there is no topology to build here
+        _check_environment()
     out = runner.run(plan, results=Path(args.results)) if args.results else runner.run(plan)
     md = out / "summary.md"
     print(md.read_text() if md.exists() else "(no summary)")
     print(f"run directory: {out}")
-    return 0
+    return _outcome(outcome.failures(out), f"run directory {out}")
+
+
+def _check_environment() -> None:
+    """What the emulated topology needs here (topology.net.preflight: root, Mininet, tools, a free name
+    prefix), checked before anything starts: EnvironmentProblem otherwise."""
+    from topology.net import TestbedError, preflight
+
+    try:
+        preflight()
+    except TestbedError as err:
+        raise EnvironmentProblem(str(err)) from None
+
+
+def _outcome(problems: list[str], where: str) -> int:
+    """FAILED, with each problem on a line of its own, or OK when there is none."""
+    for problem in problems:
+        print(f"pddlab: failed: {problem}", file=sys.stderr)
+    if problems:
+        print(f"pddlab: {len(problems)} failure(s); see {where}", file=sys.stderr)
+    return FAILED if problems else OK
 
 
 def _sweep(args) -> int:
@@ -118,11 +150,14 @@ def _sweep(args) -> int:
             share_topology=args.share_topology,
         )
         points = sweep.validate(plan)  # every point's spec and workload: fail before anything starts
-        out = sweep.new_sweep_dir(plan, Path(args.results) if args.results else sweep.rundir.RESULTS)
+        out = None
+    if sweep.needs_topology(plan):
+        _check_environment()
+    out = out or sweep.new_sweep_dir(plan, Path(args.results) if args.results else sweep.rundir.RESULTS)
     sweep.run(plan, out, points)
     print((out / "sweep.md").read_text())
     print(f"sweep directory: {out}")
-    return 0
+    return _outcome(sweep.failed_points(out, points), f"{out / 'sweep.md'}")
 
 
 def _analyze(args) -> int:
@@ -168,6 +203,7 @@ def _serve(args) -> int:
     s = spec.load_spec(
         args.experiment, args.set, profile=args.profile, backend=None if args.backend == "auto" else args.backend
     )
+    _check_environment()
     try:
         out = serve.run(s, mode=args.mode, port=args.port)
     except serve.ServeError as err:
@@ -179,6 +215,8 @@ def _serve(args) -> int:
 def _net(args) -> int:
     from experiments.serve import netshell
 
+    load_profile(args.profile)  # a bad profile is bad input, whatever the machine
+    _check_environment()
     return netshell.run(args.profile, args.backend, args.cross_hosts, tuple(args.exec))
 
 
@@ -194,6 +232,7 @@ def _run_calibration(args) -> int:
     cfg = calibration.CalibrationConfig(
         probes=ProbePlan(count=args.probes, interval_ms=args.probe_interval_ms), tcp_seconds=args.tcp_seconds
     )
+    _check_environment()
     out = calibration.run(profile, backend=args.backend, cfg=cfg, seed=args.seed)
     print((out / "calibration.md").read_text())
     print(f"run directory: {out}")
@@ -201,14 +240,9 @@ def _run_calibration(args) -> int:
 
 
 def _image(args) -> int:
-    from docker_rt import DockerError
     from experiments.run.deploy import worker_image
 
-    try:
-        image = worker_image(args.base_image, args.no_cache, variant=args.variant)
-    except DockerError as err:
-        print(f"pddlab: error: {err}", file=sys.stderr)
-        return 1
+    image = worker_image(args.base_image, args.no_cache, variant=args.variant)
     state = f"built in {image.build_s:.1f} s" if image.built else "up to date"
     print(f"{image.ref} ({image.size_bytes / 1e6:.0f} MB, FROM {image.base_ref}): {state}")
     return 0
@@ -230,16 +264,27 @@ class UsageError(ValueError):
     """Bad command-line input."""
 
 
+class EnvironmentProblem(RuntimeError):
+    """This machine cannot do what was asked (not root, a tool missing): exit status ENVIRONMENT."""
+
+
 def parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests)."""
-    ap = argparse.ArgumentParser(prog="pddlab", description="PDD cross-cluster serving testbed")
+    ap = argparse.ArgumentParser(
+        prog="pddlab",
+        description="PDD cross-cluster serving testbed",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("-v", "--verbose", action="store_true")
     sub = ap.add_subparsers(dest="command", required=True)
     sub.add_parser("profiles", help="list netem profiles").set_defaults(func=_profiles)
     cp = sub.add_parser("check-profile", help="validate profile files")
     cp.add_argument("files", nargs="+")
     cp.set_defaults(func=_check_profile)
-    run = sub.add_parser("run", help="run an experiment")
+    run = sub.add_parser(
+        "run", help="run an experiment", epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     run.add_argument("experiment", nargs="?", default=DEFAULT_EXPERIMENT)
     run.add_argument(
         "--profile", default=None, help=f"profile name or YAML path (default: the spec's, or {DEFAULT_PROFILE})"
@@ -265,7 +310,12 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--tcp-seconds", type=float, default=8.0)
     run.add_argument("--seed", type=int, default=1)
     run.set_defaults(func=_run)
-    sw = sub.add_parser("sweep", help="run a serving experiment over a grid of values x repeats")
+    sw = sub.add_parser(
+        "sweep",
+        help="run a serving experiment over a grid of values x repeats",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sw.add_argument("experiment", nargs="?", default=DEFAULT_EXPERIMENT)
     sw.add_argument(
         "--over",
@@ -338,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
         pass  # preflight says how to install it, where it is needed
     logging.setLoggerClass(logging.Logger)  # ... and must not make every later logger a MininetLogger
     logging.getLogger("mininet").setLevel(logging.ERROR)
+    from docker_rt import DockerError
     from topology.net import TestbedError
     from topology.shaping import ShapingError
 
@@ -345,21 +396,22 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return args.func(args)
-    except (
-        ProfileError,
-        UsageError,
-        TestbedError,
-        ShapingError,
-        SpecError,
-        SweepError,
-        TraceError,
-        RayRuntimeError,
-    ) as exc:
-        print(f"pddlab: error: {exc}", file=sys.stderr)
-        return 2
+    except (ProfileError, UsageError, SpecError, SweepError, TraceError) as exc:
+        return _error(exc, BAD_INPUT)
+    except (EnvironmentProblem, DockerError, RayRuntimeError, ShapingError) as exc:  # ShapingError: no netem
+        return _error(exc, ENVIRONMENT)
+    except TestbedError as exc:  # the topology failed once the run had started (preflight's checks came first)
+        return _error(exc, FAILED)
     except KeyboardInterrupt:
         print("pddlab: interrupted; everything the run made was torn down", file=sys.stderr)
-        return 130
+        return INTERRUPTED
+
+
+def _error(exc: Exception, status: int) -> int:
+    """One line on stderr (a Docker build's log tail stays in the log the message names); status returned."""
+    lines = str(exc).strip().splitlines() or [type(exc).__name__]
+    print(f"pddlab: error: {lines[0]}", file=sys.stderr)
+    return status
 
 
 if __name__ == "__main__":

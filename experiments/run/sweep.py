@@ -55,7 +55,7 @@ from experiments.rundir import metadata, files as rundir
 from experiments.rundir.metadata import RunMetadata
 from experiments.progress import Progress
 from experiments.analysis.sweep_report import PLOTTED, RATIOS_PLOTTED, aggregate, markdown, point_metrics
-from experiments.spec.experiment import ExperimentSpec, SpecError, load_spec
+from experiments.spec.experiment import ExperimentSpec, SpecError, load_spec, yaml_problem
 from topology.profiles import DIRECTIONS, LinkParams, ProfileError, load_profile, profile_from_dict
 
 log = logging.getLogger(__name__)
@@ -146,7 +146,7 @@ def parse_over(item: str) -> Axis:
     try:
         values = tuple(yaml.safe_load(p) for p in parts)
     except yaml.YAMLError as err:
-        raise SweepError(f"--over {key}: a value is not valid YAML: {err}") from None
+        raise SweepError(f"--over {key}: a value is not valid YAML: {yaml_problem(err)}") from None
     if len(set(map(repr, values))) != len(values):
         raise SweepError(f"--over {key}: a value is listed twice ({list(values)})")
     return Axis(key, values)
@@ -293,6 +293,26 @@ def run(plan: Plan, out: Path, points: list[Point] | None = None) -> Path:
         state["topologies"] = earlier + topologies.all_records()
         _write(out, state, points, finished=True)
     return out
+
+
+def needs_topology(plan: Plan) -> bool:
+    """The sweep's points run on the emulated topology here (not on an existing Ray cluster: cluster.address)."""
+    return not _load(plan, {}).cluster.address
+
+
+def failed_points(out: Path, points: list[Point]) -> list[str]:
+    """Each point that did not do what was asked, one line each: it failed, was interrupted or never ran, or a
+    variant of its run failed (experiments.run.outcome; failed requests are data); [] when none."""
+    from experiments.run import outcome
+
+    bad = []
+    for p in points:
+        if p.status in ("complete", "incomplete") and p.run_dir:
+            problems = outcome.failures(out / p.run_dir)
+            bad += [f"point {p.name}: {'; '.join(problems)}"] if problems else []
+        else:
+            bad.append(" ".join(f"point {p.name} {p.status}: {p.error}".rstrip(": ").split()))
+    return bad
 
 
 def _run_point(plan: Plan, p: Point, out: Path, topologies: "_Topologies") -> None:

@@ -57,13 +57,17 @@ def roles_config(
     pools: dict[str, int] | None = None,
     threads: dict[str, int] | None = None,
     devices: dict[str, str] | None = None,
-    **sections,
+    sections: dict | None = None,
+    **more,
 ) -> dict:
     """The roles' deployment config (workers/roles/config.py) as data: every worker on its host of the
     topology at PORTS / KV_PORTS; pools: workers per role (p, rld, md; 1 each by default); capacity_tokens,
     threads and devices (cpu | cuda) per role (else the config default); further sections (policy, kv,
-    decode, ...) merged in (a role's section, e.g. md: {capacity_tokens: ...}, applies to each worker of its pool)."""
+    decode, ...: `sections`, then `more`) merged in (a role's section, e.g. md: {capacity_tokens: ...}, applies
+    to each worker of its pool). A section named like an argument (a spec's deployment.pools) goes in
+    `sections`: the roles' validator refuses it by name."""
     cap, threads, devices = capacity_tokens or {}, threads or {}, devices or {}
+    sections = {**(sections or {}), **more}
     data = {"model": model, "seed": seed, "block_size": block_size, "events_dir": events_dir}
     for role, names in worker_names(pools).items():
         workers = []
@@ -109,7 +113,7 @@ def deployment_dict(
         pools or pool_sizes(spec),
         {role: getattr(spec.pools, role).threads for role in ("p", "rld", "md")},
         {role: getattr(spec.pools, role).device for role in ("p", "rld", "md")},
-        **sections,
+        sections,
     )
 
 

@@ -263,11 +263,22 @@ def _validate_workload(w: Workload, context_tokens: int) -> None:
         _pair("workload.fixed_hit.output_tokens", f.output_tokens, 1, context_tokens - f.prompt_tokens)
 
 
-# A spec's name names its run directory: no separators, no traversal.
+# A spec's name names its run directory, a defined variant's its folder: no separators, no traversal.
 SPEC_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}")
 # Keys of the roles' config the testbed sets itself (deployment overrides may not).
 PLACED_TOP = ("events_dir", "weights_dir", "model", "seed", "block_size")
 PLACED_ROLE = {"name", "host", "grpc_port", "kv_port", "kv_connect"}
+
+
+def _path_name(field_name: str, value: Any, names: str, key: bool = False) -> None:
+    """A name that becomes a path (the spec's, a defined variant's) is one plain path component: SpecError
+    naming the field otherwise (key: the value is a key of the mapping field_name)."""
+    if not isinstance(value, str) or not SPEC_NAME.fullmatch(value):
+        shown = f"{field_name}: key {value!r}" if key else f"{field_name}={value!r}"
+        raise SpecError(
+            f"{shown}: letters, digits, '.', '_' and '-' only, at most 64, not starting with '.' or '-' "
+            f"(it names {names})"
+        )
 
 
 @dataclass(frozen=True)
@@ -293,11 +304,7 @@ def validate(spec: ExperimentSpec, profile: Profile | None = None) -> Experiment
     profile where the caller parsed it already (parsed here otherwise)."""
     from workers.model import CONFIGS
 
-    if not isinstance(spec.name, str) or not SPEC_NAME.fullmatch(spec.name):
-        raise SpecError(
-            f"name={spec.name!r}: letters, digits, '.', '_' and '-' only, at most 64, not starting with '.' or '-' "
-            "(it names the run directory under results/)"
-        )
+    _path_name("name", spec.name, "the run directory under results/")
     if spec.model not in CONFIGS:
         raise SpecError(f"model={spec.model!r}; allowed: {sorted(CONFIGS)}")
     known = (*VARIANTS, *spec.variant_defs)
@@ -340,8 +347,9 @@ def _validate_variant_defs(spec: ExperimentSpec, profile: Profile) -> None:
     from workers.roles.config import ConfigError, parse_config
 
     for name, d in spec.variant_defs.items():
+        _path_name("variant_defs", name, "its folder variants/<name>/ in the run directory", key=True)
         where = f"variant_defs.{name}"
-        if name in VARIANTS or not isinstance(name, str) or not name:
+        if name in VARIANTS:
             raise SpecError(f"{where}: a defined variant needs a name of its own, not one of {list(VARIANTS)}")
         if not isinstance(d, dict) or set(d) - {"mode", "deployment", "pools"} or "mode" not in d:
             raise SpecError(f"{where}: expected {{mode, deployment}} (and optionally pools); got {d!r}")
@@ -490,6 +498,7 @@ def _validate_deployment(spec: ExperimentSpec, profile: Profile) -> None:
 def _set_dotted(data: dict, key: str, value: Any) -> None:
     """data[a][b][c] = value for key 'a.b.c'; checks the path against the schema first."""
     parts = key.split(".")
+    shown = key if key.isprintable() else repr(key)  # one line, whatever the key holds
     cls: Any = ExperimentSpec
     node = data
     for i, part in enumerate(parts):
@@ -498,11 +507,11 @@ def _set_dotted(data: dict, key: str, value: Any) -> None:
             names = [f.name for f in dataclasses.fields(cls)]
             if part not in names:
                 parent = ".".join(parts[:i]) or "spec"
-                raise SpecError(f"--set {key}: {parent} has no field {part!r}; allowed: {names}")
+                raise SpecError(f"--set {shown}: {parent} has no field {part!r}; allowed: {names}")
             tp = get_type_hints(cls)[part]
             cls = tp if dataclasses.is_dataclass(tp) else None
         elif not isinstance(node, dict):
-            raise SpecError(f"--set {key}: {where} is not a mapping")
+            raise SpecError(f"--set {shown}: {where} is not a mapping")
         if i == len(parts) - 1:
             node[part] = value
         else:
@@ -510,6 +519,15 @@ def _set_dotted(data: dict, key: str, value: Any) -> None:
             if not isinstance(child, dict):
                 child = node[part] = {}
             node = child
+
+
+def yaml_problem(err: yaml.YAMLError) -> str:
+    """A YAML parser's error in one line: its problem and where (PyYAML's own message spans several lines)."""
+    problem = getattr(err, "problem", None)
+    mark = getattr(err, "problem_mark", None)
+    if problem:
+        return f"{problem} (column {mark.column + 1})" if mark is not None else problem
+    return str(err).splitlines()[0] if str(err) else type(err).__name__
 
 
 def parse_overrides(items: list[str]) -> list[tuple[str, Any]]:
@@ -522,7 +540,7 @@ def parse_overrides(items: list[str]) -> list[tuple[str, Any]]:
         try:
             value = yaml.safe_load(raw) if raw.strip() else ""
         except yaml.YAMLError as err:
-            raise SpecError(f"--set {item!r}: value is not valid YAML: {err}") from None
+            raise SpecError(f"--set {item!r}: value is not valid YAML: {yaml_problem(err)}") from None
         out.append((key.strip(), value))
     return out
 
@@ -556,7 +574,7 @@ def load(name_or_path: str, overrides: list[str] = (), **top_level: Any) -> Load
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as err:
-        raise SpecError(f"{path}: not valid YAML: {err}") from None
+        raise SpecError(f"{path}: not valid YAML: {yaml_problem(err)}") from None
     if not isinstance(data, dict):
         raise SpecError(f"{path}: expected a mapping at the top")
     for key, value in top_level.items():
