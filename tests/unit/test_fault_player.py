@@ -303,3 +303,21 @@ def test_stop_and_hostile_records_are_kept_in_metadata():
     }
     for record in (kill, stop, hostile, {"stop": "p", "at_s": 30.0, "played": False}):
         assert FaultRecord.model_validate(record).model_dump(mode="json") == record
+
+
+def test_a_hostile_peer_is_ended_at_once_when_the_window_ends_first():
+    inbox, events = Inbox(), Recorder()
+    with KVReceiver("127.0.0.1", 0, FP, inbox, events) as receiver:
+
+        def hostile(target: str, duration_s: float) -> subprocess.Popen:
+            argv = [sys.executable, "-m", "experiments.run.hostile_peer", "127.0.0.1", str(receiver.port)]
+            return subprocess.Popen([*argv, str(duration_s)], stdout=subprocess.PIPE, text=True)
+
+        fault = Fault(hostile_kv="rld", at_s=0.0, duration_s=60.0)
+        player = FaultPlayer((fault,), time.monotonic_ns(), {}, hostile=hostile).start()
+        assert wait_until(lambda: len(receiver._conns) >= hostile_peer.IDLE_CONNECTIONS, 15), "the peer never came"
+        t = time.monotonic()
+        [record] = player.stop()
+    assert time.monotonic() - t < 5, "the peer outlived the window"
+    assert record["exit"] == 0 and record["ended_offset_s"] < 30, record  # SIGTERM: it prints its counts
+    assert record["peer"]["connections"] >= hostile_peer.IDLE_CONNECTIONS and record["peer"]["s"] < 30, record
