@@ -145,8 +145,9 @@ def test_stop_and_hostile_faults_load_from_a_spec_and_kill_entries_stay_as_they_
     spec = load_spec(
         "pdd-smoke",
         [
+            "runtime=process",
             "faults=[{stop: rld, at_s: 3, duration_s: 5, variants: [pdd]}, {hostile_kv: md, at_s: 2, duration_s: 10},"
-            " {kill: md, at_s: 9}]"
+            " {kill: md, at_s: 9}]",
         ],
     )
     stop, hostile, kill = spec.faults
@@ -158,6 +159,10 @@ def test_stop_and_hostile_faults_load_from_a_spec_and_kill_entries_stay_as_they_
     assert "faults[0]: one of ['kill', 'stop', 'hostile_kv'] per entry, naming its target; it has kill and stop" in str(
         info.value
     )
+    with pytest.raises(SpecError) as info:  # pdd-smoke's own runtime: docker
+        load_spec("pdd-smoke", ["faults=[{stop: md, at_s: 3, duration_s: 2}]"])
+    assert "faults[0].stop: not under runtime docker" in str(info.value)
+    assert load_spec("pdd-smoke", ["faults=[{hostile_kv: md, at_s: 3, duration_s: 2}]"]).runtime == "docker"
 
 
 def _state(pid: int) -> str:
