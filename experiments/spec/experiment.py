@@ -326,7 +326,7 @@ def validate(spec: ExperimentSpec, profile: Profile | None = None) -> Experiment
     _refuse(placement.cluster_problem(spec, profile))
     try:
         workers = tuple(w for names in worker_names(pool_sizes(spec)).values() for w in names if w != "router")
-        faults.validate(spec.faults, spec.variants, spec.timeouts.variant_s, workers)
+        faults.validate(spec.faults, spec.variants, spec.timeouts.variant_s, workers, spec.runtime)
     except ValueError as err:
         raise SpecError(str(err)) from None
     return spec
