@@ -49,13 +49,19 @@ def free_port() -> int:
 
 
 def deployment_yaml(
-    run_dir: Path, wan_proxy_ports: list[int], pools: dict[str, int] | None = None, **overrides
+    run_dir: Path,
+    wan_proxy_ports: list[int],
+    pools: dict[str, int] | None = None,
+    worker_fields: dict | None = None,
+    **overrides,
 ) -> dict:
     """The deployment config as data: every port free, each MD's KV reached through its WAN proxy; pools:
-    workers per role (default one each; as many MDs as proxy ports)."""
+    workers per role (default one each; as many MDs as proxy ports); worker_fields: set in every pool worker
+    (e.g. a modelled accelerator)."""
     n = {"p": 1, "rld": 1, **(pools or {}), "md": len(wan_proxy_ports)}
 
     def pool(role: str, **fields) -> list[dict]:
+        fields = {**fields, **(worker_fields or {})}
         return [{"name": f"{role}{i + 1}", "grpc_port": free_port(), **fields} for i in range(n[role])]
 
     cfg = {
@@ -94,7 +100,7 @@ def deployment_yaml(
         "decode": {"kv_wait_ms": 4000, "handoff_timeout_ms": 3000},
     }
     for key, value in overrides.items():
-        cfg[key] = {**cfg[key], **value} if isinstance(value, dict) else value
+        cfg[key] = {**cfg.get(key, {}), **value} if isinstance(value, dict) else value
     return cfg
 
 
@@ -102,11 +108,13 @@ class Deployment:
     """A running deployment: cfg (typed), router channel, one WAN proxy per MD (`proxy`: the first's), the
     processes by worker name. pools: workers per role (p, rld, md), one each by default."""
 
-    def __init__(self, run_dir: Path, pools: dict[str, int] | None = None, **overrides):
+    def __init__(
+        self, run_dir: Path, pools: dict[str, int] | None = None, worker_fields: dict | None = None, **overrides
+    ):
         self.run_dir = run_dir
         self.proxy_ports = [free_port() for _ in range((pools or {}).get("md", 1))]
         self.proxy_port = self.proxy_ports[0]
-        data = deployment_yaml(run_dir, self.proxy_ports, pools, **overrides)
+        data = deployment_yaml(run_dir, self.proxy_ports, pools, worker_fields, **overrides)
         self.config_path = run_dir / "deployment.yaml"
         self.config_path.write_text(yaml.safe_dump(data))
         self.cfg = load_config(self.config_path)

@@ -12,7 +12,6 @@ import struct
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from contextlib import contextmanager
 

@@ -66,6 +66,10 @@ class WorkerConfig:
     threads: Annotated[Int, Range(1, 256)] = 1  # torch threads of this worker's engine (workers share cores)
     # where this worker's engine (weights, KV cache) lives; KV leaves and arrives through host memory either way
     device: Device = "cpu"
+    # compute.mode modelled: the accelerator this worker models (workers/modelled/accelerators.yaml, or the
+    # compute.catalogue's) and how many of them (tensor parallel: their peaks and memory add up)
+    accelerator: Str = "this-machine"
+    devices: Annotated[Int, Range(1, 1024)] = 1
 
     @property
     def grpc_address(self) -> str:
@@ -184,6 +188,21 @@ def _one_or_many(value):
 Pool = Annotated[tuple[WorkerConfig, ...], BeforeValidator(_one_or_many)]
 
 
+ComputeMode = Literal["real", "modelled"]
+
+
+@schema
+class ComputeConfig:
+    """What does the workers' arithmetic. real: the small model computes (workers.model). modelled:
+    workers.modelled.ModelledEngine waits the roofline's time of `arch` on each worker's `accelerator` and
+    moves `arch`'s KV bytes per token; the network, the protocol, the KV sessions and the routing stay real
+    (docs/modelled-compute.md)."""
+
+    mode: ComputeMode = "real"
+    arch: Str = ""  # modelled: a model of workers/modelled/models.yaml (or of the catalogue below)
+    catalogue: Str = ""  # modelled: a YAML file of accelerators and/or models added to the shipped ones
+
+
 @schema
 class DeploymentConfig:
     router: WorkerConfig
@@ -203,6 +222,7 @@ class DeploymentConfig:
     policy: RouterPolicy = RouterPolicy()
     prefill: PrefillConfig = PrefillConfig()
     decode: DecodeConfig = DecodeConfig()
+    compute: ComputeConfig = ComputeConfig()
 
     @property
     def workers(self) -> tuple[WorkerConfig, ...]:
@@ -259,6 +279,7 @@ def validate(cfg: DeploymentConfig) -> DeploymentConfig:
             f"decode.step_budget_tokens={budget} must exceed decode.max_batch ({batch}), or be 0 (whole): a step's "
             "decode tokens come first, and a prefill's or an extend's chunks need room beside them"
         )
+    check_compute(cfg)
     if cfg.grpc_threads < cfg.decode.max_sessions + GRPC_SPARE_THREADS:
         raise ConfigError(
             f"grpc_threads={cfg.grpc_threads} must be at least decode.max_sessions ({cfg.decode.max_sessions}) "
@@ -266,6 +287,65 @@ def validate(cfg: DeploymentConfig) -> DeploymentConfig:
             "query must not queue behind them"
         )
     return cfg
+
+
+def check_compute(cfg: DeploymentConfig) -> None:
+    """compute.mode modelled: the architecture and every worker's accelerator are in the catalogue, and each
+    worker's capacity_tokens fits its devices' memory beside the weights; ConfigError naming the field."""
+    if cfg.compute.mode == "real":
+        if cfg.compute.arch or cfg.compute.catalogue:
+            raise ConfigError("compute.arch and compute.catalogue apply to compute.mode modelled only")
+        return
+    from workers.modelled.catalogue import CatalogueError
+    from workers.modelled.roofline import Roofline
+
+    try:
+        cat = catalogue(cfg)
+        arch = cat.model(cfg.compute.arch) if cfg.compute.arch else None
+    except CatalogueError as err:
+        raise ConfigError(f"compute: {err}") from None
+    if arch is None:
+        raise ConfigError(f"compute.arch: required for compute.mode modelled; allowed: {sorted(cat.models)}")
+    for role in POOL_ROLES:
+        for path, w in _paths(cfg, role):
+            try:
+                room = Roofline(cat.accelerator(w.accelerator), arch, w.devices).kv_capacity_tokens()
+            except (CatalogueError, ValueError) as err:
+                raise ConfigError(f"{path}.accelerator: {err}") from None
+            if w.capacity_tokens > room:
+                raise ConfigError(
+                    f"{path}.capacity_tokens={w.capacity_tokens}: {w.devices} x {w.accelerator} hold {room} KV "
+                    f"tokens of {arch.name} beside its weights"
+                )
+
+
+def catalogue(cfg: DeploymentConfig):
+    """The accelerators and models a modelled deployment names from (the shipped ones and compute.catalogue)."""
+    from workers.modelled.catalogue import load_catalogue
+
+    return load_catalogue(*([Path(cfg.compute.catalogue)] if cfg.compute.catalogue else []))
+
+
+def kv_bytes_per_token(cfg: DeploymentConfig) -> int:
+    """KV bytes a token of the deployment's model carries on the wire: the small model's, or (modelled) the
+    architecture's."""
+    if cfg.compute.mode == "modelled":
+        from workers.modelled.catalogue import wire_config
+
+        return wire_config(catalogue(cfg).model(cfg.compute.arch)).kv_bytes_per_token
+    from workers.model import get_config
+
+    return get_config(cfg.model).kv_bytes_per_token
+
+
+def context_tokens(cfg: DeploymentConfig) -> int:
+    """The context a request must fit (prompt + max_tokens): the small model's, or (modelled) the
+    architecture's."""
+    if cfg.compute.mode == "modelled":
+        return catalogue(cfg).model(cfg.compute.arch).max_seq_len
+    from workers.model import get_config
+
+    return get_config(cfg.model).max_seq_len
 
 
 def _paths(cfg: DeploymentConfig, role: str) -> list[tuple[str, WorkerConfig]]:

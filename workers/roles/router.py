@@ -37,7 +37,7 @@ import grpc
 
 from workers.model import get_config
 from workers.proto import pdd_pb2, pdd_pb2_grpc
-from workers.roles.config import HANDOFFS, MODES, DeploymentConfig, WorkerConfig
+from workers.roles.config import HANDOFFS, MODES, DeploymentConfig, WorkerConfig, context_tokens, kv_bytes_per_token
 from workers.roles.events import EventLog
 from workers.roles.pools import Choice, Pools
 from workers.roles.server import Channels, RoleServer, StatsSource, event_log, role_main
@@ -94,7 +94,8 @@ class RouterServicer(pdd_pb2_grpc.RouterServicer):
         self.cfg = cfg
         self.events = events
         self.model = get_config(cfg.model)
-        self.kv_bytes_per_token = self.model.kv_bytes_per_token
+        # the architecture's where compute is modelled (its tokens stay in the small model's vocabulary)
+        self.kv_bytes_per_token, self.context_tokens = kv_bytes_per_token(cfg), context_tokens(cfg)
         self.channels = Channels(cfg)  # not warmed at start: peers may still be starting (refused, backoff)
         self._lock = threading.Lock()
         self._rids: set[str] = set()  # request ids in flight (their count: Stats' sessions)
@@ -161,7 +162,7 @@ class RouterServicer(pdd_pb2_grpc.RouterServicer):
     def _validate(self, request, context) -> tuple[str, str]:
         mode = request.mode or self.cfg.policy.mode
         handoff = request.handoff or self.cfg.policy.handoff
-        ctx = self.model.max_seq_len
+        ctx = self.context_tokens
         limit = self.cfg.policy.max_prompt_tokens or ctx - 1
         n = len(request.prompt_tokens)
         problems = []

@@ -123,6 +123,8 @@ def check_device(worker: WorkerConfig) -> None:
 def build_engine(cfg: DeploymentConfig, worker: WorkerConfig, prefix_cache: bool) -> Engine:
     """This worker's engine on its device (cpu unless the config says cuda) with its `threads` torch threads
     (one by default: workers share cores)."""
+    if cfg.compute.mode == "modelled":
+        return build_modelled_engine(cfg, worker, prefix_cache)
     check_device(worker)
     torch.set_num_threads(worker.threads)
     return Engine(
@@ -133,6 +135,26 @@ def build_engine(cfg: DeploymentConfig, worker: WorkerConfig, prefix_cache: bool
         device=worker.device,
         prefix_cache=prefix_cache,
         weights_dir=Path(cfg.weights_dir) if cfg.weights_dir else None,
+    )
+
+
+def build_modelled_engine(cfg: DeploymentConfig, worker: WorkerConfig, prefix_cache: bool) -> Engine:
+    """compute.mode modelled: an engine that waits the roofline's time of compute.arch on the worker's
+    accelerator instead of computing (its tokens in the small model's vocabulary, so the workload's prompts
+    and the tokenizer stay as they are)."""
+    from workers.model import get_config
+    from workers.modelled.engine import ModelledEngine
+    from workers.roles.config import catalogue
+
+    cat = catalogue(cfg)
+    return ModelledEngine(
+        cat.model(cfg.compute.arch),
+        cat.accelerator(worker.accelerator),
+        devices=worker.devices,
+        capacity_tokens=worker.capacity_tokens,
+        block_size=cfg.block_size,
+        prefix_cache=prefix_cache,
+        vocab_size=get_config(cfg.model).vocab_size,
     )
 
 

@@ -1,0 +1,98 @@
+"""End-to-end: modelled compute (compute.mode modelled) through the real roles on loopback.
+
+The roles run the real protocol (sessions, both KV paths, handoffs, routing) while their engines wait the
+roofline's time of a published architecture instead of computing: every mode returns the same tokens as a
+colocated ModelledEngine, and the KV on the wire is the architecture's bytes per token, not the small model's.
+"""
+
+import pytest
+
+from pdd_harness import Deployment
+from workers.model import get_config
+from workers.modelled.catalogue import load_catalogue, wire_config
+from workers.modelled.engine import ModelledEngine
+from workers.engine import GenerationRequest
+from workers.roles.client import generate
+from workers.roles.config import ConfigError, parse_config
+
+ARCH, ACCELERATOR, DEVICES = "kimi-k2", "h800", 16  # 1T-class MLA MoE in fp8 on 16 H800s: ~70 KB of KV a token
+MODES = ("pd-intra", "pd-cross", "pdd")
+
+
+@pytest.fixture(scope="module")
+def dep(tmp_path_factory):
+    d = Deployment(
+        tmp_path_factory.mktemp("modelled"),
+        worker_fields={"accelerator": ACCELERATOR, "devices": DEVICES},
+        compute={"mode": "modelled", "arch": ARCH},
+        model="tiny",
+    )
+    try:
+        yield d.start()
+    finally:
+        codes = d.stop()
+        assert all(c == 0 for c in codes.values()), f"role exit codes {codes}; logs in {d.run_dir}"
+
+
+@pytest.fixture(scope="module")
+def reference():
+    cat = load_catalogue()
+    engine = ModelledEngine(
+        cat.model(ARCH),
+        cat.accelerator(ACCELERATOR),
+        devices=DEVICES,
+        capacity_tokens=4096,
+        block_size=16,
+        prefix_cache=False,
+        vocab_size=get_config("tiny").vocab_size,
+    )
+    return lambda prompt, n: list(engine.generate(GenerationRequest("ref", tuple(prompt), n)).output_tokens)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_mode_returns_the_colocated_modelled_tokens(dep, reference, mode):
+    prompt = [(7 * i + len(mode)) % 250 for i in range(120)]
+    gen = generate(dep.channel, prompt, 12, mode=mode, request_id=f"m-{mode}")
+    assert [t.index for t in gen.tokens] == list(range(12))
+    assert [t.token for t in gen.tokens] == reference(prompt, 12)
+
+
+def test_the_wan_carries_the_architectures_kv(dep):
+    prompt = [(11 * i + 3) % 250 for i in range(160)]
+    generate(dep.channel, prompt, 4, mode="pd-cross", request_id="m-wan")
+    [end] = [e for e in dep.events("p1") if e.request_id == "m-wan" and e.event == "kv_send_end"]
+    per_token = wire_config(load_catalogue().model(ARCH)).kv_bytes_per_token
+    assert per_token == 70_272
+    assert end.fields["kv_bytes"] == len(prompt) * per_token, end.fields
+
+
+def _data(**compute) -> dict:
+    worker = {"grpc_port": 1, "accelerator": compute.pop("accelerator", "h800"), "devices": 16}
+    return {
+        "router": {"name": "router", "grpc_port": 2},
+        "p": {**worker, "name": "p1", "grpc_port": 3},
+        "rld": {**worker, "name": "rld1", "grpc_port": 4, "kv_port": 5},
+        "md": {**worker, "name": "md1", "grpc_port": 6, "kv_port": 7, "capacity_tokens": compute.pop("md_cap", 4096)},
+        "compute": {"mode": "modelled", **compute},
+    }
+
+
+@pytest.mark.parametrize(
+    "data, needle",
+    [
+        (_data(arch="kimi-k2", accelerator="h900"), "p.accelerator"),
+        (_data(), "compute.arch: required"),
+        (_data(arch="gpt-9"), "compute"),
+        (_data(arch="kimi-k2", md_cap=1 << 24), "md.capacity_tokens"),
+    ],
+)
+def test_a_bad_modelled_deployment_is_one_error_naming_the_field(data, needle):
+    with pytest.raises(ConfigError, match=needle.replace(".", r"\.")):
+        parse_config(data)
+
+
+def test_a_real_deployment_refuses_modelled_fields():
+    data = _data(arch="kimi-k2")
+    data["compute"]["mode"] = "real"
+    with pytest.raises(ConfigError, match="modelled only"):
+        parse_config(data)
