@@ -219,11 +219,22 @@ class EmulatorHealth(Record):
 class FaultRecord(Record):
     """One fault of experiments.run.faults.FaultPlayer; a field it did not record is left out of the file."""
 
-    kill: str
     at_s: float
     played: bool
+    kill: str | None = None  # the target: of a kill, a stop or a hostile_kv fault (one of the three)
+    stop: str | None = None
+    hostile_kv: str | None = None
+    duration_s: float | None = None  # a stop's or a hostile_kv's
     after: dict[str, Any] | None = None  # the cue event: event, worker, request_id, t_ns
-    pid: int | None = None  # the PID killed (None: nothing was running)
+    pid: int | None = None  # the PID killed, stopped or of the hostile peer (None: nothing was running)
+    resumed: bool | None = None  # a stop: SIGCONT reached the PID stopped
+    resumed_t_ns: int | None = None
+    resumed_offset_s: float | None = None
+    resume_error: str | None = None
+    exit: int | None = None  # a hostile peer's exit status
+    ended_t_ns: int | None = None
+    ended_offset_s: float | None = None
+    peer: dict[str, Any] | None = None  # a hostile peer's counts (experiments.run.hostile_peer)
     error: str | None = None  # why it could not be played
     t_ns: int | None = None
     offset_s: float | None = None  # s after the window's start
