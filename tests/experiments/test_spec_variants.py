@@ -31,6 +31,12 @@ def test_a_defined_variant_runs_its_mode_with_its_own_overrides():
             "variant_defs.x.deployment: policy.wan_estimate='guess'; allowed: ['static', 'measured']",
         ),
         (["timeouts.issue_s=-1"], "timeouts.issue_s=-1"),
+        # a defined variant's name is its folder variants/<name>/: one plain path component, as the spec's name
+        (["variant_defs={'../../..': {mode: pdd}}", "variants=[pdd, '../../..']"], "variant_defs: key '../../..'"),
+        (["variant_defs={'a/b': {mode: pdd}}"], "variant_defs: key 'a/b': letters, digits"),
+        (["variant_defs={'.hidden': {mode: pdd}}"], "variant_defs: key '.hidden'"),
+        (["variant_defs={'': {mode: pdd}}"], "variant_defs: key ''"),
+        (["variant_defs={7: {mode: pdd}}"], "variant_defs: key 7"),
     ],
 )
 def test_bad_variants_are_refused_before_any_topology(overrides, needle):
@@ -92,3 +98,13 @@ def test_a_pools_cores_are_checked_and_reach_the_process_runtime():
         deploy.Runtime(Testbed(), Path(d) / "c.yaml", Path(d), {"md": 1}, pool_cpusets(s)).start()
     assert started["md1"][:3] == ["taskset", "-c", "1"] and started["p1"][:3] == ["taskset", "-c", "0"]
     assert started["rld1"][0] != "taskset" and started["router"][0] != "taskset"
+
+
+def test_sweep_points_name_one_folder_each_whatever_the_swept_values():
+    """Swept values become point and profile file names: hostile ones stay one component below runs/."""
+    from experiments.run import sweep
+
+    values = ("../../..", "/etc/passwd", "a/../../b", "..")
+    plan = sweep.Plan("pdd-smoke", (), None, None, (sweep.Axis("description", values),), 1)
+    for p in sweep.grid(plan):
+        assert "/" not in p.name and p.name not in (".", "..") and p.name.startswith(f"p{p.index:02d}-r0"), p.name
