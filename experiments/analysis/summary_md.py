@@ -34,6 +34,20 @@ def _q(st: Stats, key: str, digits: int = 0) -> str:
     return "failed" if key in st.beyond_completed else _f(getattr(st, key), digits)
 
 
+def compute_words(spec) -> str:
+    """The spec's model as the run computed it: the small model's name, or (deployment.compute.mode modelled)
+    the modelled architecture and each pool's accelerators, e.g. 'kimi-k2 modelled (p 16 x h800, ...)'."""
+    deployment = getattr(spec, "deployment", None) or {}
+    compute = deployment.get("compute") or {}
+    if compute.get("mode") != "modelled":
+        return spec.model
+    pools = []
+    for role in ("p", "rld", "md"):
+        w = deployment.get(role) if isinstance(deployment.get(role), dict) else {}
+        pools.append(f"{role} {w.get('devices', 1)} x {w.get('accelerator', 'this-machine')}")
+    return f"{compute.get('arch')} modelled ({', '.join(pools)}; tokens in {spec.model}'s vocabulary)"
+
+
 def markdown(summary: Summary, meta: RunMetadata) -> str:
     """summary.md: the tables a reader looks at first (meta: a serving run's, with its spec)."""
     per = {v: s.model_dump(mode="json") for v, s in summary.variants.items()}  # sections read as mappings
@@ -42,7 +56,7 @@ def markdown(summary: Summary, meta: RunMetadata) -> str:
         f"# {meta.experiment}: {spec.profile}",
         "",
         f"complete: {meta.complete}; backend: {meta.topology.backend if meta.topology else None}; "
-        f"model: {spec.model}; SLO: TTFT ≤ {summary.slo['ttft_ms']:g} ms, "
+        f"model: {compute_words(spec)}; SLO: TTFT ≤ {summary.slo['ttft_ms']:g} ms, "
         f"TPOT ≤ {summary.slo['tpot_ms']:g} ms",
         "",
         *main_table(summary),

@@ -198,5 +198,5 @@ def test_not_root_is_a_clear_error(tmp_path):
         text=True,
         cwd=tmp_path,
     )
-    assert out.returncode == 2
+    assert out.returncode == 3  # environment (docs/spec.md: exit codes)
     assert "needs root" in out.stderr and "Traceback" not in out.stderr

@@ -37,7 +37,7 @@ def run_dir(tmp_path):
 
 def test_an_address_nothing_answers_at_is_one_error_before_anything(tmp_path):
     proc = pddlab(tmp_path, "--cluster", "127.0.0.1:1")
-    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.returncode == 3, proc.stderr[-2000:]
     assert "cannot reach the Ray cluster at 127.0.0.1:1: Connection refused" in proc.stderr
     assert "nothing was started" in proc.stderr and run_dir(tmp_path) is None
 
@@ -81,7 +81,7 @@ def test_pdd_smoke_runs_on_the_cluster_with_the_roles_placed_by_site(cluster, tm
 def test_a_label_no_node_has_is_refused_naming_the_pool_and_nothing_starts(cluster, tmp_path):
     before = set(ray.util.list_named_actors(all_namespaces=True))
     proc = pddlab(tmp_path, "--cluster", cluster.address, "--set", "pools.p.labels={zone: z9}")
-    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.returncode == 3, proc.stderr[-2000:]
     assert "pool p: no node has label zone=z9" in proc.stderr
     meta = json.loads((run_dir(tmp_path) / "metadata.json").read_text())
     assert meta["complete"] is False and meta["variants"] == {}
@@ -90,7 +90,7 @@ def test_a_label_no_node_has_is_refused_naming_the_pool_and_nothing_starts(clust
 
 def test_a_shaping_that_fails_on_its_node_is_one_error_and_nothing_starts(cluster, tmp_path):
     proc = pddlab(tmp_path, "--cluster", cluster.address, "--set", "cluster.shape=[{site: b, interface: pddnone0}]")
-    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.returncode == 3, proc.stderr[-2000:]
     assert "shaping b_to_a (wan-cross-country) on node 127.0.0.1/" in proc.stderr
     assert "`tc qdisc replace dev pddnone0 root netem" in proc.stderr
     meta = json.loads((run_dir(tmp_path) / "metadata.json").read_text())
