@@ -79,8 +79,10 @@ def _profiles(_args) -> int:
 
 def _check_profile(args) -> int:
     for path in args.files:
-        load_profile(Path(path))
+        profile = load_profile(Path(path))
         print(f"{path}: ok")
+        for direction, line in profile.netem_lines().items():
+            print(f"  {direction}: netem {line}")
     return 0
 
 
@@ -200,12 +202,14 @@ def _serve(args) -> int:
         raise UsageError(f"unknown serving spec {args.experiment!r}; available: {', '.join(known)}")
     if not 1 <= args.port <= 65535:
         raise UsageError(f"--port {args.port}: not a TCP port")
+    if args.max_in_flight < 1:
+        raise UsageError(f"--max-in-flight {args.max_in_flight}: at least 1")
     s = spec.load_spec(
         args.experiment, args.set, profile=args.profile, backend=None if args.backend == "auto" else args.backend
     )
     _check_environment()
     try:
-        out = serve.run(s, mode=args.mode, port=args.port)
+        out = serve.run(s, mode=args.mode, port=args.port, max_in_flight=args.max_in_flight)
     except serve.ServeError as err:
         raise UsageError(str(err)) from None
     print(f"session directory: {out}")
@@ -352,6 +356,9 @@ def parser() -> argparse.ArgumentParser:
     sv.add_argument("--mode", default="pdd", help="the default PDD mode (a request may name its own: `mode`)")
     sv.add_argument("--port", type=int, default=8000, help="on 127.0.0.1 here and on the client host's address")
     sv.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="as for run")
+    sv.add_argument(
+        "--max-in-flight", type=int, default=64, help="requests served at once; past it HTTP 429 + Retry-After"
+    )
     sv.set_defaults(func=_serve)
     net = sub.add_parser("net", help="bring the topology up alone, with Mininet's CLI (like mn)")
     net.add_argument("--profile", default=DEFAULT_PROFILE, help="profile name or YAML path")

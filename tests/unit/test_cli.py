@@ -32,3 +32,20 @@ def test_profiles_lists_every_profile(capsys):
     out = capsys.readouterr().out
     for name in ("lan", "wan-cross-country", "wan-lossy", "wan-congested", "wan-flaky", "wan-regional"):
         assert name in out
+
+
+def test_check_profile_prints_each_directions_netem_line(capsys):
+    from topology.netem_grammar import parse_netem
+
+    assert main(["check-profile", "netem_profiles/wan-lossy.yaml"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    lines = {ln.split(":")[0].strip(): ln.split("netem ", 1)[1] for ln in out if ln.startswith("  ")}
+    assert set(lines) == {"a_to_b", "b_to_a"}
+    assert "loss gemodel 1% 25% 50% 0%" in lines["a_to_b"]
+    parse_netem(lines["a_to_b"])  # what it prints is a netem line the grammar reads back
+
+
+@pytest.mark.parametrize("value", ["0", "-3"])
+def test_serve_refuses_a_max_in_flight_below_one(capsys, value):
+    assert main(["serve", "pdd-smoke", "--max-in-flight", value]) == 2
+    assert "--max-in-flight" in capsys.readouterr().err
