@@ -201,6 +201,9 @@ class ComputeConfig:
     mode: ComputeMode = "real"
     arch: Str = ""  # modelled: a model of workers/modelled/models.yaml (or of the catalogue below)
     catalogue: Str = ""  # modelled: a YAML file of accelerators and/or models added to the shipped ones
+    # the cross-site line's cost (USD per hour) a run's BCR adds to its workers' (experiments/analysis/cost.py);
+    # read by the analysis only, any compute mode
+    line_cost_per_hour: Annotated[Float, Range(0.0, 1e9)] = 0.0
 
 
 @schema
