@@ -146,6 +146,28 @@ def test_exported_kv_has_the_architectures_bytes_per_token(model, per_token):
     assert e.kv_bytes_per_token == per_token
 
 
+@pytest.mark.parametrize(
+    "model, s, per_token", [("llama-3-70b", 4, 81920), ("kimi-k2", 4, 17568), ("kimi-k2", 8, 8784)]
+)
+def test_kv_scale_shrinks_the_wire_bytes_alone(model, s, per_token):
+    """compute.kv_scale s: a token's KV on the wire is the architecture's / s; the roofline's pass and host-link
+    times and the KV capacity keep the real bytes; a scaled blob imports into an engine of the same scale."""
+    (real, rt), (scaled, st) = engine(model, devices=16), engine(model, devices=16, kv_scale=s)
+    for e in (real, scaled):
+        e.open(req())
+        e.prefill("a")
+    assert st.now == pytest.approx(rt.now) and scaled.kv.num_blocks == real.kv.num_blocks
+    before = st.now
+    blob = scaled.export_kv("a", 0, 100)
+    assert len(blob) == blob_kv_offset(100) + 100 * per_token and scaled.kv_bytes_per_token == per_token
+    assert st.now - before == pytest.approx(real.roofline.kv_transfer_s(100))
+    receiver, _ = engine(model, devices=16, kv_scale=s)
+    receiver.open(req())
+    assert receiver.import_kv("a", blob).written_tokens == 100
+    with pytest.raises(ValueError, match="kv_scale"):
+        engine(model, kv_scale=0.5)
+
+
 def test_import_refuses_a_corrupt_or_misplaced_blob():
     p, _ = engine()
     p.open(req())

@@ -211,10 +211,16 @@ def _check_sources(entry, numbers: tuple[str, ...], where: str) -> None:
         raise CatalogueError(f"{where}.source.{missing[0]}: required (where the number comes from)")
 
 
-def wire_config(m: ModelArch) -> ModelConfig:
+def wire_config(m: ModelArch, kv_scale: float = 1.0) -> ModelConfig:
     """A ModelConfig whose KV blob rows carry m's KV bytes per token: GQA as it is; MLA as one 'kv head' of
-    half the latent + rope key in K and the other half in V. Only the KV shape is meaningful."""
+    half the latent + rope key in K and the other half in V. Only the KV shape is meaningful. kv_scale s > 1:
+    a line scaled down by s carries KV scaled down by s, one 'kv head' of round(half a layer's elements / s)
+    (at least 1), so a token's wire bytes are m's / s (to a row's rounding)."""
+    if kv_scale < 1:
+        raise ValueError(f"kv_scale={kv_scale}: must be >= 1")
     n_kv, hd = (m.kv_heads, m.head_dim) if m.attention == "gqa" else (1, m.kv_elements_per_layer // 2)
+    if kv_scale != 1:
+        n_kv, hd = 1, max(1, round(m.kv_elements_per_layer / 2 / kv_scale))
     return ModelConfig(
         name=f"modelled-{m.name}",
         vocab_size=m.vocab_size,

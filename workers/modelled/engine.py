@@ -61,6 +61,8 @@ class ModelledEngine(Engine):
     block_size: tokens per KV block and prefix-cache granularity (tokens)
     prefix_cache: keep finished requests' blocks in a radix cache
     vocab_size: tokens are drawn from [0, vocab_size) (default the model's; the workload's tokenizer may be smaller)
+    kv_scale: the blob carries the architecture's KV bytes per token / kv_scale (a line scaled down by as much;
+        the roofline's passes, KV copies and memory keep the real bytes)
     clock, sleep: time source (s) and wait (s); tests pass a fake pair
     """
 
@@ -74,11 +76,12 @@ class ModelledEngine(Engine):
         block_size: int = 16,
         prefix_cache: bool = True,
         vocab_size: int | None = None,
+        kv_scale: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ):
         self.arch, self.roofline = model, Roofline(accelerator, model, devices, efficiency)
-        self.config = wire_config(model)
+        self.config = wire_config(model, kv_scale)
         self.device = torch.device("cpu")
         self.model = None  # no weights: nothing is computed
         self.weights_sha256 = "modelled"

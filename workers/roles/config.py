@@ -201,6 +201,10 @@ class ComputeConfig:
     mode: ComputeMode = "real"
     arch: Str = ""  # modelled: a model of workers/modelled/models.yaml (or of the catalogue below)
     catalogue: Str = ""  # modelled: a YAML file of accelerators and/or models added to the shipped ones
+    # modelled: a line faster than this machine can shape runs at rate / kv_scale, and each token's KV on the
+    # wire is arch's / kv_scale too, so transfer times stay those of the published line (the spec scales the
+    # profile by the same s: experiments/spec/scaling.py)
+    kv_scale: Annotated[Float, Range(1.0, 1e6)] = 1.0
     # the cross-site line's cost (USD per hour) a run's BCR adds to its workers' (experiments/analysis/cost.py);
     # read by the analysis only, any compute mode
     line_cost_per_hour: Annotated[Float, Range(0.0, 1e9)] = 0.0
@@ -296,8 +300,10 @@ def check_compute(cfg: DeploymentConfig) -> None:
     """compute.mode modelled: the architecture and every worker's accelerator are in the catalogue, and each
     worker's capacity_tokens fits its devices' memory beside the weights; ConfigError naming the field."""
     if cfg.compute.mode == "real":
-        if cfg.compute.arch or cfg.compute.catalogue:
-            raise ConfigError("compute.arch and compute.catalogue apply to compute.mode modelled only")
+        if cfg.compute.arch or cfg.compute.catalogue or cfg.compute.kv_scale != 1:
+            raise ConfigError(
+                "compute.arch, compute.catalogue and compute.kv_scale apply to compute.mode modelled only"
+            )
         return
     from workers.modelled.catalogue import CatalogueError
     from workers.modelled.roofline import Roofline
@@ -331,11 +337,11 @@ def catalogue(cfg: DeploymentConfig):
 
 def kv_bytes_per_token(cfg: DeploymentConfig) -> int:
     """KV bytes a token of the deployment's model carries on the wire: the small model's, or (modelled) the
-    architecture's."""
+    architecture's / compute.kv_scale."""
     if cfg.compute.mode == "modelled":
         from workers.modelled.catalogue import wire_config
 
-        return wire_config(catalogue(cfg).model(cfg.compute.arch)).kv_bytes_per_token
+        return wire_config(catalogue(cfg).model(cfg.compute.arch), cfg.compute.kv_scale).kv_bytes_per_token
     from workers.model import get_config
 
     return get_config(cfg.model).kv_bytes_per_token

@@ -155,6 +155,7 @@ def build_modelled_engine(cfg: DeploymentConfig, worker: WorkerConfig, prefix_ca
         block_size=cfg.block_size,
         prefix_cache=prefix_cache,
         vocab_size=get_config(cfg.model).vocab_size,
+        kv_scale=cfg.compute.kv_scale,
     )
 
 
