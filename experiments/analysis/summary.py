@@ -200,6 +200,31 @@ class Similarity(Closed):
     ratios: list[SimilarityRatio]
 
 
+class VariantCost(Closed):
+    """One variant's hardware cost and BCR (experiments.analysis.cost): per_hour None under real compute.
+
+    workers: per role it uses {role, workers, accelerator, devices, price_per_hour, cost_per_hour};
+    bcr: requests meeting the SLA per USD (goodput_rps x 3600 / per_hour); over_reference: its BCR over the
+    reference variant's, with the goodput comparison's interval scaled by the (exact) cost ratio"""
+
+    mode: str
+    per_hour: float | None
+    workers: list[dict[str, Any]] = []
+    line_per_hour: float = 0.0
+    goodput_rps: float | None = None
+    bcr: float | None = None
+    over_reference: float | None = None
+    over_reference_ci95: list[float] | None = None
+
+
+class Cost(Closed):
+    """Hardware cost per hour and benefit-cost ratio per variant, against a reference (same-room PD)."""
+
+    reference: str | None
+    variants: dict[str, VariantCost]
+    note: str | None = None
+
+
 class Summary(Closed):
     """summary.json: what the analysis of one run found."""
 
@@ -215,6 +240,7 @@ class Summary(Closed):
     ablation: dict[str, Any] | None = None
     analysed_by: dict[str, Any] | None = None
     similarity: Similarity | None = None  # absent from summaries made before it (still version 2)
+    cost: Cost | None = None  # hardware cost and BCR per variant (absent before it; still version 2)
 
 
 def columns() -> list[tuple[str, Column]]:
