@@ -48,6 +48,7 @@ from experiments.spec.deployment import pool_cpusets, role_of
 from experiments.run.loadgen import Settled
 from experiments.spec.experiment import ExperimentSpec
 from experiments.spec.order import REFERENCE_VARIANT, run_order
+from experiments.spec.scaling import spec_scaling_record
 from experiments.progress import Progress
 from topology.profiles import Profile
 
@@ -144,6 +145,7 @@ def new_metadata(spec: ExperimentSpec, experiment: str, serve: bool = False, **f
             workload=None if serve else spec.workload.seed, weights=spec.weights_seed, topology=spec.topology_seed
         ),
         runtime=spec.runtime,
+        line_scaling=spec_scaling_record(spec),
         **({"serve": True} if serve else {}),
         **fields,
     )

@@ -12,6 +12,7 @@ Layout (times: `wall_*` in Unix s, the pcap's clock; `*_ns` in time.monotonic_ns
 
     experiment, complete, provenance      every run (complete: false until its last step)
     spec, seeds, runtime, workload        a serving run (a serve session: spec, seeds and runtime)
+    line_scaling                          a run whose compute.kv_scale s > 1: s, the published and applied rates
     serve                                 true for a serve session
     calibration, all_checks_ok            the link calibration (its CalibrationConfig, the verdict)
     topology                              once the topology is up (Testbed.metadata())
@@ -288,6 +289,15 @@ def _span_s(start_ns: int | None, end_ns: int | None) -> float:
     return (end_ns - start_ns) / 1e9 if start_ns and end_ns else 0.0
 
 
+class LineScalingRecord(Record):
+    """experiments.spec.scaling.scaling_record: the line the run applied is the published one's rates / s (and
+    the KV a token carries / s); delay, jitter and loss are not scaled."""
+
+    kv_scale: float
+    published_rate_mbit: dict[Direction, float]
+    applied_rate_mbit: dict[Direction, float]
+
+
 # ---- the whole file ------------------------------------------------------------------
 class RunMetadata(Record):
     """metadata.json (see the module docstring for which sections which run has)."""
@@ -299,6 +309,7 @@ class RunMetadata(Record):
     seeds: Seeds | None = None
     runtime: str | None = None  # process | docker
     workload: dict[str, Any] | None = None  # experiments.spec.workload.hit_profile of the measured requests
+    line_scaling: LineScalingRecord | None = None  # None: the published line as it is (kv_scale 1, older runs)
     serve: bool = False
     calibration: dict[str, Any] | None = None  # experiments.run.calibration.CalibrationConfig
     all_checks_ok: bool | None = None

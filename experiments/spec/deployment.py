@@ -100,9 +100,11 @@ def deployment_dict(
 ) -> dict:
     """The roles' deployment config for this spec and variant mode, as data; spec.deployment merged in,
     then the variant's own overrides (spec.variant_defs). wan: the WAN Profile the link runs (the route
-    decision's rate comes from it; None: spec.profile, loaded); pools: the variant's workers per role (None:
-    the spec's pools)."""
-    policy = {"mode": mode, "handoff": spec.handoff, "wan_rate_mbit": _wan_rate_mbit(wan or spec.profile)}
+    decision's rate comes from it; None: spec.profile, loaded, its rates / compute.kv_scale as the run applies
+    it); pools: the variant's workers per role (None: the spec's pools)."""
+    from experiments.spec.scaling import applied_profile
+
+    policy = {"mode": mode, "handoff": spec.handoff, "wan_rate_mbit": _wan_rate_mbit(wan or applied_profile(spec))}
     sections = _merge(_merge({"policy": policy}, spec.deployment), overrides or {})
     return roles_config(
         events_dir,

@@ -290,13 +290,13 @@ class Loaded:
 
 
 def parse_profile(spec: ExperimentSpec) -> Profile:
-    """The spec's WAN profile (a registry name or a YAML path), parsed; SpecError naming the field."""
-    from topology.profiles import ProfileError, load_profile
+    """The WAN profile the run applies (experiments.spec.scaling.applied_profile); SpecError naming the field."""
+    from experiments.spec.scaling import ScalingError, applied_profile
 
     try:
-        return load_profile(spec.profile)
-    except ProfileError as err:
-        raise SpecError(f"profile: {err}") from None
+        return applied_profile(spec)
+    except ScalingError as err:
+        raise SpecError(str(err)) from None
 
 
 def validate(spec: ExperimentSpec, profile: Profile | None = None) -> ExperimentSpec:
@@ -387,12 +387,12 @@ def variant_pools(spec: ExperimentSpec, variant: str) -> dict[str, int]:
 
 
 def spec_schedule(spec: ExperimentSpec):
-    """The spec's `schedule:` as validated ScheduleSteps."""
-    from topology.profiles import ProfileError, parse_schedule
+    """The spec's `schedule:` as validated ScheduleSteps, its rates / compute.kv_scale (spec.scaling)."""
+    from experiments.spec.scaling import ScalingError, applied_schedule
 
     try:
-        return parse_schedule(list(spec.schedule), "schedule")
-    except ProfileError as err:
+        return applied_schedule(spec)
+    except ScalingError as err:
         raise SpecError(str(err)) from None
 
 
