@@ -136,6 +136,9 @@ class VariantSummary(BaseModel):
     # analyze's additions (absent where the run had no captures, events or emulator)
     wan_bytes_pcap: dict[str, int] | None = None
     kv_paths: dict[str, Any] | None = None
+    # each WAN KV transfer's limit, rate or loss/RTT, and their counts (experiments.analysis.limits; absent
+    # before it and where the line was unlimited)
+    transfer_limits: dict[str, Any] | None = None
     wan_bytes: dict[str, Any] | None = None
     wan_flows: dict[str, Any] | None = None
     rld_occupancy: dict[str, Any] | None = None

@@ -12,6 +12,7 @@ Not responsible for: computing any metric (experiments.analysis.metrics) or plot
 from __future__ import annotations
 
 
+from experiments.analysis import limits
 from experiments.analysis.formats import num as _f, pct as _pct, ratio_end as _ratio_end, size as _mb
 from experiments.analysis.summary import Stats, Summary, VariantSummary, columns
 from experiments.analysis.summary_pdd import _handoff_section, _pdd_section, _settle_lines, similarity_section
@@ -118,6 +119,7 @@ def main_table(summary: Summary) -> list[str]:
 def _rest(per: dict, summary: Summary, meta: RunMetadata) -> list[str]:
     """The sections after the comparisons, read as mappings."""
     lines = _kv_section(per)
+    lines += limits.markdown_section(per)
     lines += _wan_bytes_section(per)
     lines += _fallback_section(per)
     lines += _workers_section(per)

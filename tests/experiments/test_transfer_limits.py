@@ -1,0 +1,98 @@
+"""Each WAN KV transfer is rate-limited (the scaled line is faithful), loss/RTT-limited (it is not) or unclear;
+summary.json counts them per variant and a scaled run where most were loss/RTT-limited is warned about."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from experiments.analysis import limits
+from experiments.rundir.metadata import LineScalingRecord, LinkRecord
+
+MB = 1_000_000
+LINE = 100.0  # Mbit/s
+
+
+def transfer(rid, kv_bytes, seconds, rtt_ms, retrans_segs=0, path="wan", outcome="kv_send_end", t0=0):
+    """A transfer's start, one TCP_INFO sample and end, as the sender logs them (times in ns)."""
+    t1 = t0 + int(seconds * 1e9)
+    base = {"request_id": rid, "path": path, "variant": "pdd", "worker": "p1"}
+    return [
+        {**base, "event": "kv_send_start", "t_ns": t0},
+        {**base, "event": "kv_tcp_info", "t_ns": (t0 + t1) // 2, "rtt_us": int(rtt_ms * 1e3), "snd_mss": 1448},
+        {**base, "event": outcome, "t_ns": t1, "kv_bytes": kv_bytes, "wire_bytes": kv_bytes + 4096,
+         "retrans_segs": retrans_segs},
+    ]  # fmt: skip
+
+
+EVENTS = [
+    # 10 MB in 0.9 s: 89 Mbit/s of a 100 Mbit/s line
+    *transfer("rate", 10 * MB, 0.9, rtt_ms=60),
+    # 10 MB in 4 s with 1% of its segments retransmitted at 60 ms: Mathis 2.4 Mbit/s
+    *transfer("lossy", 10 * MB, 4.0, rtt_ms=60, retrans_segs=69),
+    # 100 kB in 0.2 s at 60 ms: 3 slow-start rounds (180 ms) against 8 ms at the line's rate
+    *transfer("short", 100_000, 0.2, rtt_ms=60),
+    # 10 MB in 2 s, no loss, 1 ms RTT: nothing bounds it below the line (a slow sender)
+    *transfer("slow-sender", 10 * MB, 2.0, rtt_ms=1),
+    # not judged: the fast path (inside cluster A) and a failed transfer
+    *transfer("fast", 10 * MB, 0.1, rtt_ms=0.1, path="fast"),
+    *transfer("failed", 10 * MB, 1.0, rtt_ms=60, outcome="kv_send_failed"),
+]
+
+
+def test_each_wan_transfer_gets_its_limit_and_reason():
+    lim = limits.variant_limits(EVENTS, LINE, rtt_ms=60, loss_pct=0.0, kv_scale=1.0)
+    by = {t["request_id"]: t for t in lim["transfers"]}
+    assert set(by) == {"rate", "lossy", "short", "slow-sender"}
+    assert {r: t["limit"] for r, t in by.items()} == {
+        "rate": "rate",
+        "lossy": "loss_rtt",
+        "short": "loss_rtt",
+        "slow-sender": "unclear",
+    }
+    assert by["rate"]["goodput_mbit"] == pytest.approx(88.9, abs=0.1)
+    assert by["lossy"]["mathis_mbit"] == pytest.approx(2.35, abs=0.05) and "loss bound" in by["lossy"]["reason"]
+    assert "slow start" in by["short"]["reason"] and by["short"]["mathis_mbit"] is None
+    assert (lim["rate"], lim["loss_rtt"], lim["unclear"]) == (1, 2, 1)
+
+
+def test_the_mathis_bound():
+    # MSS 1448 B, RTT 100 ms, 1% loss: 1448 x 8 x 1.22 / (0.1 x 0.1) = 1.41 Mbit/s
+    assert limits.mathis_mbit(1448, 0.1, 0.01) == pytest.approx(1.413, abs=0.001)
+    assert limits.mathis_mbit(1448, 0.1, 0.0) is None
+
+
+def summary_and_meta(kv_scale):
+    link = LinkRecord(rate_mbit=LINE, delay_ms=30.0, loss_pct=0.0)
+    scaling = LineScalingRecord(
+        kv_scale=kv_scale,
+        published_rate_mbit={"a_to_b": LINE * kv_scale, "b_to_a": LINE * kv_scale},
+        applied_rate_mbit={"a_to_b": LINE, "b_to_a": LINE},
+    )
+    meta = SimpleNamespace(
+        topology=SimpleNamespace(wan_profile=SimpleNamespace(a_to_b=link)),
+        line_scaling=scaling if kv_scale > 1 else None,
+    )
+    return {"variants": {"pdd": {}}, "warnings": []}, meta
+
+
+def test_a_scaled_run_mostly_loss_limited_is_warned_about():
+    summary, meta = summary_and_meta(kv_scale=100)
+    limits.add_to(summary, [*EVENTS, *transfer("lossy-2", 10 * MB, 4.0, rtt_ms=60, retrans_segs=69, t0=10**10)], meta)
+    lim = summary["variants"]["pdd"]["transfer_limits"]
+    assert (lim["line_mbit"], lim["kv_scale"], lim["loss_rtt"]) == (LINE, 100, 3)
+    [warning] = summary["warnings"]
+    assert warning["kind"] == "scaled_line_loss_limited" and warning["message"].startswith(
+        "pdd: 3 of 5 WAN KV transfers were loss/RTT-limited on a line scaled by kv_scale=100: the scaled line "
+        "does not represent the published one for these transfers"
+    )
+    md = "\n".join(limits.markdown_section(summary["variants"]))
+    assert "| pdd | 100.0 (100) | 1 | 3 | 1 |" in md
+
+
+def test_no_warning_at_scale_one_or_without_a_majority():
+    summary, meta = summary_and_meta(kv_scale=1)
+    limits.add_to(summary, EVENTS, meta)
+    assert summary["warnings"] == [] and summary["variants"]["pdd"]["transfer_limits"]["loss_rtt"] == 2
+    summary, meta = summary_and_meta(kv_scale=100)
+    limits.add_to(summary, EVENTS, meta)  # 2 of 4: no majority
+    assert summary["warnings"] == []
