@@ -16,6 +16,7 @@ from pathlib import Path
 from experiments.analysis import summary as summary_mod
 from experiments.analysis import (
     ablation,
+    cost,
     flows,
     impairment,
     metrics,
@@ -256,6 +257,7 @@ def analyze(run_dir: Path) -> dict:
     if (abl := ablation.summarize(recs, events, spec)) is not None:
         summary["ablation"] = abl
     similarity.add_to(summary, recs, variants, meta)
+    cost.add_to(summary, meta)
     typed = summary_mod.Summary.model_validate(summary)
     summary_mod.write(run_dir, typed)
     (run_dir / "summary.md").write_text(summary_md.markdown(typed, meta))
