@@ -225,3 +225,29 @@ def test_the_shipped_hetero_spec_costs_resemble_the_published_comparison():
     assert cost.reference(d, d["variants"]) == "pd-intra-strong"
     lo, hi = cost.PUBLISHED_COST  # pdd's hardware 3.5-7.1% cheaper than same-room PD's, as published
     assert lo <= costs["pdd-hetero"] / costs["pd-intra-strong"] <= hi
+
+
+def test_an_analysed_modelled_run_prices_each_variant_and_compares_bcr(tmp_path):
+    import json
+
+    run = make_run(tmp_path)
+    meta = json.loads((run / "metadata.json").read_text())
+    meta["spec"]["deployment"] = {
+        **meta["spec"]["deployment"],
+        "compute": {"mode": "modelled", "arch": "kimi-k2", "line_cost_per_hour": 2.0},
+        "p": {"accelerator": "h800", "devices": 16},
+        "rld": {"accelerator": "h800", "devices": 16},
+        "md": {"accelerator": "h20", "devices": 16},
+    }
+    (run / "metadata.json").write_text(json.dumps(meta))
+    analyze.analyze(run)
+    s = summary.read(run)
+    per_hour = {v: c.per_hour for v, c in s.cost.variants.items()}
+    assert per_hour == {"colocated": 40.0, "pd-intra": 80.0, "pd-cross": 58.0, "pdd": 98.0}  # pools of one
+    assert s.cost.reference == "pd-intra" and s.cost.note is None
+    by = {(c.metric, c.baseline): c for c in s.comparisons}
+    goodput, bcr = by[("goodput_rps", "pd-intra")], by[("bcr", "pd-intra")]
+    assert math.isclose(bcr.ratio, goodput.ratio * 80.0 / 98.0)
+    assert math.isclose(s.cost.variants["pdd"].over_reference, bcr.ratio)
+    md = (run / "summary.md").read_text()
+    assert "| pdd | pdd | p 1×16 h800, rld 1×16 h800, md 1×16 h20 | 2.00 | 98.00 |" in md
