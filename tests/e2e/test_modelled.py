@@ -66,6 +66,34 @@ def test_the_wan_carries_the_architectures_kv(dep):
     assert end.fields["kv_bytes"] == len(prompt) * per_token, end.fields
 
 
+@pytest.fixture(scope="module")
+def scaled(tmp_path_factory):
+    """The same deployment with compute.kv_scale 4: a line scaled down by 4 carries KV scaled down by 4."""
+    d = Deployment(
+        tmp_path_factory.mktemp("modelled-scaled"),
+        worker_fields={"accelerator": ACCELERATOR, "devices": DEVICES},
+        compute={"mode": "modelled", "arch": ARCH, "kv_scale": 4},
+        model="tiny",
+    )
+    try:
+        yield d.start()
+    finally:
+        codes = d.stop()
+        assert all(c == 0 for c in codes.values()), f"role exit codes {codes}; logs in {d.run_dir}"
+
+
+@pytest.mark.parametrize("mode", ("pd-cross", "pdd"))
+def test_kv_scale_divides_the_wan_kv_and_keeps_the_tokens(scaled, reference, mode):
+    prompt = [(13 * i + len(mode)) % 250 for i in range(160)]
+    gen = generate(scaled.channel, prompt, 8, mode=mode, request_id=f"s-{mode}")
+    assert [t.token for t in gen.tokens] == reference(prompt, 8)
+    ends = [e for e in scaled.events("p1") if e.request_id == f"s-{mode}" and e.event == "kv_send_end"]
+    wan = [e for e in ends if e.fields.get("path") == "wan"]
+    assert wan, [e.fields for e in ends]
+    assert all(e.fields["kv_bytes"] % (70_272 // 4) == 0 for e in wan), [e.fields for e in wan]
+    assert sum(e.fields["kv_bytes"] for e in wan) == len(prompt) * 70_272 // 4
+
+
 def _data(**compute) -> dict:
     worker = {"grpc_port": 1, "accelerator": compute.pop("accelerator", "h800"), "devices": 16}
     return {
