@@ -155,7 +155,7 @@ def add_to(summary: dict, events: list[dict], meta) -> None:
 
 def markdown_section(per: dict) -> list[str]:
     """summary.md's 'WAN KV transfers: what limited them' (per: variant -> its summary as a mapping)."""
-    rows = [(v, s["transfer_limits"]) for v, s in per.items() if s.get("transfer_limits")]
+    rows = [(v, lim) for v, s in per.items() if (lim := s.get("transfer_limits")) and sum(lim[k] for k in LIMITS)]
     if not rows:
         return []
     lines = [

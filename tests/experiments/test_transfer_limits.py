@@ -96,3 +96,9 @@ def test_no_warning_at_scale_one_or_without_a_majority():
     summary, meta = summary_and_meta(kv_scale=100)
     limits.add_to(summary, EVENTS, meta)  # 2 of 4: no majority
     assert summary["warnings"] == []
+
+
+def test_a_variant_without_wan_transfers_has_no_row():
+    none = limits.variant_limits([], LINE, rtt_ms=60, loss_pct=0.0, kv_scale=4.0)
+    assert (none["rate"], none["loss_rtt"], none["unclear"], none["transfers"]) == (0, 0, 0, [])
+    assert limits.markdown_section({"colocated": {"transfer_limits": none}}) == []
