@@ -239,13 +239,11 @@ class SharedTopology:
     containers' logs go to `root` (the sweep directory, which the containers mount)."""
 
     def __init__(self, spec: ExperimentSpec, root: Path, ident: int = 0):
-        from topology.profiles import load_profile
-
         self.key, self.ident, self.runs = topology_key(spec), ident, 0
         # A run's own topology, but no captures of its own (each run captures into its directory) and its
         # logs beside the sweep's runs; the link's schedule plays on each run's variant clock (can_share).
         self.config = dataclasses.replace(
-            topology_config(spec, load_profile(spec.profile), root, play_schedule=False),
+            topology_config(spec, specmod.parse_profile(spec), root, play_schedule=False),  # as applied (kv_scale)
             capture_dir=None,
             log_dir=root / "topology" / f"t{ident}",
         )
