@@ -21,7 +21,7 @@ experiments and maintenance commands. Not responsible for: the experiments.
     pddlab experiments                   list the experiments
     pddlab image [--no-cache] [--base-image REF] [--variant cpu|cuda]
                                          build the worker image unless it is up to date (docker_rt.image)
-    pddlab clean                         remove leftovers of crashed runs
+    pddlab clean [--cluster ADDRESS]     remove leftovers of crashed runs (--cluster: a Ray cluster's, ray_rt.ledger)
 
 Experiments: `link-calibration` (experiments/run/calibration.py) and every spec in
 experiments/specs/*.yaml (serving experiments, experiments/run/runner.py); the
@@ -252,7 +252,9 @@ def _image(args) -> int:
     return 0
 
 
-def _clean(_args) -> int:
+def _clean(args) -> int:
+    if args.cluster:
+        return _clean_cluster(args.cluster)
     from docker_rt.engine import stop_dockerd
     from docker_rt.host import clean_orphans
     from topology.cleanup import clean, live_runs
@@ -262,6 +264,22 @@ def _clean(_args) -> int:
         removed += stop_dockerd() or []
     print("\n".join(removed) if removed else "nothing to clean")
     return 0
+
+
+def _clean_cluster(address: str) -> int:
+    """What dead `--cluster` runs recorded in their ledgers (ray_rt.ledger) undone on the cluster at address."""
+    import ray
+
+    from ray_rt.cluster import connect
+    from ray_rt.ledger import clean_cluster
+
+    connect(address)
+    try:
+        lines = clean_cluster(address)
+    finally:
+        ray.shutdown()
+    print("\n".join(lines) if lines else f"nothing to clean on the cluster at {address}")
+    return FAILED if any(line.startswith("could not") for line in lines) else OK
 
 
 class UsageError(ValueError):
@@ -379,7 +397,13 @@ def parser() -> argparse.ArgumentParser:
     )
     im.set_defaults(func=_image)
     sub.add_parser("experiments", help="list the experiments").set_defaults(func=_experiments)
-    sub.add_parser("clean", help="remove leftovers of crashed runs").set_defaults(func=_clean)
+    cl = sub.add_parser("clean", help="remove leftovers of crashed runs")
+    cl.add_argument(
+        "--cluster",
+        metavar="ADDRESS",
+        help="instead: undo on that Ray cluster what dead `run --cluster` runs left (netem, work directories)",
+    )
+    cl.set_defaults(func=_clean)
     return ap
 
 

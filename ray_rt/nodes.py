@@ -6,7 +6,11 @@ removes it (`topology.tc` builds the commands: the same ones the emulated topolo
 a tcpdump on an interface (`topology.capture`) whose pcap it hands back in chunks; and `NodeTools`, the
 driver's side: every shaping and capture of a run started before the roles, each refused with the node, the
 interface and tc's or tcpdump's own words when it cannot run, and all of it undone at the end (qdisc deleted,
-captures stopped and fetched into the run directory, actors killed) whatever happened.
+captures stopped and fetched into the run directory, actors killed) whatever happened, each qdisc written in
+the run's ledger (ray_rt.ledger) before it is applied and dropped from it once removed; and the node's side of
+a run's work directory (`make_work_dir`: a new directory, mode 0700, at a name the driver drew at random, never
+one that was there before unless it holds the run's token; `remove_work_dir`) and of `pddlab clean --cluster`
+(`undo_shape`), run there as Ray tasks (`on_node`).
 Not responsible for: where the roles run (ray_rt.roles), connecting (ray_rt.cluster), which interfaces carry
 the WAN (the spec's `cluster.shape` / `cluster.capture` say so).
 
@@ -17,6 +21,10 @@ node's raylet runs as. A node without them refuses with tc's message.
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import socket
+import stat
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +35,7 @@ from ray_rt import RayRuntimeError
 log = logging.getLogger(__name__)
 CHUNK_BYTES = 8 << 20  # a capture comes back in pieces well under Ray's object size limits
 CALL_TIMEOUT_S = 60.0
+MARKER = ".pddlab-run"  # in a work directory: the run's token (ray_rt.ledger), proof that the run made it
 
 
 class NodeToolError(RayRuntimeError):
@@ -62,6 +71,7 @@ class NodeCapture:
 class _Held:
     actor: object
     where: str
+    node_id: str = ""
     shapes: list[str] = field(default_factory=list)  # interfaces with our qdisc
     captures: list[tuple[str, str]] = field(default_factory=list)  # (side, remote pcap path)
 
@@ -70,19 +80,21 @@ class NodeTool:
     """On one node (made a Ray actor by NodeTools): tc and tcpdump on its interfaces."""
 
     def __init__(self, work_dir: str):
-        self.dir = Path(work_dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dir = Path(work_dir)  # made by make_work_dir before any tool starts
         self.captures: dict[str, object] = {}
 
     def where(self) -> str:
-        import ray
-
-        return f"{ray.util.get_node_ip_address()}/{ray.get_runtime_context().get_node_id()[:8]}"
+        return here()
 
     def run(self, argv: list[str]) -> tuple[int, str]:
         """(exit status, stderr) of a command here."""
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=CALL_TIMEOUT_S)
         return proc.returncode, proc.stderr.strip()
+
+    def root_qdisc(self, interface: str) -> str:
+        """The handle of the interface's root qdisc if it is a netem ("8001:"), else ""."""
+        kind, handle = _root_qdisc(interface)
+        return handle if kind == "netem" else ""
 
     def start_capture(self, side: str, interface: str, snaplen_bytes: int, bpf: str) -> str:
         from topology.capture import Capture
@@ -128,9 +140,11 @@ class NodeTools:
     work_dir: where each node keeps its captures while they run (created there)
     """
 
-    def __init__(self, shapes: Sequence[NodeShape], captures: Sequence[NodeCapture], work_dir: str):
+    def __init__(self, shapes: Sequence[NodeShape], captures: Sequence[NodeCapture], work_dir: str, ledger=None):
         self.shapes, self.captures, self.work_dir = list(shapes), list(captures), work_dir
+        self.ledger = ledger  # ray_rt.ledger.Ledger: each qdisc recorded there while it is on
         self.held: dict[tuple, _Held] = {}
+        self._recorded: dict[tuple[str, str], dict] = {}  # (where, interface) -> its ledger entry
         self.applied: list[dict] = []
 
     def _tool(self, selector: Mapping[str, str], node_ip: str) -> _Held:
@@ -147,7 +161,7 @@ class NodeTools:
             .options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
             .remote(self.work_dir)
         )
-        held = self.held[key] = _Held(actor, ray.get(actor.where.remote(), timeout=CALL_TIMEOUT_S))
+        held = self.held[key] = _Held(actor, ray.get(actor.where.remote(), timeout=CALL_TIMEOUT_S), node)
         return held
 
     def start(self) -> None:
@@ -158,13 +172,17 @@ class NodeTools:
             for s in self.shapes:
                 held = self._tool(s.selector, s.node_ip)
                 argv = netem_apply_cmd(s.interface, s.netem)
+                self._record(held, s.interface)
                 code, err = ray.get(held.actor.run.remote(argv), timeout=CALL_TIMEOUT_S)
                 if code != 0:
+                    self._forget(held, s.interface)  # not applied
                     raise NodeToolError(
                         f"shaping {s.what or s.interface} on node {held.where}: `{' '.join(argv)}` failed ({code}): "
                         f"{err or 'no message'} (tc needs root there and the kernel's sch_netem: modprobe sch_netem)"
                     )
                 held.shapes.append(s.interface)
+                handle = ray.get(held.actor.root_qdisc.remote(s.interface), timeout=CALL_TIMEOUT_S)
+                self._record(held, s.interface, handle)
                 self.applied.append({"node": held.where, "interface": s.interface, "netem": list(s.netem)})
                 log.info("netem on %s of node %s: %s", s.interface, held.where, " ".join(s.netem))
             for c in self.captures:
@@ -201,6 +219,8 @@ class NodeTools:
                     code, err = ray.get(held.actor.run.remote(["tc", "qdisc", "del", "dev", interface, "root"]))
                     if code != 0:
                         problems.append(f"removing netem from {interface} of node {held.where}: {err}")
+                    else:
+                        self._forget(held, interface)
                 except ray.exceptions.RayError as err:
                     problems.append(f"removing netem from {interface} of node {held.where}: {_cause(err)}")
             ray.kill(held.actor, no_restart=True)
@@ -208,6 +228,102 @@ class NodeTools:
         for p in problems:
             log.error("%s", p)
         return problems
+
+    def _record(self, held: _Held, interface: str, handle: str = "") -> None:
+        if self.ledger is None:
+            return
+        old = self._recorded.get((held.where, interface))
+        if old is not None:
+            self.ledger.drop("shapes", old)
+        entry = {"node_id": held.node_id, "node": held.where, "interface": interface, "handle": handle}
+        self._recorded[(held.where, interface)] = self.ledger.add("shapes", entry)
+
+    def _forget(self, held: _Held, interface: str) -> None:
+        entry = self._recorded.pop((held.where, interface), None)
+        if entry is not None and self.ledger is not None:
+            self.ledger.drop("shapes", entry)
+
+
+def on_node(node_id: str, fn, *args, timeout_s: float = CALL_TIMEOUT_S):
+    """fn(*args) run as a Ray task on the node node_id (the driver is connected); NodeToolError when it fails
+    there or the node is gone."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    task = ray.remote(fn).options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
+    try:
+        return ray.get(task.remote(*args), timeout=timeout_s)
+    except ray.exceptions.RayError as err:
+        raise NodeToolError(f"on node {node_id[:8]}: {_cause(err)}") from None
+
+
+def here() -> str:
+    """This node as messages name it: address/node id (the host's name outside Ray)."""
+    import ray
+
+    if not ray.is_initialized():
+        return socket.gethostname()
+    return f"{ray.util.get_node_ip_address()}/{ray.get_runtime_context().get_node_id()[:8]}"
+
+
+def _ours(path: Path, token: str) -> bool:
+    """Whether path is a directory (not a link) of this user, mode 0700, holding token in its marker."""
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) != 0o700:
+            return False
+        return (path / MARKER).read_text() == token
+    except OSError:
+        return False
+
+
+def make_work_dir(path: str, token: str) -> None:
+    """On a node: a new directory at path, mode 0700, holding token (MARKER). One already there is
+    taken only when this run made it (several nodes of one machine share /tmp); anything else — a directory
+    someone made first, a link — is refused (NodeToolError): its owner would control what the roles read."""
+    p = Path(path)
+    try:
+        os.mkdir(p, 0o700)
+    except FileExistsError:
+        if _ours(p, token):
+            return
+        raise NodeToolError(f"{p} exists on node {here()} and this run did not make it: refusing it") from None
+    os.chmod(p, 0o700)  # whatever the umask
+    fd = os.open(p / MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token)
+
+
+def remove_work_dir(path: str, token: str) -> bool:
+    """On a node: the run's work directory removed with everything in it, if it is the run's (holds token)."""
+    p = Path(path)
+    if not _ours(p, token):
+        return False
+    shutil.rmtree(p)
+    return True
+
+
+def _root_qdisc(interface: str) -> tuple[str, str]:
+    """(kind, handle) of the interface's root qdisc, e.g. ("netem", "8001:"); ("", "") when tc shows none."""
+    proc = subprocess.run(
+        ["tc", "qdisc", "show", "dev", interface, "root"], capture_output=True, text=True, timeout=CALL_TIMEOUT_S
+    )
+    words = proc.stdout.split()
+    return (words[1], words[2]) if proc.returncode == 0 and len(words) > 2 and words[0] == "qdisc" else ("", "")
+
+
+def undo_shape(interface: str, handle: str, kind: str = "netem") -> bool:
+    """On a node: the interface's root qdisc removed if it is still the one recorded (that kind, and that
+    handle when one is given); whether it was. NodeToolError when tc fails."""
+    now_kind, now_handle = _root_qdisc(interface)
+    if now_kind != kind or (handle and now_handle != handle):
+        return False
+    proc = subprocess.run(
+        ["tc", "qdisc", "del", "dev", interface, "root"], capture_output=True, text=True, timeout=CALL_TIMEOUT_S
+    )
+    if proc.returncode != 0:
+        raise NodeToolError(f"`tc qdisc del dev {interface} root` failed on node {here()}: {proc.stderr.strip()}")
+    return True
 
 
 def _fetch(actor, remote: str, size: int, dest: Path) -> None:

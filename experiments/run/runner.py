@@ -286,9 +286,9 @@ class SharedTopology:
 
 
 class _HeldSignals:
-    """SIGINT/SIGTERM recorded instead of raised while held; release() restores them and re-raises."""
+    """SIGINT/SIGTERM/SIGHUP recorded instead of raised while held; release() restores them and re-raises."""
 
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
     def __init__(self):
         self.caught: int | None = None

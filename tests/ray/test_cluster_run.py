@@ -43,6 +43,7 @@ def test_an_address_nothing_answers_at_is_one_error_before_anything(tmp_path):
 
 
 def test_pdd_smoke_runs_on_the_cluster_with_the_roles_placed_by_site(cluster, tmp_path):
+    work_dirs_before = set(Path("/tmp").glob("pddlab-cluster-*"))
     proc = pddlab(
         tmp_path,
         "--cluster",
@@ -75,7 +76,7 @@ def test_pdd_smoke_runs_on_the_cluster_with_the_roles_placed_by_site(cluster, tm
         assert (vdir / "events" / "md1.jsonl").stat().st_size > 0
     assert set(sites.values()) == {"a", "b"}
     assert (out / "pcap" / "wan-a.pcap").stat().st_size > 24  # more than a pcap header
-    assert not Path(f"/tmp/pddlab-cluster-{out.name}").exists()  # the nodes' copies removed once fetched
+    assert set(Path("/tmp").glob("pddlab-cluster-*")) == work_dirs_before  # the nodes' work directory removed
 
 
 def test_a_label_no_node_has_is_refused_naming_the_pool_and_nothing_starts(cluster, tmp_path):
