@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 RESUME_KEEP_S = 60.0  # a transfer whose connection died waits this long for its sender's RESUME
 COMPLETED_KEPT = 4096  # ids of recently completed transfers remembered for a RESUME that lost its ACK
 READ_PIECE_BYTES = 1 << 20  # a payload read outside its transfer's buffer grows by this much as bytes arrive
+STOP_JOIN_S = 5.0  # stop(): how long the connection threads get, together, to end (they are daemons: exit goes on)
 
 
 def _verify_chunk(k, v, crc: int, layer: int, off: int) -> tuple[int, int]:
@@ -152,9 +153,10 @@ class KVReceiver:
                 c.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-        self._accept_thread.join(5)
+        deadline = time.monotonic() + STOP_JOIN_S  # one deadline for all: 60 stuck threads must not take 60 x 5 s
+        self._accept_thread.join(STOP_JOIN_S)
         for t in threads:
-            t.join(5)
+            t.join(max(0.0, deadline - time.monotonic()))
 
     def _accept_loop(self) -> None:
         while not self._stopping:
