@@ -3,10 +3,10 @@
 On the tier's two-node loopback Ray cluster (conftest), pddlab as a separate process, its ledgers
 (ray_rt.ledger) in the test's own directory (PDDLAB_CLUSTER_STATE):
 
-- SIGTERM or SIGHUP mid-variant: exit 130, the variant "interrupted", the capture's tcpdump gone, the work
-  directory removed from the nodes, nothing left in the ledger; while it ran its work directory was 0700 at a
-  random name, and directories made beforehand where the old code put it (/tmp/pddlab-cluster-<run name>) were
-  not touched;
+- SIGTERM or SIGHUP mid-variant: exit 130, the variant "interrupted", the load generator and the capture's
+  tcpdump gone, the work directory removed from the nodes, nothing left in the ledger; while it ran its work
+  directory was 0700 at a random name, and directories made beforehand where the old code put it
+  (/tmp/pddlab-cluster-<run name>) were not touched;
 - `pddlab clean --cluster ADDRESS` removes what a dead run's ledger records — a qdisc on an interface of a node
   (a veth pair this test makes: this machine has no sch_netem, so the recorded qdisc is a tbf), its work
   directory — one line per thing, and leaves a live run's ledger alone.
@@ -91,6 +91,7 @@ def test_a_signal_mid_variant_tears_the_run_down_on_the_nodes_and_exits_130(clus
         (work_dir,) = work_dirs
         assert os.stat(work_dir).st_mode & 0o777 == 0o700 and out.name not in work_dir
         assert holders(work_dir), "the capture's tcpdump is not running"
+        assert holders(str(out)), "the load generator is not running"
         proc.send_signal(sig)
         rc = proc.wait(timeout=180)
     finally:
@@ -109,6 +110,7 @@ def test_a_signal_mid_variant_tears_the_run_down_on_the_nodes_and_exits_130(clus
     assert ledgers(state) == [], "something recorded was not undone"
     assert not Path(work_dir).exists()
     assert wait_for(lambda: not holders(work_dir), 10), holders(work_dir)
+    assert not holders(str(out)), holders(str(out))  # the load generator (and anything else of the run's here)
 
 
 @pytest.fixture
