@@ -9,7 +9,10 @@ Not responsible for: HTTP serving, tokenizing or the router's call (experiments.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import math
+from collections import deque
 
 from aiohttp import web
 
@@ -60,25 +63,96 @@ class ApiError(Exception):
 
 
 class Gate:
-    """At most `limit` requests in flight; `enter` is False past it (the caller answers 429)."""
+    """Requests in flight bounded by a limit that follows the roles' capacity; `enter` is False past it (the
+    caller answers 429).
 
-    def __init__(self, limit: int):
-        self.limit, self.in_flight = limit, 0
+    Static (target_s None): at most `ceiling` at once, no queue. Adaptive (target_s: the TTFT the roles should
+    keep, from the spec's SLO): the limit starts at `start` and moves by AIMD on what the roles do: each
+    request served with TTFT (admission to first token) within target_s adds 1/limit while the gate was full
+    (one per limit's worth of requests); one past it, or failed for want of capacity (`overloaded`), cuts the
+    limit by BACKOFF, at most once per target_s (one episode of overload, one cut); never below 1 nor above
+    `ceiling`. Past the limit a request waits in a FIFO of at most `limit` places for up to wait_s (so a
+    waiting request still meets its TTFT), else it is refused. Concurrency limits of this kind (TCP's AIMD,
+    Netflix's concurrency-limits) are the standard answer; no maintained Python package offers one for
+    asyncio, so it is the few lines below."""
 
-    def enter(self) -> bool:
-        if self.in_flight >= self.limit:
+    BACKOFF = 0.7
+
+    def __init__(self, ceiling: int, start: int | None = None, target_s: float | None = None, wait_s: float = 0.0):
+        self.ceiling, self.target_s, self.wait_s = ceiling, target_s, wait_s
+        self.limit = float(ceiling if target_s is None else max(1, min(start or ceiling, ceiling)))
+        self.in_flight, self.peak, self.cuts = 0, 0, 0
+        self._waiters: deque[asyncio.Future] = deque()
+        self._last_cut = -math.inf
+        self._full = False  # the gate was full since the last increase: the limit, not the load, held requests
+
+    @property
+    def admits(self) -> int:
+        return max(1, int(self.limit))
+
+    async def enter(self) -> bool:
+        if self.in_flight < self.admits and not self._waiters:
+            self._take()
+            return True
+        self._full = True
+        if self.target_s is None or self.wait_s <= 0 or len(self._waiters) >= self.admits:
             return False
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        granted = False
+        try:
+            await asyncio.wait({fut}, timeout=self.wait_s)
+            granted = fut.done()
+        finally:
+            if not fut.done():
+                self._waiters.remove(fut)
+                fut.cancel()
+            elif not granted:  # a slot came, but this request was cancelled before it took it
+                self.leave()
+        return granted
+
+    def _take(self) -> None:
         self.in_flight += 1
-        return True
+        self.peak = max(self.peak, self.in_flight)
+        if self.in_flight >= self.admits:
+            self._full = True
 
     def leave(self) -> None:
         self.in_flight -= 1
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._waiters and self.in_flight < self.admits:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                self._take()
+                fut.set_result(True)
+
+    def served(self, ttft_s: float, now_s: float) -> None:
+        """A request's first token came ttft_s after its admission."""
+        if self.target_s is None:
+            return
+        if ttft_s > self.target_s:
+            self.overloaded(now_s)
+        elif self._full:
+            self.limit = min(float(self.ceiling), self.limit + 1 / self.limit)
+            self._full = self.in_flight >= self.admits
+            self._wake()
+
+    def overloaded(self, now_s: float) -> None:
+        """The roles showed too much load: a TTFT past target, or a request they refused or let time out."""
+        if self.target_s is None or now_s - self._last_cut < self.target_s:
+            return
+        self.limit, self._last_cut, self.cuts = max(1.0, self.limit * self.BACKOFF), now_s, self.cuts + 1
 
 
-def too_busy(limit: int) -> ApiError:
+def too_busy(gate: Gate) -> ApiError:
+    why = "(--max-in-flight)"
+    if gate.target_s is not None:
+        why = f"(it follows the roles' TTFT; at most --max-in-flight {gate.ceiling})"
     return ApiError(
         429,
-        f"the front door has {limit} requests in flight, its limit (--max-in-flight); retry later",
+        f"the front door has {gate.in_flight} requests in flight, its limit {gate.admits} {why}; retry later",
         code="rate_limit_exceeded",
         retry_after_s=RETRY_AFTER_S,
     )

@@ -69,6 +69,8 @@ class Metrics:
         )
         self.e2e = Histogram("vllm:e2e_request_latency_seconds", "end to end", lab, registry=r, buckets=LATENCY_BUCKETS)
         self.running = Gauge("vllm:num_requests_running", "requests in flight at the front door", lab, registry=r)
+        self.limit = Gauge("pddlab:admission_limit", "requests the front door admits at once now", registry=r)
+        self.limit_cuts = Counter("pddlab:admission_limit_cuts", "times the roles' TTFT cut the limit", registry=r)
         self.prompt_tokens = Counter("vllm:prompt_tokens", "prompt tokens of completed requests", lab, registry=r)
         self.gen_tokens = Counter("vllm:generation_tokens", "generated tokens of completed requests", lab, registry=r)
         self.success = Counter("vllm:request_success", "completed requests", [*lab, "finished_reason"], registry=r)
@@ -89,8 +91,10 @@ class Metrics:
 class FrontDoor:
     """One served model: the tokenizer, the router's channel, the metrics, the request log.
 
-    max_in_flight: requests served at once (past it: 429); router_idle_s: the longest wait for the router's
-    next message (s) before the request fails DEADLINE_EXCEEDED."""
+    max_in_flight: requests served at once (past it: 429), the ceiling when ttft_target_s is given: then the
+    limit follows the roles' TTFT from start_in_flight (admission.Gate) and a request past it waits up to
+    ttft_target_s for a place; router_idle_s: the longest wait for the router's next message (s) before the
+    request fails DEADLINE_EXCEEDED."""
 
     def __init__(
         self,
@@ -104,16 +108,20 @@ class FrontDoor:
         variant: str,
         max_in_flight: int = MAX_IN_FLIGHT,
         router_idle_s: float = ROUTER_IDLE_S,
+        ttft_target_s: float | None = None,
+        start_in_flight: int | None = None,
     ):
         self.tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
         longest = max(len(t) for t in self.tok.get_vocab(with_added_tokens=True))
         self.max_prompt_chars = admission.max_prompt_chars(longest, context)
         self.model, self.context, self.default_mode, self.variant = model, context, default_mode, variant
-        self.gate, self.router_idle_s = admission.Gate(max_in_flight), router_idle_s
+        self.gate = admission.Gate(max_in_flight, start_in_flight, ttft_target_s, wait_s=ttft_target_s or 0.0)
+        self.router_idle_s = router_idle_s
         self.router = router
         self.channel = grpc.aio.insecure_channel(router)
         self.stub = pdd_pb2_grpc.RouterStub(self.channel)
         self.metrics = Metrics(model)
+        self.metrics.limit.set(self.gate.admits)
         self.workers = workers
         self._log = open(log_path, "a", buffering=1)
         self._log_lock = threading.Lock()
@@ -180,12 +188,14 @@ class FrontDoor:
         """One request, whatever becomes of it; each one admitted or refused is recorded once, at its end."""
         self.n += 1
         rid = f"serve.{self.n:05d}-{uuid.uuid4().hex[:6]}"
-        if not self.gate.enter():
+        t_arrive_ns = time.monotonic_ns()  # a record's t_send: the client's TTFT counts its wait for a place
+        if not await self.gate.enter():
             rec = self._record(rid, [], 0, request.headers.get("X-PDD-Mode") or self.default_mode)
-            rec.issued, rec.error = False, f"REFUSED: {self.gate.limit} requests in flight at the front door"
-            self._finish(rec)
-            return admission.too_busy(self.gate.limit).response()
-        rec = None
+            rec.issued, rec.error = False, f"REFUSED: {self.gate.admits} requests in flight at the front door"
+            rec.t_send_ns = t_arrive_ns
+            self._finish(rec, t_arrive_ns)
+            return admission.too_busy(self.gate).response()
+        rec, t_admit_ns = None, time.monotonic_ns()
         self.metrics.running.labels(self.model).inc()
         try:
             try:
@@ -198,6 +208,7 @@ class FrontDoor:
             kind = "chat.completion" if chat else "text_completion"
             head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{rid}", "created": int(time.time()), "model": self.model}
             rec = self._record(rid, ids, max_tokens, mode)
+            rec.t_send_ns = t_arrive_ns
             if stream:
                 return await self._stream(request, rec, head, kind, usage_chunk)
             return await self._whole(rec, head, kind)
@@ -218,7 +229,7 @@ class FrontDoor:
             self.gate.leave()
             self.metrics.running.labels(self.model).dec()
             if rec is not None:
-                self._finish(rec)
+                self._finish(rec, t_admit_ns)
 
     def _record(self, rid: str, ids: list[int], max_tokens: int, mode: str) -> ClientRecord:
         return clientlog.new_record(
@@ -247,11 +258,12 @@ class FrontDoor:
         finally:
             call.cancel()  # no-op once it ended; else the router's call ends with ours
 
-    def _finish(self, rec: ClientRecord) -> None:
+    def _finish(self, rec: ClientRecord, t_admit_ns: int) -> None:
         rec.t_done_ns = time.monotonic_ns()
         with self._log_lock:
             self._log.write(clientlog.line(rec))
         m, lab = self.metrics, self.model
+        self._follow(rec, t_admit_ns)
         if rec.error is not None:
             m.failed.labels(rec.error.split(":")[0]).inc()
             return
@@ -272,6 +284,19 @@ class FrontDoor:
             m.handoffs.inc()
         if (rec.done and rec.done.notes) or route == Route.P_RLD_FALLBACK:
             m.fallbacks.inc()
+
+    def _follow(self, rec: ClientRecord, t_admit_ns: int) -> None:
+        """The admission limit learns from an admitted request: its TTFT (admission to first token), or a failure
+        for want of capacity (the roles refused it, or it timed out)."""
+        if not rec.issued:
+            return
+        now_s, cuts = rec.t_done_ns / 1e9, self.gate.cuts
+        if rec.tokens:
+            self.gate.served((rec.tokens[0].t_recv_ns - t_admit_ns) / 1e9, now_s)
+        elif rec.error and rec.error.split(":", 1)[0] in ("RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED"):
+            self.gate.overloaded(now_s)
+        self.metrics.limit.set(self.gate.admits)
+        self.metrics.limit_cuts.inc(self.gate.cuts - cuts)
 
     def _usage(self, rec: ClientRecord) -> dict:
         n = len(rec.tokens)
@@ -445,6 +470,16 @@ def main(argv: list[str] | None = None) -> None:
         "--max-in-flight", type=_positive(int), default=MAX_IN_FLIGHT, help="requests at once; past it: 429"
     )
     ap.add_argument(
+        "--ttft-target-ms",
+        type=_positive(float),
+        default=None,
+        help="the TTFT the roles should keep (ms): the limit follows it (AIMD) up to --max-in-flight, and a "
+        "request past the limit waits as long for a place (default: a fixed limit, --max-in-flight, no wait)",
+    )
+    ap.add_argument(
+        "--start-in-flight", type=_positive(int), default=None, help="with --ttft-target-ms, the first limit"
+    )
+    ap.add_argument(
         "--router-idle-s",
         type=_positive(float),
         default=ROUTER_IDLE_S,
@@ -469,6 +504,8 @@ def main(argv: list[str] | None = None) -> None:
             args.variant,
             max_in_flight=args.max_in_flight,
             router_idle_s=args.router_idle_s,
+            ttft_target_s=args.ttft_target_ms / 1000 if args.ttft_target_ms else None,
+            start_in_flight=args.start_in_flight,
         )
         await _serve(door, args.listen, args.unix, args.drain_s)
 

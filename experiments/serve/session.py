@@ -37,6 +37,12 @@ from workers.model import get_config, precision_base
 log = logging.getLogger(__name__)
 TOKENIZERS = Path(__file__).resolve().parents[1] / "tokenizers"
 READY_S = 60.0  # the front door's start (imports, tokenizer)
+# The front door's limit follows the roles' TTFT (experiments.serve.admission.Gate): it aims at half the spec's
+# slo.ttft_ms and a request past the limit waits at most as long again, so one admitted meets the SLO; it starts
+# at two requests per prefill worker (one prefilling, one waiting behind it), the knee measured with
+# benchmarks/bench_serve_load.py on this machine (docs/serve.md).
+TTFT_TARGET_SHARE = 0.5
+START_PER_P = 2
 FRONT_STOP_S = front_door.DRAIN_S + 10.0  # at teardown: its drain time, then the cancelled requests' records
 
 
@@ -133,6 +139,8 @@ def _front_door_argv(spec, mode: str, vdir: Path, port: int, sock: str, max_in_f
         "--unix",
         sock,
         f"--max-in-flight={max_in_flight}",
+        f"--ttft-target-ms={spec.slo.ttft_ms * TTFT_TARGET_SHARE:g}",
+        f"--start-in-flight={START_PER_P * deployment.pool_sizes(spec)['p']}",
         *workers,
     ]
 
@@ -160,7 +168,6 @@ def run(spec, mode: str = "pdd", port: int = 8000, until=None, max_in_flight: in
     """Serve until Ctrl-C/SIGTERM/SIGHUP (or until `until()` returns True, for tests); the session dir.
     max_in_flight: requests the front door serves at once (past it: HTTP 429)."""
     from topology.net import Testbed, preflight
-    from topology.profiles import load_profile
 
     if mode not in specmod.VARIANTS:
         raise ServeError(f"mode {mode!r} not in {list(specmod.VARIANTS)}")
@@ -171,7 +178,7 @@ def run(spec, mode: str = "pdd", port: int = 8000, until=None, max_in_flight: in
     spec = dataclasses.replace(spec, variants=(mode,))
     meta = runner.new_metadata(spec, f"serve-{spec.name}", serve=True)
     metadata.write(out, meta)
-    profile = load_profile(spec.profile)
+    profile = specmod.parse_profile(spec)  # as a run applies it: rates / compute.kv_scale
     cfg = runner.topology_config(spec, profile, out, play_schedule=True)  # no variant windows: the link's clock
     sockdir = Path(tempfile.mkdtemp(prefix="pddlab-serve-"))
     try:
