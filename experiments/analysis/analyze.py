@@ -19,6 +19,7 @@ from experiments.analysis import (
     cost,
     flows,
     impairment,
+    limits,
     metrics,
     occupancy,
     pcap,
@@ -247,6 +248,7 @@ def analyze(run_dir: Path) -> dict:
     offered = offered_bytes(wan, rm, variants)
     summary = metrics.summarize(recs, variants, slo, kv_bpt, rate or float("nan"), _pcap_bytes(frames, meta), offered)
     add_wan_analysis(summary, events, rm, wan)
+    limits.add_to(summary, events, meta)  # after add_wan_analysis, which starts the warnings
     mark_machinery(summary)
     add_workers(summary, recs, events, rm)
     judge_divergences(run_dir, summary["streams"], spec)
