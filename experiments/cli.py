@@ -210,6 +210,8 @@ def _serve(args) -> int:
     _check_environment()
     try:
         out = serve.run(s, mode=args.mode, port=args.port, max_in_flight=args.max_in_flight)
+    except serve.SessionFailed as err:  # it served, then failed: exit 1, as a failed run
+        return _outcome([str(err)], "the session's logs")
     except serve.ServeError as err:
         raise UsageError(str(err)) from None
     print(f"session directory: {out}")

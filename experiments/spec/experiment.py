@@ -32,7 +32,7 @@ from experiments.spec.runtimes import kind_of
 from schema import Bool, Float, Int, Range, Str, check_range, literal_values, schema
 from schema import build as schema_build
 from topology.profiles import Profile
-from workers.roles.config import MODES, Device, Handoff
+from workers.roles.config import MODES, Device, Handoff, context_tokens
 
 SPEC_DIR = Path(__file__).resolve().parents[1] / "specs"
 VARIANTS = MODES  # every serving mode is a variant of its own name
@@ -316,9 +316,9 @@ def validate(spec: ExperimentSpec, profile: Profile | None = None) -> Experiment
     profile = parse_profile(spec) if profile is None else profile
     for role in ("p", "rld", "md"):
         _range(f"capacity_tokens.{role}", getattr(spec.capacity_tokens, role), spec.block_size, 1 << 22)
-    _validate_workload(spec.workload, CONFIGS[spec.model].max_seq_len)
     _validate_variant_defs(spec, profile)
-    _validate_deployment(spec, profile)  # before the pools: their memory estimate reads the roles' parsed config
+    cfg = _validate_deployment(spec, profile)  # before the pools: their memory estimate reads the roles' parsed config
+    _validate_workload(spec.workload, context_tokens(cfg))  # the small model's context, or the modelled arch's
     _validate_pools(spec, profile)
     _validate_devices(spec)
     _validate_placement(spec)
@@ -483,14 +483,14 @@ def _refuse(problem: str | None) -> None:
         raise SpecError(problem)
 
 
-def _validate_deployment(spec: ExperimentSpec, profile: Profile) -> None:
-    """The roles' validator judges the `deployment` overrides (field names as in workers/roles/config.py)."""
+def _validate_deployment(spec: ExperimentSpec, profile: Profile):
+    """The roles' validator judges the `deployment` overrides (names as in workers/roles/config.py): its config."""
     from experiments.spec.deployment import deployment_dict
     from workers.roles.config import ConfigError, parse_config
 
     _placement_keys(spec.deployment, "deployment")
     try:
-        parse_config(deployment_dict(spec, events_dir="/nonexistent", wan=profile))
+        return parse_config(deployment_dict(spec, events_dir="/nonexistent", wan=profile))
     except ConfigError as err:
         raise SpecError(f"deployment: {err}") from None
 
