@@ -69,6 +69,8 @@ bench: setup ## benchmarks that print numbers (speed and accuracy targets)
 	$(PY) benchmarks/bench_sweep.py
 	$(PY) benchmarks/bench_analysis.py
 	$(PY) benchmarks/bench_links.py
+	$(PY) benchmarks/bench_roofline.py
+	$(PY) benchmarks/bench_serve_load.py --steps 1,4,16,48,128 --requests-per-step 48 --set slo.ttft_ms=20000
 	$(PY) -m vm.run --timeout 1500 --cpus 1 -- $(PY) benchmarks/bench_links.py --backend tc
 
 run-experiment: setup ## run EXP (default pdd-vs-baselines) [PROFILE=name] [BACKEND=tc|userspace] [SET="k=v ..."]

@@ -50,6 +50,11 @@ class ServeError(RuntimeError):
     """The session could not start; the message says what and where its logs are."""
 
 
+class SessionFailed(ServeError):
+    """The session started and then failed (its front door exited); the message says how and where its logs
+    are. The session's directory is analysed all the same."""
+
+
 def served_name(spec) -> str:
     return f"pddlab-{spec.model}"
 
@@ -237,7 +242,7 @@ def _serve_in(
         )
         while not (until and until()):
             if front.poll() is not None:
-                raise ServeError(f"the front door exited ({front.returncode}); log: {vdir / 'logs'}")
+                raise SessionFailed(f"the front door exited ({front.returncode}); log: {vdir / 'logs'}")
             tb.check()  # the link's schedule plays on: a failed change ends the session, recorded incomplete
             time.sleep(0.2)
         tb.check()
