@@ -18,6 +18,8 @@ experiments and maintenance commands. Not responsible for: the experiments.
                                          (experiments.serve.session)
     pddlab net [--profile NAME] [--exec LINE ...]
                                          the topology alone with Mininet's CLI (experiments.serve.netshell)
+    pddlab simulate [EXPERIMENT] [--set KEY=VALUE ...] [--requests N] [--seed S] [--out DIR]
+                                         the spec's variants in the discrete-event simulator (experiments.sim)
     pddlab experiments                   list the experiments
     pddlab image [--no-cache] [--base-image REF] [--variant cpu|cuda]
                                          build the worker image unless it is up to date (docker_rt.image)
@@ -191,6 +193,23 @@ def _compare(args) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(compare.to_json(rows), indent=2) + "\n")
     return 0
+
+
+def _simulate(args) -> int:
+    from experiments.sim import config as sim_config, simulate, wan
+
+    if args.requests is not None and args.requests < 1:
+        raise UsageError(f"--requests={args.requests}: expected at least 1")
+    try:
+        loaded = sim_config.load_for_simulation(args.experiment, args.set)
+        run = simulate.simulate(loaded, requests=args.requests, seed=args.seed)
+    except (sim_config.SimError, wan.CalibrationError) as err:
+        raise UsageError(str(err)) from None
+    out = simulate.write_run(run, loaded, Path(args.out) if args.out else None)
+    print((out / "summary.md").read_text())
+    print(f"simulated {run.requests} requests in {run.sim_wall_s:.1f} s ({run.requests_per_s:,.0f} requests/s)")
+    print(f"run directory: {out}")
+    return OK
 
 
 def _serve(args) -> int:
@@ -398,6 +417,13 @@ def parser() -> argparse.ArgumentParser:
         help="cuda: a CUDA build of torch (2.14.1, CUDA 13) for device: cuda pools (~3 GB more; built only when asked)",
     )
     im.set_defaults(func=_image)
+    sim = sub.add_parser("simulate", help="simulate a serving experiment (discrete events, docs/simulator.md)")
+    sim.add_argument("experiment", nargs="?", default=DEFAULT_EXPERIMENT)
+    sim.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a spec field")
+    sim.add_argument("--requests", type=int, default=None, help="simulate at most the workload's first N requests")
+    sim.add_argument("--seed", type=int, default=None, help="the line's jitter (default: workload.seed)")
+    sim.add_argument("--out", default=None, help="the run directory (default: results/<stamp>-<spec>-sim/)")
+    sim.set_defaults(func=_simulate)
     sub.add_parser("experiments", help="list the experiments").set_defaults(func=_experiments)
     cl = sub.add_parser("clean", help="remove leftovers of crashed runs")
     cl.add_argument(

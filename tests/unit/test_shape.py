@@ -28,7 +28,7 @@ MAY_IMPORT = {
     "experiments": {"schema", "topology", "workers", "docker_rt", "ray_rt", "vm"},
 }
 MAX_LINES = 600
-FLOORS = ("rundir", "spec", "analysis", "run", "serve", "cli")  # bottom to top
+FLOORS = ("rundir", "spec", "analysis", "run", "sim", "serve", "cli")  # bottom to top
 LEAVES = {"experiments.progress"}  # utilities any floor may use; they import nothing of experiments/
 
 

@@ -1,0 +1,174 @@
+"""What the simulator simulates for one variant of a spec: its workers' step-time models, policy, KV sizes, line.
+
+Responsible for: loading a spec for simulation (`load_for_simulation`: the emulated run's loader and checks,
+so a bad spec is refused with the same message, less the checks that only concern this machine: its memory,
+its GPUs, its cores) and, per variant, a `SimConfig`: every worker of its pools as a `WorkerModel` (the roofline
+of the deployment's architecture on the worker's accelerator x devices: compute.mode modelled; or, for real
+compute, the spec's small model on the catalogue's `this-machine`), the roles' validated policy, the KV bytes
+a token carries, and the published WAN line (the profile as written: the simulator needs no kv_scale).
+Not responsible for: running anything (experiments.sim.pipeline) or the line's behaviour (experiments.sim.wan).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+import yaml
+
+from experiments.spec import experiment as ex
+from experiments.spec.deployment import deployment_dict
+from experiments.spec.experiment import Loaded, SpecError
+from topology.profiles import load_profile
+from workers.modelled.catalogue import CatalogueError
+from workers.modelled.roofline import Roofline
+from workers.roles.config import ConfigError, DeploymentConfig, catalogue, kv_bytes_per_token, parse_config
+
+from experiments.sim.wan import LineParams, line_from_profile
+
+REAL_ACCELERATOR = "this-machine"  # real compute: the small model runs on this machine's CPU (calibrated entry)
+HANDOFF_ID_BYTES = 15  # a handoff's payload per token ID (PDD.md: 100 tokens ~ 1.5 KB)
+
+
+class SimError(ValueError):
+    """The spec cannot be simulated; the message names the field."""
+
+
+@dataclass(frozen=True)
+class WorkerModel:
+    """One worker: name (p1, rld2, md3); role; roofline: its step times; max_batch: sessions per decode step;
+    capacity_tokens: its KV slots (tokens)"""
+
+    name: str
+    role: str
+    roofline: Roofline
+    max_batch: int
+    capacity_tokens: int
+
+    @property
+    def accelerators(self) -> int:
+        return self.roofline.devices
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """One variant as the simulator runs it.
+
+    variant, mode, handoff: as the spec names them; deployment: the roles' validated config (policy, kv, decode);
+    workers: role -> its pool; kv_bytes_per_token: the architecture's KV per token (B, unscaled: the published
+    line is simulated); route_kv_bytes_per_token: what the router's route decision multiplies (the wire's, /
+    kv_scale, against the scaled rate in policy.wan_rate_mbit: the same decision as the emulated run's);
+    line: the A->B direction of the published line; wan_connections: TCP connections per WAN KV transfer;
+    wan_congestion: their congestion control (kv.wan.congestion)"""
+
+    variant: str
+    mode: str
+    handoff: str
+    deployment: DeploymentConfig
+    workers: dict[str, tuple[WorkerModel, ...]]
+    kv_bytes_per_token: int
+    route_kv_bytes_per_token: int
+    line: LineParams
+    wan_connections: int
+    wan_congestion: str
+
+    @property
+    def policy(self):
+        return self.deployment.policy
+
+    @property
+    def accelerators(self) -> int:
+        """Accelerators of the pools this variant uses (colocated: the RLD pool only; pd-intra: no MD)."""
+        used = {"colocated": ("rld",), "pd-intra": ("p", "rld"), "pd-cross": ("p", "md")}.get(
+            self.mode, ("p", "rld", "md")
+        )
+        return sum(w.accelerators for role in used for w in self.workers[role])
+
+
+def load_for_simulation(name_or_path: str, overrides: list[str] = ()) -> Loaded:
+    """Read, override and validate a spec as `pddlab run` does (same errors), without the checks that only
+    concern this machine (its memory, GPUs and cores: a simulated deployment runs nowhere)."""
+    path = ex.spec_path(name_or_path)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise SpecError(f"{path}: not valid YAML: {ex.yaml_problem(err)}") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: expected a mapping at the top")
+    for key, value in ex.parse_overrides(list(overrides)):
+        ex._set_dotted(data, key, value)
+    try:
+        spec = ex.build(ex.ExperimentSpec, data)
+        profile = ex.parse_profile(spec)
+        _validate(spec, profile)
+        return Loaded(spec, profile)
+    except SpecError as err:
+        raise SpecError(f"{path.name}: {err}") from None
+
+
+def _validate(spec, profile) -> None:
+    """experiment.validate's checks, this machine's resources taken as unlimited."""
+    from workers.model import CONFIGS
+
+    ex._path_name("name", spec.name, "the run directory under results/")
+    if spec.model not in CONFIGS:
+        raise SpecError(f"model={spec.model!r}; allowed: {sorted(CONFIGS)}")
+    known = (*ex.VARIANTS, *spec.variant_defs)
+    bad = [v for v in spec.variants if v not in known]
+    if bad or not spec.variants or len(set(spec.variants)) != len(spec.variants):
+        raise SpecError(
+            f"variants={list(spec.variants)}: each once, from {list(known)} (modes, or names defined in variant_defs)"
+        )
+    for role in ("p", "rld", "md"):
+        ex._range(f"capacity_tokens.{role}", getattr(spec.capacity_tokens, role), spec.block_size, 1 << 22)
+    ex._validate_workload(spec.workload, CONFIGS[spec.model].max_seq_len)
+    ex._validate_variant_defs(spec, profile)
+    ex._validate_deployment(spec, profile)
+    ex._validate_pools(spec, profile, available_mb=1 << 40)
+    ex._validate_placement(spec)
+    ex._validate_impairment(spec, profile)
+
+
+def sim_config(loaded: Loaded, variant: str) -> SimConfig:
+    """The variant of a loaded spec as the simulator runs it; SimError naming what cannot be simulated."""
+    spec = loaded.spec
+    mode = ex.variant_mode(spec, variant)
+    data = deployment_dict(
+        spec, "/nonexistent", mode, ex.variant_overrides(spec, variant), loaded.profile, ex.variant_pools(spec, variant)
+    )
+    try:
+        cfg = parse_config(data)
+        cat = catalogue(cfg)
+    except (ConfigError, CatalogueError) as err:
+        raise SimError(f"deployment: {err}") from None
+    modelled = cfg.compute.mode == "modelled"
+    arch_name = cfg.compute.arch if modelled else spec.model
+    if arch_name not in cat.models:
+        raise SimError(
+            f"model={arch_name!r}: no architecture of that name in the catalogue (workers/modelled/models.yaml), "
+            f"so no step times; allowed: {sorted(cat.models)}"
+        )
+    arch = cat.model(arch_name)
+    pools = {}
+    for role in ("p", "rld", "md"):
+        pools[role] = tuple(
+            WorkerModel(
+                w.name,
+                role,
+                Roofline(cat.accelerator(w.accelerator if modelled else REAL_ACCELERATOR), arch, w.devices),
+                cfg.decode.max_batch,
+                w.capacity_tokens,
+            )
+            for w in cfg.pool(role)
+        )
+    published = load_profile(spec.profile)
+    return SimConfig(
+        variant=variant,
+        mode=mode,
+        handoff=spec.handoff,
+        deployment=cfg,
+        workers=pools,
+        kv_bytes_per_token=arch.kv_bytes_per_token if modelled else kv_bytes_per_token(cfg),
+        route_kv_bytes_per_token=kv_bytes_per_token(cfg),
+        line=line_from_profile(published),
+        wan_connections=cfg.kv.wan.connections,
+        wan_congestion=cfg.kv.wan.congestion,
+    )

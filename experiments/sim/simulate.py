@@ -1,0 +1,163 @@
+"""`pddlab simulate`: a spec's variants simulated, analysed like an emulated run, written to a run directory.
+
+Responsible for: the workload of a spec (experiments.spec.workload.build, the same requests the emulated run
+sends; at most N of them), one `Simulation` per variant, the summary (experiments.analysis.metrics.summarize
+and the cost/BCR section: the emulated analysis' own functions, so the figures have the same names and
+intervals) marked simulated, and the run directory: summary.json, summary.md, simulation.json (how it was
+made: the resolved spec, seed, calibration, wall time, requests simulated per second).
+Not responsible for: the model itself (experiments.sim.pipeline, .workers, .wan).
+
+summary.json is the emulated run's schema (experiments.analysis.summary.Summary) so `pddlab compare` and the
+report tools read it; it is marked simulated in `analysed_by` (`simulated: true`, the tool, the calibration's
+status) and by a warning at the top of summary.md, since the schema has no top-level field for it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from experiments.analysis import cost, metrics
+from experiments.analysis.records import RequestRecord
+from experiments.analysis.summary import Summary, write
+from experiments.rundir.files import git_state, new_run_dir, write_json
+from experiments.sim.config import SimConfig, sim_config
+from experiments.sim.pipeline import Simulation
+from experiments.sim.wan import Calibration, load_calibration
+from experiments.spec import workload
+from experiments.spec.experiment import Loaded, to_dict
+
+RESULTS = Path(__file__).resolve().parents[2] / "results"
+
+
+@dataclass
+class SimRun:
+    """A finished simulation: records of every variant, the variants' configs, the summary, and wall time (s)."""
+
+    records: list[RequestRecord]
+    configs: dict[str, SimConfig]
+    summary: Summary
+    wall_s: float
+    sim_wall_s: float  # of which the simulations themselves (not the workload or the analysis)
+    calibration: Calibration
+
+    @property
+    def requests(self) -> int:
+        return len(self.records)
+
+    @property
+    def requests_per_s(self) -> float:
+        """Requests simulated per second of wall time (the simulations alone)."""
+        return self.requests / self.sim_wall_s if self.sim_wall_s > 0 else float("inf")
+
+
+def workload_of(loaded: Loaded, requests: int | None = None) -> list[workload.WorkloadRequest]:
+    """The spec's workload, warm-up dropped, cut to its first `requests` (a later turn kept only with its
+    earlier ones: the cut keeps whole prefixes of the list, where a turn follows the one it comes after)."""
+    reqs = [r for r in workload.build(loaded.spec) if r.kind != "warmup"]
+    return reqs if requests is None else reqs[:requests]
+
+
+def simulate(
+    loaded: Loaded,
+    requests: int | None = None,
+    seed: int | None = None,
+    calibration: Calibration | None = None,
+    analyse: bool = True,
+) -> SimRun:
+    """Every variant of the spec over the same workload; seed: the line's jitter (None: the workload's seed)."""
+    t0 = time.perf_counter()
+    spec = loaded.spec
+    seed = spec.workload.seed if seed is None else seed
+    cal = calibration or load_calibration()
+    reqs = workload_of(loaded, requests)
+    configs = {v: sim_config(loaded, v) for v in spec.variants}
+    records, sim_s = [], 0.0
+    for v, cfg in configs.items():
+        t1 = time.perf_counter()
+        records += Simulation(cfg, reqs, seed, cal).run()
+        sim_s += time.perf_counter() - t1
+    summary = (
+        summarize(loaded, records, configs, cal, seed)
+        if analyse
+        else Summary(variants={}, comparisons=[], streams={}, reference={}, slo={})
+    )
+    return SimRun(records, configs, summary, time.perf_counter() - t0, sim_s, cal)
+
+
+def summarize(
+    loaded: Loaded, records: list[RequestRecord], configs: dict[str, SimConfig], cal: Calibration, seed: int
+) -> Summary:
+    """The emulated analysis' summary of simulated records, marked simulated."""
+    spec = loaded.spec
+    variants = list(configs)
+    first = next(iter(configs.values()))
+    rate = first.line.rate_bps / 1e6
+    data = metrics.summarize(records, variants, spec.slo, first.kv_bytes_per_token, rate)
+    c = cost.cost_section(data, to_dict(spec), variants)
+    data["cost"] = c.model_dump(mode="json")
+    data["comparisons"] = list(data["comparisons"]) + cost.bcr_comparisons(data, c)
+    data["analysed_by"] = {
+        "simulated": True,
+        "tool": "pddlab simulate (experiments/sim)",
+        "wan_calibration": cal.status,
+        "seed": seed,
+        "git": git_state(),
+    }
+    data["warnings"] = [
+        {
+            "kind": "simulated",
+            "message": "Simulated, not measured: a discrete-event model of the pipeline (docs/simulator.md); "
+            f"WAN model {cal.status}; its error against the emulator is not yet validated.",
+        }
+    ]
+    data["complete"] = True
+    return Summary.model_validate(data)
+
+
+def write_run(run: SimRun, loaded: Loaded, out: Path | None = None) -> Path:
+    """The run directory (out, or results/<stamp>-<spec>-sim/): summary.json, summary.md, simulation.json."""
+    from experiments.sim.report import markdown
+
+    out = Path(out) if out else new_run_dir(f"{loaded.spec.name}-sim", RESULTS)
+    out.mkdir(parents=True, exist_ok=True)
+    write(out, run.summary)
+    (out / "summary.md").write_text(markdown(run, loaded))
+    write_json(
+        out / "simulation.json",
+        {
+            "simulated": True,
+            "spec": to_dict(loaded.spec),
+            "seed": run.summary.analysed_by.get("seed") if run.summary.analysed_by else None,
+            "wan_calibration": run.calibration.status,
+            "requests": run.requests,
+            "wall_s": run.wall_s,
+            "simulation_wall_s": run.sim_wall_s,
+            "requests_per_s": run.requests_per_s,
+            "variants": {v: _config_record(c) for v, c in run.configs.items()},
+            "git": git_state(),
+        },
+    )
+    return out
+
+
+def _config_record(c: SimConfig) -> dict:
+    pools = {
+        role: {
+            "workers": len(ws),
+            "accelerator": ws[0].roofline.accelerator.name if ws else None,
+            "devices": ws[0].roofline.devices if ws else None,
+        }
+        for role, ws in c.workers.items()
+    }
+    line = {"rate_mbit": c.line.rate_bps / 1e6, "rtt_ms": c.line.rtt_s * 1e3, "loss_pct": c.line.loss * 100}
+    return {
+        "mode": c.mode,
+        "handoff": c.handoff,
+        "pools": pools,
+        "accelerators": c.accelerators,
+        "kv_bytes_per_token": c.kv_bytes_per_token,
+        "line": line,
+        "wan_connections": c.wan_connections,
+    }

@@ -1,0 +1,246 @@
+"""The simulated WAN: one line per direction, concurrent KV transfers sharing it fairly, each capped by TCP.
+
+Responsible for: a direction's parameters (`LineParams`: rate, RTT, loss, jitter, from a netem profile), the
+throughput one TCP connection can reach on it (`mathis_bps`: MSS/RTT x 1.22/sqrt(p), Mathis et al. 1997), the
+rounds slow start takes before a transfer reaches that rate (`slow_start`), max-min fair sharing of the rate
+among concurrent transfers (`fair_share`: processor sharing, each capped), and `Line`, the SimPy process that
+carries transfers (`Line.transfer(nbytes)` -> an event that fires when the last byte arrived). An optional
+calibration table (`Calibration`, experiments/sim/calibration.yaml's format) corrects the formula's per-flow
+throughput by what the emulator measured.
+Not responsible for: what is sent or when (experiments.sim.pipeline); queue build-up, packet-level loss
+recovery, reordering, a schedule's changes of the line or cross traffic (not modelled: docs/simulator.md).
+
+A transfer's time: one-way delay (+ a seeded normal jitter draw) + its slow-start rounds (each an RTT, the
+window doubling from `initial_window_segments` until it carries the flow's cap per RTT; a transfer that ends
+inside them takes only those rounds) + the rest of its bytes at its fair share of the line, recomputed each
+time a transfer joins or leaves (fluid processor sharing).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import simpy
+import yaml
+
+MSS_BYTES = 1448  # TCP payload of a 1500-byte Ethernet frame with timestamps
+INITIAL_WINDOW_SEGMENTS = 10  # Linux's initial congestion window (RFC 6928)
+MATHIS_C = 1.22  # sqrt(3/2): periodic loss, delayed ACKs off (Mathis, Semke, Mahdavi, Ott 1997)
+CALIBRATION_FILE = Path(__file__).resolve().parent / "calibration.yaml"
+_DONE_BYTES = 1e-3  # a flow with fewer bytes left than this has arrived (float rounding)
+
+
+class CalibrationError(ValueError):
+    """The calibration table is malformed; the message names the file and the field."""
+
+
+@dataclass(frozen=True)
+class LineParams:
+    """One direction of the line.
+
+    rate_bps: serialisation rate (bit/s); inf: unlimited
+    rtt_s: round-trip time (s): both directions' delay
+    loss: random loss probability per packet (0..1)
+    jitter_s: sigma of the one-way delay's normal variation (s)
+    """
+
+    rate_bps: float
+    rtt_s: float
+    loss: float = 0.0
+    jitter_s: float = 0.0
+
+    @property
+    def one_way_s(self) -> float:
+        return self.rtt_s / 2
+
+
+def line_from_profile(profile, direction: str = "a_to_b") -> LineParams:
+    """A direction of a topology.profiles.Profile as LineParams (rate 0 there: unlimited)."""
+    d, back = profile.direction(direction), profile.direction("b_to_a" if direction == "a_to_b" else "a_to_b")
+    rate = d.rate_mbit * 1e6 if d.rate_mbit else math.inf
+    return LineParams(rate, (d.delay_ms + back.delay_ms) / 1e3, d.loss_pct / 100, d.jitter_ms / 1e3)
+
+
+def mathis_bps(rtt_s: float, loss: float, mss_bytes: int = MSS_BYTES) -> float:
+    """The loss-bound throughput of one TCP connection (bit/s): MSS/RTT x 1.22/sqrt(p); inf without loss or RTT."""
+    if loss <= 0 or rtt_s <= 0:
+        return math.inf
+    return mss_bytes * 8 / rtt_s * MATHIS_C / math.sqrt(loss)
+
+
+def slow_start(nbytes: float, cap_bps: float, rtt_s: float, iw_segments: int = INITIAL_WINDOW_SEGMENTS):
+    """(seconds, bytes) a transfer of nbytes spends in slow start before its window carries cap_bps: rounds of
+    one RTT, the window doubling from iw_segments x MSS; a transfer that ends within them takes the rounds
+    before its last (whose bytes arrive a one-way delay after they leave, counted apart). No RTT: (0, 0)."""
+    if rtt_s <= 0:
+        return 0.0, 0.0
+    target = cap_bps / 8 * rtt_s if math.isfinite(cap_bps) else math.inf  # bytes per RTT at the cap
+    window, sent, seconds = iw_segments * MSS_BYTES, 0.0, 0.0
+    while window < target:
+        if sent + window >= nbytes:
+            return seconds, nbytes
+        sent, seconds, window = sent + window, seconds + rtt_s, window * 2
+    return seconds, sent
+
+
+def fair_share(caps: list[float], rate_bps: float) -> list[float]:
+    """Max-min fair rates (bit/s) of flows with these caps on a line of rate_bps (inf: each gets its cap)."""
+    out, left = [0.0] * len(caps), rate_bps
+    for k, i in enumerate(sorted(range(len(caps)), key=caps.__getitem__)):
+        out[i] = min(caps[i], left / (len(caps) - k))
+        left -= out[i]
+    return out
+
+
+@dataclass(frozen=True)
+class CalibrationPoint:
+    """A measured per-flow throughput: rate_mbit, rtt_ms, loss_pct, flows (competing transfers at once),
+    per_flow_mbit (the emulator's median goodput of one of them)."""
+
+    rate_mbit: float
+    rtt_ms: float
+    loss_pct: float
+    flows: int
+    per_flow_mbit: float
+
+
+class Calibration:
+    """The emulator's measured per-flow throughput against the formula's, by the nearest measured point.
+
+    status: "uncalibrated: formula only" while the table has no points (factor 1 everywhere)"""
+
+    def __init__(self, points: list[CalibrationPoint], status: str, connections: int = 2):
+        self.points, self.status, self.connections = points, status, connections
+
+    def factor(self, line: LineParams, flows: int) -> float:
+        """measured / formula at the point nearest to (rate, RTT, loss, flows) in log distance; 1 without points."""
+        if not self.points or flows == 0:
+            return 1.0
+        p = min(self.points, key=lambda q: _distance(q, line, flows))
+        cap = mathis_bps(p.rtt_ms / 1e3, p.loss_pct / 100) * self.connections
+        formula = fair_share([cap] * p.flows, p.rate_mbit * 1e6)[0]
+        return p.per_flow_mbit * 1e6 / formula if formula > 0 else 1.0
+
+
+def _distance(p: CalibrationPoint, line: LineParams, flows: int) -> float:
+    rate = line.rate_bps / 1e6 if math.isfinite(line.rate_bps) else 1e6
+    return (
+        math.log((p.rate_mbit + 1) / (rate + 1)) ** 2
+        + math.log((p.rtt_ms + 1) / (line.rtt_s * 1e3 + 1)) ** 2
+        + math.log((p.loss_pct + 1e-3) / (line.loss * 100 + 1e-3)) ** 2
+        + math.log(p.flows / flows) ** 2
+    )
+
+
+POINT_KEYS = ("rate_mbit", "rtt_ms", "loss_pct", "flows", "per_flow_mbit")
+
+
+def load_calibration(path: Path = CALIBRATION_FILE) -> Calibration:
+    """The calibration table (docs/simulator.md describes its format); CalibrationError naming the field."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as err:
+        raise CalibrationError(f"{path}: {err}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("status"), str):
+        raise CalibrationError(f"{path}: expected a mapping with status: <text> and points: [...]")
+    points = []
+    for i, raw in enumerate(data.get("points") or []):
+        if not isinstance(raw, dict) or set(raw) != set(POINT_KEYS):
+            raise CalibrationError(f"{path}: points[{i}]: expected exactly the keys {list(POINT_KEYS)}")
+        bad = [k for k in POINT_KEYS if not isinstance(raw[k], (int, float)) or raw[k] < 0]
+        if bad or raw["flows"] < 1 or raw["per_flow_mbit"] <= 0:
+            raise CalibrationError(f"{path}: points[{i}].{(bad or ['flows'])[0]}: expected a number >= 0 (flows >= 1)")
+        points.append(CalibrationPoint(**{k: raw[k] for k in POINT_KEYS}))
+    return Calibration(points, data["status"])
+
+
+class _Flow:
+    __slots__ = ("remaining", "cap", "rate", "done")
+
+    def __init__(self, nbytes: float, cap: float, done: simpy.Event):
+        self.remaining, self.cap, self.rate, self.done = nbytes, cap, 0.0, done
+
+
+class Line:
+    """One direction of the WAN in a SimPy environment: transfers share its rate fairly, each capped by TCP.
+
+    env: the simulation; params: the direction; calibration: measured corrections (None: formula only);
+    rng: draws the jitter; slow_start: model each transfer's slow-start rounds (a new or idle connection);
+    congestion: the senders' TCP congestion control: bbr is not loss-bound (it paces at the bottleneck's rate
+    whatever random loss of a few % does: its flows get their fair share, less the lost packets); every other
+    (cubic, reno, the kernel's default) is capped by Mathis"""
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        params: LineParams,
+        calibration: Calibration | None = None,
+        rng: random.Random | None = None,
+        slow_start: bool = True,
+        congestion: str = "cubic",
+    ):
+        self.env, self.params, self.calibration = env, params, calibration
+        self.rng, self.slow_start, self.congestion = rng or random.Random(0), slow_start, congestion
+        self.flows: list[_Flow] = []
+        self._t, self._gen = 0.0, 0
+        self.bytes_sent = 0
+
+    def cap_bps(self, connections: int = 1) -> float:
+        """The TCP bound of one transfer over `connections` parallel connections (bit/s)."""
+        if self.congestion == "bbr":
+            return self.params.rate_bps * (1 - self.params.loss)
+        return mathis_bps(self.params.rtt_s, self.params.loss) * connections
+
+    def transfer(self, nbytes: float, connections: int = 1) -> simpy.Event:
+        """An event that fires when nbytes sent now have arrived at the far end."""
+        done = self.env.event()
+        self.bytes_sent += int(nbytes)
+        self.env.process(self._carry(nbytes, connections, done))
+        return done
+
+    def _carry(self, nbytes: float, connections: int, done: simpy.Event):
+        p = self.params
+        cap = self.cap_bps(connections)
+        delay = max(0.0, p.one_way_s + (self.rng.gauss(0.0, p.jitter_s) if p.jitter_s else 0.0))
+        ramp_s, ramp_bytes = slow_start(nbytes, min(cap, p.rate_bps), p.rtt_s) if self.slow_start else (0.0, 0.0)
+        yield self.env.timeout(delay + ramp_s)
+        left = nbytes - ramp_bytes
+        if left <= _DONE_BYTES:
+            done.succeed()
+            return
+        if math.isinf(p.rate_bps) and math.isinf(cap):
+            done.succeed()  # an unlimited line without loss: the rest arrives with the ramp
+            return
+        self._advance()
+        self.flows.append(_Flow(left, cap, done))
+        self._reschedule()
+
+    def _advance(self) -> None:
+        dt, self._t = self.env.now - self._t, self.env.now
+        for f in self.flows:
+            f.remaining -= f.rate / 8 * dt
+
+    def _reschedule(self) -> None:
+        self._gen += 1
+        if not self.flows:
+            return
+        factor = self.calibration.factor(self.params, len(self.flows)) if self.calibration else 1.0
+        rates = fair_share([f.cap for f in self.flows], self.params.rate_bps)
+        for f, r in zip(self.flows, rates):
+            f.rate = r * factor
+        wait = min(f.remaining * 8 / f.rate for f in self.flows)
+        gen = self._gen
+        self.env.timeout(max(0.0, wait)).callbacks.append(lambda _e: self._fire(gen))
+
+    def _fire(self, gen: int) -> None:
+        if gen != self._gen:
+            return  # a transfer joined or left since: a newer timer stands
+        self._advance()
+        finished = [f for f in self.flows if f.remaining <= _DONE_BYTES + f.rate * 1e-12]
+        self.flows = [f for f in self.flows if f not in finished]
+        for f in finished:
+            f.done.succeed()
+        self._reschedule()

@@ -1,0 +1,136 @@
+"""The simulated pipeline (experiments/sim): one request's times as the roofline and the line say, WAN bytes per
+mode and hit, determinism, bad specs refused as for emulated runs, and `pddlab simulate`'s run directory."""
+
+import json
+
+import pytest
+
+from experiments import cli
+from experiments.analysis import summary as summary_mod
+from experiments.sim.config import load_for_simulation, sim_config
+from experiments.sim.simulate import simulate, workload_of
+from experiments.sim.wan import slow_start
+from experiments.spec.experiment import SpecError, load
+
+SPEC = "pdd-bathtub-hetero"  # modelled compute: kimi-k2, P on 16 x h800, MD on 16 x h20
+
+
+def line_profile(tmp_path, rate_mbit=1000, delay_ms=10, loss_pct=0.0, jitter_ms=0.0):
+    path = tmp_path / "simline.yaml"
+    path.write_text(
+        f"name: simline\ndescription: a test line\nlink: {{rate_mbit: {rate_mbit}, delay_ms: {delay_ms}, "
+        f"loss_pct: {loss_pct}, jitter_ms: {jitter_ms}}}\n"
+    )
+    return str(path)
+
+
+def loaded(tmp_path, *sets, **line):
+    return load_for_simulation(SPEC, [f"profile={line_profile(tmp_path, **line)}", *sets])
+
+
+def one_request(tmp_path, variant, **line):
+    return loaded(tmp_path, "workload.fixed_hit.requests=1", f"variants=[{variant}]", **line)
+
+
+def test_one_request_cross_dc_ttft_is_prefill_plus_transfer_and_the_first_decode_step_follows(tmp_path):
+    spec = one_request(tmp_path, "pd-cross")
+    (rec,) = simulate(spec).records
+    (req,) = workload_of(spec)
+    cfg = sim_config(spec, "pd-cross")
+    p, md = cfg.workers["p"][0].roofline, cfg.workers["md"][0].roofline
+    prefill = p.prefill_s(req.prompt_len - req.cached_tokens, req.cached_tokens)
+    kv = req.prompt_len * cfg.kv_bytes_per_token  # pd-cross: the whole prompt, no DRC
+    ramp_s, ramp_bytes = slow_start(kv, 1e9, 0.02)
+    line = 0.01 + ramp_s + (kv - ramp_bytes) * 8 / 1e9
+    transfer = p.kv_transfer_s(req.prompt_len) + line + md.kv_transfer_s(req.prompt_len)
+    assert rec.ttft_ms == pytest.approx((prefill + transfer) * 1e3)
+    assert rec.ttft_decode_ms == pytest.approx((prefill + transfer + md.decode_s([req.prompt_len])) * 1e3)
+    assert rec.wan_kv_bytes == kv and rec.route == "p-md"
+    assert rec.output_tokens == req.max_tokens and rec.md_tokens == req.max_tokens - 1
+
+
+def test_pd_intra_sends_nothing_on_the_wan_and_its_ttft_is_prefill_plus_the_fast_path(tmp_path):
+    spec = one_request(tmp_path, "pd-intra-strong")
+    (rec,) = simulate(spec).records
+    (req,) = workload_of(spec)
+    cfg = sim_config(spec, "pd-intra-strong")
+    p, rld = cfg.workers["p"][0].roofline, cfg.workers["rld"][0].roofline
+    prefill = p.prefill_s(req.prompt_len - req.cached_tokens, req.cached_tokens)
+    fast = p.kv_transfer_s(req.prompt_len) + rld.kv_transfer_s(req.prompt_len)
+    assert rec.ttft_ms == pytest.approx((prefill + fast) * 1e3)
+    assert rec.wan_bytes == 0 and rec.route == "p-rld" and rec.rld_tokens == req.max_tokens - 1
+
+
+def wan_kv(tmp_path, hit):
+    spec = loaded(tmp_path, f"workload.fixed_hit.hit={hit}", "workload.fixed_hit.requests=8")
+    s = simulate(spec).summary
+    uncached = sum(r.prompt_len - r.cached_tokens for r in workload_of(spec))
+    return {v: s.variants[v].wan_kv_bytes_total for v in s.variants} | {"uncached": uncached}
+
+
+def test_pdd_wan_bytes_shrink_with_the_hit_and_pd_cross_ships_whole_prompts(tmp_path):
+    low, high = wan_kv(tmp_path, 0.5), wan_kv(tmp_path, 0.9)
+    assert low["pd-intra-strong"] == high["pd-intra-strong"] == 0
+    assert high["pdd-hetero"] < low["pdd-hetero"] < low["pd-cross"]
+    assert high["pd-cross"] == low["pd-cross"]  # the naive baseline sends every prompt whole
+    bpt = 70_272  # kimi-k2's KV per token: pdd ships each prompt's uncached tokens only
+    assert (low["pdd-hetero"], high["pdd-hetero"]) == (low["uncached"] * bpt, high["uncached"] * bpt)
+
+
+def test_pdd_hands_over_to_the_md_and_the_rld_makes_few_tokens(tmp_path):
+    s = simulate(loaded(tmp_path, "workload.fixed_hit.requests=8", "workload.fixed_hit.hit=0.5")).summary
+    pdd = s.variants["pdd-hetero"]
+    assert pdd.routes == {"p-rld-md": 8}
+    assert pdd.handoff["count"] == 8
+    assert 0 < pdd.rld_token_share < 0.5  # eager tokens while the KV crosses (~0.25 s here), then the MD's
+    assert pdd.handoff["ready_ms"]["p50"] == pytest.approx(10.0)  # the IDs (~1.3 KB): one one-way delay
+    assert pdd.wan_handoff_bytes_total == sum(15 * n for n in [pdd.handoff["tokens"]["mean"]] * 8)
+
+
+def test_the_same_seed_gives_the_same_run_and_another_seed_another(tmp_path):
+    spec = loaded(tmp_path, "workload.fixed_hit.requests=6", jitter_ms=3.0)
+    a, b, c = (simulate(spec, seed=s, analyse=False).records for s in (1, 1, 2))
+    assert [r.token_ms for r in a] == [r.token_ms for r in b]
+    assert [r.token_ms for r in a] != [r.token_ms for r in c]
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [
+        ["variants=[nope]"],
+        ["deployment.compute.arch=gpt-9"],
+        ["pools.md.workers=0"],
+        ["workload.fixed_hit.hit=1.5"],
+        ["deployment.policy.no_such_knob=1"],
+    ],
+)
+def test_a_bad_spec_is_refused_with_the_emulated_runs_message(sets):
+    with pytest.raises(SpecError) as emulated:
+        load(SPEC, sets)
+    with pytest.raises(SpecError) as simulated:
+        load_for_simulation(SPEC, sets)
+    assert str(simulated.value) == str(emulated.value)
+
+
+def test_a_deployment_larger_than_this_machine_is_simulated(tmp_path):
+    sets = ["pools.p.workers=16", "pools.rld.workers=2", "pools.md.workers=14"]
+    with pytest.raises(SpecError, match="more than this machine"):
+        load(SPEC, sets)
+    cfg = sim_config(load_for_simulation(SPEC, sets), "pdd-hetero")
+    assert cfg.accelerators == (16 + 1 + 14) * 16  # pdd-hetero runs one RLD of the two
+
+
+def test_pddlab_simulate_writes_a_summary_marked_simulated(tmp_path, capsys):
+    out = tmp_path / "run"
+    status = cli.main(["simulate", SPEC, "--set", f"profile={line_profile(tmp_path)}", "--requests", "5",
+                       "--out", str(out)])  # fmt: skip
+    assert status == 0
+    s = summary_mod.read(out)  # the emulated run's schema: compare and the reports read it
+    assert s.analysed_by["simulated"] is True
+    assert set(s.variants) == {"pd-intra-strong", "pd-cross", "pdd-hetero"}
+    assert all(v.completed == 5 for v in s.variants.values())
+    assert s.variants["pdd-hetero"].ttft_ms.ci95 is not None and s.cost.variants["pdd-hetero"].bcr is not None
+    assert "SIMULATED" in (out / "summary.md").read_text()
+    assert json.loads((out / "simulation.json").read_text())["simulated"] is True
+    assert cli.main(["simulate", SPEC, "--set", "variants=[nope]", "--out", str(tmp_path / "bad")]) == cli.BAD_INPUT
+    assert "variants=['nope']" in capsys.readouterr().err
