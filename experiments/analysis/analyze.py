@@ -25,6 +25,7 @@ from experiments.analysis import (
     pcap,
     per_worker,
     plots,
+    published,
     records,
     runmeta,
     similarity,
@@ -260,6 +261,7 @@ def analyze(run_dir: Path) -> dict:
         summary["ablation"] = abl
     similarity.add_to(summary, recs, variants, meta)
     cost.add_to(summary, meta)
+    published.add_to(summary, meta)  # EXP=pdd-published: the published figures beside this run's
     typed = summary_mod.Summary.model_validate(summary)
     summary_mod.write(run_dir, typed)
     (run_dir / "summary.md").write_text(summary_md.markdown(typed, meta))

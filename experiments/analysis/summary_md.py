@@ -15,7 +15,7 @@ from __future__ import annotations
 from experiments.analysis import limits
 from experiments.analysis.formats import num as _f, pct as _pct, ratio_end as _ratio_end, size as _mb
 from experiments.analysis.summary import Stats, Summary, VariantSummary, columns
-from experiments.analysis import cost
+from experiments.analysis import cost, published
 from experiments.analysis.summary_pdd import _handoff_section, _pdd_section, _settle_lines, similarity_section
 from experiments.rundir.metadata import RunMetadata
 from experiments.spec.workload import bucket_names
@@ -68,6 +68,7 @@ def markdown(summary: Summary, meta: RunMetadata) -> str:
     lines += _comparisons_section([c.model_dump() for c in summary.comparisons])
     lines += similarity_section(summary.similarity)
     lines += cost.markdown_section(summary.cost)
+    lines += published.markdown_section(summary.reference.get("published"))
     lines += _rest(per, summary, meta)
     return "\n".join(lines) + "\n"
 
