@@ -194,7 +194,7 @@ class Simulation:
         s = rld.join(Session(env, req.max_tokens - 1, req.prompt_len))
         yield wan | s.released
         if not s.released.triggered:
-            s.stop = True  # the MD holds the prompt: hand over after the RLD's current step
+            rld.stop(s)  # the MD holds the prompt: hand over after the RLD's current step
         yield s.released
         rec.add(s, rld.name, "rld")
         left = req.max_tokens - 1 - s.made

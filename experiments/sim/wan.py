@@ -18,6 +18,7 @@ time a transfer joins or leaves (fluid processor sharing).
 
 from __future__ import annotations
 
+import heapq
 import math
 import random
 from dataclasses import dataclass
@@ -157,11 +158,14 @@ def load_calibration(path: Path = CALIBRATION_FILE) -> Calibration:
     return Calibration(points, data["status"])
 
 
-class _Flow:
-    __slots__ = ("remaining", "cap", "rate", "done")
+class _Group:
+    """The flows of one cap: they share one rate, so one virtual clock (bytes served to each since the group
+    began) orders their ends in a heap of (virtual end, sequence, event): O(log n) per join or end."""
 
-    def __init__(self, nbytes: float, cap: float, done: simpy.Event):
-        self.remaining, self.cap, self.rate, self.done = nbytes, cap, 0.0, done
+    __slots__ = ("cap", "served", "rate", "heap")
+
+    def __init__(self, cap: float):
+        self.cap, self.served, self.rate, self.heap = cap, 0.0, 0.0, []
 
 
 class Line:
@@ -184,9 +188,14 @@ class Line:
     ):
         self.env, self.params, self.calibration = env, params, calibration
         self.rng, self.slow_start, self.congestion = rng or random.Random(0), slow_start, congestion
-        self.flows: list[_Flow] = []
-        self._t, self._gen = 0.0, 0
+        self.groups: dict[float, _Group] = {}
+        self._t, self._gen, self._seq = 0.0, 0, 0
         self.bytes_sent = 0
+
+    @property
+    def flows(self) -> int:
+        """Transfers sharing the line now (past their slow start)."""
+        return sum(len(g.heap) for g in self.groups.values())
 
     def cap_bps(self, connections: int = 1) -> float:
         """The TCP bound of one transfer over `connections` parallel connections (bit/s)."""
@@ -215,23 +224,30 @@ class Line:
             done.succeed()  # an unlimited line without loss: the rest arrives with the ramp
             return
         self._advance()
-        self.flows.append(_Flow(left, cap, done))
+        g = self.groups.get(cap) or self.groups.setdefault(cap, _Group(cap))
+        self._seq += 1
+        heapq.heappush(g.heap, (g.served + left, self._seq, done))
         self._reschedule()
 
     def _advance(self) -> None:
         dt, self._t = self.env.now - self._t, self.env.now
-        for f in self.flows:
-            f.remaining -= f.rate / 8 * dt
+        for g in self.groups.values():
+            g.served += g.rate / 8 * dt
 
     def _reschedule(self) -> None:
+        """Share the line among the groups (max-min over their caps), and time the next end."""
         self._gen += 1
-        if not self.flows:
+        groups = sorted((g for g in self.groups.values() if g.heap), key=lambda g: g.cap)
+        if not groups:
             return
-        factor = self.calibration.factor(self.params, len(self.flows)) if self.calibration else 1.0
-        rates = fair_share([f.cap for f in self.flows], self.params.rate_bps)
-        for f, r in zip(self.flows, rates):
-            f.rate = r * factor
-        wait = min(f.remaining * 8 / f.rate for f in self.flows)
+        n = sum(len(g.heap) for g in groups)
+        factor = self.calibration.factor(self.params, n) if self.calibration else 1.0
+        left, wait = self.params.rate_bps, math.inf
+        for g in groups:
+            g.rate = min(g.cap, left / n)
+            left, n = left - g.rate * len(g.heap), n - len(g.heap)
+            g.rate *= factor
+            wait = min(wait, (g.heap[0][0] - g.served) * 8 / g.rate)
         gen = self._gen
         self.env.timeout(max(0.0, wait)).callbacks.append(lambda _e: self._fire(gen))
 
@@ -239,8 +255,8 @@ class Line:
         if gen != self._gen:
             return  # a transfer joined or left since: a newer timer stands
         self._advance()
-        finished = [f for f in self.flows if f.remaining <= _DONE_BYTES + f.rate * 1e-12]
-        self.flows = [f for f in self.flows if f not in finished]
-        for f in finished:
-            f.done.succeed()
+        for g in self.groups.values():
+            slack = _DONE_BYTES + g.served * 1e-12  # float rounding of the virtual clock
+            while g.heap and g.heap[0][0] <= g.served + slack:
+                heapq.heappop(g.heap)[2].succeed()
         self._reschedule()

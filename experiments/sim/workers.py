@@ -13,10 +13,15 @@ budget between prompts); KV capacity is not enforced (no admission queue, no evi
 
 from __future__ import annotations
 
+import bisect
+
 import simpy
 
 from experiments.sim.config import WorkerModel
 from workers.modelled.roofline import Part
+
+
+RUN_STEPS = 32  # steps planned at once at most (an interruption wastes the rest of the plan)
 
 
 class PrefillWorker:
@@ -67,6 +72,34 @@ class _Job:
         self.part, self.done = part, done
 
 
+class DecodeCost:
+    """The roofline's time of a decode step of B sessions, from B and the sum of their contexts alone.
+
+    A decode step's FLOPs and bytes are linear in its sessions' contexts for a given B (attention pairs and KV
+    read grow by one per context token), so two roofline evaluations per B (contexts 0, and one context of 1)
+    give both lines; the step's time is then StepCost.seconds' max(compute, memory) + overhead. Equal to
+    `roofline.step([Part(1, c, 1) for c in contexts])` (tested), without building B parts per step."""
+
+    def __init__(self, roofline):
+        self.roofline, self._bytes_per_s = roofline, roofline.bytes_per_s
+        self._lines: dict[int, tuple[float, float, float, float, float, float]] = {}
+
+    def seconds(self, batch: int, context_sum: int) -> float:
+        f0, df, b0, db, flops_per_s, overhead = self._lines.get(batch) or self._line(batch)
+        flops, nbytes = f0 + df * context_sum, b0 + db * context_sum
+        return max(flops / flops_per_s, nbytes / self._bytes_per_s) + overhead  # StepCost.seconds
+
+    def _line(self, batch: int):
+        r = self.roofline
+        zero = [Part(1, 0, 1)] * batch
+        one = zero[:-1] + [Part(1, 1, 1)]
+        f0, b0 = r.flops(zero), r.bytes(zero)
+        overhead = r.step(zero).overhead_s
+        line = (f0, r.flops(one) - f0, b0, r.bytes(one) - b0, r.step_flops_per_s(batch), overhead)
+        self._lines[batch] = line
+        return line
+
+
 class DecodeWorker:
     """An RLD or MD worker: continuous batching over its sessions; sessions: how many it holds (its load)."""
 
@@ -74,6 +107,7 @@ class DecodeWorker:
         self.env, self.model, self.name = env, model, model.name
         self.active: list[Session] = []
         self.jobs: list[_Job] = []
+        self.cost = DecodeCost(model.roofline)
         self._wake: simpy.Event | None = None
         self.busy_s = 0.0
         self.tokens = 0
@@ -99,6 +133,11 @@ class DecodeWorker:
         self._poke()
         return done
 
+    def stop(self, session: Session) -> None:
+        """Let session go after the step under way (a handoff)."""
+        session.stop = True
+        self._poke()
+
     def _poke(self) -> None:
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
@@ -110,32 +149,66 @@ class DecodeWorker:
                 self._wake = env.event()
                 yield self._wake
                 self._wake = None
-            batch = self.active[:cap]
-            if len(self.active) > cap:  # in turn: those that waited go first next step
-                self.active = self.active[cap:] + batch
-            jobs, self.jobs = self.jobs, []
+            if self.jobs or len(self.active) > cap or any(s.stop for s in self.active):
+                yield from self._one_step(cap)
+            else:
+                yield from self._run_of_steps()
+
+    def _one_step(self, cap: int):
+        batch = self.active[:cap]
+        if len(self.active) > cap:  # in turn: those that waited go first next step
+            self.active = self.active[cap:] + batch
+        jobs, self.jobs = self.jobs, []
+        if jobs:
             parts = [Part(1, s.context, 1) for s in batch] + [j.part for j in jobs]
             seconds = self.model.roofline.step(parts).seconds
-            self.busy_s += seconds
-            yield env.timeout(seconds)
-            self._finish_step(batch, jobs)
+        else:
+            seconds = self.cost.seconds(len(batch), sum(s.context for s in batch))
+        self.busy_s += seconds
+        yield self.env.timeout(seconds)
+        start = self.env.now - seconds
+        self._account(batch, [seconds], 1, start)
+        for j in jobs:
+            j.done.succeed()
 
-    def _finish_step(self, batch: list[Session], jobs: list[_Job]) -> None:
-        now, n = self.env.now, len(batch)
+    def _run_of_steps(self):
+        """Every session in every step, until the first of them is done or something changes (a session joins
+        or is stopped, a job arrives: the step under way ends, then the worker plans again). One SimPy wait for
+        the whole run instead of one per step; the same step times."""
+        env, batch = self.env, list(self.active)
+        n, ctx = len(batch), sum(s.context for s in batch)
+        k = min(RUN_STEPS, min(s.left for s in batch))
+        ends, t = [], 0.0
+        for i in range(k):
+            t += self.cost.seconds(n, ctx + i * n)
+            ends.append(t)
+        start = env.now
+        self._wake = env.event()
+        yield env.timeout(t) | self._wake
+        self._wake = None
+        done = bisect.bisect_right(ends, env.now - start + 1e-12)
+        if done < k:  # interrupted: the step under way runs to its end
+            yield env.timeout(start + ends[done] - env.now)
+            done += 1
+        self.busy_s += ends[done - 1]
+        self._account(batch, ends, done, start)
+
+    def _account(self, batch: list[Session], ends: list[float], done: int, start: float) -> None:
+        """done steps of batch ended at start + ends[i]: their tokens, and the sessions that leave."""
+        n = len(batch)
+        times = [start + e for e in ends[:done]]
         gone = []
         for s in batch:
-            s.times.append(now)
-            s.context += 1
-            s.left -= 1
-            s.steps += 1
-            s.batch_sum += n
+            s.times += times
+            s.context += done
+            s.left -= done
+            s.steps += done
+            s.batch_sum += n * done
             if s.left <= 0 or s.stop:
                 gone.append(s)
-        self.tokens += n
+        self.tokens += n * done
         if gone:
             ids = {id(s) for s in gone}
             self.active = [s for s in self.active if id(s) not in ids]
             for s in gone:
                 s.released.succeed()
-        for j in jobs:
-            j.done.succeed()
