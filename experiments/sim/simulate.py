@@ -4,7 +4,8 @@ Responsible for: the workload of a spec (experiments.spec.workload.build, the sa
 sends; at most N of them), one `Simulation` per variant, the summary (experiments.analysis.metrics.summarize
 and the cost/BCR section: the emulated analysis' own functions, so the figures have the same names and
 intervals) marked simulated, and the run directory: summary.json, summary.md, simulation.json (how it was
-made: the resolved spec, seed, calibration, wall time, requests simulated per second).
+made: the resolved spec, seed, calibration, wall time, requests simulated per second), requests.jsonl (each
+simulated request's record, as the emulated analysis writes them).
 Not responsible for: the model itself (experiments.sim.pipeline, .workers, .wan).
 
 summary.json is the emulated run's schema (experiments.analysis.summary.Summary) so `pddlab compare` and the
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from experiments.analysis import cost, metrics
+from experiments.analysis import records as request_records
 from experiments.analysis.records import RequestRecord
 from experiments.analysis.summary import Summary, write
 from experiments.rundir.files import git_state, new_run_dir, write_json
@@ -123,6 +125,7 @@ def write_run(run: SimRun, loaded: Loaded, out: Path | None = None) -> Path:
     out = Path(out) if out else new_run_dir(f"{loaded.spec.name}-sim", RESULTS)
     out.mkdir(parents=True, exist_ok=True)
     write(out, run.summary)
+    request_records.write(out, run.records, [])  # requests.jsonl: `pddlab compare` pairs requests across runs
     (out / "summary.md").write_text(markdown(run, loaded))
     write_json(
         out / "simulation.json",

@@ -132,5 +132,6 @@ def test_pddlab_simulate_writes_a_summary_marked_simulated(tmp_path, capsys):
     assert s.variants["pdd-hetero"].ttft_ms.ci95 is not None and s.cost.variants["pdd-hetero"].bcr is not None
     assert "SIMULATED" in (out / "summary.md").read_text()
     assert json.loads((out / "simulation.json").read_text())["simulated"] is True
+    assert cli.main(["compare", str(out), str(out)]) == 0  # requests.jsonl: runs pair request by request
     assert cli.main(["simulate", SPEC, "--set", "variants=[nope]", "--out", str(tmp_path / "bad")]) == cli.BAD_INPUT
     assert "variants=['nope']" in capsys.readouterr().err
