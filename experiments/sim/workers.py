@@ -21,7 +21,7 @@ from experiments.sim.config import WorkerModel
 from workers.modelled.roofline import Part
 
 
-RUN_STEPS = 32  # steps planned at once at most (an interruption wastes the rest of the plan)
+RUN_STEPS = 64  # steps planned at once at most (an interruption wastes the rest of the plan)
 
 
 class PrefillWorker:
@@ -108,6 +108,7 @@ class DecodeWorker:
         self.active: list[Session] = []
         self.jobs: list[_Job] = []
         self.cost = DecodeCost(model.roofline)
+        self._plan = RUN_STEPS  # steps the next run plans (halved after an interruption, doubled after none)
         self._wake: simpy.Event | None = None
         self.busy_s = 0.0
         self.tokens = 0
@@ -177,7 +178,7 @@ class DecodeWorker:
         the whole run instead of one per step; the same step times."""
         env, batch = self.env, list(self.active)
         n, ctx = len(batch), sum(s.context for s in batch)
-        k = min(RUN_STEPS, min(s.left for s in batch))
+        k = min(self._plan, min(s.left for s in batch))
         ends, t = [], 0.0
         for i in range(k):
             t += self.cost.seconds(n, ctx + i * n)
@@ -190,6 +191,9 @@ class DecodeWorker:
         if done < k:  # interrupted: the step under way runs to its end
             yield env.timeout(start + ends[done] - env.now)
             done += 1
+            self._plan = max(2, self._plan // 2)  # plan fewer steps: their times would be wasted again
+        else:
+            self._plan = min(RUN_STEPS, self._plan * 2)
         self.busy_s += ends[done - 1]
         self._account(batch, ends, done, start)
 
