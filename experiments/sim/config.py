@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import yaml
 
 from experiments.spec import experiment as ex
-from experiments.spec.deployment import deployment_dict
+from experiments.spec.deployment import deployment_dict, pool_sizes, worker_names
 from experiments.spec.experiment import Loaded, SpecError
 from topology.profiles import load_profile
 from workers.modelled.catalogue import CatalogueError
@@ -105,7 +105,8 @@ def load_for_simulation(name_or_path: str, overrides: list[str] = ()) -> Loaded:
 
 
 def _validate(spec, profile) -> None:
-    """experiment.validate's checks, this machine's resources taken as unlimited."""
+    """experiment.validate's checks, in its order, this machine's resources taken as unlimited (its memory; the
+    GPUs a cuda pool needs are not asked for). A copy: experiment.validate has no switch for them (yet)."""
     from workers.model import CONFIGS
 
     ex._path_name("name", spec.name, "the run directory under results/")
@@ -125,6 +126,12 @@ def _validate(spec, profile) -> None:
     ex._validate_pools(spec, profile, available_mb=1 << 40)
     ex._validate_placement(spec)
     ex._validate_impairment(spec, profile)
+    ex._refuse(ex.placement.cluster_problem(spec, profile))
+    try:
+        workers = tuple(w for names in worker_names(pool_sizes(spec)).values() for w in names if w != "router")
+        ex.faults.validate(spec.faults, spec.variants, spec.timeouts.variant_s, workers, spec.runtime)
+    except ValueError as err:
+        raise SpecError(str(err)) from None
 
 
 def sim_config(loaded: Loaded, variant: str) -> SimConfig:

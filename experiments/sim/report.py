@@ -22,6 +22,8 @@ def markdown(run, loaded) -> str:
         f"{run.requests} requests in {run.sim_wall_s:.2f} s of wall time ({run.requests_per_s:,.0f} requests/s). "
         f"SLO: TTFT ≤ {s.slo['ttft_ms']:g} ms, TPOT ≤ {s.slo['tpot_ms']:g} ms",
         "",
+        *[f"- {w['message']}" for w in s.warnings[1:]],
+        "",
         "| variant | mode | accelerators (P / RLD / MD) | line Mbit/s, RTT ms, loss % | KV B/token |",
         "|---|---|---|---|---|",
     ]

@@ -114,8 +114,26 @@ def summarize(
             f"WAN model {cal.status}; its error against the emulator is not yet validated.",
         }
     ]
+    data["warnings"] += [{"kind": "not simulated", "message": m} for m in not_simulated(loaded, configs)]
     data["complete"] = True
     return Summary.model_validate(data)
+
+
+def not_simulated(loaded: Loaded, configs: dict[str, SimConfig]) -> list[str]:
+    """What the spec asks for that the simulator leaves out (docs/simulator.md), one line each."""
+    spec, out = loaded.spec, []
+    if spec.schedule or loaded.profile.schedule:
+        out.append("Not simulated: the link's schedule (the line keeps the profile's base parameters).")
+    if spec.cross_traffic:
+        out.append("Not simulated: cross traffic on the WAN (the KV transfers have the line to themselves).")
+    if spec.faults:
+        out.append("Not simulated: faults (no component is killed).")
+    if loaded.profile.a_to_b.loss_ge is not None:
+        out.append("Not simulated: Gilbert-Elliott loss (the line's loss_pct alone caps TCP).")
+    chunked = sorted({c.handoff for c in configs.values() if c.handoff in ("chunked", "auto")})
+    if chunked or spec.handoff_per_request:
+        out.append(f"Simulated as one-shot: the {', '.join(chunked) or 'per-request'} handoff.")
+    return out
 
 
 def write_run(run: SimRun, loaded: Loaded, out: Path | None = None) -> Path:

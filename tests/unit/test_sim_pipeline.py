@@ -94,6 +94,15 @@ def test_the_same_seed_gives_the_same_run_and_another_seed_another(tmp_path):
     assert [r.token_ms for r in a] != [r.token_ms for r in c]
 
 
+def test_what_the_simulator_leaves_out_is_said_in_the_summary(tmp_path):
+    spec = loaded(tmp_path, "workload.fixed_hit.requests=2", "handoff=chunked", "variants=[pdd-hetero]")
+    s = simulate(spec).summary
+    said = [w["message"] for w in s.warnings]
+    assert said[0].startswith("Simulated, not measured") and "uncalibrated: formula only" in said[0]
+    assert said[1:] == ["Simulated as one-shot: the chunked handoff."]
+    assert s.variants["pdd-hetero"].handoff["modes"] == {"chunked (as oneshot)": 2}
+
+
 @pytest.mark.parametrize(
     "sets",
     [
