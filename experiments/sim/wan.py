@@ -205,24 +205,21 @@ class Line:
 
     def transfer(self, nbytes: float, connections: int = 1) -> simpy.Event:
         """An event that fires when nbytes sent now have arrived at the far end."""
-        done = self.env.event()
+        p, done = self.params, self.env.event()
         self.bytes_sent += int(nbytes)
-        self.env.process(self._carry(nbytes, connections, done))
-        return done
-
-    def _carry(self, nbytes: float, connections: int, done: simpy.Event):
-        p = self.params
         cap = self.cap_bps(connections)
         delay = max(0.0, p.one_way_s + (self.rng.gauss(0.0, p.jitter_s) if p.jitter_s else 0.0))
         ramp_s, ramp_bytes = slow_start(nbytes, min(cap, p.rate_bps), p.rtt_s) if self.slow_start else (0.0, 0.0)
-        yield self.env.timeout(delay + ramp_s)
         left = nbytes - ramp_bytes
-        if left <= _DONE_BYTES:
-            done.succeed()
-            return
-        if math.isinf(p.rate_bps) and math.isinf(cap):
-            done.succeed()  # an unlimited line without loss: the rest arrives with the ramp
-            return
+        if left <= _DONE_BYTES or (math.isinf(p.rate_bps) and math.isinf(cap)):
+            # within slow start, or an unlimited line without loss: the rest arrives with the ramp
+            self.env.timeout(delay + ramp_s).callbacks.append(lambda _e: done.succeed())
+        else:
+            self.env.timeout(delay + ramp_s).callbacks.append(lambda _e: self._join(left, cap, done))
+        return done
+
+    def _join(self, left: float, cap: float, done: simpy.Event) -> None:
+        """A transfer past its slow start shares the line from now on."""
         self._advance()
         g = self.groups.get(cap) or self.groups.setdefault(cap, _Group(cap))
         self._seq += 1

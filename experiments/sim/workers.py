@@ -25,22 +25,24 @@ RUN_STEPS = 64  # steps planned at once at most (an interruption wastes the rest
 
 
 class PrefillWorker:
-    """A P worker. model: its name and roofline; queued_tokens: prompt tokens waiting or running (its load)."""
+    """A P worker. model: its name and roofline; queued_tokens: prompt tokens waiting or running (its load).
+
+    First come first served with service times known on arrival: a prompt ends at max(now, the previous
+    one's end) + its prefill time, one SimPy wait per prompt."""
 
     def __init__(self, env: simpy.Environment, model: WorkerModel):
         self.env, self.model, self.name = env, model, model.name
-        self._engine = simpy.Resource(env, capacity=1)
+        self.free_at = 0.0  # when the last prompt queued ends (s)
         self.queued_tokens = 0
         self.busy_s = 0.0
 
     def prefill(self, new_tokens: int, cached_tokens: int):
         """A SimPy generator: wait its turn, then the prefill of new_tokens on top of cached_tokens."""
+        seconds = self.model.roofline.prefill_s(max(1, new_tokens), cached_tokens)
+        self.busy_s += seconds
+        self.free_at = max(self.env.now, self.free_at) + seconds
         self.queued_tokens += new_tokens
-        with self._engine.request() as turn:
-            yield turn
-            seconds = self.model.roofline.prefill_s(max(1, new_tokens), cached_tokens)
-            self.busy_s += seconds
-            yield self.env.timeout(seconds)
+        yield self.env.timeout(self.free_at - self.env.now)
         self.queued_tokens -= new_tokens
 
 
