@@ -186,8 +186,9 @@ class DecodeWorker:
             t += self.cost.seconds(n, ctx + i * n)
             ends.append(t)
         start = env.now
-        self._wake = env.event()
-        yield env.timeout(t) | self._wake
+        wake = self._wake = env.event()  # the run's end or a change, whichever comes first
+        env.timeout(t).callbacks.append(lambda _e: wake.triggered or wake.succeed())
+        yield wake
         self._wake = None
         done = bisect.bisect_right(ends, env.now - start + 1e-12)
         if done < k:  # interrupted: the step under way runs to its end
