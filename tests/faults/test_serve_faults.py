@@ -3,8 +3,9 @@
 - killed (SIGKILL) with streams in flight: every client's call ends (completed, or a connection error) within
   seconds, none hangs; the session notices, tears everything down and exits 1 naming the front door; nothing is
   left (the tier's autouse fixture);
-- hung (SIGSTOP for HANG_S, then SIGCONT) with streams in flight: every request completes once it resumes, the
-  next one too, and the session's client.jsonl has one completed record per request (none lost).
+- hung (SIGSTOP for HANG_S, then SIGCONT) with streams in flight: every request it admitted completes once it
+  resumes (the rest were refused with 429 before their stream), the next one too, and the session's client.jsonl
+  has one record per request (none lost).
 """
 
 import re
@@ -120,9 +121,13 @@ def test_the_front_door_hung_under_load_loses_nothing_once_it_resumes(tmp_path):
             time.sleep(HANG_S)
             subprocess.run(["kill", "-CONT", str(door)], check=True)
             outcomes = [c.result(timeout=120) for c in calls]
-        assert outcomes == ["completed"] * CLIENTS, outcomes
+        # past the door's limit (it follows the roles' TTFT) a request is refused before its stream: not lost
+        assert set(outcomes) <= {"completed", "HTTP 429"} and "completed" in outcomes, outcomes
         assert _ask(port, CLIENTS, 60) == "completed"
         session = _session_dir(log)
     assert proc.returncode == 0, log.read_text()[-3000:]
     recs = list(clientlog.read(session / "variants" / "pdd" / "client.jsonl"))
-    assert len(recs) == CLIENTS + 1 and all(r.error is None and r.tokens for r in recs), recs
+    assert len(recs) == CLIENTS + 1, recs  # one record per request, whatever became of it
+    done = [r for r in recs if r.error is None and r.tokens]
+    assert len(done) == outcomes.count("completed") + 1, recs
+    assert all(r.error.startswith("REFUSED") for r in recs if r not in done), recs

@@ -125,3 +125,14 @@ def test_chunks_before_begin_are_kept_verified_and_sealed():
     body = np.frombuffer(got.blob, np.uint8, offset=len(got.blob) - meta.kv_bytes).reshape(N_LAYER, 2, N_TOKENS, -1)
     assert all((body[i] == layers[i]).all() for i in range(N_LAYER))
     assert BLOB_HEADER.unpack_from(got.blob)[9] == crc32c(got.blob[BLOB_HEADER.size :])
+
+
+def test_waiting_on_a_sender_never_started_returns_at_once():
+    # P's close() waits on every sender it registered; one made but not yet started when the worker stops
+    # raised "cannot join thread before it is started" and P exited 1 at teardown (faults tier, stop-rld)
+    meta = TransferMeta(
+        "never", "prompt", 0, N_TOKENS, tuple(range(N_TOKENS)), FP, N_LAYER, N_KV_HEAD, HEAD_DIM, "float32"
+    )
+    sender = KVSender("127.0.0.1:9", meta, PathConfig().send_settings(), "wan", NullLog(), pool=ConnectionPool())
+    sender.cancel("worker stopping")
+    assert sender.wait(5) is None and not sender.done

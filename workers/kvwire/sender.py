@@ -198,7 +198,10 @@ class KVSender:
             self._cond.notify_all()
 
     def wait(self, timeout_s: float | None = None) -> SendResult | None:
-        self._thread.join(timeout_s)
+        """The result once the sender's thread ended (None past timeout_s); a sender never started (its worker
+        stopping between making it and starting it) has nothing to wait for: None at once."""
+        if self._thread.ident is not None:
+            self._thread.join(timeout_s)
         return self._result
 
     @property
