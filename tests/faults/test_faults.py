@@ -27,8 +27,6 @@ from experiments.rundir import clientlog
 from experiments.run import deploy, runner
 from experiments.analysis import records
 from experiments.spec.experiment import load_spec
-from workers.engine import Engine, GenerationRequest
-from workers.sampling import greedy_divergence
 
 pytestmark = [pytest.mark.emulation, pytest.mark.slow]
 
@@ -88,20 +86,6 @@ def one_way(tmp_path_factory):
     there = f"{{at_s: {ONE_WAY[0][0]}, duration_s: {ONE_WAY[0][1]}, direction: a_to_b, set: {{loss_pct: 100}}}}"
     back = f"{{at_s: {ONE_WAY[1][0]}, duration_s: {ONE_WAY[1][1]}, direction: b_to_a, set: {{loss_pct: 100}}}}"
     return _run(tmp_path_factory, "one-way", ["variants=[pdd]", f"schedule=[{there}, {back}]"])
-
-
-@pytest.fixture(scope="module")
-def reference():
-    """check(prompt, got): got is the greedy reference, or differs first where the reference logits nearly
-    tie (float rounding may flip a greedy choice there); raises AssertionError otherwise."""
-    engine = Engine("tiny", seed=0, capacity_tokens=4096, block_size=8, device="cpu", prefix_cache=False)
-
-    def check(prompt: list[int], got: list[int], what: str) -> None:
-        want = list(engine.generate(GenerationRequest("ref", tuple(prompt), len(got))).output_tokens)
-        d = greedy_divergence(got, want, lambda i: engine.reference_logits(prompt + want[:i])[-1])
-        assert d is None or d.is_tie, f"{what}: token {d.index} is {d.got}, reference {d.want}"
-
-    return check
 
 
 def _client_log(out, variant: str) -> dict[str, clientlog.ClientRecord]:

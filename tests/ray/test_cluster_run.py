@@ -97,28 +97,3 @@ def test_a_shaping_that_fails_on_its_node_is_one_error_and_nothing_starts(cluste
     meta = json.loads((run_dir(tmp_path) / "metadata.json").read_text())
     assert meta["complete"] is False and meta["variants"] == {}
 
-
-def test_the_md_killed_mid_variant_on_the_cluster_loses_no_request(cluster, tmp_path):
-    """The fault suite's row for the Ray runtime: the MD's role process SIGKILLed 4 s into pdd's window on its
-    node; the RLD finishes what the MD held, every request is accounted for, the run exits 0 (requests failing
-    under a fault are data), and the killed worker's exit is the SIGKILL's."""
-    proc = pddlab(
-        tmp_path,
-        "--cluster",
-        cluster.address,
-        "--set",
-        "variants=[pdd]",
-        "--set",
-        "faults=[{kill: md, at_s: 4}]",
-    )
-    out = run_dir(tmp_path)
-    assert proc.returncode == 0 and out is not None, proc.stderr[-3000:]
-    meta = json.loads((out / "metadata.json").read_text())
-    (fault,) = meta["variants"]["pdd"]["faults"]
-    assert fault["played"] and fault.get("pid"), fault  # the MD's role process was there to kill
-    assert meta["variants"]["pdd"]["exit_codes"]["md1"] in (-9, 137), meta["variants"]["pdd"]["exit_codes"]
-    summary = json.loads((out / "summary.json").read_text())["variants"]["pdd"]
-    assert summary["completed"] + summary["failed"] + summary["not_issued"] == summary["requests"] > 0
-    recs = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
-    assert len(recs) == summary["requests"] and all(r["ok"] or r.get("error") for r in recs)
-    print(f"ray, MD killed: {summary['completed']} completed, {summary['failed']} failed of {summary['requests']}")
