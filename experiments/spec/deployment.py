@@ -199,20 +199,40 @@ def worker_memory_mb(model, capacity_tokens: int, step_rows: int) -> int:
     return PROCESS_BASE_MB + (weights + kv + step) // 2**20
 
 
+# A modelled worker (workers/modelled) holds no weights and no KV tensors: a byte a KV slot, and the token ID its
+# prefix cache keys that slot by (a tuple entry and an int object): 1.88M cached tokens of kimi-k2 on 16 x h20 grew
+# a worker by 86 MiB, 48 B a slot (measured, 2026-12-04).
+MODELLED_SLOT_BYTES = 48
+
+
+def modelled_worker_memory_mb(capacity_tokens: int, blob_bytes: int) -> int:
+    """An estimate of one modelled worker's memory (MiB): its process, MODELLED_SLOT_BYTES a KV slot, and the
+    largest KV blob it builds or receives twice over (export packs it in an array, then copies it to bytes).
+    blob_bytes: the KV of the longest request the workload sends, at the wire's bytes a token (compute.kv_scale
+    applied)."""
+    return PROCESS_BASE_MB + (capacity_tokens * MODELLED_SLOT_BYTES + 2 * blob_bytes) // 2**20
+
+
 def memory_estimate_mb(spec, wan=None) -> dict[str, tuple[int, int]]:
-    """role -> (MiB one of its workers needs, workers) for a spec's deployment (wan: its parsed Profile)."""
+    """role -> (MiB one of its workers needs, workers) for a spec's deployment (wan: its parsed Profile): the
+    small model's weights and KV for every slot under real compute, what a ModelledEngine allocates under
+    modelled compute (the small model is then its tokenizer only)."""
     from workers.model import get_config
 
-    from workers.roles.config import parse_config
+    from workers.roles.config import kv_bytes_per_token, parse_config
 
     model, sizes = get_config(spec.model), pool_sizes(spec)
     cfg = parse_config(deployment_dict(spec, events_dir="/nonexistent", wan=wan))  # the roles' step budgets
+    capacity = {role: getattr(spec.capacity_tokens, role) for role in ("p", "rld", "md")}
+    if cfg.compute.mode == "modelled":
+        longest = spec.workload.synthetic.max_context_tokens or model.max_seq_len  # the workload's cut (workload.py)
+        return {
+            role: (modelled_worker_memory_mb(cap, min(cap, longest) * kv_bytes_per_token(cfg)), sizes[role])
+            for role, cap in capacity.items()
+        }
     rows = {
         "p": cfg.prefill.step_budget_tokens,
         "rld": cfg.decode.step_budget_tokens,
         "md": cfg.decode.step_budget_tokens,
     }
-    return {
-        role: (worker_memory_mb(model, getattr(spec.capacity_tokens, role), rows[role]), sizes[role])
-        for role in ("p", "rld", "md")
-    }
+    return {role: (worker_memory_mb(model, capacity[role], rows[role]), sizes[role]) for role in capacity}
