@@ -23,6 +23,8 @@ import re
 from decimal import Decimal
 from typing import Any, Protocol
 
+from topology.netem_options import is_table_file
+
 # Bounds of LinkParams' fields (topology.profiles uses them in its annotations; one home).
 MAX_TIME_MS = 60_000
 MAX_RATE_MBIT = 100_000
@@ -65,10 +67,18 @@ class NetemParams(Protocol):
     loss_pct: float
     loss_correlation_pct: float
     loss_ge: Any
+    loss_state: Any
     duplicate_pct: float
+    duplicate_correlation_pct: float
     corrupt_pct: float
+    corrupt_correlation_pct: float
     reorder_pct: float
+    reorder_correlation_pct: float
     reorder_gap: int
+    rate_packet_overhead_bytes: int
+    rate_cell_bytes: int
+    rate_cell_overhead_bytes: int
+    slot: Any
 
 
 # ---- rendering: LinkParams -> netem arguments (the tc backend's exact argv) ----
@@ -96,6 +106,9 @@ def _delay_args(p: NetemParams) -> list[str]:
 
 
 def _loss_args(p: NetemParams) -> list[str]:
+    if p.loss_state:
+        st = p.loss_state
+        return ["loss", "state", *map(_pct, (st.p13_pct, st.p31, st.p32_pct, st.p23_pct, st.p14_pct))]
     if p.loss_ge:
         ge = p.loss_ge
         return ["loss", "gemodel", _pct(ge.p_pct), _pct(ge.r_pct), _pct(ge.bad_loss_pct), _pct(ge.good_loss_pct)]
@@ -107,19 +120,38 @@ def _loss_args(p: NetemParams) -> list[str]:
     return args
 
 
+def _with_corr(option: str, pct: float, corr: float) -> list[str]:
+    return [option, _pct(pct), *([_pct(corr)] if corr else [])] if pct else []
+
+
+def _rate_args(p: NetemParams) -> list[str]:
+    if not p.rate_mbit:
+        return []
+    extra = [p.rate_packet_overhead_bytes, p.rate_cell_bytes, p.rate_cell_overhead_bytes]
+    while extra and not extra[-1]:
+        extra.pop()
+    return ["rate", f"{round(p.rate_mbit * 1e6)}bit", *map(str, extra)]
+
+
+def _slot_args(p: NetemParams) -> list[str]:
+    s = p.slot
+    if s is None:
+        return []
+    if s.distribution:
+        args = ["slot", "distribution", s.distribution, _us(s.delay_ms), _us(s.jitter_ms)]
+    else:
+        args = ["slot", _us(s.delay_ms), *([_us(s.max_delay_ms)] if s.max_delay_ms is not None else [])]
+    return [*args, *(["packets", str(s.packets)] if s.packets else []), *(["bytes", str(s.bytes)] if s.bytes else [])]
+
+
 def _other_args(p: NetemParams) -> list[str]:
-    args: list[str] = []
-    if p.duplicate_pct:
-        args += ["duplicate", _pct(p.duplicate_pct)]
-    if p.corrupt_pct:
-        args += ["corrupt", _pct(p.corrupt_pct)]
+    args = _with_corr("duplicate", p.duplicate_pct, p.duplicate_correlation_pct)
+    args += _with_corr("corrupt", p.corrupt_pct, p.corrupt_correlation_pct)
     if p.reorder_pct:
-        args += ["reorder", _pct(p.reorder_pct)]
+        args += _with_corr("reorder", p.reorder_pct, p.reorder_correlation_pct)
         if p.reorder_gap:
             args += ["gap", str(p.reorder_gap)]
-    if p.rate_mbit:
-        args += ["rate", f"{round(p.rate_mbit * 1e6)}bit"]
-    return args
+    return args + _rate_args(p) + _slot_args(p)
 
 
 def render_netem(p: NetemParams, limit_pkts: int | None = None) -> list[str]:
@@ -219,12 +251,6 @@ def _correlation(t: _Tokens, option: str) -> float:
     return t.value(_percent, f"{option}'s correlation: {PCT}") if t.next_is_number() else 0.0
 
 
-def _unsupported_if_set(t: _Tokens, value: float, what: str) -> None:
-    """A value LinkParams has no field for: refused unless it is netem's default (0)."""
-    if value:
-        raise t.unsupported(what, t.i - 1)
-
-
 def _limit(t: _Tokens, out: dict) -> None:
     out["limit_pkts"] = t.value(_count(1, MAX_LIMIT_PKTS), f"a queue limit in packets, 1 to {MAX_LIMIT_PKTS}")
 
@@ -260,7 +286,15 @@ def _loss(t: _Tokens, out: dict) -> None:
             if out["loss_correlation_pct"] and not out["loss_pct"]:
                 raise t.fail("no correlation with a zero loss (it would change nothing)", t.i - 1)
     elif model == "state":
-        raise t.unsupported("4-state loss (loss state p13 p31 p32 p23 p14)", start)
+        t.i += 1
+        p13 = t.value(_percent, f"4-state loss's p13: {PCT}")
+        # iproute2's defaults for what is left out: p31 = 100% - p13, p32 = 0, p23 = 100%, p14 = 0.
+        state = {"p13_pct": p13, "p31_pct": 100.0 - p13, "p32_pct": 0.0, "p23_pct": 100.0, "p14_pct": 0.0}
+        for name in ("p31", "p32", "p23", "p14"):
+            if not t.next_is_number():
+                break
+            state[f"{name}_pct"] = t.value(_percent, f"4-state loss's {name}: {PCT}")
+        out["loss_state"] = state
     else:
         raise t.fail(f"a loss model (random, state, gemodel) or {PCT}", start)
 
@@ -268,7 +302,11 @@ def _loss(t: _Tokens, out: dict) -> None:
 def _with_correlation(field: str, option: str) -> Any:
     def parse(t: _Tokens, out: dict) -> None:
         out[field] = t.value(_percent, f"{option}: {PCT}")
-        _unsupported_if_set(t, _correlation(t, option), f"{option} correlation")
+        corr = _correlation(t, option)
+        if corr and not out[field]:
+            raise t.fail(f"no correlation with a zero {option} (it would change nothing)", t.i - 1)
+        if corr:
+            out[field.replace("_pct", "_correlation_pct")] = corr
 
     return parse
 
@@ -277,25 +315,78 @@ def _gap(t: _Tokens, out: dict) -> None:
     out["reorder_gap"] = t.value(_count(0, MAX_GAP), f"a reorder gap in packets, 0 to {MAX_GAP}")
 
 
+DIST = f"a distribution: {', '.join(DISTRIBUTIONS)} or a .dist file's path (iproute2's format)"
+
+
+def _table_name(t: _Tokens) -> str:
+    """A shipped table's name, or a file's path (read when LinkParams is built: a profile's are relative to it)."""
+    name = t.take(DIST)
+    if name not in DISTRIBUTIONS and not is_table_file(name):
+        raise t.fail(DIST, t.i - 1)
+    return name
+
+
 def _distribution(t: _Tokens, out: dict) -> None:
-    name = t.take(f"a distribution: {', '.join(DISTRIBUTIONS)}")
-    if name not in DISTRIBUTIONS:
-        raise t.unsupported(f"distribution table {name!r} (a .dist file); known: {', '.join(DISTRIBUTIONS)}", t.i - 1)
-    out["delay_distribution"] = name
+    out["delay_distribution"] = _table_name(t)
 
 
 def _rate(t: _Tokens, out: dict) -> None:
     if t.i < len(t.items) and t.items[t.i].endswith("%"):
         raise t.unsupported("a rate as a share of the device's speed", t.i)
     out["rate_mbit"] = t.value(_rate_mbit, RATE)
-    for what in ("rate packet overhead", "rate cell size", "rate cell overhead"):
+    extras = (("rate_packet_overhead_bytes", "packet overhead", -(2**31)), ("rate_cell_bytes", "cell size", 0),
+              ("rate_cell_overhead_bytes", "cell overhead", -(2**31)))  # fmt: skip
+    for field, what, lo in extras:
         if not t.next_is_number():
             break
-        _unsupported_if_set(t, t.value(_signed_int, f"the {what} in bytes (an integer)"), what)
+        hi = 2**32 - 1 if lo == 0 else 2**31 - 1
+        out[field] = t.value(_signed_int(lo, hi), f"the rate's {what} in bytes (an integer, {lo} to {hi})")
+    if out.get("rate_cell_overhead_bytes") and not out.get("rate_cell_bytes"):
+        raise t.fail("a cell size > 0 before a cell overhead (it is added to each cell)", t.i - 1)
+    if (out.get("rate_packet_overhead_bytes") or out.get("rate_cell_bytes")) and not out["rate_mbit"]:
+        raise t.fail("a rate > 0 with an overhead or a cell size (rate 0 is no rate at all)", t.i - 1)
 
 
-def _signed_int(token: str) -> int | None:
-    return int(token) if re.fullmatch(r"[+-]?\d+", token, re.ASCII) else None
+def _signed_int(lo: int, hi: int) -> Any:
+    return lambda token: int(token) if re.fullmatch(r"[+-]?\d+", token, re.ASCII) and lo <= int(token) <= hi else None
+
+
+_SIZE = {"": 1, "b": 1, "k": 1024, "kb": 1024, "m": 1024**2, "mb": 1024**2, "g": 1024**3, "gb": 1024**3}
+
+
+def _size_bytes(token: str) -> int | None:
+    """get_size's plain sizes: a whole number of bytes, optionally with b, k/kb, m/mb, g/gb (1024-based)."""
+    m = re.fullmatch(r"(\d+)([a-zA-Z]*)", token, re.ASCII)
+    if not m or m.group(2).lower() not in _SIZE:
+        return None
+    value = int(m.group(1)) * _SIZE[m.group(2).lower()]
+    return value if value <= 2**31 - 1 else None
+
+
+def _slot(t: _Tokens, out: dict) -> None:
+    slot: dict[str, Any] = {}
+    if t.next_is_number():
+        slot["delay_ms"] = t.value(_time_ms, f"slot's MIN_DELAY: {TIME}")
+        if t.next_is_number():
+            slot["max_delay_ms"] = t.value(_time_ms, f"slot's MAX_DELAY: {TIME}")
+            if slot["max_delay_ms"] < slot["delay_ms"]:
+                raise t.fail("a MAX_DELAY no smaller than slot's MIN_DELAY", t.i - 1)
+    elif t.take("slot's MIN_DELAY or `distribution`") != "distribution":
+        raise t.fail("slot's MIN_DELAY (a time) or `distribution NAME DELAY JITTER`", t.i - 1)
+    else:
+        slot["distribution"] = _table_name(t)
+        if slot["distribution"] == "uniform":
+            raise t.fail("a table (uniform slots are `slot MIN_DELAY MAX_DELAY`)", t.i - 1)
+        slot["delay_ms"] = t.value(_time_ms, f"slot's DELAY: {TIME}")
+        slot["jitter_ms"] = t.value(_time_ms, f"slot's JITTER: {TIME}")
+        if not slot["jitter_ms"]:
+            raise t.fail("a positive slot JITTER (tc: Non-positive jitter)", t.i - 1)
+    for word, convert, what in (("packets", _count(0, 2**31 - 1), "a packet count, 0 to 2147483647"),
+                                ("bytes", _size_bytes, "a size in bytes (e.g. 3000, 64kb)")):  # fmt: skip
+        if t.i < len(t.items) and t.items[t.i] and word.startswith(t.items[t.i]):
+            t.i += 1
+            slot[word] = t.value(convert, f"slot's {word}: {what}")
+    out["slot"] = slot
 
 
 def _refuse(what: str) -> Any:
@@ -316,7 +407,7 @@ _OPTIONS = {
     "duplicate": _with_correlation("duplicate_pct", "duplicate"),
     "distribution": _distribution,
     "rate": _rate,
-    "slot": _refuse("slot (packet slotting)"),
+    "slot": _slot,
 }
 
 

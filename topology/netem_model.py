@@ -11,9 +11,15 @@ Not responsible for: sockets, clocks or processes (see `topology.userspace`),
 nor validating profiles (see `topology.profiles`). Time is whatever the
 caller passes in as `now_ns`; the model never reads a clock.
 
+Also slotting (topology.netem_slots: dequeue holds due frames until a slot is
+open; an enqueue looks at the head as the kernel's qdisc run does), the 4-state
+loss chain, `rate`'s packet overhead and cells (packet_time_ns), user .dist
+tables, and a Mahimahi trace in place of `rate` (topology.rate_trace, this
+testbed's own: the kernel has none).
 Deliberate differences from the kernel, all of them outside LinkParams:
-no ECN marking, no slotting, no 4-state loss model, no packet overhead or
-cell size for `rate`, no GSO segmentation (the wire must carry MTU frames).
+no ECN marking, no GSO segmentation (the wire must carry MTU frames); a
+negative packet overhead larger than a frame counts it as 0 bytes (the kernel's
+u64 would wrap).
 Faithful quirks worth knowing: the correlated draw mixes toward 2^31, so a
 correlated loss fires less often than loss_pct; tabledist() reduces the
 correlated draw modulo 2*jitter or the table size, so delay correlation has
@@ -33,7 +39,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from topology.netem_options import SHIPPED_TABLES, read_table
+from topology.netem_slots import FourStateChain, SlotClock
 from topology.profiles import LinkParams
+from topology.rate_trace import Trace, TraceClock, TraceError, load_trace
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +92,12 @@ def parse_dist_table(text: str) -> tuple[int, ...]:
 
 @lru_cache(maxsize=None)
 def load_dist_table(name: str) -> tuple[int, ...]:
-    """The iproute2 distribution table `name` (normal, pareto, paretonormal)."""
+    """The iproute2 distribution table `name` (normal, pareto, paretonormal), or a user's .dist file by path."""
+    if name not in SHIPPED_TABLES:
+        try:
+            return read_table(name)
+        except (OSError, ValueError) as err:
+            raise NetemConfigError(str(err)) from None
     for directory in _dist_dirs():
         path = directory / f"{name}.dist"
         if path.exists():
@@ -238,6 +252,10 @@ class _Config:
     jitter_ns: int
     table: tuple[int, ...] | None
     rate_bytes_per_s: int
+    packet_overhead: int
+    cell_size: int
+    cell_overhead: int
+    trace: Trace | None
     limit_pkts: int
     loss: int
     duplicate: int
@@ -253,6 +271,10 @@ def config_from_params(params: LinkParams) -> _Config:
     table = None
     if params.delay_distribution != "uniform":
         table = load_dist_table(params.delay_distribution)
+    try:
+        trace = load_trace(params.rate_trace) if params.rate_trace else None
+    except TraceError as err:
+        raise NetemConfigError(str(err)) from None
     ge = None
     if params.loss_ge is not None:
         g = params.loss_ge
@@ -268,6 +290,10 @@ def config_from_params(params: LinkParams) -> _Config:
         jitter_ns=min(abs(ms_to_ns(params.jitter_ms)), JITTER_MAX_NS),
         table=table,
         rate_bytes_per_s=int(round(params.rate_mbit * 1e6 / 8)),
+        packet_overhead=params.rate_packet_overhead_bytes,
+        cell_size=params.rate_cell_bytes,
+        cell_overhead=params.rate_cell_overhead_bytes,
+        trace=trace,
         limit_pkts=params.effective_limit_pkts,
         loss=pct_to_u32(params.loss_pct),
         duplicate=pct_to_u32(params.duplicate_pct),
@@ -290,6 +316,7 @@ class NetemQueue:
         self._tfifo_last_ns: int | None = None  # latest time_to_send in _tfifo
         self._head: deque[tuple[int, bytes]] = deque()  # reordered frames: (time_to_send_ns, frame)
         self._seq = 0
+        self._last_now_ns = 0  # the latest now_ns a caller passed (set_params has none of its own)
         self.set_params(params)
 
     # -- configuration -------------------------------------------------------
@@ -301,11 +328,31 @@ class NetemQueue:
         self._cfg = cfg
         self._delay_cor = CorrelatedRandom(self._rng, params.delay_correlation_pct)
         self._loss_cor = CorrelatedRandom(self._rng, params.loss_correlation_pct)
-        self._dup_cor = CorrelatedRandom(self._rng, 0.0)
-        self._reorder_cor = CorrelatedRandom(self._rng, 0.0)
-        self._corrupt_cor = CorrelatedRandom(self._rng, 0.0)
+        self._dup_cor = CorrelatedRandom(self._rng, params.duplicate_correlation_pct)
+        self._reorder_cor = CorrelatedRandom(self._rng, params.reorder_correlation_pct)
+        self._corrupt_cor = CorrelatedRandom(self._rng, params.corrupt_correlation_pct)
         self._ge_bad = False
         self._counter = 0
+        st = params.loss_state
+        self._four_state = st and FourStateChain(self._rng, st.p13_pct, st.p31, st.p32_pct, st.p23_pct, st.p14_pct)
+        self._slot = self._slot_clock(params, self._last_now_ns)
+        old = getattr(self, "_trace", None)
+        # A trace keeps its clock across other changes (a schedule step); a new trace starts at its time 0.
+        if cfg.trace is None or old is None or old.trace != cfg.trace:
+            self._trace = TraceClock(cfg.trace, self._last_now_ns) if cfg.trace else None
+
+    def _slot_clock(self, params: LinkParams, now_ns: int) -> SlotClock | None:
+        s = params.slot
+        if s is None or not (s.delay_ms or s.max_ms or s.jitter_ms):  # netem_change(): all zero = no slots
+            return None
+        if s.distribution:
+            table, mu, sigma = load_dist_table(s.distribution), ms_to_ns(s.delay_ms), ms_to_ns(s.jitter_ms)
+            state = CorrelatedRandom(self._rng, 0.0)  # the kernel passes no state: uncorrelated draws
+            draw = lambda: tabledist(mu, min(sigma, JITTER_MAX_NS), state, table)  # noqa: E731
+        else:
+            lo, hi = ms_to_ns(s.delay_ms), ms_to_ns(s.max_ms)
+            draw = lambda: lo + ((self._rng.getrandbits(32) * (hi - lo)) >> 32)  # noqa: E731
+        return SlotClock(draw, s.packets, s.bytes, now_ns)
 
     # -- enqueue -------------------------------------------------------------
 
@@ -322,6 +369,7 @@ class NetemQueue:
         self._enqueue(now_ns, frame, True, None)
 
     def _enqueue(self, now_ns: int, frame: bytes, may_duplicate: bool, out: list | None) -> None:
+        self._last_now_ns = now_ns
         cfg = self._cfg
         count = 1
         if may_duplicate and cfg.duplicate and cfg.duplicate >= self._dup_cor.next():
@@ -341,6 +389,8 @@ class NetemQueue:
         if cfg.corrupt and cfg.corrupt >= self._corrupt_cor.next():
             frame, corrupt_at = self._corrupt(frame)
         self._queue(now_ns, frame, not may_duplicate, corrupt_at, out)
+        if self._slot and self._tfifo:
+            self._slot.peek(now_ns, self._tfifo[0][0])  # the qdisc run after an enqueue looks at the head
 
     def _queue(self, now_ns: int, frame: bytes, is_dup: bool, corrupt_at, out: list | None) -> None:
         cfg = self._cfg
@@ -366,14 +416,25 @@ class NetemQueue:
     def _time_to_send(self, now_ns: int, frame_len: int) -> int:
         cfg = self._cfg
         delay = tabledist(cfg.latency_ns, cfg.jitter_ns, self._delay_cor, cfg.table)
+        if self._trace is not None:
+            return self._trace.depart_ns(now_ns + delay, frame_len)
         if cfg.rate_bytes_per_s:
             last = self._last_time_to_send()
             if last is not None:
                 # The last queued frame is the reference: its remaining time is a bonus.
                 delay = max(0, delay - (last - now_ns))
                 now_ns = last
-            delay += frame_len * NS_PER_S // cfg.rate_bytes_per_s
+            delay += self.packet_time_ns(frame_len)
         return now_ns + delay
+
+    def packet_time_ns(self, frame_len: int) -> int:
+        """packet_time_ns(): a frame's time on the wire at `rate`, with its packet overhead and cells (ns)."""
+        cfg = self._cfg
+        length = max(0, frame_len + cfg.packet_overhead)
+        if cfg.cell_size:
+            cells = -(-length // cfg.cell_size)  # an extra cell for the remainder
+            length = max(0, cells * (cfg.cell_size + cfg.cell_overhead))
+        return length * NS_PER_S // cfg.rate_bytes_per_s
 
     def _last_time_to_send(self) -> int | None:
         last = self._tfifo_last_ns
@@ -392,6 +453,8 @@ class NetemQueue:
         cfg = self._cfg
         if cfg.ge is not None:
             return self._loss_gilbert_elliott(cfg.ge)
+        if self._four_state:
+            return self._four_state.lost()
         return bool(cfg.loss) and cfg.loss >= self._loss_cor.next()
 
     def _loss_gilbert_elliott(self, ge: tuple[int, int, int, int]) -> bool:
@@ -423,7 +486,10 @@ class NetemQueue:
         """When the next frame is due (ns), or None when the queue is empty."""
         if self._head:
             return self._head[0][0]
-        return self._tfifo[0][0] if self._tfifo else None
+        if not self._tfifo:
+            return None
+        # qdisc_watchdog_schedule_ns(max(time_to_send, slot_next)).
+        return max(self._tfifo[0][0], self._slot.slot_next_ns) if self._slot else self._tfifo[0][0]
 
     def pop_due(self, now_ns: int, lateness: Lateness | None = None) -> list[bytes]:
         """Every frame whose time to send is <= now_ns, in departure order; each one's lateness (now_ns
@@ -433,12 +499,18 @@ class NetemQueue:
             for tts, _ in self._head:
                 lateness.add(now_ns - tts)
         self._head.clear()
-        tfifo = self._tfifo
+        tfifo, slot = self._tfifo, self._slot
         while tfifo and tfifo[0][0] <= now_ns:
+            if slot:
+                slot.peek(now_ns, tfifo[0][0])
+                if not slot.may_send(now_ns):
+                    break
             tts, _, frame = heapq.heappop(tfifo)
             out.append(frame)
-            if lateness is not None:
-                lateness.add(now_ns - tts)
+            if lateness is not None:  # a frame held for its slot left on time when the slot opened
+                lateness.add(now_ns - (max(tts, slot.slot_next_ns) if slot else tts))
+            if slot:
+                slot.sent(now_ns, len(frame))
         if not tfifo:
             self._tfifo_last_ns = None
         self.counters.sent += len(out)

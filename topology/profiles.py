@@ -47,10 +47,12 @@ from topology.netem_grammar import (
     parse_netem,
     render_netem,
 )
+from topology.netem_options import FourStateLoss, Slot, check_distribution, is_table_file
+from topology.rate_trace import TraceError, load_trace
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "netem_profiles"
-Distribution = Literal["uniform", "normal", "pareto", "paretonormal"]
-DISTRIBUTIONS = literal_values(Distribution)
+# The names a distribution may have without a file; a user's table is a .dist file path (topology.netem_options).
+DISTRIBUTIONS = ("uniform", "normal", "pareto", "paretonormal")
 Direction = Literal["a_to_b", "b_to_a"]
 DIRECTIONS = literal_values(Direction)
 # netem's own default queue limit (packets); we never go below it.
@@ -92,10 +94,14 @@ class GilbertElliott:
 # Every field of LinkParams is one of these two kinds; a new netem field goes into one (a unit test holds it).
 # What happens to single packets (dropped, doubled, flipped, reordered):
 PACKET_IMPAIRMENTS = (
-    "loss_pct", "loss_correlation_pct", "loss_ge", "duplicate_pct", "corrupt_pct", "reorder_pct", "reorder_gap"
+    "loss_pct", "loss_correlation_pct", "loss_ge", "loss_state", "duplicate_pct", "duplicate_correlation_pct",
+    "corrupt_pct", "corrupt_correlation_pct", "reorder_pct", "reorder_correlation_pct", "reorder_gap"
 )  # fmt: skip
 # When packets leave, and how many wait:
-TIMING = ("rate_mbit", "limit_pkts", "delay_ms", "jitter_ms", "delay_distribution", "delay_correlation_pct")
+TIMING = ("rate_mbit", "rate_packet_overhead_bytes", "rate_cell_bytes", "rate_cell_overhead_bytes", "rate_trace",
+          "limit_pkts", "delay_ms", "jitter_ms", "delay_distribution", "delay_correlation_pct", "slot")  # fmt: skip
+# tc reads the rate's overheads as s32 and the cell size as u32 (tc-netem(8) `rate`).
+S32 = Annotated[Int, Range(-(2**31), 2**31 - 1)]
 
 
 @schema
@@ -103,43 +109,82 @@ class LinkParams:
     """One direction of a link, with tc-netem semantics.
 
     rate_mbit: serialization rate (Mbit/s, 1e6 bit/s); 0 = unlimited
+    rate_packet_overhead_bytes: added to each frame's length for the rate (bytes; may be negative)
+    rate_cell_bytes: the rate counts whole cells of this size (bytes, e.g. 53 for ATM); 0 = no cells
+    rate_cell_overhead_bytes: added to each cell (bytes; may be negative)
+    rate_trace: a Mahimahi trace file instead of rate_mbit (topology.rate_trace); "" = none
     limit_pkts: queue limit (packets); 0 = derived: max(1000, in-delay + 2 x BDP)
     delay_ms: mean one-way delay added by the link (ms)
     jitter_ms: delay variation (ms): half-width for uniform, sigma otherwise
-    delay_distribution: uniform | normal | pareto | paretonormal
+    delay_distribution: uniform | normal | pareto | paretonormal | a .dist file path (iproute2's format)
     delay_correlation_pct: correlation of successive delay draws (%)
     loss_pct: independent random loss (%)
     loss_correlation_pct: correlation of successive loss draws (%)
     loss_ge: Gilbert-Elliott loss model instead of loss_pct
+    loss_state: 4-state Markov loss model instead of loss_pct
     duplicate_pct: packets sent twice (%)
+    duplicate_correlation_pct: correlation of successive duplicate draws (%)
     corrupt_pct: packets with one flipped bit (%)
+    corrupt_correlation_pct: correlation of successive corrupt draws (%)
     reorder_pct: packets sent at once, ahead of the delayed ones (%)
+    reorder_correlation_pct: correlation of successive reorder draws (%)
     reorder_gap: reorder only every gap-th packet; 0 = netem's default
+    slot: packet slotting (frames leave only in slots); None = none
     """
 
     rate_mbit: Annotated[Float, Range(0, MAX_RATE_MBIT)] = 0.0
+    rate_packet_overhead_bytes: S32 = 0
+    rate_cell_bytes: Annotated[Int, Range(0, 2**32 - 1)] = 0
+    rate_cell_overhead_bytes: S32 = 0
+    rate_trace: Str = ""
     limit_pkts: Annotated[Int, Range(0, MAX_LIMIT_PKTS)] = 0
     delay_ms: Ms = 0.0
     jitter_ms: Ms = 0.0
-    delay_distribution: Distribution = "uniform"
+    delay_distribution: Str = "uniform"
     delay_correlation_pct: Pct = 0.0
     loss_pct: Pct = 0.0
     loss_correlation_pct: Pct = 0.0
     loss_ge: GilbertElliott | None = None
+    loss_state: FourStateLoss | None = None
     duplicate_pct: Pct = 0.0
+    duplicate_correlation_pct: Pct = 0.0
     corrupt_pct: Pct = 0.0
+    corrupt_correlation_pct: Pct = 0.0
     reorder_pct: Pct = 0.0
+    reorder_correlation_pct: Pct = 0.0
     reorder_gap: Annotated[Int, Range(0, MAX_GAP)] = 0
+    slot: Slot | None = None
 
     def __post_init__(self) -> None:
-        if self.loss_ge and self.loss_pct:
-            raise ValueError("loss_pct and loss_ge are exclusive; set one of them")
+        if sum(map(bool, (self.loss_pct, self.loss_ge, self.loss_state))) > 1:
+            raise ValueError("loss_pct, loss_ge and loss_state are exclusive; set one of them")
+        try:
+            check_distribution(self.delay_distribution)
+        except ValueError as err:
+            raise ValueError(f"delay_distribution: {err}") from None
+        for name in ("duplicate", "corrupt", "reorder"):
+            if getattr(self, f"{name}_correlation_pct") and not getattr(self, f"{name}_pct"):
+                raise ValueError(f"{name}_correlation_pct: needs {name}_pct > 0 (it would change nothing)")
+        self._check_rate()
         if self.reorder_pct and not self.delay_ms:
             raise ValueError("reorder_pct: reordering needs delay_ms > 0 (as in tc-netem)")
         if self.reorder_gap and not self.reorder_pct:
             raise ValueError("reorder_gap: needs reorder_pct > 0 (as in tc-netem)")
         if self.jitter_ms and self.delay_distribution != "uniform" and not self.delay_ms:
             raise ValueError(f"delay_distribution: {self.delay_distribution} needs delay_ms > 0 (tc-netem refuses it)")
+
+    def _check_rate(self) -> None:
+        if (self.rate_packet_overhead_bytes or self.rate_cell_bytes) and not self.rate_mbit:
+            raise ValueError("rate_packet_overhead_bytes, rate_cell_bytes: need rate_mbit > 0 (tc's `rate` has them)")
+        if self.rate_cell_overhead_bytes and not self.rate_cell_bytes:
+            raise ValueError("rate_cell_overhead_bytes: needs rate_cell_bytes > 0 (it is added to each cell)")
+        if self.rate_trace and self.rate_mbit:
+            raise ValueError("rate_trace and rate_mbit are exclusive: the trace is the rate")
+        if self.rate_trace:
+            try:
+                load_trace(self.rate_trace)
+            except TraceError as err:
+                raise ValueError(f"rate_trace: {err}") from None
 
     def lossless(self) -> LinkParams:
         """The same delay, jitter, rate and queue with nothing lost, duplicated, corrupted or reordered (the
@@ -172,7 +217,8 @@ class LinkParams:
     @property
     def expected_loss_pct(self) -> float:
         """Long-run loss rate this direction should show (%)."""
-        return self.loss_ge.mean_loss_pct() if self.loss_ge else self.loss_pct
+        model = self.loss_ge or self.loss_state
+        return model.mean_loss_pct() if model else self.loss_pct
 
     def netem_line(self) -> str:
         """The netem arguments the tc backend applies to this direction, queue limit resolved (`limit 3303 ...`)."""
@@ -262,8 +308,8 @@ class Profile:
 
 def link_params_from_dict(data: dict[str, Any], where: str) -> LinkParams:
     """Validate a mapping of LinkParams fields; `where` prefixes every error."""
-    if isinstance(data, dict) and isinstance(data.get("loss_ge"), GilbertElliott):
-        data = {**data, "loss_ge": dataclasses.asdict(data["loss_ge"])}
+    if isinstance(data, dict):
+        data = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in data.items()}
     return build(LinkParams, data, where, ProfileError)
 
 
@@ -287,7 +333,7 @@ def parse_schedule(data: Any, where: str) -> tuple[ScheduleStep, ...]:
     return tuple(steps)
 
 
-def link_fields(data: dict[str, Any] | None, where: str) -> dict[str, Any]:
+def _link_fields(data: dict[str, Any] | None, where: str) -> dict[str, Any]:
     """A profile's `link`/`a_to_b`/`b_to_a` mapping as LinkParams fields: as written, or read from its netem line."""
     if not data or "netem" not in data:
         return data or {}
@@ -303,11 +349,34 @@ def link_fields(data: dict[str, Any] | None, where: str) -> dict[str, Any]:
         raise ProfileError(f"{where}.netem {line!r}: {err}") from None
 
 
+def resolve_files(fields: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """A direction's fields with its files (rate_trace, a .dist table of delay's or slot's) relative to `folder`."""
+
+    def at(name: Any) -> Any:
+        return str(folder / name) if isinstance(name, str) and name and not Path(name).is_absolute() else name
+
+    out = dict(fields)
+    if "rate_trace" in out:
+        out["rate_trace"] = at(out["rate_trace"])
+    if isinstance(out.get("delay_distribution"), str) and is_table_file(out["delay_distribution"]):
+        out["delay_distribution"] = at(out["delay_distribution"])
+    slot = out.get("slot")
+    if isinstance(slot, dict) and isinstance(slot.get("distribution"), str) and is_table_file(slot["distribution"]):
+        out["slot"] = {**slot, "distribution": at(slot["distribution"])}
+    return out
+
+
 def profile_from_dict(data: Any, source: str, path: Path | None = None) -> Profile:
-    """Validate a whole profile mapping; `source` (a file name) prefixes every error."""
+    """Validate a whole profile mapping; `source` (a file name) prefixes every error; files a profile names
+    (rate_trace, .dist tables) are relative to its own folder."""
     if isinstance(data, dict) and not data.get("name"):
         raise ProfileError(f"{source}: 'name' is required (a string)")
     f = build(_ProfileFile, data, source, ProfileError)
+    folder = path.resolve().parent if path else Path.cwd()
+
+    def link_fields(data: dict[str, Any] | None, where: str) -> dict[str, Any]:
+        return resolve_files(_link_fields(data, where), folder)
+
     base = link_fields(f.link, f"{source}: link")
     build(LinkParams, {k: v for k, v in base.items() if k != "loss_ge"}, f"{source}: link", ProfileError)
     dirs = {

@@ -23,6 +23,7 @@ from typing import Callable, Protocol
 
 from topology import naming, tc
 from topology.profiles import DIRECTIONS, LinkParams, Profile, ScheduleStep, schedule_end_s
+from topology.trace_player import TracePlayer
 
 log = logging.getLogger(__name__)
 BACKENDS = ("auto", "tc", "userspace")
@@ -107,6 +108,19 @@ class TcBackend:
     def __init__(self, run: HostRunner):
         self._run = run
         self._installed: set[str] = set()
+        self._players: dict[str, TracePlayer] = {}  # directions with a rate trace (topology.trace_player)
+
+    def _install(self, direction: str, params: LinkParams, verb: str) -> None:
+        host, dev = naming.wan_interfaces()[direction]
+        old = self._players.pop(direction, None)
+        if old:
+            old.stop()
+        if not params.rate_trace:
+            self._run(host, tc.netem_cmd(dev, params, verb))
+            return
+        player = TracePlayer(dev, params, lambda argv: self._run(host, argv))
+        self._run(host, player.install_cmd(verb))
+        self._players[direction] = player.start()
 
     def wire_up(self) -> None:
         """Nothing to bring up: the gateways are joined directly."""
@@ -119,14 +133,13 @@ class TcBackend:
     def start(self, a_to_b: LinkParams, b_to_a: LinkParams) -> None:
         """Install netem on both directions."""
         for direction, params in (("a_to_b", a_to_b), ("b_to_a", b_to_a)):
-            host, dev = naming.wan_interfaces()[direction]
-            self._run(host, tc.netem_cmd(dev, params, "replace"))
+            self._install(direction, params, "replace")
             self._installed.add(direction)
 
     def apply(self, direction: str, params: LinkParams) -> None:
-        """Change one direction in place (`tc qdisc change` keeps queued packets)."""
-        host, dev = naming.wan_interfaces()[direction]
-        self._run(host, tc.netem_cmd(dev, params, "change"))
+        """Change one direction in place (`tc qdisc change` keeps queued packets); a rate trace is replayed as
+        netem rates per window (topology.trace_player)."""
+        self._install(direction, params, "change")
 
     def health(self) -> None:
         """The kernel's netem keeps no lateness record of its own."""
@@ -141,6 +154,9 @@ class TcBackend:
 
     def stop(self) -> None:
         """Remove the qdiscs this backend installed."""
+        for player in self._players.values():
+            player.stop()
+        self._players.clear()
         for direction in sorted(self._installed):
             host, dev = naming.wan_interfaces()[direction]
             try:
