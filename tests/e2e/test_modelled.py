@@ -19,12 +19,13 @@ ARCH, ACCELERATOR, DEVICES = "kimi-k2", "h800", 16  # 1T-class MLA MoE in fp8 on
 MODES = ("pd-intra", "pd-cross", "pdd")
 
 
-@pytest.fixture(scope="module")
-def dep(tmp_path_factory):
+def started(tmp_path_factory, name: str, **compute):
+    """A modelled deployment (ARCH on DEVICES x ACCELERATOR a worker) started on loopback for a module's tests,
+    then stopped with every role exiting 0; compute: further compute fields (kv_scale)."""
     d = Deployment(
-        tmp_path_factory.mktemp("modelled"),
+        tmp_path_factory.mktemp(name),
         worker_fields={"accelerator": ACCELERATOR, "devices": DEVICES},
-        compute={"mode": "modelled", "arch": ARCH},
+        compute={"mode": "modelled", "arch": ARCH, **compute},
         model="tiny",
     )
     try:
@@ -32,6 +33,11 @@ def dep(tmp_path_factory):
     finally:
         codes = d.stop()
         assert all(c == 0 for c in codes.values()), f"role exit codes {codes}; logs in {d.run_dir}"
+
+
+@pytest.fixture(scope="module")
+def dep(tmp_path_factory):
+    yield from started(tmp_path_factory, "modelled")
 
 
 @pytest.fixture(scope="module")
@@ -69,17 +75,7 @@ def test_the_wan_carries_the_architectures_kv(dep):
 @pytest.fixture(scope="module")
 def scaled(tmp_path_factory):
     """The same deployment with compute.kv_scale 4: a line scaled down by 4 carries KV scaled down by 4."""
-    d = Deployment(
-        tmp_path_factory.mktemp("modelled-scaled"),
-        worker_fields={"accelerator": ACCELERATOR, "devices": DEVICES},
-        compute={"mode": "modelled", "arch": ARCH, "kv_scale": 4},
-        model="tiny",
-    )
-    try:
-        yield d.start()
-    finally:
-        codes = d.stop()
-        assert all(c == 0 for c in codes.values()), f"role exit codes {codes}; logs in {d.run_dir}"
+    yield from started(tmp_path_factory, "modelled-scaled", kv_scale=4)
 
 
 @pytest.mark.parametrize("mode", ("pd-cross", "pdd"))

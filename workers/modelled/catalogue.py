@@ -251,43 +251,47 @@ class Catalogue:
         return self.models[name]
 
 
-def _read(path: Path, key: str) -> list:
+def _read(path: Path) -> dict[str, list]:
+    """A catalogue file's lists by key (accelerators, models; a key left out: empty)."""
     try:
         data = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as exc:
         raise CatalogueError(f"{path}: {exc}") from exc
     if not isinstance(data, dict) or not set(data) <= {"accelerators", "models"}:
         raise CatalogueError(f"{path}: expected a mapping with keys accelerators and/or models")
-    entries = data.get(key) or []
-    if not isinstance(entries, list):
-        raise CatalogueError(f"{path}: {key}: expected a list")
-    return entries
+    lists = {key: data.get(key) or [] for key in ("accelerators", "models")}
+    for key, entries in lists.items():
+        if not isinstance(entries, list):
+            raise CatalogueError(f"{path}: {key}: expected a list")
+    return lists
 
 
-def parse_accelerators(entries: list, where: str) -> dict[str, Accelerator]:
+def check_accelerator(a: Accelerator, where: str) -> Accelerator:
+    """Every number's source given."""
+    _check_sources(a, ACCEL_NUMBERS, where)
+    return a
+
+
+# A catalogue file's lists: the type of each entry and the rules between its fields.
+KINDS = {"accelerators": (Accelerator, check_accelerator), "models": (ModelArch, check_model)}
+
+
+def parse_entries(key: str, entries: list, where: str) -> dict:
+    """name -> entry of one list of a catalogue file (key: accelerators | models), each built and checked; an error
+    names the file (where), the list and the entry."""
+    cls, check = KINDS[key]
     out = {}
     for i, e in enumerate(entries):
-        name = e.get("name", i) if isinstance(e, dict) else i
-        a = build(Accelerator, e, f"{where}: accelerators[{name}]", CatalogueError)
-        _check_sources(a, ACCEL_NUMBERS, f"{where}: accelerators[{name}]")
-        out[a.name] = a
-    return out
-
-
-def parse_models(entries: list, where: str) -> dict[str, ModelArch]:
-    out = {}
-    for i, e in enumerate(entries):
-        name = e.get("name", i) if isinstance(e, dict) else i
-        m = build(ModelArch, e, f"{where}: models[{name}]", CatalogueError)
-        out[m.name] = check_model(m, f"{where}: models[{name}]")
+        at = f"{where}: {key}[{e.get('name', i) if isinstance(e, dict) else i}]"
+        entry = check(build(cls, e, at, CatalogueError), at)
+        out[entry.name] = entry
     return out
 
 
 def load_catalogue(*extra: Path) -> Catalogue:
     """The shipped catalogues, then each extra YAML file's accelerators and models (same name: replaced)."""
-    accels = parse_accelerators(_read(ACCELERATORS_FILE, "accelerators"), str(ACCELERATORS_FILE))
-    models = parse_models(_read(MODELS_FILE, "models"), str(MODELS_FILE))
-    for path in extra:
-        accels |= parse_accelerators(_read(Path(path), "accelerators"), str(path))
-        models |= parse_models(_read(Path(path), "models"), str(path))
-    return Catalogue(accels, models)
+    found: dict[str, dict] = {key: {} for key in KINDS}
+    for path in (ACCELERATORS_FILE, MODELS_FILE, *map(Path, extra)):
+        for key, entries in _read(Path(path)).items():
+            found[key] |= parse_entries(key, entries, str(path))
+    return Catalogue(found["accelerators"], found["models"])
