@@ -64,8 +64,24 @@ class FourStateLoss:
             [1.0, 0.0, 0.0, 0.0],
         ]
 
-    def stationary(self, steps: int = 20_000) -> list[float]:
-        """The chain's long-run state shares (power iteration from state 1, averaged: also for periodic chains)."""
+    def stationary(self) -> list[float]:
+        """The chain's long-run state shares starting in state 1: pi P = pi, sum 1 (solved exactly), or, when that
+        has no single answer (a state 1 that never leaves), the long-run average from state 1."""
+        p = self.transitions()
+        # Rows: (P^T - I) pi = 0 for states 2..4, and sum(pi) = 1.
+        rows = [[1.0] * 4 + [1.0]] + [[p[i][j] - (i == j) for i in range(4)] + [0.0] for j in range(1, 4)]
+        for col in range(4):
+            pivot = max(range(col, 4), key=lambda r: abs(rows[r][col]))
+            if abs(rows[pivot][col]) < 1e-12:
+                return self._average_from_good()
+            rows[col], rows[pivot] = rows[pivot], rows[col]
+            for r in range(4):
+                if r != col:
+                    f = rows[r][col] / rows[col][col]
+                    rows[r] = [a - f * b for a, b in zip(rows[r], rows[col])]
+        return [rows[i][4] / rows[i][i] for i in range(4)]
+
+    def _average_from_good(self, steps: int = 100_000) -> list[float]:
         p, dist, total = self.transitions(), [1.0, 0.0, 0.0, 0.0], [0.0] * 4
         for _ in range(steps):
             dist = [sum(dist[i] * p[i][j] for i in range(4)) for j in range(4)]
