@@ -7,7 +7,7 @@ KV payload, token-ID payload and latency mean / max / std) and this run's value 
 alone: its 95% interval where the summary has one (experiments.analysis.confidence made them: a percentile's,
 a mean's, a comparison's, a similarity ratio's), the ratio this run / published, and a flag where they differ
 by more than 2x (a range: where the value lies outside half its low end to twice its high end), with the usual
-reason; `add_to` keeps the rows in summary.json (`reference.published`), `markdown_section` renders them.
+reason; `add_to` keeps the rows in summary.json (`published`), `markdown_section` renders them.
 Not responsible for: computing any statistic or interval (experiments.analysis.metrics, similarity) or the
 published deployment's similarity ratios (experiments.analysis.similarity).
 
@@ -218,13 +218,13 @@ def arch_kv_bytes_per_token(spec: dict) -> int | None:
 
 
 def add_to(summary: dict, meta) -> None:
-    """Into summary (the analysis' mapping), in place: reference.published = {rows: [...]} where the run's spec
-    asks for the table (wanted); nothing otherwise."""
+    """Into summary (the analysis' mapping), in place: published = {rows: [...]} where the run's spec asks for the
+    table (wanted); nothing otherwise."""
     if not wanted(meta):
         return
     spec = meta.spec.model_dump() if hasattr(meta.spec, "model_dump") else dict(meta.spec)
     table = rows(summary, spec, arch_kv_bytes_per_token(spec))
-    summary.setdefault("reference", {})["published"] = {"rows": [asdict(r) for r in table]}
+    summary["published"] = {"rows": [asdict(r) for r in table]}
 
 
 def _cell(x: float | None, unit: str) -> str:
@@ -237,7 +237,7 @@ def _published_cell(r: dict) -> str:
 
 
 def markdown_section(published: dict | None) -> list[str]:
-    """summary.md's "Beside the published figures" (published: summary.json's reference.published)."""
+    """summary.md's "Beside the published figures" (published: summary.json's `published`)."""
     if not published or not published.get("rows"):
         return []
     lines = [

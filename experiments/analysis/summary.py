@@ -244,6 +244,9 @@ class Summary(Closed):
     analysed_by: dict[str, Any] | None = None
     similarity: Similarity | None = None  # absent from summaries made before it (still version 2)
     cost: Cost | None = None  # hardware cost and BCR per variant (absent before it; still version 2)
+    # EXP=pdd-published: {rows: [...]}, each published figure beside this run's (experiments/analysis/published.py);
+    # absent from other runs' summaries and from those made before it (still version 2)
+    published: dict[str, Any] | None = None
 
 
 def columns() -> list[tuple[str, Column]]:

@@ -52,7 +52,6 @@ def synthetic() -> dict:
             },
         ],  # fmt: skip
         "similarity": {"ratios": [{"ratio": "rld_token_share", "variant": "pdd", "value": 0.2, "ci95": [0.1, 0.3]}]},
-        "reference": {},
     }
 
 
@@ -106,8 +105,8 @@ def test_variants_are_found_by_mode():
 
 def test_the_table_in_markdown_flags_what_is_off():
     s = synthetic()
-    s["reference"]["published"] = {"rows": [vars(r) for r in published.rows(s, {}, 70_272)]}
-    md = "\n".join(published.markdown_section(s["reference"]["published"]))
+    s["published"] = {"rows": [vars(r) for r in published.rows(s, {}, 70_272)]}
+    md = "\n".join(published.markdown_section(s["published"]))
     assert "## Beside the published figures (shared/PDD.md)" in md
     assert "| naive cross-DC TTFT p50 (ms) | pd-cross | 7,000 [6,000, 8,000] | 6,700 | 1.04× |" in md
     assert "| naive cross-DC TTFT p90 (ms) | pd-cross | 40,000 | 18,300 | 2.19× **off > 2×** |" in md
@@ -133,9 +132,10 @@ def runs(tmp_path_factory):
 
 def test_only_a_run_that_asks_gets_the_table_in_summary_json_and_md(runs):
     plain, named = runs
-    assert "published" not in summary.read(plain).reference
+    assert summary.read(plain).published is None
     assert "## Beside the published figures" not in (plain / "summary.md").read_text()
-    rows = summary.read(named).reference["published"]["rows"]
+    assert "published" not in summary.read(named).reference  # its own key, typed in Summary
+    rows = summary.read(named).published["rows"]
     assert [r["figure"] for r in rows][:2] == ["same-room PD TTFT p50", "naive cross-DC TTFT p50"]
     ttft = rows[1]
     assert ttft["variant"] == "pd-cross" and ttft["value"] is not None and ttft["published"] == [6700, 6700]
