@@ -68,7 +68,7 @@ def markdown(summary: Summary, meta: RunMetadata) -> str:
     lines += _comparisons_section([c.model_dump() for c in summary.comparisons])
     lines += similarity_section(summary.similarity)
     lines += cost.markdown_section(summary.cost)
-    lines += published.markdown_section(summary.reference.get("published"))
+    lines += published.markdown_section(summary.published)
     lines += _rest(per, summary, meta)
     return "\n".join(lines) + "\n"
 
