@@ -247,6 +247,7 @@ class Summary(Closed):
     # EXP=pdd-published: {rows: [...]}, each published figure beside this run's (experiments/analysis/published.py);
     # absent from other runs' summaries and from those made before it (still version 2)
     published: dict[str, Any] | None = None
+    simulated: bool = False  # made by `pddlab simulate` (experiments/sim), not measured on the emulated WAN
 
 
 def columns() -> list[tuple[str, Column]]:

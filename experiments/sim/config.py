@@ -120,9 +120,9 @@ def _validate(spec, profile) -> None:
         )
     for role in ("p", "rld", "md"):
         ex._range(f"capacity_tokens.{role}", getattr(spec.capacity_tokens, role), spec.block_size, 1 << 22)
-    ex._validate_workload(spec.workload, CONFIGS[spec.model].max_seq_len)
     ex._validate_variant_defs(spec, profile)
-    ex._validate_deployment(spec, profile)
+    cfg = ex._validate_deployment(spec, profile)
+    ex._validate_workload(spec.workload, ex.context_tokens(cfg))  # the small model's context, or the modelled arch's
     ex._validate_pools(spec, profile, available_mb=1 << 40)
     ex._validate_placement(spec)
     ex._validate_impairment(spec, profile)

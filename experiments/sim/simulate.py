@@ -100,6 +100,7 @@ def summarize(
     c = cost.cost_section(data, to_dict(spec), variants)
     data["cost"] = c.model_dump(mode="json")
     data["comparisons"] = list(data["comparisons"]) + cost.bcr_comparisons(data, c)
+    data["simulated"] = True
     data["analysed_by"] = {
         "simulated": True,
         "tool": "pddlab simulate (experiments/sim)",

@@ -135,7 +135,7 @@ def test_pddlab_simulate_writes_a_summary_marked_simulated(tmp_path, capsys):
                        "--out", str(out)])  # fmt: skip
     assert status == 0
     s = summary_mod.read(out)  # the emulated run's schema: compare and the reports read it
-    assert s.analysed_by["simulated"] is True
+    assert s.simulated is True and s.analysed_by["simulated"] is True
     assert set(s.variants) == {"pd-intra-strong", "pd-cross", "pdd-hetero"}
     assert all(v.completed == 5 for v in s.variants.values())
     assert s.variants["pdd-hetero"].ttft_ms.ci95 is not None and s.cost.variants["pdd-hetero"].bcr is not None
@@ -144,3 +144,9 @@ def test_pddlab_simulate_writes_a_summary_marked_simulated(tmp_path, capsys):
     assert cli.main(["compare", str(out), str(out)]) == 0  # requests.jsonl: runs pair request by request
     assert cli.main(["simulate", SPEC, "--set", "variants=[nope]", "--out", str(tmp_path / "bad")]) == cli.BAD_INPUT
     assert "variants=['nope']" in capsys.readouterr().err
+
+
+def test_a_modelled_spec_is_judged_against_its_architectures_context_as_pddlab_run_judges_it():
+    # pdd-published's Mooncake slice has prompts past the small model's 4,096 tokens; kimi-k2 holds 131,072
+    loaded = load_for_simulation("pdd-published")
+    assert loaded.spec.workload.synthetic.max_context_tokens > 4096
