@@ -288,8 +288,10 @@ def _loss(t: _Tokens, out: dict) -> None:
     elif model == "state":
         t.i += 1
         p13 = t.value(_percent, f"4-state loss's p13: {PCT}")
-        # iproute2's defaults for what is left out: p31 = 100% - p13, p32 = 0, p23 = 100%, p14 = 0.
-        state = {"p13_pct": p13, "p31_pct": 100.0 - p13, "p32_pct": 0.0, "p23_pct": 100.0, "p14_pct": 0.0}
+        # iproute2's defaults for what is left out: p31 = 100% - p13 (to the line's 6 digits), p32 = 0, p23 = 100%,
+        # p14 = 0.
+        p31 = float(_pct(100.0 - p13)[:-1])
+        state = {"p13_pct": p13, "p31_pct": p31, "p32_pct": 0.0, "p23_pct": 100.0, "p14_pct": 0.0}
         for name in ("p31", "p32", "p23", "p14"):
             if not t.next_is_number():
                 break

@@ -206,10 +206,12 @@ class LinkParams:
         """
         if self.limit_pkts:
             return self.limit_pkts
-        if not self.rate_mbit:
+        # A rate trace sizes the queue by its mean rate (both backends: the tc one holds it while the rate moves).
+        rate_mbit = self.rate_mbit or (load_trace(self.rate_trace).mean_rate_mbit() if self.rate_trace else 0.0)
+        if not rate_mbit:
             return NETEM_DEFAULT_LIMIT_PKTS
         one_way_s = (self.delay_ms + 2 * self.jitter_ms) / 1000
-        frames_per_s = self.rate_mbit * 1e6 / 8 / FRAME_BYTES
+        frames_per_s = rate_mbit * 1e6 / 8 / FRAME_BYTES
         in_delay_pkts = frames_per_s * one_way_s
         bdp_pkts = frames_per_s * 2 * one_way_s  # the reverse direction assumed alike
         return max(NETEM_DEFAULT_LIMIT_PKTS, math.ceil(in_delay_pkts + 2 * bdp_pkts))

@@ -25,7 +25,7 @@ Runner = Callable[[list[str]], object]
 def window_params(params: LinkParams) -> list[tuple[int, LinkParams]]:
     """(at_ms within the period, the LinkParams tc applies from then): the trace replaced by each window's rate."""
     trace = load_trace(params.rate_trace)
-    limit = params.limit_pkts or params.replace(rate_trace="", rate_mbit=trace.mean_rate_mbit()).effective_limit_pkts
+    limit = params.effective_limit_pkts  # by the trace's mean rate, held while the rate moves
     schedule = rate_schedule(trace)
     return [(at, params.replace(rate_trace="", rate_mbit=bit / 1e6, limit_pkts=limit)) for at, bit in schedule.steps]
 

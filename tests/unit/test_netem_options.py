@@ -5,6 +5,8 @@ trips, refusals naming the token, and the tc backend's argv carrying the same li
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from topology.netem_grammar import NetemSyntaxError, parse_netem, render_netem
 from topology.netem_options import FourStateLoss, Slot
@@ -192,3 +194,44 @@ def test_a_profile_may_give_the_new_options_as_fields():
     p = profile_from_dict({"name": "x", "link": fields}, "x.yaml").a_to_b
     assert p.netem_line() == ("limit 1000 delay 10000us loss state 1% 99% 0% 100% 0% rate 8000000bit 0 48 5 "
                               "slot 2000us packets 4")  # fmt: skip
+
+
+# ---- property-based: lines with the new options in any order ----
+
+
+@st.composite
+def new_option_lines(draw):
+    pct = st.integers(0, 10000).map(lambda v: f"{v / 100:g}%")
+    nonzero = st.integers(1, 10000).map(lambda v: f"{v / 100:g}%")
+    us = st.integers(0, 60_000_000)
+    parts = ["delay 10ms"]
+    if draw(st.booleans()):
+        lo = draw(us)
+        kind = draw(st.sampled_from(["fixed", "range", "dist"]))
+        if kind == "dist":
+            table = draw(st.sampled_from(["normal", "pareto", "paretonormal"]))
+            slot = f"slot distribution {table} {lo}us {draw(st.integers(1, 60_000_000))}us"
+        else:
+            slot = f"slot {lo}us" + (f" {draw(st.integers(lo, 60_000_000))}us" if kind == "range" else "")
+        for word in ("packets", "bytes"):
+            if draw(st.booleans()):
+                slot += f" {word} {draw(st.integers(0, 2**31 - 1))}"
+        parts.append(slot)
+    if draw(st.booleans()):
+        parts.append(" ".join(["loss state", *draw(st.lists(pct, min_size=1, max_size=5))]))
+    for option in ("duplicate", "corrupt", "reorder"):
+        if draw(st.booleans()):
+            parts.append(f"{option} {draw(nonzero)}" + (f" {draw(pct)}" if draw(st.booleans()) else ""))
+    if draw(st.booleans()):
+        extra = draw(st.lists(st.integers(-(2**31), 2**31 - 1), max_size=3))
+        if len(extra) >= 2:
+            extra[1] = abs(extra[1]) or 1  # a cell size is unsigned; a cell overhead needs one
+        parts.append(" ".join(["rate", f"{draw(st.integers(1, 10**11))}bit", *map(str, extra)]))
+    return " ".join(draw(st.permutations(parts)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(new_option_lines())
+def test_any_line_with_the_new_options_round_trips(line):
+    p = assert_round_trip(line)
+    assert netem_cmd("d", p)[7:] == p.netem_line().split()
