@@ -1,10 +1,10 @@
 """The analysis judges every WAN KV transfer's limit (experiments.analysis.limits) in every analysed run: the
 counts per variant in summary.json and summary.md, and the warning where a scaled line's run rests on
-loss/RTT-limited transfers."""
+slow-start or loss-limited transfers."""
 
 import pytest
 
-from experiments.analysis import analyze, summary
+from experiments.analysis import analyze, limits, summary
 from experiments.rundir import metadata
 from experiments.rundir.metadata import LineScalingRecord
 from fake_run import make_run
@@ -35,14 +35,14 @@ def test_an_analysed_run_counts_each_variants_wan_transfers_by_limit(run):
     for v in ("pd-cross", "pdd"):
         lim = s.variants[v].transfer_limits
         assert lim is not None and lim["line_mbit"] == 200.0 and lim["kv_scale"] == 1.0
-        judged = lim["rate"] + lim["loss_rtt"] + lim["unclear"]
+        judged = sum(lim[k] for k in limits.LIMITS)
         assert judged == len(lim["transfers"]) > 0
-        # fake_run's transfers: a few kB in 50-140 ms at a 30-60 ms RTT, far below the line: slow start bound
-        assert lim["loss_rtt"] == judged
+        # fake_run's transfers: a few kB in 50-140 ms at a 30-60 ms RTT, under one BDP: slow start bound
+        assert lim["slow_start"] == judged
     assert s.variants["colocated"].transfer_limits["transfers"] == []  # no WAN: judged, nothing to judge
     md = (run / "summary.md").read_text()
     assert "## WAN KV transfers: what limited them" in md
-    assert f"| pdd | 200.0 (1) | 0 | {s.variants['pdd'].transfer_limits['loss_rtt']} | 0 |" in md
+    assert f"| pdd | 200.0 (1) | 0 | {s.variants['pdd'].transfer_limits['slow_start']} | 0 | 0 | 0 |" in md
     assert "| colocated | 200.0" not in md
     assert not [w for w in s.warnings if w["kind"] == "scaled_line_loss_limited"]  # kv_scale 1: faithful
 
@@ -55,5 +55,5 @@ def test_a_scaled_run_resting_on_loss_limited_transfers_is_warned_about(tmp_path
     [w] = [w for w in s.warnings if w["kind"] == "scaled_line_loss_limited"]
     assert w["variant"] == "pdd" and "kv_scale=50" in w["message"]
     md = (run / "summary.md").read_text()
-    assert md.index("## Warnings") < md.index("were loss/RTT-limited on a line scaled by kv_scale=50")
+    assert md.index("## Warnings") < md.index("slow start) on a line scaled by kv_scale=50")
     assert "| pdd | 200.0 (50) |" in md

@@ -1,5 +1,6 @@
-"""Each WAN KV transfer is rate-limited (the scaled line is faithful), loss/RTT-limited (it is not) or unclear;
-summary.json counts them per variant and a scaled run where most were loss/RTT-limited is warned about."""
+"""Each WAN KV transfer is rate-limited (the scaled line is faithful), slow-start/RTT- or loss-limited (it is not),
+sender-limited or unclear; summary.json counts them per variant and a scaled run where most were slow-start or
+loss-limited is warned about. One at a time here (each has the whole line); sharing: test_limits_share.py."""
 
 from types import SimpleNamespace
 
@@ -28,14 +29,14 @@ EVENTS = [
     # 10 MB in 0.9 s: 89 Mbit/s of a 100 Mbit/s line
     *transfer("rate", 10 * MB, 0.9, rtt_ms=60),
     # 10 MB in 4 s with 1% of its segments retransmitted at 60 ms: Mathis 2.4 Mbit/s
-    *transfer("lossy", 10 * MB, 4.0, rtt_ms=60, retrans_segs=69),
-    # 100 kB in 0.2 s at 60 ms: 3 slow-start rounds (180 ms) against 8 ms at the line's rate
-    *transfer("short", 100_000, 0.2, rtt_ms=60),
-    # 10 MB in 2 s, no loss, 1 ms RTT: nothing bounds it below the line (a slow sender)
-    *transfer("slow-sender", 10 * MB, 2.0, rtt_ms=1),
+    *transfer("lossy", 10 * MB, 4.0, rtt_ms=60, retrans_segs=69, t0=10**9),
+    # 100 kB in 0.2 s at 60 ms: 0.13 of the line's bandwidth-delay product (750 kB)
+    *transfer("short", 100_000, 0.2, rtt_ms=60, t0=6 * 10**9),
+    # 10 MB in 2 s, no loss, 1 ms RTT: nothing bounds it below the line, and no sample tells of its sender
+    *transfer("slow-sender", 10 * MB, 2.0, rtt_ms=1, t0=7 * 10**9),
     # not judged: the fast path (inside cluster A) and a failed transfer
     *transfer("fast", 10 * MB, 0.1, rtt_ms=0.1, path="fast"),
-    *transfer("failed", 10 * MB, 1.0, rtt_ms=60, outcome="kv_send_failed"),
+    *transfer("failed", 10 * MB, 1.0, rtt_ms=60, outcome="kv_send_failed", t0=20 * 10**9),
 ]
 
 
@@ -45,14 +46,15 @@ def test_each_wan_transfer_gets_its_limit_and_reason():
     assert set(by) == {"rate", "lossy", "short", "slow-sender"}
     assert {r: t["limit"] for r, t in by.items()} == {
         "rate": "rate",
-        "lossy": "loss_rtt",
-        "short": "loss_rtt",
+        "lossy": "loss",
+        "short": "slow_start",
         "slow-sender": "unclear",
     }
     assert by["rate"]["goodput_mbit"] == pytest.approx(88.9, abs=0.1)
     assert by["lossy"]["mathis_mbit"] == pytest.approx(2.35, abs=0.05) and "loss bound" in by["lossy"]["reason"]
-    assert "slow start" in by["short"]["reason"] and by["short"]["mathis_mbit"] is None
-    assert (lim["rate"], lim["loss_rtt"], lim["unclear"]) == (1, 2, 1)
+    assert "slow-start/RTT-limited" in by["short"]["reason"] and by["short"]["mathis_mbit"] is None
+    assert all(t["concurrency"] == 1.0 and t["share_mbit"] == LINE for t in by.values())
+    assert (lim["rate"], lim["slow_start"], lim["loss"], lim["sender"], lim["unclear"]) == (1, 1, 1, 0, 1)
 
 
 def test_the_mathis_bound():
@@ -79,20 +81,21 @@ def test_a_scaled_run_mostly_loss_limited_is_warned_about():
     summary, meta = summary_and_meta(kv_scale=100)
     limits.add_to(summary, [*EVENTS, *transfer("lossy-2", 10 * MB, 4.0, rtt_ms=60, retrans_segs=69, t0=10**10)], meta)
     lim = summary["variants"]["pdd"]["transfer_limits"]
-    assert (lim["line_mbit"], lim["kv_scale"], lim["loss_rtt"]) == (LINE, 100, 3)
+    assert (lim["line_mbit"], lim["kv_scale"], lim["loss"], lim["slow_start"]) == (LINE, 100, 2, 1)
     [warning] = summary["warnings"]
     assert warning["kind"] == "scaled_line_loss_limited" and warning["message"].startswith(
-        "pdd: 3 of 5 WAN KV transfers were loss/RTT-limited on a line scaled by kv_scale=100: the scaled line "
-        "does not represent the published one for these transfers"
+        "pdd: 3 of 5 WAN KV transfers were loss- or slow-start/RTT-limited (2 loss, 1 slow start) on a line "
+        "scaled by kv_scale=100: the scaled line does not represent the published one for these transfers"
     )
     md = "\n".join(limits.markdown_section(summary["variants"]))
-    assert "| pdd | 100.0 (100) | 1 | 3 | 1 |" in md
+    assert "| pdd | 100.0 (100) | 1 | 1 | 2 | 0 | 1 |" in md
 
 
 def test_no_warning_at_scale_one_or_without_a_majority():
     summary, meta = summary_and_meta(kv_scale=1)
     limits.add_to(summary, EVENTS, meta)
-    assert summary["warnings"] == [] and summary["variants"]["pdd"]["transfer_limits"]["loss_rtt"] == 2
+    lim = summary["variants"]["pdd"]["transfer_limits"]
+    assert summary["warnings"] == [] and lim["loss"] + lim["slow_start"] == 2
     summary, meta = summary_and_meta(kv_scale=100)
     limits.add_to(summary, EVENTS, meta)  # 2 of 4: no majority
     assert summary["warnings"] == []
@@ -100,5 +103,5 @@ def test_no_warning_at_scale_one_or_without_a_majority():
 
 def test_a_variant_without_wan_transfers_has_no_row():
     none = limits.variant_limits([], LINE, rtt_ms=60, loss_pct=0.0, kv_scale=4.0)
-    assert (none["rate"], none["loss_rtt"], none["unclear"], none["transfers"]) == (0, 0, 0, [])
+    assert [none[k] for k in limits.LIMITS] == [0] * 5 and none["transfers"] == []
     assert limits.markdown_section({"colocated": {"transfer_limits": none}}) == []
