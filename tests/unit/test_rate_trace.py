@@ -2,6 +2,8 @@
 (throughput per 100 ms window equals the trace's), the tc backend's per-window netem rates with their stated error,
 and the shipped traces and profile."""
 
+import time
+
 import pytest
 
 from topology.netem_model import NetemQueue
@@ -127,3 +129,25 @@ def test_the_shipped_traces_and_profile():
 def test_a_trace_and_a_rate_are_exclusive():
     with pytest.raises(ProfileError, match="rate_trace and rate_mbit are exclusive"):
         link_params_from_dict({"rate_mbit": 5, "rate_trace": str(TRACES / "const-12mbit.trace")}, "x")
+
+
+def test_the_tc_backend_changes_the_rate_every_window_and_stops(tmp_path):
+    from topology import naming
+    from topology.shaping import TcBackend
+
+    (tmp_path / "t.trace").write_text("".join(f"{t}\n" for t in [*range(1, 100), *range(201, 300, 2), 300]))
+    ran: list[tuple[str | None, list[str]]] = []
+    backend = TcBackend(lambda host, argv: ran.append((host, argv)) or "")  # the commands, not root's tc
+    backend.start(LinkParams(delay_ms=5, rate_trace=str(tmp_path / "t.trace")), LinkParams(delay_ms=5))
+    host, dev = naming.wan_interfaces()["a_to_b"]
+    first = ran[0]
+    assert first[0] == host and first[1][:6] == ["tc", "qdisc", "replace", "dev", dev, "root"]
+    assert first[1][-2:] == ["rate", "12000000bit"]
+    time.sleep(0.45)  # windows at 100 ms (8 bit/s), 200 ms (6 Mbit/s), 300 ms (the period again: 12 Mbit/s)
+    backend.stop()
+    changes = [argv[-1] for h, argv in ran if h == host and argv[2] == "change"]
+    assert changes[:3] == ["8bit", "6000000bit", "12000000bit"]
+    count = len(ran)
+    time.sleep(0.25)
+    assert len(ran) == count  # stopped: no more changes
+    assert ran[-1][1][:3] == ["tc", "qdisc", "del"]
