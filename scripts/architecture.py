@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "architecture.md"
 START, END = "## Modules, one line each\n", "\n## "  # the section runs to the next heading of its level
 FOLDERS = ("schema", "topology", "workers", "docker_rt", "ray_rt", "experiments", "vm", "benchmarks", "scripts")
-FLOORS = ("rundir", "spec", "analysis", "run", "serve")  # experiments/, bottom to top (tests/unit/test_shape.py)
+FLOORS = ("rundir", "spec", "analysis", "run", "sim", "serve")  # experiments/, bottom to top (tests/unit/test_shape.py)
 GENERATED = ("pdd_pb2.py", "pdd_pb2_grpc.py", "pdd_pb2.pyi")  # protoc's (python -m workers.proto.compile)
 
 
