@@ -96,4 +96,3 @@ def test_a_shaping_that_fails_on_its_node_is_one_error_and_nothing_starts(cluste
     assert "`tc qdisc replace dev pddnone0 root netem" in proc.stderr
     meta = json.loads((run_dir(tmp_path) / "metadata.json").read_text())
     assert meta["complete"] is False and meta["variants"] == {}
-
