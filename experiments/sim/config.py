@@ -4,7 +4,8 @@ Responsible for: loading a spec for simulation (`load_for_simulation`: the emula
 so a bad spec is refused with the same message, less the checks that only concern this machine: its memory,
 its GPUs, its cores) and, per variant, a `SimConfig`: every worker of its pools as a `WorkerModel` (the roofline
 of the deployment's architecture on the worker's accelerator x devices: compute.mode modelled; or, for real
-compute, the spec's small model on the catalogue's `this-machine`), the roles' validated policy, the KV bytes
+compute, the spec's small model on the catalogue's `this-machine`, scaled to the emulated runs' measured times:
+experiments.sim.realcompute), the roles' validated policy, the KV bytes
 a token carries, and the published WAN line (the profile as written: the simulator needs no kv_scale).
 Not responsible for: running anything (experiments.sim.pipeline) or the line's behaviour (experiments.sim.wan).
 """
@@ -22,6 +23,7 @@ from workers.modelled.catalogue import CatalogueError
 from workers.modelled.roofline import Roofline
 from workers.roles.config import ConfigError, DeploymentConfig, catalogue, kv_bytes_per_token, parse_config
 
+from experiments.sim.realcompute import MeasuredRoofline
 from experiments.sim.wan import LineParams, line_from_profile
 
 REAL_ACCELERATOR = "this-machine"  # real compute: the small model runs on this machine's CPU (calibrated entry)
@@ -69,6 +71,7 @@ class SimConfig:
     line: LineParams
     wan_connections: int
     wan_congestion: str
+    issue_s: float = 0.0  # timeouts.issue_s: no request is sent later than this into the variant (0: no limit)
 
     @property
     def policy(self):
@@ -158,11 +161,7 @@ def sim_config(loaded: Loaded, variant: str) -> SimConfig:
     for role in ("p", "rld", "md"):
         pools[role] = tuple(
             WorkerModel(
-                w.name,
-                role,
-                Roofline(cat.accelerator(w.accelerator if modelled else REAL_ACCELERATOR), arch, w.devices),
-                cfg.decode.max_batch,
-                w.capacity_tokens,
+                w.name, role, _roofline(cat, arch, w, role, cfg, modelled), cfg.decode.max_batch, w.capacity_tokens
             )
             for w in cfg.pool(role)
         )
@@ -178,4 +177,21 @@ def sim_config(loaded: Loaded, variant: str) -> SimConfig:
         line=line_from_profile(published),
         wan_connections=cfg.kv.wan.connections,
         wan_congestion=cfg.kv.wan.congestion,
+        issue_s=spec.timeouts.issue_s,
+    )
+
+
+def _roofline(cat, arch, worker, role: str, cfg: DeploymentConfig, modelled: bool) -> Roofline:
+    """A worker's step times: the roofline of the architecture on its accelerator (modelled compute), or the
+    small model on this-machine scaled to what the emulated runs measured (real compute:
+    experiments.sim.realcompute), its prefill chunked as the engine's step budget."""
+    if modelled:
+        return Roofline(cat.accelerator(worker.accelerator), arch, worker.devices)
+    budget = cfg.prefill.step_budget_tokens if role == "p" else cfg.decode.step_budget_tokens
+    return MeasuredRoofline(
+        cat.accelerator(REAL_ACCELERATOR),
+        arch,
+        worker.devices,
+        prefill_worker=role == "p",
+        chunk_tokens=budget or (1 << 20),
     )

@@ -23,11 +23,13 @@ from __future__ import annotations
 import random
 import zlib
 from collections import defaultdict
+from dataclasses import replace
 
 import simpy
 
 from experiments.analysis.records import RequestRecord
 from experiments.sim.config import HANDOFF_ID_BYTES, SimConfig
+from experiments.sim.realcompute import kv_export_s, kv_import_s
 from experiments.sim.wan import Calibration, Line
 from experiments.sim.workers import DecodeWorker, PrefillWorker, Session
 from experiments.spec.workload import WorkloadRequest
@@ -70,11 +72,22 @@ class Simulation:
         return sorted(self.records, key=lambda rec: order[rec.request_id])
 
     def _client(self, req: WorkloadRequest, at_s: float):
+        issue_s = self.cfg.issue_s
+        if issue_s and max(at_s, self.env.now) > issue_s:  # as the load generator: this turn and the rest unsent
+            self._not_issued(req, f"not issued: due past the variant's issue deadline ({issue_s:g} s)")
+            return
         if at_s > self.env.now:
             yield self.env.timeout(at_s - self.env.now)
         yield from self._serve(req)
         for nxt in self.next_turns.get(req.request_id, ()):
             self.env.process(self._client(nxt, self.env.now + nxt.think_s))
+
+    def _not_issued(self, req: WorkloadRequest, error: str) -> None:
+        """req and every later turn of its session recorded as never sent (issued false, as the client does)."""
+        rec = _Rec(req, "", self.env.now, self.cfg).record(self.env.now)
+        self.records.append(replace(rec, ok=False, issued=False, error=error))
+        for nxt in self.next_turns.get(req.request_id, ()):
+            self._not_issued(nxt, error)
 
     # ------------------------------------------------------------ picks
 
@@ -146,8 +159,9 @@ class Simulation:
         rec.add(s, rld.name, "rld")
 
     def _fast_path_s(self, p: PrefillWorker, rld: DecodeWorker, tokens: int) -> float:
-        """P -> RLD inside cluster A: KV export from P's devices and import into the RLD's (host links)."""
-        return p.model.roofline.kv_transfer_s(tokens) + rld.model.roofline.kv_transfer_s(tokens)
+        """P -> RLD inside cluster A: KV export from P's devices and import into the RLD's (host links; real
+        compute: the measured import, the export streamed during the prefill)."""
+        return kv_export_s(p.model.roofline, tokens) + kv_import_s(rld.model.roofline, tokens)
 
     def _p_rld(self, req: WorkloadRequest, rec: _Rec, singular: bool):
         p = yield from self._prefill(req, rec)
@@ -164,9 +178,9 @@ class Simulation:
 
     def _wan_copy(self, p: PrefillWorker, md: DecodeWorker, tokens: int):
         """P's KV of `tokens` tokens to the MD: export, the line, import (a SimPy generator)."""
-        yield self.env.timeout(p.model.roofline.kv_transfer_s(tokens))
+        yield self.env.timeout(kv_export_s(p.model.roofline, tokens))
         yield self.line.transfer(tokens * self.cfg.kv_bytes_per_token, self.cfg.wan_connections)
-        yield self.env.timeout(md.model.roofline.kv_transfer_s(tokens))
+        yield self.env.timeout(kv_import_s(md.model.roofline, tokens))
 
     def _p_md(self, req: WorkloadRequest, rec: _Rec, md: DecodeWorker):
         p = yield from self._prefill(req, rec)
@@ -217,7 +231,7 @@ class Simulation:
         yield self.line.transfer(payload, cfg.wan_connections if by_kv else 1)
         t_ready = env.now
         if by_kv:
-            yield env.timeout(md.model.roofline.kv_transfer_s(made))
+            yield env.timeout(kv_import_s(md.model.roofline, made))
         else:
             yield md.step_job(made, req.prompt_len, 1)
         extend_ms = (env.now - t_ready) * 1e3

@@ -1,0 +1,113 @@
+"""Step and KV-import times of a real-compute run (the small model on this CPU) as the emulated runs measured them.
+
+Responsible for: `MeasuredRoofline`, the catalogue's `this-machine` roofline of the spec's small model scaled to
+the times the emulated pdd-vs-baselines runs measured on this machine (docs/simulator.md, "Validation"), with
+the engine's chunked prefill (prefill.step_budget_tokens per step, a fixed cost each) and a KV export that
+overlaps the prefill (the engine streams it while it computes) and an import that does not.
+Not responsible for: modelled compute (workers.modelled.roofline as it stands) or the line (experiments.sim.wan).
+
+Why scale at all: `this-machine` was fitted by benchmarks/bench_roofline.py with one engine alone on the CPU. In
+an emulated run P, the RLD and the MD (each a process, one torch thread), the router, the client, the KV
+senders and the line's shaping share two cores, so every step takes longer than the lone engine's, and each
+engine step has a fixed cost the benchmark's engine did not pay (gRPC, Python, the pass over the cached KV).
+The constants below are medians / least-absolute-deviation fits over every event of two emulated runs
+(results/20261204-195628-pdd-vs-baselines on wan-congested, all four variants, and
+results/20261204-200730-pdd-vs-baselines on wan-cross-country, those variants it had finished), pooled over
+variants and profiles: one set for every real-compute spec, not tuned to either profile. How far they sit from
+each variant is in docs/simulator.md ("Validation"): the contention differs by variant (colocated has one busy
+engine, pdd three and a WAN sender) and is not modelled beyond these pooled medians.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+
+from workers.modelled.catalogue import Accelerator, ModelArch
+from workers.modelled.roofline import Part, Roofline, StepCost
+
+# P's prefill step (events p1 prefill_step: duration_ns against the roofline of the step's chunks; n=238, LAD
+# fit): seconds = 0.144 + 2.46 x roofline. The median ratio per variant: pd-intra 2.7, pdd 5.0, pd-cross 7.7.
+P_STEP_FIXED_S = 0.144
+P_STEP_FACTOR = 2.46
+# A decode worker's step with a local prefill or an extend (events rld1/md1 decode_step_mixed with
+# chunk_tokens > 1, contexts taken as 600-650 tokens; n=129, LAD fit): 0.081 + 1.02 x roofline.
+MIXED_STEP_FIXED_S = 0.081
+MIXED_STEP_FACTOR = 1.02
+# A decode step (events rld1/md1: (decode_done - first_token) / steps against the roofline's step of
+# mean_batch sessions at 700 tokens of context; n=280): median 1.74 x roofline (quartiles 1.09, 2.81).
+DECODE_FACTOR = 1.74
+# KV import on the receiving worker (events rld1/md1: kv_imported - kv_recv_end against kv_bytes / 49,152;
+# n=288, LAD fit): 38.7 ms + 0.0617 ms per token.
+IMPORT_FIXED_S = 0.0387
+IMPORT_PER_TOKEN_S = 0.0000617
+# The export: P streams the KV while it computes (events p1: kv_send_start 20-25 ms after prefill_start,
+# the fast path's kv_send_end 2-5 ms after prefill_done), so nothing is added after the prefill.
+EXPORT_S = 0.0
+
+
+class MeasuredRoofline(Roofline):
+    """The roofline of `model` on `accelerator` (this-machine), its times scaled to the emulated runs' (module
+    docstring). prefill_worker: True for a P worker (its steps are P's), False for an RLD or MD; chunk_tokens:
+    the engine's prefill.step_budget_tokens (a prompt's new tokens take ceil(n / chunk_tokens) steps)."""
+
+    def __init__(
+        self,
+        accelerator: Accelerator,
+        model: ModelArch,
+        devices: int = 1,
+        *,
+        prefill_worker: bool,
+        chunk_tokens: int = 256,
+    ):
+        super().__init__(accelerator, model, devices)
+        self.prefill_worker, self.chunk_tokens = prefill_worker, max(1, chunk_tokens)
+
+    @property
+    def bytes_per_s(self) -> float:
+        """The lone engine's bandwidth / DECODE_FACTOR: a decode step (and experiments.sim.workers.DecodeCost,
+        which reads this) takes DECODE_FACTOR times the roofline's."""
+        return super().bytes_per_s / DECODE_FACTOR
+
+    def step_flops_per_s(self, tokens: int) -> float:
+        return super().step_flops_per_s(tokens) / DECODE_FACTOR
+
+    def step(self, parts: Sequence[Part]) -> StepCost:
+        """A decode step: DECODE_FACTOR x the roofline's (through the rates above, the overhead scaled too); a step
+        with a prefill or an extend in it: per chunk of chunk_tokens the measured fixed cost, plus the measured
+        factor x the lone roofline's time."""
+        cost = super().step(parts)
+        cost = replace(cost, overhead_s=cost.overhead_s * DECODE_FACTOR)
+        chunks = sum(math.ceil(p.new_tokens / self.chunk_tokens) for p in parts if p.new_tokens > 1)
+        if not chunks:
+            return cost
+        fixed, factor = (
+            (P_STEP_FIXED_S, P_STEP_FACTOR) if self.prefill_worker else (MIXED_STEP_FIXED_S, MIXED_STEP_FACTOR)
+        )
+        lone = factor / DECODE_FACTOR  # the rates above already carry DECODE_FACTOR
+        return StepCost(
+            cost.flops, cost.bytes, cost.compute_s * lone, cost.memory_s * lone, cost.overhead_s * lone + fixed * chunks
+        )
+
+    def kv_export_s(self, n_tokens: int) -> float:
+        """Exporting n_tokens of KV after the prefill: EXPORT_S (streamed during it)."""
+        return EXPORT_S
+
+    def kv_import_s(self, n_tokens: int) -> float:
+        """Importing n_tokens of KV on a decode worker (s): the measured fixed cost and per-token cost."""
+        return IMPORT_FIXED_S + IMPORT_PER_TOKEN_S * n_tokens
+
+
+def kv_export_s(roofline: Roofline, n_tokens: int) -> float:
+    """Export time of n_tokens of KV from a worker: measured (real compute) or the host link's (modelled)."""
+    return (
+        roofline.kv_export_s(n_tokens) if isinstance(roofline, MeasuredRoofline) else roofline.kv_transfer_s(n_tokens)
+    )
+
+
+def kv_import_s(roofline: Roofline, n_tokens: int) -> float:
+    """Import time of n_tokens of KV into a worker: measured (real compute) or the host link's (modelled)."""
+    return (
+        roofline.kv_import_s(n_tokens) if isinstance(roofline, MeasuredRoofline) else roofline.kv_transfer_s(n_tokens)
+    )

@@ -1,0 +1,66 @@
+"""A real-compute spec as the simulator runs it: step and KV-import times as the emulated runs of pdd-vs-baselines
+measured them on this machine (experiments/sim/realcompute.py), and the load generator's issue deadline."""
+
+import pytest
+
+from experiments.sim.config import load_for_simulation, sim_config
+from experiments.sim.pipeline import Simulation
+from experiments.sim.simulate import simulate, workload_of
+from workers.model import get_config
+
+SPEC = "pdd-vs-baselines"  # real compute: the default model on this machine's CPU
+PROFILE = "profile=wan-regional"
+
+
+def real(*sets):
+    return load_for_simulation(SPEC, [PROFILE, *sets])
+
+
+def test_a_real_compute_prefill_takes_what_the_emulated_runs_measured():
+    # events p1 prefill_done of results/20261204-195628 and -200730: 97 new tokens on 512 cached took 263 ms
+    # (pd-intra, the least contended) to 1,476 ms (pd-cross); the lone engine's roofline says 187 ms
+    p = sim_config(real(), "pd-intra").workers["p"][0].roofline
+    assert 0.263 <= p.prefill_s(97, 512) <= 1.476
+    # a 623-token prompt is three 256-token engine steps: 1.4 s (pd-intra) to 4.3 s (pd-cross) measured
+    assert 1.4 <= p.prefill_s(623, 512) <= 4.3
+
+
+def test_a_real_compute_decode_step_takes_what_the_emulated_runs_measured():
+    # events rld1 (decode_done - first_token) / steps, one session near 700 tokens of context: 51-54 ms per step
+    # in the least contended variants (pd-intra, colocated), 142 ms in pdd; the lone roofline says 41 ms
+    rld = sim_config(real(), "pd-intra").workers["rld"][0].roofline
+    assert 0.05 <= rld.decode_s([700]) <= 0.142
+
+
+def test_the_fast_path_costs_the_measured_kv_import_and_the_wire_carries_the_engines_kv_per_token():
+    spec = real("variants=[pd-intra]")
+    cfg = sim_config(spec, "pd-intra")
+    assert cfg.kv_bytes_per_token == get_config("default").kv_bytes_per_token == 49152
+    req = next(r for r in workload_of(spec) if r.kind != "warmup" and not r.after)  # alone on the pipeline
+    (rec,) = Simulation(cfg, [req]).run()
+    prefill = cfg.workers["p"][0].roofline.prefill_s(req.prompt_len - req.cached_tokens, req.cached_tokens)
+    # events rld1 kv_recv_end -> kv_imported: 61 ms (pd-intra) to 158 ms (pd-cross's MD) for whole prompts
+    assert 0.045 <= rec.ttft_ms / 1e3 - prefill <= 0.16
+    assert rec.fast_kv_bytes == req.prompt_len * 49152
+
+
+def test_nothing_is_sent_past_the_issue_deadline_and_a_late_turn_takes_the_rest_of_its_session_with_it():
+    spec = real("timeouts.issue_s=20", "variants=[pd-cross]", "profile=wan-congested")
+    run = simulate(spec)
+    late = [r for r in run.records if not r.issued]
+    sent = [r for r in run.records if r.issued]
+    assert late and sent
+    assert all(r.t_send_ns <= 20e9 for r in sent)
+    assert all(not r.ok and r.output_tokens == 0 and "issue deadline" in r.error for r in late)
+    by_session = {}
+    for r in run.records:
+        by_session.setdefault(r.session, []).append(r)
+    for turns in by_session.values():  # once a turn is unsent, every later turn of its session is too
+        flags = [r.issued for r in sorted(turns, key=lambda r: r.turn)]
+        assert flags == sorted(flags, reverse=True)
+
+
+@pytest.mark.parametrize("variant", ["colocated", "pd-intra", "pd-cross", "pdd"])
+def test_without_an_issue_deadline_every_request_is_sent(variant):
+    run = simulate(real("timeouts.issue_s=0", f"variants=[{variant}]"))
+    assert all(r.issued and r.ok for r in run.records)
