@@ -10,11 +10,11 @@ Why scale at all: `this-machine` was fitted by benchmarks/bench_roofline.py with
 an emulated run P, the RLD and the MD (each a process, one torch thread), the router, the client, the KV
 senders and the line's shaping share two cores, so every step takes longer than the lone engine's, and each
 engine step has a fixed cost the benchmark's engine did not pay (gRPC, Python, the pass over the cached KV).
-The constants below are medians / least-absolute-deviation fits over every event of two emulated runs
-(results/20261204-195628-pdd-vs-baselines on wan-congested, all four variants, and
-results/20261204-200730-pdd-vs-baselines on wan-cross-country, those variants it had finished), pooled over
-variants and profiles: one set for every real-compute spec, not tuned to either profile. How far they sit from
-each variant is in docs/simulator.md ("Validation"): the contention differs by variant (colocated has one busy
+The constants below are medians / least-absolute-deviation fits (`scripts/validate_sim.py fit RUN...`) over
+every event but the warm-up's of three emulated runs, all four variants each: results/20261204-195628
+(wan-congested), -200730 (wan-cross-country) and -201347 (wan-flaky) -pdd-vs-baselines, pooled over variants
+and profiles: one set for every real-compute spec, tuned to no profile or variant. How far they sit from each
+variant is in docs/simulator.md ("Validation"): the contention differs by variant (colocated has one busy
 engine, pdd three and a WAN sender) and is not modelled beyond these pooled medians.
 """
 
@@ -27,21 +27,21 @@ from dataclasses import replace
 from workers.modelled.catalogue import Accelerator, ModelArch
 from workers.modelled.roofline import Part, Roofline, StepCost
 
-# P's prefill step (events p1 prefill_step: duration_ns against the roofline of the step's chunks; n=238, LAD
-# fit): seconds = 0.144 + 2.46 x roofline. The median ratio per variant: pd-intra 2.7, pdd 5.0, pd-cross 7.7.
-P_STEP_FIXED_S = 0.144
-P_STEP_FACTOR = 2.46
+# P's prefill step (events p1 prefill_step: duration_ns against the roofline of the step's chunks; n=368, LAD
+# fit): seconds = 0.203 + 2.29 x roofline. The median ratio per variant: pd-intra 2.8, pdd 4.6, pd-cross 8.3.
+P_STEP_FIXED_S = 0.203
+P_STEP_FACTOR = 2.29
 # A decode worker's step with a local prefill or an extend (events rld1/md1 decode_step_mixed with
-# chunk_tokens > 1, contexts taken as 600-650 tokens; n=129, LAD fit): 0.081 + 1.02 x roofline.
-MIXED_STEP_FIXED_S = 0.081
-MIXED_STEP_FACTOR = 1.02
+# chunk_tokens > 1, contexts taken as 600-650 tokens; n=180, LAD fit): 0.068 + 1.12 x roofline.
+MIXED_STEP_FIXED_S = 0.068
+MIXED_STEP_FACTOR = 1.12
 # A decode step (events rld1/md1: (decode_done - first_token) / steps against the roofline's step of
-# mean_batch sessions at 700 tokens of context; n=280): median 1.74 x roofline (quartiles 1.09, 2.81).
-DECODE_FACTOR = 1.74
+# mean_batch sessions at 700 tokens of context; n=436): median 1.77 x roofline (quartiles 1.15, 2.81).
+DECODE_FACTOR = 1.77
 # KV import on the receiving worker (events rld1/md1: kv_imported - kv_recv_end against kv_bytes / 49,152;
-# n=288, LAD fit): 38.7 ms + 0.0617 ms per token.
-IMPORT_FIXED_S = 0.0387
-IMPORT_PER_TOKEN_S = 0.0000617
+# n=432, LAD fit): 24.5 ms + 0.0838 ms per token.
+IMPORT_FIXED_S = 0.0245
+IMPORT_PER_TOKEN_S = 0.0000838
 # The export: P streams the KV while it computes (events p1: kv_send_start 20-25 ms after prefill_start,
 # the fast path's kv_send_end 2-5 ms after prefill_done), so nothing is added after the prefill.
 EXPORT_S = 0.0
