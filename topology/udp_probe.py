@@ -85,7 +85,8 @@ def send(dst: str, port: int, count: int, interval_us: float, size_bytes: int) -
 def receive(
     port: int, count: int, idle_timeout_s: float, ready=lambda: None, first_timeout_s: float = 60.0
 ) -> ProbeResult:
-    """Receive until `count` probes arrived or none came for idle_timeout_s.
+    """Receive until each of the `count` probes arrived (duplicates are kept, and do not count towards it) or
+    none came for idle_timeout_s.
 
     The first probe may take up to first_timeout_s: the sender is a separate
     process that still has to start (seconds under an emulated CPU).
@@ -97,7 +98,8 @@ def receive(
         sock.bind(("0.0.0.0", port))
         sock.settimeout(first_timeout_s)
         ready()
-        while len(result.seqs) < count:
+        distinct: set[int] = set()
+        while len(distinct) < count:  # not len(seqs): duplicates would end the probe before its last probes came
             try:
                 data, ancdata, _, _ = sock.recvmsg(65536, 64)
             except TimeoutError:
@@ -107,6 +109,7 @@ def receive(
             seq, sent_ns = HEADER.unpack_from(data)
             result.seqs.append(seq)
             result.delays_ns.append(now - sent_ns)
+            distinct.add(seq)
     return result
 
 
