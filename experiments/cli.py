@@ -47,6 +47,7 @@ from experiments.spec.experiment import SpecError, available_specs
 from experiments.run.sweep import SweepError
 from experiments.spec.workload import TraceError
 from topology.profiles import ProfileError, available_profiles, load_profile
+from topology.rate_trace import WINDOW_MS, load_trace, rate_schedule
 from topology.shaping import BACKENDS
 
 log = logging.getLogger("pddlab")
@@ -85,6 +86,14 @@ def _check_profile(args) -> int:
         print(f"{path}: ok")
         for direction, line in profile.netem_lines().items():
             print(f"  {direction}: netem {line}")
+            if trace_file := profile.direction(direction).rate_trace:  # the rate is the trace's, not in the line
+                trace = load_trace(trace_file)
+                plan = rate_schedule(trace)
+                print(
+                    f"  {direction}: rate_trace {trace_file}: mean {trace.mean_rate_mbit():.2f} Mbit/s over "
+                    f"{trace.period_ms} ms, looping; tc: one rate per {WINDOW_MS} ms window, "
+                    f"within {plan.max_window_error_pct:.1f}% of the mean"
+                )
     return 0
 
 

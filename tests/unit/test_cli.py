@@ -49,3 +49,11 @@ def test_check_profile_prints_each_directions_netem_line(capsys):
 def test_serve_refuses_a_max_in_flight_below_one(capsys, value):
     assert main(["serve", "pdd-smoke", "--max-in-flight", value]) == 2
     assert "--max-in-flight" in capsys.readouterr().err
+
+
+def test_check_profile_names_a_trace_directions_trace_and_tcs_approximation(capsys):
+    # a trace's rate is in no netem line: without this the profile read as an unlimited line
+    assert main(["check-profile", "netem_profiles/wan-cellular-trace.yaml"]) == 0
+    out = [ln for ln in capsys.readouterr().out.splitlines() if "rate_trace" in ln]
+    assert len(out) == 2 and all("cellular-steps.trace: mean 27.88 Mbit/s" in ln for ln in out), out
+    assert all("one rate per 100 ms window" in ln for ln in out)
