@@ -8,26 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from topology.netem_grammar import NetemSyntaxError, parse_netem, render_netem
+from topology.netem_grammar import NetemSyntaxError, parse_netem
 from topology.netem_options import FourStateLoss, Slot
 from topology.profiles import LinkParams, ProfileError, link_params_from_dict, load_profile, profile_from_dict
 from topology.tc import netem_cmd
 
-
-def params(line: str) -> LinkParams:
-    return link_params_from_dict(parse_netem(line), "<line>")
-
-
-def line_of(p: LinkParams) -> str:
-    return " ".join(render_netem(p))
-
-
-def assert_round_trip(line: str) -> LinkParams:
-    first = params(line)
-    again = params(line_of(first))
-    assert again == first, (line, line_of(first))
-    assert line_of(again) == line_of(first)
-    return first
+from test_netem_grammar import assert_round_trip, line_of, params  # the grammar tests' round trip, shared
 
 
 @pytest.mark.parametrize(
