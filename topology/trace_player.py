@@ -16,17 +16,17 @@ from typing import Callable
 
 from topology import tc
 from topology.profiles import LinkParams
-from topology.rate_trace import load_trace, rate_schedule
+from topology.rate_trace import RateSchedule, load_trace, rate_schedule
 
 log = logging.getLogger(__name__)
 Runner = Callable[[list[str]], object]
 
 
-def window_params(params: LinkParams) -> list[tuple[int, LinkParams]]:
-    """(at_ms within the period, the LinkParams tc applies from then): the trace replaced by each window's rate."""
-    trace = load_trace(params.rate_trace)
+def window_params(params: LinkParams, schedule: RateSchedule | None = None) -> list[tuple[int, LinkParams]]:
+    """(at_ms within the period, the LinkParams tc applies from then): the trace replaced by each window's rate.
+    schedule: the trace's rate_schedule, when the caller has it already."""
     limit = params.effective_limit_pkts  # by the trace's mean rate, held while the rate moves
-    schedule = rate_schedule(trace)
+    schedule = schedule or rate_schedule(load_trace(params.rate_trace))
     return [(at, params.replace(rate_trace="", rate_mbit=bit / 1e6, limit_pkts=limit)) for at, bit in schedule.steps]
 
 
@@ -36,9 +36,9 @@ class TracePlayer:
     def __init__(self, dev: str, params: LinkParams, run: Runner):
         """dev: the netem qdisc's device; params: a direction with rate_trace; run: runs one argv in its host."""
         self.dev, self.run = dev, run
-        self.steps = window_params(params)
-        self.period_ns = load_trace(params.rate_trace).period_ms * 1_000_000
         schedule = rate_schedule(load_trace(params.rate_trace))
+        self.steps = window_params(params, schedule)
+        self.period_ns = schedule.period_ms * 1_000_000
         log.info("%s: rate trace %s as %d netem rates per period, max window error %.3g%% of its mean",
                  dev, params.rate_trace, len(self.steps), schedule.max_window_error_pct)  # fmt: skip
         self._stop = threading.Event()
