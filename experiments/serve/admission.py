@@ -81,7 +81,7 @@ class Gate:
     def __init__(self, ceiling: int, start: int | None = None, target_s: float | None = None, wait_s: float = 0.0):
         self.ceiling, self.target_s, self.wait_s = ceiling, target_s, wait_s
         self.limit = float(ceiling if target_s is None else max(1, min(start or ceiling, ceiling)))
-        self.in_flight, self.peak, self.cuts = 0, 0, 0
+        self.in_flight, self.cuts = 0, 0
         self._waiters: deque[asyncio.Future] = deque()
         self._last_cut = -math.inf
         self._full = False  # the gate was full since the last increase: the limit, not the load, held requests
@@ -113,7 +113,6 @@ class Gate:
 
     def _take(self) -> None:
         self.in_flight += 1
-        self.peak = max(self.peak, self.in_flight)
         if self.in_flight >= self.admits:
             self._full = True
 

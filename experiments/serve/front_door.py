@@ -190,9 +190,8 @@ class FrontDoor:
         rid = f"serve.{self.n:05d}-{uuid.uuid4().hex[:6]}"
         t_arrive_ns = time.monotonic_ns()  # a record's t_send: the client's TTFT counts its wait for a place
         if not await self.gate.enter():
-            rec = self._record(rid, [], 0, request.headers.get("X-PDD-Mode") or self.default_mode)
+            rec = self._record(rid, [], 0, request.headers.get("X-PDD-Mode") or self.default_mode, t_arrive_ns)
             rec.issued, rec.error = False, f"REFUSED: {self.gate.admits} requests in flight at the front door"
-            rec.t_send_ns = t_arrive_ns
             self._finish(rec, t_arrive_ns)
             return admission.too_busy(self.gate).response()
         rec, t_admit_ns = None, time.monotonic_ns()
@@ -207,8 +206,7 @@ class FrontDoor:
                 return err.response()
             kind = "chat.completion" if chat else "text_completion"
             head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{rid}", "created": int(time.time()), "model": self.model}
-            rec = self._record(rid, ids, max_tokens, mode)
-            rec.t_send_ns = t_arrive_ns
+            rec = self._record(rid, ids, max_tokens, mode, t_arrive_ns)
             if stream:
                 return await self._stream(request, rec, head, kind, usage_chunk)
             return await self._whole(rec, head, kind)
@@ -231,10 +229,13 @@ class FrontDoor:
             if rec is not None:
                 self._finish(rec, t_admit_ns)
 
-    def _record(self, rid: str, ids: list[int], max_tokens: int, mode: str) -> ClientRecord:
-        return clientlog.new_record(
+    def _record(self, rid: str, ids: list[int], max_tokens: int, mode: str, t_arrive_ns: int) -> ClientRecord:
+        """The request's record, sent when it arrived (its wait for a place counts in the client's TTFT)."""
+        rec = clientlog.new_record(
             rid.removeprefix("serve."), self.variant, mode, rid, 1, "trace", max_tokens, ids, self.t0_ns, router_id=rid
         )
+        rec.t_send_ns = t_arrive_ns
+        return rec
 
     async def _tokens(self, rec: ClientRecord):
         """The router's tokens as they come (index order), recorded in rec with its done message; a failed call
