@@ -168,30 +168,45 @@ def gilbert_elliott_loss_distribution(params: LinkParams, n: int) -> list[float]
     rescues a lost probe only at duplicate x loss rates, ignored here. The chain
     starts in the good state, as netem's does.
     """
-    import numpy as np
-
     ge = params.loss_ge
     p, r = ge.p_pct / 100, ge.r_pct / 100
-    lose = {"good": ge.good_loss_pct / 100, "bad": ge.bad_loss_pct / 100}
-    c = params.corrupt_pct / 100
-    drop_good = 1 - (1 - lose["good"]) * (1 - c)
-    drop_bad = 1 - (1 - lose["bad"]) * (1 - c)
-    good, bad = np.zeros(n + 1), np.zeros(n + 1)  # P(state, losses so far)
-    good[0] = 1.0
+    drop_good, drop_bad = (_with_corruption(params, pct / 100) for pct in (ge.good_loss_pct, ge.bad_loss_pct))
+    # The loss draw follows the transition but uses the probability of the state the probe
+    # found (netem draws it inside that state's branch).
+    return _chain_loss_distribution([[1 - p, p], [r, 1 - r]], [[drop_good] * 2, [drop_bad] * 2], n)
+
+
+def four_state_loss_distribution(params: LinkParams, n: int) -> list[float]:
+    """Exact distribution of probes lost out of n under netem's 4-state loss chain (loss_state).
+
+    Per probe, as sch_netem's loss_4state() does it: the chain moves (FourStateLoss.transitions()),
+    and the probe is lost where it lands in state 3 (a loss in a burst) or 4 (an isolated loss).
+    A probe that passes the chain may still be corrupted. The chain starts in state 1, as netem's does.
+    """
+    corrupt = _with_corruption(params, 0.0)
+    drop_on_landing = [corrupt, corrupt, 1.0, 1.0]  # states 1..4
+    return _chain_loss_distribution(params.loss_state.transitions(), [drop_on_landing] * 4, n)
+
+
+def _with_corruption(params: LinkParams, loss: float) -> float:
+    """A probe's drop probability: lost (probability loss) or, if not, corrupted (its checksum fails)."""
+    return 1 - (1 - loss) * (1 - params.corrupt_pct / 100)
+
+
+def _chain_loss_distribution(transitions: list[list[float]], drop: list[list[float]], n: int) -> list[float]:
+    """P(k of n packets lost) under a Markov chain starting in state 0: each packet moves it i -> j with
+    transitions[i][j] and is lost with drop[i][j]."""
+    import numpy as np
+
+    move, lose = np.asarray(transitions, dtype=float), np.asarray(drop, dtype=float)
+    mass = np.zeros((len(move), n + 1))  # (state, losses so far)
+    mass[0, 0] = 1.0
+    kept, lost = (move * (1 - lose)).T, (move * lose).T
     for _ in range(n):
-        # The loss draw follows the transition but uses the probability of the state
-        # the probe found (netem draws it inside that state's branch).
-        new_good = _lose(good * (1 - p), drop_good) + _lose(bad * r, drop_bad)
-        new_bad = _lose(good * p, drop_good) + _lose(bad * (1 - r), drop_bad)
-        good, bad = new_good, new_bad
-    return list(good + bad)
-
-
-def _lose(mass, q: float):
-    """Shift probability mass by one loss with probability q."""
-    out = mass * (1 - q)
-    out[1:] += mass[:-1] * q
-    return out
+        shifted = np.zeros_like(mass)
+        shifted[:, 1:] = mass[:, :-1]  # one more loss
+        mass = kept @ mass + lost @ shifted
+    return list(mass.sum(axis=0))
 
 
 def _interval_of(dist: list[float], level: float) -> tuple[int, int]:
@@ -229,13 +244,15 @@ def expected_stats(
     long_plan = ProbePlan(max(MODEL_PROBES, plan.count), plan.interval_ms, plan.payload_bytes)
     delays, _ = _simulate(params, long_plan, seed)
     model_mean_ms, model_std_ms = trimmed_mean_std(sorted(delays))
-    iid = not (params.loss_ge or params.loss_correlation_pct)
-    p_drop = 1 - (1 - params.loss_pct / 100) * (1 - params.corrupt_pct / 100)
-    if iid:
+    # A loss model (Gilbert-Elliott, 4-state) loses in bursts: its count spreads far wider than a binomial's.
+    chain = {"loss_ge": gilbert_elliott_loss_distribution, "loss_state": four_state_loss_distribution}
+    model = next((f for name, f in chain.items() if getattr(params, name)), None)
+    if not (model or params.loss_correlation_pct):
+        p_drop = _with_corruption(params, params.loss_pct / 100)
         lo, hi = _binomial_interval(plan.count, p_drop, LOSS_INTERVAL)
         loss = 100 * p_drop
-    elif params.loss_ge and not params.loss_correlation_pct:
-        dist = gilbert_elliott_loss_distribution(params, plan.count)
+    elif model and not params.loss_correlation_pct:
+        dist = model(params, plan.count)
         lo, hi = _interval_of(dist, LOSS_INTERVAL)
         loss = 100 * float(sum(k * q for k, q in enumerate(dist))) / plan.count
     else:

@@ -95,6 +95,42 @@ def test_gilbert_elliott_distribution_is_exact_against_the_model():
     assert hi - lo > 1.5 * (bhi - blo)
 
 
+def _four_state():
+    from topology.netem_options import FourStateLoss
+    from topology.profiles import LinkParams
+
+    # every transition used: bursts (1 -> 3), received packets inside them (3 -> 2 -> 3) and isolated losses (1 -> 4)
+    return LinkParams(loss_state=FourStateLoss(p13_pct=2, p31_pct=30, p32_pct=20, p23_pct=40, p14_pct=1))
+
+
+def test_four_state_distribution_is_exact_against_the_model():
+    from experiments.analysis.linkstats import ProbePlan, _simulate, four_state_loss_distribution
+
+    params = _four_state()
+    dist = four_state_loss_distribution(params, 500)
+    assert sum(dist) == pytest.approx(1)
+    exact_mean = sum(k * q for k, q in enumerate(dist))
+    runs = [_simulate(params, ProbePlan(500, 10.0), seed)[1] for seed in range(300)]
+    # 300 runs: the sample mean's standard error is ~0.5 losses here.
+    assert sum(runs) / len(runs) == pytest.approx(exact_mean, abs=2.5)
+    lo, hi = _interval_of(dist, 0.99)
+    blo, bhi = _binomial_interval(500, exact_mean / 500, 0.99)
+    assert hi - lo > 1.5 * (bhi - blo)
+
+
+def test_a_four_state_link_expects_its_stationary_loss_inside_a_bursty_interval():
+    from experiments.analysis.linkstats import ProbePlan, expected_stats
+
+    params = _four_state()
+    exp = expected_stats(params, ProbePlan(1000, 10.0))
+    assert exp.loss_pct == pytest.approx(params.expected_loss_pct, rel=0.02)  # 5.1 %, the chain's states 3 and 4
+    lo, hi = _binomial_interval(1000, params.expected_loss_pct / 100, 0.99)
+    assert exp.loss_lo_pct < lo / 10 and exp.loss_hi_pct > hi / 10  # wider than iid loss of the same mean
+    at_mean = _alternating(30, 0, received=round(1000 - 10 * params.expected_loss_pct))
+    assert "loss_pct" not in {c.name for c in fidelity_checks(exp, at_mean) if not c.ok}
+    assert "loss_pct" in {c.name for c in fidelity_checks(exp, _alternating(30, 0)) if not c.ok}  # nothing lost
+
+
 def test_machinery_spread_widens_only_the_mean_check():
     exp = Expected(
         delay_mean_ms=30,
