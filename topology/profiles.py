@@ -91,6 +91,8 @@ class GilbertElliott:
         return 100 * (bad_share * self.bad_loss_pct / 100 + (1 - bad_share) * self.good_loss_pct / 100)
 
 
+# netem's loss models: exclusive, a direction sets one of them.
+LOSS_MODELS = ("loss_pct", "loss_ge", "loss_state")
 # Every field of LinkParams is one of these two kinds; a new netem field goes into one (a unit test holds it).
 # What happens to single packets (dropped, doubled, flipped, reordered):
 PACKET_IMPAIRMENTS = (
@@ -156,7 +158,7 @@ class LinkParams:
     slot: Slot | None = None
 
     def __post_init__(self) -> None:
-        if sum(map(bool, (self.loss_pct, self.loss_ge, self.loss_state))) > 1:
+        if sum(bool(getattr(self, name)) for name in LOSS_MODELS) > 1:
             raise ValueError("loss_pct, loss_ge and loss_state are exclusive; set one of them")
         try:
             check_distribution(self.delay_distribution)
@@ -380,7 +382,9 @@ def profile_from_dict(data: Any, source: str, path: Path | None = None) -> Profi
         return resolve_files(_link_fields(data, where), folder)
 
     base = link_fields(f.link, f"{source}: link")
-    build(LinkParams, {k: v for k, v in base.items() if k != "loss_ge"}, f"{source}: link", ProfileError)
+    # The link checked less its loss models (loss_ge, loss_state): it may hold one per direction, each direction
+    # dropping the others (`loss_ge: null`); a direction's own set is checked whole below.
+    build(LinkParams, {k: v for k, v in base.items() if k not in LOSS_MODELS[1:]}, f"{source}: link", ProfileError)
     dirs = {
         d: link_params_from_dict({**base, **link_fields(getattr(f, d), f"{source}: {d}")}, f"{source}: {d}")
         for d in DIRECTIONS

@@ -11,6 +11,7 @@ from topology.profiles import (
     LinkParams,
     ProfileError,
     available_profiles,
+    link_params_from_dict,
     load_profile,
     profile_from_dict,
 )
@@ -76,7 +77,8 @@ def _write(tmp_path, text, name="bad"):
         ("link: {rate_mbit: fast}", "rate_mbit: expected float, got 'fast'"),
         ("link: {reorder_pct: 5}", "needs delay_ms"),
         ("link: {delay_ms: 5, reorder_gap: 3}", "reorder_gap: needs reorder_pct"),
-        ("link: {loss_pct: 1, loss_ge: {p_pct: 1}}", "exclusive"),
+        ("link: {loss_pct: 1, loss_ge: {p_pct: 1}}", "a_to_b: loss_pct, loss_ge and loss_state are exclusive"),
+        ("link: {loss_pct: 1, loss_state: {p13_pct: 1}}", "a_to_b: loss_pct, loss_ge and loss_state are exclusive"),
         ("schedule: [{at_s: 10, set: {loss_pct: 1}}, {at_s: 5, set: {loss_pct: 2}}]", "goes back in time"),
         (
             "schedule: [{at_s: 1, direction: up, set: {loss_pct: 1}}]",
@@ -117,6 +119,21 @@ def test_replace_validates():
 def test_gilbert_elliott_mean_loss():
     p = profile_from_dict({"name": "x", "link": {"loss_ge": {"p_pct": 1, "r_pct": 25, "bad_loss_pct": 50}}}, "x")
     assert p.a_to_b.expected_loss_pct == pytest.approx(100 * (0.01 / 0.26) * 0.5)
+
+
+def test_four_state_mean_loss():
+    p = profile_from_dict({"name": "x", "link": {"loss_state": {"p13_pct": 1, "p31_pct": 25}}}, "x")
+    assert p.a_to_b.expected_loss_pct == pytest.approx(100 * 0.01 / 0.26)  # states 1 and 3 only: GE's chain
+
+
+@pytest.mark.parametrize("model", [{"loss_ge": {"p_pct": 1}}, {"loss_state": {"p13_pct": 1}}])
+def test_a_direction_may_drop_the_links_loss_model(model):
+    """The link's fields hold both directions' loss models; each direction keeps one (netem takes one)."""
+    (name,) = model
+    link = {"delay_ms": 5, "loss_pct": 1, **model}
+    p = profile_from_dict({"name": "x", "link": link, "a_to_b": {name: None}, "b_to_a": {"loss_pct": 0}}, "x")
+    assert p.a_to_b.loss_pct == 1 and getattr(p.a_to_b, name) is None
+    assert p.b_to_a.loss_pct == 0 and getattr(p.b_to_a, name) == getattr(link_params_from_dict(model, "x"), name)
 
 
 def test_every_link_field_is_a_packet_impairment_or_timing():
