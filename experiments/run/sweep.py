@@ -20,8 +20,8 @@ Axis keys:
     a_to_b.FIELD=... / b_to_a.FIELD=... a profile field in one direction
     anything else                       a spec field, dotted as in --set (workload.synthetic.sessions=2,4)
 
-A swept loss_pct replaces a Gilbert-Elliott loss model (loss_ge) and the other
-way round: netem takes one loss model at a time.
+A swept loss model (loss_pct, loss_ge: Gilbert-Elliott, loss_state: 4-state) replaces the
+profile's other ones: netem takes one loss model at a time.
 
 Sweep directory (results/<time>-sweep-<name>/):
 
@@ -56,11 +56,10 @@ from experiments.rundir.metadata import RunMetadata
 from experiments.progress import Progress
 from experiments.analysis.sweep_report import PLOTTED, RATIOS_PLOTTED, aggregate, markdown, point_metrics
 from experiments.spec.experiment import ExperimentSpec, SpecError, load_spec, yaml_problem
-from topology.profiles import DIRECTIONS, LinkParams, ProfileError, load_profile, profile_from_dict
+from topology.profiles import DIRECTIONS, LOSS_MODELS, LinkParams, ProfileError, load_profile, profile_from_dict
 
 log = logging.getLogger(__name__)
 PROFILE_SECTIONS = ("link", *DIRECTIONS)
-LOSS_MODELS = ("loss_pct", "loss_ge")  # exclusive in netem: setting one drops the other
 
 
 class SweepError(ValueError):
@@ -239,7 +238,7 @@ def _derived_profile(plan: Plan, base: str | None, fields: dict, path: Path) -> 
         if not name:
             raise SweepError(f"--over {key}: name a field, e.g. {section}.loss_pct")
         for d in list(DIRECTIONS) if section == "link" else [section]:
-            if name in LOSS_MODELS:
+            if name in LOSS_MODELS:  # exclusive in netem: the swept one drops the profile's others
                 for other in LOSS_MODELS:
                     data[d].pop(other, None)
             data[d][name] = value

@@ -8,7 +8,7 @@ import yaml
 from experiments.run import sweep
 from experiments.analysis import sweep_report
 from experiments.run.sweep import Plan, Point, SweepError, parse_over, validate
-from topology.profiles import load_profile
+from topology.profiles import DIRECTIONS, load_profile
 
 
 def plan(*overs: str, repeat: int = 1, **kw) -> Plan:
@@ -95,6 +95,18 @@ def test_a_profile_field_becomes_a_derived_profile_and_a_swept_loss_replaces_the
         assert link.loss_pct == 2 and link.loss_ge is None
         assert link.delay_ms == base.direction(d).delay_ms and link.rate_mbit == base.direction(d).rate_mbit
     assert spec.workload.seed == 1 and "sweep: link.loss_pct=2" in derived.description
+
+
+def test_a_swept_loss_state_replaces_the_loss_model_and_a_swept_loss_pct_replaces_it(tmp_path):
+    pl = plan("link.loss_state={p13_pct: 1, p31_pct: 25},{p13_pct: 2}", profile="wan-lossy")  # wan-lossy: loss_ge
+    derived = [load_profile(sweep.point_spec(pl, p, tmp_path).profile) for p in validate(pl)]
+    assert [d.a_to_b.loss_state.p13_pct for d in derived] == [1, 2]
+    assert all(d.direction(x).loss_ge is None and d.direction(x).loss_pct == 0 for d in derived for x in DIRECTIONS)
+    four_state = derived[0].path.rename(tmp_path / "four-state.yaml")
+    four_state.write_text(four_state.read_text().replace(derived[0].name, "four-state"))
+    pl = plan("link.loss_pct=2", profile=str(four_state))
+    (again,) = [load_profile(sweep.point_spec(pl, p, tmp_path).profile) for p in validate(pl)]
+    assert again.a_to_b.loss_pct == 2 and again.a_to_b.loss_state is None
 
 
 def test_one_direction_only_and_the_other_untouched(tmp_path):
