@@ -299,9 +299,9 @@ def parse_profile(spec: ExperimentSpec) -> Profile:
         raise SpecError(str(err)) from None
 
 
-def validate(spec: ExperimentSpec, profile: Profile | None = None) -> ExperimentSpec:
-    """Ranges, registries and cross-field rules; returns spec or raises SpecError. profile: the spec's WAN
-    profile where the caller parsed it already (parsed here otherwise)."""
+def validate(spec: ExperimentSpec, profile: Profile | None = None, *, check_machine: bool = True) -> ExperimentSpec:
+    """Ranges, registries and cross-field rules; returns spec or raises SpecError. profile: the spec's WAN profile
+    if parsed already; check_machine=False: not this machine's memory, cores, GPUs (the simulator's runs nowhere)."""
     from workers.model import CONFIGS
 
     _path_name("name", spec.name, "the run directory under results/")
@@ -319,8 +319,9 @@ def validate(spec: ExperimentSpec, profile: Profile | None = None) -> Experiment
     _validate_variant_defs(spec, profile)
     cfg = _validate_deployment(spec, profile)  # before the pools: their memory estimate reads the roles' parsed config
     _validate_workload(spec.workload, context_tokens(cfg))  # the small model's context, or the modelled arch's
-    _validate_pools(spec, profile)
-    _validate_devices(spec)
+    _validate_pools(spec, profile, check_machine)
+    if check_machine:
+        _validate_devices(spec)
     _validate_placement(spec)
     _validate_impairment(spec, profile)
     _refuse(placement.cluster_problem(spec, profile))
@@ -437,11 +438,11 @@ def machine_memory_mb() -> int:
     raise SpecError("/proc/meminfo has no MemAvailable: cannot check the deployment's memory")
 
 
-def _validate_pools(spec: ExperimentSpec, profile: Profile | None = None, available_mb: int | None = None) -> None:
+def _validate_pools(spec: ExperimentSpec, profile: Profile | None = None, check_machine: bool = True) -> None:
     """Every worker fits its own memory limit, and all of them fit the machine (the estimate is in the error)."""
     from experiments.spec.deployment import FRONT_MB, memory_estimate_mb, ray_overhead_mb
 
-    here = not spec.cluster.address  # on a Ray cluster the nodes are checked at placement (ray_rt.placement)
+    here = check_machine and not spec.cluster.address  # a Ray cluster's nodes: checked at placement (ray_rt)
     cores = os.cpu_count() or 1
     for role in ("p", "rld", "md") if here else ():
         cpuset = getattr(spec.pools, role).cpuset
@@ -458,8 +459,7 @@ def _validate_pools(spec: ExperimentSpec, profile: Profile | None = None, availa
             )
     ray_mb = ray_overhead_mb(spec) if kind_of(spec).ray_nodes else 0
     total = FRONT_MB + ray_mb + sum(mb * n for mb, n in need.values())
-    available = machine_memory_mb() if available_mb is None else available_mb
-    if here and total > available:
+    if here and total > (available := machine_memory_mb()):
         parts = ", ".join(f"{n} {role} x {mb} MiB" for role, (mb, n) in need.items())
         ray = f" + {ray_mb} MiB (Ray's nodes and actors)" if ray_mb else ""
         raise SpecError(
@@ -568,8 +568,8 @@ def load_spec(name_or_path: str, overrides: list[str] = (), **top_level: Any) ->
     return load(name_or_path, overrides, **top_level).spec
 
 
-def load(name_or_path: str, overrides: list[str] = (), **top_level: Any) -> Loaded:
-    """load_spec, keeping the WAN profile it parsed (once) to validate the spec."""
+def load(name_or_path: str, overrides: list[str] = (), *, check_machine: bool = True, **top_level: Any) -> Loaded:
+    """load_spec, keeping the WAN profile it parsed (once) to validate the spec (check_machine: as validate's)."""
     path = spec_path(name_or_path)
     try:
         data = yaml.safe_load(path.read_text()) or {}
@@ -585,7 +585,7 @@ def load(name_or_path: str, overrides: list[str] = (), **top_level: Any) -> Load
     try:
         spec = build(ExperimentSpec, data)
         profile = parse_profile(spec)
-        return Loaded(validate(spec, profile), profile)
+        return Loaded(validate(spec, profile, check_machine=check_machine), profile)
     except SpecError as err:
         raise SpecError(f"{path.name}: {err}") from None
 

@@ -135,3 +135,27 @@ def test_a_run_parses_its_profile_once(monkeypatch, tmp_path):
             plan.spec, tmp_path / f"{v}.yaml", tmp_path, variant_mode(plan.spec, v), wan=plan.profile
         )
     assert len(calls) == 1 and plan.profile.name == "wan-cross-country"
+
+
+@pytest.mark.parametrize(
+    "sets,refusal",
+    [
+        (["pools.rld.cpuset=99"], r"pools.rld.cpuset='99': this machine has cores 0-"),
+        # 19 MD workers of about 66 GB each (the small model, 4M tokens of KV): 1.25 TB
+        (["model=small", "capacity_tokens.md=4194304", "pools.md.workers=19"], "more than this machine's"),
+        pytest.param(
+            ["runtime=process", "pools.md.device=cuda"],
+            r"pools\.md\.device=cuda: runtime process runs every worker on this machine",
+            marks=pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has a GPU"),
+        ),
+    ],
+    ids=["cores", "memory", "gpus"],
+)
+def test_this_machines_checks_are_left_out_only_when_asked(sets, refusal):
+    """check_machine=False: a deployment that runs nowhere (the simulator) is not judged by this machine."""
+    with pytest.raises(SpecError, match=refusal):
+        load("pdd-smoke", sets)
+    loaded = load("pdd-smoke", sets, check_machine=False)
+    with pytest.raises(SpecError, match=refusal):
+        spec.validate(loaded.spec, loaded.profile)
+    assert spec.validate(loaded.spec, loaded.profile, check_machine=False) is loaded.spec
