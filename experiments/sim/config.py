@@ -13,11 +13,10 @@ Not responsible for: running anything (experiments.sim.pipeline) or the line's b
 from __future__ import annotations
 
 from dataclasses import dataclass
-import yaml
 
 from experiments.spec import experiment as ex
-from experiments.spec.deployment import deployment_dict, pool_sizes, worker_names
-from experiments.spec.experiment import Loaded, SpecError
+from experiments.spec.deployment import deployment_dict
+from experiments.spec.experiment import Loaded
 from topology.profiles import load_profile
 from workers.modelled.catalogue import CatalogueError
 from workers.modelled.roofline import Roofline
@@ -87,54 +86,10 @@ class SimConfig:
 
 
 def load_for_simulation(name_or_path: str, overrides: list[str] = ()) -> Loaded:
-    """Read, override and validate a spec as `pddlab run` does (same errors), without the checks that only
-    concern this machine (its memory, GPUs and cores: a simulated deployment runs nowhere)."""
-    path = ex.spec_path(name_or_path)
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise SpecError(f"{path}: not valid YAML: {ex.yaml_problem(err)}") from None
-    if not isinstance(data, dict):
-        raise SpecError(f"{path}: expected a mapping at the top")
-    for key, value in ex.parse_overrides(list(overrides)):
-        ex._set_dotted(data, key, value)
-    try:
-        spec = ex.build(ex.ExperimentSpec, data)
-        profile = ex.parse_profile(spec)
-        _validate(spec, profile)
-        return Loaded(spec, profile)
-    except SpecError as err:
-        raise SpecError(f"{path.name}: {err}") from None
-
-
-def _validate(spec, profile) -> None:
-    """experiment.validate's checks, in its order, this machine's resources taken as unlimited (its memory; the
-    GPUs a cuda pool needs are not asked for). A copy: experiment.validate has no switch for them (yet)."""
-    from workers.model import CONFIGS
-
-    ex._path_name("name", spec.name, "the run directory under results/")
-    if spec.model not in CONFIGS:
-        raise SpecError(f"model={spec.model!r}; allowed: {sorted(CONFIGS)}")
-    known = (*ex.VARIANTS, *spec.variant_defs)
-    bad = [v for v in spec.variants if v not in known]
-    if bad or not spec.variants or len(set(spec.variants)) != len(spec.variants):
-        raise SpecError(
-            f"variants={list(spec.variants)}: each once, from {list(known)} (modes, or names defined in variant_defs)"
-        )
-    for role in ("p", "rld", "md"):
-        ex._range(f"capacity_tokens.{role}", getattr(spec.capacity_tokens, role), spec.block_size, 1 << 22)
-    ex._validate_variant_defs(spec, profile)
-    cfg = ex._validate_deployment(spec, profile)
-    ex._validate_workload(spec.workload, ex.context_tokens(cfg))  # the small model's context, or the modelled arch's
-    ex._validate_pools(spec, profile, available_mb=1 << 40)
-    ex._validate_placement(spec)
-    ex._validate_impairment(spec, profile)
-    ex._refuse(ex.placement.cluster_problem(spec, profile))
-    try:
-        workers = tuple(w for names in worker_names(pool_sizes(spec)).values() for w in names if w != "router")
-        ex.faults.validate(spec.faults, spec.variants, spec.timeouts.variant_s, workers, spec.runtime)
-    except ValueError as err:
-        raise SpecError(str(err)) from None
+    """Read, override and validate a spec as `pddlab run` does (experiment.load: the same errors, word for word),
+    without the checks that only concern this machine (its memory, GPUs and cores: a simulated deployment runs
+    nowhere)."""
+    return ex.load(name_or_path, overrides, check_machine=False)
 
 
 def sim_config(loaded: Loaded, variant: str) -> SimConfig:
