@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import faulthandler
 import logging
+import os
 import signal
+import sys
 import threading
 from concurrent import futures
 from dataclasses import dataclass
@@ -304,9 +307,26 @@ def role_main(
     worker = cfg.worker(args.worker) if args.worker else cfg.pool(default_worker)[0]
     if not give_big_blocks_back():
         logging.getLogger(__name__).warning("mallopt unavailable: freed KV-sized blocks may stay in the heap")
+    faulthandler.enable()  # a native crash (SIGSEGV, SIGABRT) prints every thread's Python stack to the log
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     with build(cfg, worker):
         stop.wait()
+    exit_after_stop(0)
     return 0
+
+
+def exit_after_stop(code: int) -> None:
+    """End the process now that the server stopped and its files are closed, without the interpreter's
+    finalization: daemon threads may still be inside native code then (a KV sender or a DRC call blocked on a
+    WAN that died; a torch kernel), and the C++ runtimes' static destructors under them abort the process
+    ("terminate called without an active exception", exit -6: P once in the faults tier after its emulator
+    was killed) — a clean stop reported as a crash. Logs and stdio are flushed first."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
