@@ -8,7 +8,8 @@ made them, and a stop a handoff asks for (honoured at the next step's end).
 Not responsible for: which worker takes a request or what happens between workers (experiments.sim.pipeline).
 
 Simplifications (docs/simulator.md): P does not chunk or batch prompts (the emulated P shares a step's
-budget between prompts); KV capacity is not enforced (no admission queue, no eviction).
+budget between prompts). KV room (experiments.sim.kvroom) is asked for here by P only; a decode worker's
+sessions hold theirs through the pipeline, which opens them before P's prefill as the router does.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import bisect
 import simpy
 
 from experiments.sim.config import WorkerModel
+from workers.errors import CapacityExceeded
 from workers.modelled.roofline import Part
 
 
@@ -25,25 +27,48 @@ RUN_STEPS = 64  # steps planned at once at most (an interruption wastes the rest
 
 
 class PrefillWorker:
-    """A P worker. model: its name and roofline; queued_tokens: prompt tokens waiting or running (its load).
+    """A P worker. model: its name and roofline; queued_tokens: prompt tokens waiting or running (its load);
+    room: its KV blocks (None: unlimited); max_waiting, wait_s: prefill.max_waiting and room_wait_ms (s), the
+    bounds of the queue of prompts waiting for KV room.
 
     First come first served with service times known on arrival: a prompt ends at max(now, the previous
-    one's end) + its prefill time, one SimPy wait per prompt."""
+    one's end) + its prefill time, one SimPy wait per prompt. A prompt holds its KV blocks from its admission
+    to its prefill's end (then they are P's prefix cache: evictable, so free here)."""
 
-    def __init__(self, env: simpy.Environment, model: WorkerModel):
+    def __init__(
+        self, env: simpy.Environment, model: WorkerModel, room=None, max_waiting: int = 0, wait_s: float = 0.0
+    ):
         self.env, self.model, self.name = env, model, model.name
+        self.room, self.max_waiting, self.wait_s = room, max_waiting, wait_s
         self.free_at = 0.0  # when the last prompt queued ends (s)
         self.queued_tokens = 0
         self.busy_s = 0.0
 
-    def prefill(self, new_tokens: int, cached_tokens: int):
-        """A SimPy generator: wait its turn, then the prefill of new_tokens on top of cached_tokens."""
+    def prefill(self, new_tokens: int, cached_tokens: int, blocks: int = 0, request_id: str = ""):
+        """A SimPy generator: KV room for `blocks` (the roomqueue's rules), then its turn, then the prefill of
+        new_tokens on top of cached_tokens. Returns '' or why P refused it (RESOURCE_EXHAUSTED's text)."""
+        room = self.room
+        if room is not None and (problem := room.refusal(request_id, new_tokens + cached_tokens + 1)):
+            return problem
+        if room is not None and not room.open(blocks):
+            cause = (
+                f"{len(room.waiting)} earlier requests wait for KV room"
+                if room.waiting
+                else str(CapacityExceeded(request_id, blocks, room.capacity - room.reserved, room.capacity, room.block))
+            )
+            if len(room.waiting) >= self.max_waiting:
+                return f"{cause}; {len(room.waiting)} requests already wait for room (prefill.max_waiting)"
+            if not (yield room.wait(blocks, self.env.now + self.wait_s)):
+                return f"no KV room within {self.wait_s * 1000:.0f} ms (prefill.room_wait_ms): {cause}"
         seconds = self.model.roofline.prefill_s(max(1, new_tokens), cached_tokens)
         self.busy_s += seconds
         self.free_at = max(self.env.now, self.free_at) + seconds
         self.queued_tokens += new_tokens
         yield self.env.timeout(self.free_at - self.env.now)
         self.queued_tokens -= new_tokens
+        if room is not None:
+            room.release(blocks)
+        return ""
 
 
 class Session:

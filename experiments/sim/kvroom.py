@@ -1,0 +1,160 @@
+"""A simulated worker's KV memory: the blocks its open requests hold, a queue of those waiting, an MD's LRU DRC.
+
+Responsible for: `kv_capacity_tokens` (a worker's KV room: its accelerators' memory beside the model's weights,
+the roofline's own `kv_capacity_tokens`, which the modelled engine and the deployment check size the cache by;
+real compute: the spec's capacity_tokens, the emulated engine's own slots), and `KVRoom`: blocks reserved by open
+requests, a first-come first-served queue of requests waiting for room (only the head is admitted, so a later,
+smaller request never overtakes an earlier one: workers/roles/roomqueue.py), each bounded by a deadline, the
+blocks an MD's finished sessions leave cached (its DRC), evicted least recently used when a request needs room,
+and the refusal of a request that can never fit (workers.errors.CapacityExceeded's message, as the engine's).
+Not responsible for: when a request asks for room or leaves, or what a refusal does (experiments.sim.pipeline).
+
+Blocks: a request reserves blocks_for(prompt + max_tokens), as the engine's open does (P: prompt + 1), less its
+session's shared head (the system prompt: every worker holds it once, from the warm-up, for every session); a
+session's cached blocks on an MD are its private part (what it holds beyond that head), and a turn that opens
+on them pins them: they become part of its reservation.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import OrderedDict, deque
+
+import simpy
+
+from experiments.sim.config import WorkerModel
+from experiments.sim.realcompute import MeasuredRoofline
+from workers.errors import CapacityExceeded
+
+
+def kv_capacity_tokens(model: WorkerModel) -> int:
+    """A worker's KV slots (tokens): its devices' memory beside the weights (modelled compute), or the spec's
+    capacity_tokens (real compute: the small model's engine is sized by them, not by a device's memory)."""
+    if isinstance(model.roofline, MeasuredRoofline):
+        return model.capacity_tokens
+    return model.roofline.kv_capacity_tokens()
+
+
+class _Waiter:
+    __slots__ = ("blocks", "session", "event")
+
+    def __init__(self, blocks: int, session: str | None, event: simpy.Event):
+        self.blocks, self.session, self.event = blocks, session, event
+
+
+class KVRoom:
+    """One worker's KV blocks. env: the simulation; capacity_tokens: its KV slots; block_size: tokens a block."""
+
+    def __init__(self, env: simpy.Environment, capacity_tokens: int, block_size: int):
+        self.env, self.block = env, block_size
+        self.capacity = capacity_tokens // block_size  # blocks
+        self.reserved = 0  # blocks held by open requests
+        self.cached: OrderedDict[str, tuple[int, int]] = OrderedDict()  # session -> (tokens, blocks), LRU first
+        self.cached_blocks = 0
+        self.waiting: deque[_Waiter] = deque()
+        self.evictions = 0  # cached sessions dropped to make room
+
+    def blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.block)
+
+    def refusal(self, request_id: str, tokens: int) -> str | None:
+        """The engine's CapacityExceeded message when `tokens` can never fit here (more than the whole cache);
+        None when they can."""
+        need = self.blocks_for(tokens)
+        if need <= self.capacity:
+            return None
+        return str(CapacityExceeded(request_id, need, self.capacity - self.reserved, self.capacity, self.block))
+
+    def held(self, session: str) -> int | None:
+        """Tokens of session this worker's DRC holds (None: none beyond the shared head)."""
+        entry = self.cached.get(session)
+        return entry[0] if entry else None
+
+    def open(self, blocks: int, session: str | None = None) -> bool:
+        """Reserve blocks now if nobody waits and they fit beside the open requests (cached sessions are evicted,
+        least recently used first); session's own cached blocks are part of them. False: no room now."""
+        if self.waiting or self.reserved + blocks > self.capacity:
+            return False
+        self._take(blocks, session)
+        return True
+
+    def wait(self, blocks: int, deadline_s: float, session: str | None = None) -> simpy.Event:
+        """An event whose value is True once blocks are reserved (in turn, first come first served), or False at
+        deadline_s (the request gave up; it leaves the queue)."""
+        w = _Waiter(blocks, session, self.env.event())
+        self.waiting.append(w)
+        self._serve()
+        if not w.event.triggered:
+            self.env.timeout(max(0.0, deadline_s - self.env.now)).callbacks.append(lambda _e: self._expire(w))
+        return w.event
+
+    def release(self, blocks: int, keep: tuple[str, int, int] | None = None) -> None:
+        """An open request's blocks come back; keep: (session, tokens, blocks) of them left cached (an MD's DRC,
+        most recently used)."""
+        self.reserved -= blocks
+        if keep is not None:
+            session, tokens, kept = keep
+            old = self.cached.pop(session, None)
+            if old is not None:
+                self.cached_blocks -= old[1]
+            self.cached[session] = (tokens, kept)
+            self.cached_blocks += kept
+            self._evict()
+        self._serve()
+
+    def _take(self, blocks: int, session: str | None) -> None:
+        own = self.cached.pop(session, None) if session is not None else None
+        if own is not None:
+            self.cached_blocks -= own[1]
+        self.reserved += blocks
+        self._evict()
+
+    def _evict(self) -> None:
+        while self.cached and self.reserved + self.cached_blocks > self.capacity:
+            _, (_, blocks) = self.cached.popitem(last=False)
+            self.cached_blocks -= blocks
+            self.evictions += 1
+
+    def _serve(self) -> None:
+        while self.waiting and self.reserved + self.waiting[0].blocks <= self.capacity:
+            w = self.waiting.popleft()
+            self._take(w.blocks, w.session)
+            w.event.succeed(True)
+
+    def _expire(self, w: _Waiter) -> None:
+        if w.event.triggered:
+            return
+        self.waiting.remove(w)
+        w.event.succeed(False)
+        self._serve()  # the head may have changed
+
+
+class Deadlines:
+    """Processes waiting for an event that must fire by a deadline (the decode side's kv_wait_ms); one that has
+    not is interrupted (simpy.Interrupt) at its deadline. One timer for all, armed at the earliest deadline
+    pending, and a wait that ends in time costs no event: the timer drains every wait that ended before it."""
+
+    def __init__(self, env: simpy.Environment):
+        self.env, self.heap, self.armed_at, self._seq = env, [], math.inf, 0
+
+    def watch(self, event: simpy.Event, deadline_s: float) -> None:
+        """Interrupt the active process at deadline_s unless event has fired by then (it must wait for event)."""
+        self._seq += 1
+        heapq.heappush(self.heap, (deadline_s, self._seq, event, self.env.active_process))
+        if deadline_s < self.armed_at:
+            self._arm(deadline_s)
+
+    def _arm(self, at_s: float) -> None:
+        self.armed_at = at_s
+        self.env.timeout(max(0.0, at_s - self.env.now)).callbacks.append(self._fire)
+
+    def _fire(self, _e) -> None:
+        heap, now = self.heap, self.env.now
+        self.armed_at = math.inf
+        while heap and (heap[0][2].processed or heap[0][0] <= now):
+            _, _, event, proc = heapq.heappop(heap)
+            if not event.processed and proc.is_alive:
+                proc.interrupt("deadline")
+        if heap:
+            self._arm(heap[0][0])
