@@ -5,8 +5,22 @@ per request, its path: the route decision (workers.roles.routing.decide_route, t
 function), the worker picks, P's prefill, the fast path to the RLD (the host links' KV export and import), the
 WAN copy to the MD (export, line, import), eager decoding on the RLD, the handoff by token IDs (or by KV, mode
 kv) and the MD's extend, the singular filter and the ablation's P->RLD; then one
-experiments.analysis.records.RequestRecord per request, as the emulated run's analysis reads it.
+experiments.analysis.records.RequestRecord per request, as the emulated run's analysis reads it
+(experiments.sim.record).
 Not responsible for: step times (the roofline, through experiments.sim.workers) or the line (experiments.sim.wan).
+
+KV room (experiments.sim.kvroom), as the roles keep it: the decode sessions a request needs are opened first, before
+P's prefill, as the router opens them, each reserving prompt + max_tokens; one that finds no room waits, first come
+first served (an MD's then reports no cached prefix: the whole prompt's KV comes), until decode.kv_wait_ms from its
+open, which also bounds the wait for the prompt's KV; P holds a prompt's blocks from its admission (a FIFO bounded
+by prefill.max_waiting and room_wait_ms) to its prefill's end. A request that can never fit is refused
+(RESOURCE_EXHAUSTED). An MD's DRC keeps each session's last turn until the room is needed (least recently used).
+
+Timeouts, as the emulated client and roles apply them: past timeouts.request_s the request fails
+(DEADLINE_EXCEEDED, with the tokens it had; its sessions stop, the next turn follows); an MD whose KV misses
+kv_wait_ms gives up (kv_timeout): in pdd P->RLD->MD the RLD decodes to the end (completed_on_rld:md_never_ready),
+pdd's P->MD falls back to P->RLD (route p-rld-fallback), pd-cross fails (no fallback), as does an RLD whose KV or
+room misses it. A copy whose MD gave up still crosses the line.
 
 The decode-side hit (the MD's DRC): the workload's expected hit of a request (what an MD that saw every earlier
 turn holds) where the request's previous turn ended at this MD, else what this MD holds of the session (its
@@ -20,6 +34,7 @@ decode worker made. Chunked and auto handoffs are simulated as one-shot (docs/si
 
 from __future__ import annotations
 
+import gc
 import random
 import zlib
 from collections import defaultdict
@@ -27,13 +42,18 @@ from dataclasses import replace
 
 import simpy
 
-from experiments.analysis.records import RequestRecord
+from experiments.analysis.records import fallback_cause
 from experiments.sim.config import HANDOFF_ID_BYTES, SimConfig
+from experiments.sim.kvroom import Deadlines, KVRoom, kv_capacity_tokens
 from experiments.sim.realcompute import kv_export_s, kv_import_s
+from experiments.sim.record import DEADLINE_EXCEEDED, Rec, streams_ended
 from experiments.sim.wan import Calibration, Line
 from experiments.sim.workers import DecodeWorker, PrefillWorker, Session
 from experiments.spec.workload import WorkloadRequest
 from workers.roles.routing import Route, decide_route
+
+MD_NEVER_READY = fallback_cause({"event": "completed_on_rld", "reason": "md_never_ready"})
+KV_TIMEOUT = "kv_timeout"  # a decode session's end reason past decode.kv_wait_ms (workers/roles/decode.py)
 
 
 class Simulation:
@@ -41,25 +61,39 @@ class Simulation:
 
     cfg: the variant (experiments.sim.config.sim_config); requests: the workload (warm-up dropped: the
     system prompt is taken as cached everywhere, as after the emulated warm-up); seed: the line's jitter;
-    calibration: the WAN table (None: formula only)"""
+    calibration: the WAN table (None: formula only); request_s: timeouts.request_s, the client's deadline of
+    one request (0: none)"""
 
     def __init__(
-        self, cfg: SimConfig, requests: list[WorkloadRequest], seed: int = 0, calibration: Calibration | None = None
+        self,
+        cfg: SimConfig,
+        requests: list[WorkloadRequest],
+        seed: int = 0,
+        calibration: Calibration | None = None,
+        request_s: float = 0.0,
     ):
         self.cfg, self.env = cfg, simpy.Environment()
-        self.line = Line(self.env, cfg.line, calibration, random.Random(seed), congestion=cfg.wan_congestion)
-        self.p = [PrefillWorker(self.env, w) for w in cfg.workers["p"]]
-        self.rld = [DecodeWorker(self.env, w) for w in cfg.workers["rld"]]
-        self.md = [DecodeWorker(self.env, w) for w in cfg.workers["md"]]
+        env, dep = self.env, cfg.deployment
+        self.request_s, self.kv_wait_s = request_s, dep.decode.kv_wait_ms / 1000
+        self.line = Line(env, cfg.line, calibration, random.Random(seed), congestion=cfg.wan_congestion)
+        self.deadlines = Deadlines(env)  # the MDs' kv_wait_ms on the WAN copies
+        self.rooms = {
+            w.name: KVRoom(env, kv_capacity_tokens(w), dep.block_size) for ws in cfg.workers.values() for w in ws
+        }
+        room_wait_s = dep.prefill.room_wait_ms / 1000
+        self.p = [
+            PrefillWorker(env, w, self.rooms[w.name], dep.prefill.max_waiting, room_wait_s) for w in cfg.workers["p"]
+        ]
+        self.rld = [DecodeWorker(env, w) for w in cfg.workers["rld"]]
+        self.md = [DecodeWorker(env, w) for w in cfg.workers["md"]]
         self.requests = [r for r in requests if r.kind != "warmup"]
         self.next_turns: dict[str, list[WorkloadRequest]] = defaultdict(list)
         self.base: dict[str, int] = {}  # session -> its shared head's cached tokens (the system prompt)
-        self.held: dict[str, dict[str, int]] = {m.name: {} for m in self.md}  # MD -> session -> tokens held
-        self.records: list[RequestRecord] = []
+        self.records = []
         self._rr = 0
 
-    def run(self) -> list[RequestRecord]:
-        """Simulate every request to its end; the records in the workload's order."""
+    def run(self):
+        """Simulate every request to its end; the records (RequestRecord) in the workload's order."""
         ids = {r.request_id for r in self.requests}
         for r in self.requests:
             if r.after and r.after in ids:
@@ -67,27 +101,109 @@ class Simulation:
             else:
                 self.base.setdefault(r.session, r.cached_tokens)
                 self.env.process(self._client(r, r.arrival_s))
-        self.env.run()
+        gc.freeze()  # what exists now (the workload, the model) stays out of the collector's full passes
+        try:
+            self.env.run()
+        finally:
+            gc.unfreeze()
         order = {r.request_id: i for i, r in enumerate(self.requests)}
         return sorted(self.records, key=lambda rec: order[rec.request_id])
 
     def _client(self, req: WorkloadRequest, at_s: float):
+        """The load generator's chain of a session: each turn after the previous one's answer (a failed one too:
+        the emulated client takes its history from the reference run) and its think time."""
         issue_s = self.cfg.issue_s
         if issue_s and max(at_s, self.env.now) > issue_s:  # as the load generator: this turn and the rest unsent
             self._not_issued(req, f"not issued: due past the variant's issue deadline ({issue_s:g} s)")
             return
         if at_s > self.env.now:
             yield self.env.timeout(at_s - self.env.now)
-        yield from self._serve(req)
-        for nxt in self.next_turns.get(req.request_id, ()):
-            self.env.process(self._client(nxt, self.env.now + nxt.think_s))
+        rec = Rec(req, self.env.now, self.cfg)
+        if self.request_s:
+            self.env.timeout(self.request_s).callbacks.append(lambda _e: self._deadline(rec))
+        yield from self._serve(req, rec)  # the next turn leaves once the client has the answer (_end)
 
     def _not_issued(self, req: WorkloadRequest, error: str) -> None:
         """req and every later turn of its session recorded as never sent (issued false, as the client does)."""
-        rec = _Rec(req, "", self.env.now, self.cfg).record(self.env.now)
+        rec = Rec(req, self.env.now, self.cfg).record(self.env.now)
         self.records.append(replace(rec, ok=False, issued=False, error=error))
         for nxt in self.next_turns.get(req.request_id, ()):
             self._not_issued(nxt, error)
+
+    # ------------------------------------------------------------ ends
+
+    def _end(self, rec: Rec) -> None:
+        """The client has its answer (once); a failed request's open sessions stop, its KV blocks come back."""
+        live = list(rec.live)
+        if rec.final is None:
+            self.records.append(rec.record(self.env.now))
+            for nxt in self.next_turns.get(rec.req.request_id, ()):
+                self.env.process(self._client(nxt, self.env.now + nxt.think_s))
+        if rec.error is not None:
+            for worker, s in live:
+                worker.stop(s)
+            for role in list(rec.rooms):
+                self._free(rec, role)
+
+    def _fail(self, rec: Rec, error: str) -> None:
+        if rec.error is None:
+            rec.error = error
+        self._end(rec)
+
+    def _deadline(self, rec: Rec) -> None:
+        """timeouts.request_s passed: the client's call fails (DEADLINE_EXCEEDED) with the tokens it got."""
+        if rec.final is None:
+            self._fail(rec, DEADLINE_EXCEEDED)
+
+    # ------------------------------------------------------------ KV room
+
+    def _blocks(self, req: WorkloadRequest, extra: int) -> int:
+        """Blocks req reserves for prompt + extra tokens, beside its session's shared head (kvroom docstring)."""
+        return max(0, -(-(req.prompt_len + extra) // self._block) - self.base.get(req.session, 0) // self._block)
+
+    def _open(self, rec: Rec, role: str, worker: DecodeWorker, req: WorkloadRequest) -> str | None:
+        """Open req's session on a decode worker as the engine opens it: None when open now, or waiting for room
+        (first come first served, until decode.kv_wait_ms from now); else the refused stream's note."""
+        room = self.rooms[worker.name]
+        if problem := room.refusal(req.request_id, req.prompt_len + req.max_tokens):
+            return f"{role}: {worker.name}: RESOURCE_EXHAUSTED: {problem}"
+        blocks, pin = self._blocks(req, req.max_tokens), req.session if role == "md" else None
+        waits = None if room.open(blocks, pin) else room.wait(blocks, self.env.now + self.kv_wait_s, pin)
+        rec.rooms[role] = [room, blocks, waits]
+        return None
+
+    def _deferred(self, rec: Rec, role: str) -> bool:
+        """The session found no room at its open: it reports no cached prefix (the whole prompt's KV comes)."""
+        return role in rec.rooms and rec.rooms[role][2] is not None
+
+    def _room_ready(self, rec: Rec, role: str):
+        """A SimPy generator: True once the session holds its blocks, False past its deadline."""
+        if role not in rec.rooms:
+            return False
+        waits = rec.rooms[role][2]
+        if waits is None:
+            return True
+        return waits.value if waits.triggered else (yield waits)
+
+    def _free(self, rec: Rec, role: str, keep: tuple[str, int, int] | None = None) -> None:
+        """The session on role leaves: its blocks come back (keep: those its DRC keeps); once only."""
+        if role not in rec.rooms:
+            return
+        room, blocks, waits = rec.rooms.pop(role)
+        if waits is None or (waits.triggered and waits.value):
+            room.release(blocks, keep)
+        elif not waits.triggered:  # still queued: gives its blocks back as soon as it gets them
+            waits.callbacks.append(lambda e: e.value and room.release(blocks))
+
+    def _keep(self, req: WorkloadRequest) -> tuple[str, int, int]:
+        """What an MD's DRC keeps of req: prompt + output but the last token, whole blocks; (session, tokens,
+        its blocks beyond the shared head)."""
+        tokens = (req.prompt_len + req.max_tokens - 1) // self._block * self._block
+        return req.session, tokens, max(0, tokens // self._block - self.base.get(req.session, 0) // self._block)
+
+    @property
+    def _block(self) -> int:
+        return self.cfg.deployment.block_size
 
     # ------------------------------------------------------------ picks
 
@@ -105,123 +221,206 @@ class Simulation:
 
     def md_hit(self, req: WorkloadRequest, md: DecodeWorker) -> int:
         """Tokens of req's prompt the MD's DRC holds (module docstring)."""
-        held = self.held[md.name].get(req.session, self.base.get(req.session, 0))
+        held = self.rooms[md.name].held(req.session)
+        held = self.base.get(req.session, 0) if held is None else held
         return min(req.cached_tokens, held) if req.after else req.cached_tokens
 
-    def _md_keeps(self, md: DecodeWorker, req: WorkloadRequest) -> None:
-        self.held[md.name][req.session] = (req.prompt_len + req.max_tokens - 1) // self._block * self._block
-
-    @property
-    def _block(self) -> int:
-        return self.cfg.deployment.block_size
+    def _rld(self) -> DecodeWorker:
+        return self._pick(self.rld, self.cfg.policy.pick_rld, lambda w: w.sessions)
 
     # ------------------------------------------------------------ one request
 
-    def _serve(self, req: WorkloadRequest):
-        cfg, env = self.cfg, self.env
-        t0 = env.now
+    def _serve(self, req: WorkloadRequest, rec: Rec):
+        cfg = self.cfg
         md = self._pick_md(req.session) if cfg.mode in ("pd-cross", "pdd") else None
         md_cached = self.md_hit(req, md) if cfg.mode == "pdd" else 0
         decision = decide_route(
             cfg.mode, req.prompt_len, req.max_tokens, md_cached, cfg.route_kv_bytes_per_token, cfg.policy
         )
-        rec = _Rec(req, decision.route, t0, cfg)
+        rec.route = route = decision.route
         rec.drc_hit = md_cached / req.prompt_len if cfg.mode == "pdd" and decision.use_drc else None
         rec.md_cached = md_cached if decision.use_drc else 0
-        route = decision.route
         if route == Route.COLOCATED:
             yield from self._colocated(req, rec)
         elif route in (Route.P_RLD, Route.P_RLD_SINGULAR, Route.P_RLD_ABLATION):
             yield from self._p_rld(req, rec, singular=route == Route.P_RLD_SINGULAR)
         elif route == Route.P_MD:
-            yield from self._p_md(req, rec, md)
+            yield from self._p_md(req, rec, md, fallback=decision.use_drc)
         else:
             yield from self._p_rld_md(req, rec, md)
-        self.records.append(rec.record(env.now))
+        self._end(rec)
 
-    def _prefill(self, req: WorkloadRequest, rec: _Rec) -> PrefillWorker:
+    def _prefill(self, req: WorkloadRequest, rec: Rec, cached: int | None = None):
+        """P's prefill (cached: tokens P's prefix cache spares, the workload's hit unless given); P, or None
+        when P refused it (the request failed)."""
         p = self._pick(self.p, self.cfg.policy.pick_p, lambda w: w.queued_tokens)
         rec.workers["p"] = p.name
-        yield from p.prefill(req.prompt_len - req.cached_tokens, req.cached_tokens)
+        cached = req.cached_tokens if cached is None else cached
+        problem = yield from p.prefill(req.prompt_len - cached, cached, self._blocks(req, 1), req.request_id)
+        if problem:
+            self._fail(rec, f"RESOURCE_EXHAUSTED: {p.name}: {problem}")
+            return None
         rec.p_tokens = 1
         return p
 
-    def _rld(self) -> DecodeWorker:
-        return self._pick(self.rld, self.cfg.policy.pick_rld, lambda w: w.sessions)
+    def _decode(self, rec: Rec, worker: DecodeWorker, role: str, session: Session):
+        """A SimPy generator: session decodes on worker to its end (or its stop); its tokens join the record."""
+        rec.live.append((worker, worker.join(session)))
+        yield session.released
+        if rec.error is None:  # else the failure's record took the tokens it had
+            rec.live.remove((worker, session))
+            rec.add(session, worker.name, role)
 
-    def _colocated(self, req: WorkloadRequest, rec: _Rec):
+    def _colocated(self, req: WorkloadRequest, rec: Rec):
         rld = self._rld()
         rec.workers["rld"] = rld.name
+        if note := self._open(rec, "rld", rld, req):
+            return self._fail(rec, streams_ended(req, 0, [note], "RESOURCE_EXHAUSTED"))
+        if not (yield from self._room_ready(rec, "rld")):  # the local prefill waits for room until kv_wait_ms
+            return self._fail(rec, streams_ended(req, 0, [f"rld ended: {KV_TIMEOUT}"]))
         yield rld.step_job(req.prompt_len - req.cached_tokens, req.cached_tokens)
+        if rec.error:
+            return
         rec.first(self.env.now, rld.name)
-        s = rld.join(Session(self.env, req.max_tokens - 1, req.prompt_len))
-        yield s.released
-        rec.add(s, rld.name, "rld")
+        yield from self._decode(rec, rld, "rld", Session(self.env, req.max_tokens - 1, req.prompt_len))
+        self._free(rec, "rld")
 
     def _fast_path_s(self, p: PrefillWorker, rld: DecodeWorker, tokens: int) -> float:
         """P -> RLD inside cluster A: KV export from P's devices and import into the RLD's (host links; real
         compute: the measured import, the export streamed during the prefill)."""
         return kv_export_s(p.model.roofline, tokens) + kv_import_s(rld.model.roofline, tokens)
 
-    def _p_rld(self, req: WorkloadRequest, rec: _Rec, singular: bool):
-        p = yield from self._prefill(req, rec)
+    def _p_rld(self, req: WorkloadRequest, rec: Rec, singular: bool, cached: int | None = None):
         rld = self._rld()
         rec.workers["rld"] = rld.name
+        if note := self._open(rec, "rld", rld, req):
+            return self._fail(rec, streams_ended(req, 0, [note], "RESOURCE_EXHAUSTED"))
+        p = yield from self._prefill(req, rec, cached)
+        if p is None or rec.error:
+            return
         yield self.env.timeout(self._fast_path_s(p, rld, req.prompt_len))
+        if rec.error:
+            return
+        if not (yield from self._room_ready(rec, "rld")) or self.env.now > rec.t0 + self.kv_wait_s:
+            return self._fail(rec, streams_ended(req, 0, [f"rld ended: {KV_TIMEOUT}"]))
         rec.fast_kv = req.prompt_len * self.cfg.kv_bytes_per_token
         if singular:
             rec.kv_saved = (req.prompt_len - rec.md_cached) * self.cfg.kv_bytes_per_token
         rec.first(self.env.now, p.name)
-        s = rld.join(Session(self.env, req.max_tokens - 1, req.prompt_len))
-        yield s.released
-        rec.add(s, rld.name, "rld")
+        yield from self._decode(rec, rld, "rld", Session(self.env, req.max_tokens - 1, req.prompt_len))
+        self._free(rec, "rld")
 
-    def _wan_copy(self, p: PrefillWorker, md: DecodeWorker, tokens: int):
-        """P's KV of `tokens` tokens to the MD: export, the line, import (a SimPy generator)."""
-        yield self.env.timeout(kv_export_s(p.model.roofline, tokens))
-        yield self.line.transfer(tokens * self.cfg.kv_bytes_per_token, self.cfg.wan_connections)
-        yield self.env.timeout(kv_import_s(md.model.roofline, tokens))
+    def _wan_in(self, rec: Rec, p: PrefillWorker, md: DecodeWorker, tokens: int):
+        """P's KV of `tokens` tokens into the MD: export, the line, room, import (a SimPy generator). True when
+        the MD holds it; False when the line or the room took past decode.kv_wait_ms (its session's end:
+        kv_timeout; the copy still crosses the line)."""
+        env, deadline = self.env, rec.t0 + self.kv_wait_s
+        yield env.timeout(kv_export_s(p.model.roofline, tokens))
+        sent = self.line.transfer(tokens * self.cfg.kv_bytes_per_token, self.cfg.wan_connections)
+        self.deadlines.watch(sent, deadline)
+        try:
+            yield sent
+        except simpy.Interrupt:  # past kv_wait_ms: the MD gives up now (the copy still crosses the line)
+            return False
+        if not (yield from self._room_ready(rec, "md")):
+            return False
+        yield env.timeout(kv_import_s(md.model.roofline, tokens))
+        return True
 
-    def _p_md(self, req: WorkloadRequest, rec: _Rec, md: DecodeWorker):
-        p = yield from self._prefill(req, rec)
+    def _p_md(self, req: WorkloadRequest, rec: Rec, md: DecodeWorker, fallback: bool):
+        """P -> MD (pd-cross; pdd's direct route). An MD that refuses or misses kv_wait_ms: pdd falls back to
+        P -> RLD (the router's p-rld-fallback), pd-cross fails (the naive baseline has no fallback)."""
         rec.workers["md"] = md.name
-        tokens = req.prompt_len - rec.md_cached
-        yield from self._wan_copy(p, md, tokens)
-        rec.wan_kv = tokens * self.cfg.kv_bytes_per_token
-        rec.first(self.env.now, p.name)
-        s = md.join(Session(self.env, req.max_tokens - 1, req.prompt_len))
-        yield s.released
-        rec.add(s, md.name, "md")
-        self._md_keeps(md, req)
-
-    def _p_rld_md(self, req: WorkloadRequest, rec: _Rec, md: DecodeWorker):
-        env, cfg = self.env, self.cfg
+        if note := self._open(rec, "md", md, req):
+            if fallback:
+                return (yield from self._fall_back(req, rec, note))
+            return self._fail(rec, streams_ended(req, 0, [note], "RESOURCE_EXHAUSTED"))
+        if self._deferred(rec, "md"):
+            rec.md_cached = 0
         p = yield from self._prefill(req, rec)
+        if p is None or rec.error:
+            return
+        tokens = req.prompt_len - rec.md_cached
+        rec.wan_kv = tokens * self.cfg.kv_bytes_per_token
+        ok = yield from self._wan_in(rec, p, md, tokens)
+        if rec.error:
+            return
+        if not ok:
+            self._free(rec, "md")
+            if fallback:
+                return (yield from self._fall_back(req, rec, f"md ended: {KV_TIMEOUT}"))
+            return self._fail(rec, streams_ended(req, 0, [f"md ended: {KV_TIMEOUT}"]))
+        rec.first(self.env.now, p.name)
+        yield from self._decode(rec, md, "md", Session(self.env, req.max_tokens - 1, req.prompt_len))
+        if rec.error is None:
+            self._free(rec, "md", self._keep(req))
+
+    def _fall_back(self, req: WorkloadRequest, rec: Rec, reason: str):
+        """pdd's P->MD failed before its first token: prefill again (P's prefix cache holds the prompt's whole
+        blocks) and the RLD decodes the request (workers/roles/router.py's _fall_back)."""
+        rec.route = Route.P_RLD_FALLBACK
+        rec.fallbacks.append(fallback_cause({"event": "route_fallback", "reason": reason}))
+        rec.md_cached, rec.drc_hit = 0, None
+        whole = (req.prompt_len - 1) // self._block * self._block
+        yield from self._p_rld(req, rec, singular=False, cached=max(whole, req.cached_tokens))
+
+    def _p_rld_md(self, req: WorkloadRequest, rec: Rec, md: DecodeWorker):
+        env, cfg = self.env, self.cfg
         rld = self._rld()
         rec.workers.update(rld=rld.name, md=md.name)
+        if note := self._open(rec, "rld", rld, req):
+            return self._fail(rec, streams_ended(req, 0, [note], "RESOURCE_EXHAUSTED"))
+        md_open = self._open(rec, "md", md, req) is None  # an MD that refuses: the RLD decodes alone
+        if not md_open or self._deferred(rec, "md"):
+            rec.md_cached = 0
+        p = yield from self._prefill(req, rec)
+        if p is None or rec.error:
+            return
         tokens = req.prompt_len - rec.md_cached
-        wan = env.process(self._wan_copy(p, md, tokens))
-        rec.wan_kv = tokens * cfg.kv_bytes_per_token
+        wan = env.process(self._wan_in(rec, p, md, tokens)) if md_open else None
+        rec.wan_kv = tokens * cfg.kv_bytes_per_token if md_open else 0
         yield env.timeout(self._fast_path_s(p, rld, req.prompt_len))
+        if rec.error:
+            return
+        if not (yield from self._room_ready(rec, "rld")) or env.now > rec.t0 + self.kv_wait_s:
+            return self._fail(rec, streams_ended(req, 0, [f"rld ended: {KV_TIMEOUT}"]))
         rec.fast_kv = req.prompt_len * cfg.kv_bytes_per_token
         rec.first(env.now, p.name)
-        s = rld.join(Session(env, req.max_tokens - 1, req.prompt_len))
-        yield wan | s.released
-        if not s.released.triggered:
-            rld.stop(s)  # the MD holds the prompt: hand over after the RLD's current step
+        s = Session(env, req.max_tokens - 1, req.prompt_len)
+        rec.live.append((rld, rld.join(s)))
+        if wan is not None:
+            yield wan | s.released
+            if wan.triggered and not wan.value:
+                self._free(rec, "md")  # kv_timeout: the MD gives up, the RLD decodes on
+            elif wan.triggered and not s.released.triggered:
+                rld.stop(s)  # the MD holds the prompt: hand over after the RLD's current step
         yield s.released
-        rec.add(s, rld.name, "rld")
-        left = req.max_tokens - 1 - s.made
-        if left <= 0:  # the RLD finished alone; the WAN copy lands and the MD recomputes the output later
-            rec.relay_absorbed = True
-            if wan.triggered:
-                self._md_keeps(md, req)
-            else:
-                wan.callbacks.append(lambda _e: self._md_keeps(md, req))
+        if rec.error:
             return
-        yield from self._handoff(req, rec, md, s.made, left)
+        rec.live.remove((rld, s))
+        rec.add(s, rld.name, "rld")
+        self._free(rec, "rld")
+        left = req.max_tokens - 1 - s.made
+        if left > 0:
+            return (yield from self._handoff(req, rec, md, s.made, left))
+        rec.fallbacks.append(MD_NEVER_READY)  # the RLD finished alone; the MD, if its KV lands in time, absorbs it
+        if wan is not None and wan.triggered:
+            self._absorbed(rec, req, wan.value)
+        elif wan is not None:
+            wan.callbacks.append(lambda _e: self._absorbed(rec, req, wan.value))
 
-    def _handoff(self, req: WorkloadRequest, rec: _Rec, md: DecodeWorker, made: int, left: int):
+    def _absorbed(self, rec: Rec, req: WorkloadRequest, md_holds: bool) -> None:
+        """The MD of a request the RLD finished: it recomputes the RLD's output and keeps it (relay_absorbed)
+        once the prompt KV landed within kv_wait_ms; else its session ended (kv_timeout) keeping nothing."""
+        if md_holds and rec.error is None:
+            self._free(rec, "md", self._keep(req))
+            rec.relay_absorbed = True
+            if rec.final is not None:
+                rec.final.relay_absorbed = True
+        else:
+            self._free(rec, "md")
+
+    def _handoff(self, req: WorkloadRequest, rec: Rec, md: DecodeWorker, made: int, left: int):
         """The RLD's tokens (P's first + its `made`) to the MD: their IDs and one extend step over all but the
         last (mode kv: their KV and an import), then the MD decodes the rest from the last."""
         env, cfg = self.env, self.cfg
@@ -234,10 +433,11 @@ class Simulation:
             yield env.timeout(kv_import_s(md.model.roofline, made))
         else:
             yield md.step_job(made, req.prompt_len, 1)
+        if rec.error:
+            return
         extend_ms = (env.now - t_ready) * 1e3
-        s = md.join(Session(env, left, req.prompt_len + made))
-        yield s.released
-        rec.add(s, md.name, "md")
+        s = Session(env, left, req.prompt_len + made)
+        yield from self._decode(rec, md, "md", s)
         rec.handoff = {
             "mode": cfg.handoff if cfg.handoff in ("oneshot", "kv") else f"{cfg.handoff} (as oneshot)",
             "tokens": tokens,
@@ -247,77 +447,5 @@ class Simulation:
             "extend_ms": None if by_kv else extend_ms,
         }
         rec.wan_handoff = payload
-        self._md_keeps(md, req)
-
-
-class _Rec:
-    """A request's record as it is built (times in s of simulated time)."""
-
-    def __init__(self, req: WorkloadRequest, route: Route, t0: float, cfg: SimConfig):
-        self.req, self.route, self.t0, self.cfg = req, route, t0, cfg
-        self.times: list[float] = []
-        self.token_workers: list[str] = []
-        self.workers: dict[str, str] = {}
-        self.counts = {"p": 0, "rld": 0, "md": 0}
-        self.steps = self.batch_sum = 0
-        self.drc_hit, self.md_cached = None, 0
-        self.fast_kv = self.wan_kv = self.wan_handoff = self.kv_saved = self.p_tokens = 0
-        self.relay_absorbed, self.handoff = False, None
-
-    def first(self, t: float, worker: str) -> None:
-        self.times.append(t)
-        self.token_workers.append(worker)
-        self.counts[worker.rstrip("0123456789")] += 1
-
-    def add(self, s: Session, worker: str, role: str) -> None:
-        self.times += s.times
-        self.token_workers += [worker] * s.made
-        self.counts[role] += s.made
-        self.steps += s.steps
-        self.batch_sum += s.batch_sum
-
-    def record(self, t_end: float) -> RequestRecord:
-        r, ms = self.req, [(t - self.t0) * 1e3 for t in self.times]
-        n = len(ms)
-        gaps = [b - a for a, b in zip(ms, ms[1:])]
-        if self.handoff is not None and gaps:
-            self.handoff["gap_ms"] = max(gaps)
-        return RequestRecord(
-            variant=self.cfg.variant,
-            request_id=r.request_id,
-            session=r.session,
-            turn=r.turn,
-            kind=r.kind,
-            ok=True,
-            error=None,
-            prompt_tokens=r.prompt_len,
-            max_tokens=r.max_tokens,
-            output_tokens=n,
-            route=str(self.route),
-            expected_hit=r.expected_hit,
-            drc_hit=self.drc_hit,
-            md_cached_tokens=self.md_cached,
-            token_ids=[],
-            token_ms=ms,
-            token_workers=self.token_workers,
-            t_send_ns=int(self.t0 * 1e9),
-            t_done_ns=int(t_end * 1e9),
-            ttft_ms=ms[0] if ms else None,
-            ttft_decode_ms=ms[1] if n > 1 else None,
-            tpot_ms=(ms[-1] - ms[0]) / (n - 1) if n > 1 else None,
-            e2e_ms=ms[-1] if ms else None,
-            fast_kv_bytes=self.fast_kv,
-            wan_kv_bytes=self.wan_kv,
-            wan_handoff_bytes=self.wan_handoff,
-            wan_bytes=self.wan_kv + self.wan_handoff,
-            kv_bytes_saved=self.kv_saved,
-            rld_tokens=self.counts["rld"],
-            md_tokens=self.counts["md"],
-            p_tokens=self.counts["p"],
-            decode_batch=self.batch_sum / self.steps if self.steps else None,
-            handoff=self.handoff,
-            relay_absorbed=self.relay_absorbed,
-            mode=self.cfg.mode,
-            prompt_source="workload",
-            workers=dict(self.workers),
-        )
+        if rec.error is None:
+            self._free(rec, "md", self._keep(req))

@@ -25,6 +25,7 @@ from experiments.analysis.records import RequestRecord
 from experiments.analysis.summary import Summary, write
 from experiments.rundir.files import git_state, new_run_dir, write_json
 from experiments.sim.config import SimConfig, sim_config
+from experiments.sim.kvroom import kv_capacity_tokens
 from experiments.sim.pipeline import Simulation
 from experiments.sim.wan import Calibration, load_calibration
 from experiments.spec import workload
@@ -78,7 +79,7 @@ def simulate(
     records, sim_s = [], 0.0
     for v, cfg in configs.items():
         t1 = time.perf_counter()
-        records += Simulation(cfg, reqs, seed, cal).run()
+        records += Simulation(cfg, reqs, seed, cal, request_s=spec.timeouts.request_s).run()
         sim_s += time.perf_counter() - t1
     summary = (
         summarize(loaded, records, configs, cal, seed)
@@ -129,8 +130,13 @@ def not_simulated(loaded: Loaded, configs: dict[str, SimConfig]) -> list[str]:
         out.append("Not simulated: cross traffic on the WAN (the KV transfers have the line to themselves).")
     if spec.faults:
         out.append("Not simulated: faults (no component is killed).")
-    if loaded.profile.a_to_b.loss_ge is not None:
-        out.append("Not simulated: Gilbert-Elliott loss (the line's loss_pct alone caps TCP).")
+    a_to_b = loaded.profile.a_to_b
+    if a_to_b.loss_ge is not None or a_to_b.loss_state is not None:
+        model = "Gilbert-Elliott" if a_to_b.loss_ge is not None else "4-state"
+        out.append(
+            f"Not simulated: the bursts of the {model} loss model (its stationary mean, "
+            f"{a_to_b.expected_loss_pct:.3g}%, caps TCP as random loss would)."
+        )
     chunked = sorted({c.handoff for c in configs.values() if c.handoff in ("chunked", "auto")})
     if chunked or spec.handoff_per_request:
         out.append(f"Simulated as one-shot: the {', '.join(chunked) or 'per-request'} handoff.")
@@ -170,6 +176,7 @@ def _config_record(c: SimConfig) -> dict:
             "workers": len(ws),
             "accelerator": ws[0].roofline.accelerator.name if ws else None,
             "devices": ws[0].roofline.devices if ws else None,
+            "kv_tokens": kv_capacity_tokens(ws[0]) if ws else None,
         }
         for role, ws in c.workers.items()
     }
