@@ -8,7 +8,8 @@ carries transfers (`Line.transfer(nbytes)` -> an event that fires when the last 
 calibration table (`Calibration`, experiments/sim/calibration.yaml's format) corrects the formula's per-flow
 throughput by what the emulator measured.
 Not responsible for: what is sent or when (experiments.sim.pipeline); queue build-up, packet-level loss
-recovery, reordering, a schedule's changes of the line or cross traffic (not modelled: docs/simulator.md).
+recovery, reordering, loss bursts (a Gilbert-Elliott or 4-state model counts by its stationary mean loss), a
+schedule's changes of the line or cross traffic (not modelled: docs/simulator.md).
 
 A transfer's time: one-way delay (+ a seeded normal jitter draw) + its slow-start rounds (each an RTT, the
 window doubling from `initial_window_segments` until it carries the flow's cap per RTT; a transfer that ends
@@ -44,7 +45,7 @@ class LineParams:
 
     rate_bps: serialisation rate (bit/s); inf: unlimited
     rtt_s: round-trip time (s): both directions' delay
-    loss: random loss probability per packet (0..1)
+    loss: loss probability per packet (0..1), taken as random (a burst model's stationary mean)
     jitter_s: sigma of the one-way delay's normal variation (s)
     """
 
@@ -59,10 +60,11 @@ class LineParams:
 
 
 def line_from_profile(profile, direction: str = "a_to_b") -> LineParams:
-    """A direction of a topology.profiles.Profile as LineParams (rate 0 there: unlimited)."""
+    """A direction of a topology.profiles.Profile as LineParams (rate 0 there: unlimited; loss: the direction's
+    long-run loss rate, a Gilbert-Elliott or 4-state model's stationary mean: its bursts are not modelled)."""
     d, back = profile.direction(direction), profile.direction("b_to_a" if direction == "a_to_b" else "a_to_b")
     rate = d.rate_mbit * 1e6 if d.rate_mbit else math.inf
-    return LineParams(rate, (d.delay_ms + back.delay_ms) / 1e3, d.loss_pct / 100, d.jitter_ms / 1e3)
+    return LineParams(rate, (d.delay_ms + back.delay_ms) / 1e3, d.expected_loss_pct / 100, d.jitter_ms / 1e3)
 
 
 def mathis_bps(rtt_s: float, loss: float, mss_bytes: int = MSS_BYTES) -> float:
