@@ -136,3 +136,12 @@ def test_a_burst_loss_model_caps_tcp_by_its_stationary_mean(tmp_path, loss):
     said = [w["message"] for w in simulate(spec).summary.warnings]
     assert any("bursts" in m and f"{mean_pct:.3g}%" in m for m in said)
     assert not any("Not simulated: Gilbert-Elliott loss" in m for m in said)
+
+
+def test_pdds_direct_route_falls_back_to_the_rld_when_the_md_refuses(tmp_path):
+    # hit 0.98: 8 uncached tokens, so the router sends P->MD; the MD (31 blocks) can never hold 40-48
+    sets = ["variants=[pdd-hetero]", "workload.fixed_hit.requests=2", "workload.fixed_hit.hit=0.98"]
+    assert all(r.route == "p-md" for r in records(fixed(tmp_path, *sets), "pdd-hetero"))
+    recs = records(fixed(tmp_path, *sets, *small_md(tmp_path, 500)), "pdd-hetero")
+    assert all(r.ok and r.route == "p-rld-fallback" and r.fallbacks == ["route_fallback:md"] for r in recs)
+    assert all(r.rld_tokens == r.max_tokens - 1 and r.md_tokens == 0 and r.wan_bytes == 0 for r in recs)
