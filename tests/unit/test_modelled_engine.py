@@ -12,6 +12,7 @@ from workers.errors import CapacityExceeded, KVChecksumError, KVHeaderError
 from workers.kvcache import BLOB_HEADER, blob_kv_offset
 from workers.modelled.catalogue import load_catalogue
 from workers.modelled.engine import ModelledEngine
+from workers.modelled.kvstore import layer_row_bytes, row_bytes
 from workers.modelled.roofline import Part
 from workers.roles.layerhook import layer_tap, read_layer
 
@@ -207,3 +208,11 @@ def test_kv_capacity_comes_from_the_accelerators_memory():
     with pytest.raises(ValueError, match="exceeds the .* KV tokens"):
         engine(devices=2, capacity_tokens=100_000)
     assert engine(devices=2, capacity_tokens=1024)[0].kv.capacity_tokens == 1024
+
+
+def test_one_layers_rows_are_that_layer_of_every_layers_rows():
+    """P streams a layer's rows (layer_row_bytes) that a receiver checks against every layer's (row_bytes)."""
+    values = np.arange(300, dtype=np.int64) % 256
+    every = row_bytes(values.astype(np.uint8), 61)
+    for layer in range(61):
+        np.testing.assert_array_equal(layer_row_bytes(values.astype(np.uint8), layer), every[layer])
