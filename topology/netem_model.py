@@ -24,7 +24,7 @@ Faithful quirks worth knowing: the correlated draw mixes toward 2^31, so a
 correlated loss fires less often than loss_pct; tabledist() reduces the
 correlated draw modulo 2*jitter or the table size, so delay correlation has
 no visible effect; the pareto tables have mean -0.03 and sd 0.82 (x jitter).
-On `set_params` every correlation and the Gilbert-Elliott state restart,
+On `set_params` every correlation, the Gilbert-Elliott state and the 4-state chain restart,
 like a `tc qdisc replace` that names every option; queued frames are kept.
 """
 
