@@ -20,6 +20,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import OrderedDict, deque
+from collections.abc import Callable
 
 import simpy
 
@@ -131,19 +132,24 @@ class KVRoom:
 
 
 class Deadlines:
-    """Processes waiting for an event that must fire by a deadline (the decode side's kv_wait_ms); one that has
-    not is interrupted (simpy.Interrupt) at its deadline. One timer for all, armed at the earliest deadline
-    pending, and a wait that ends in time costs no event: the timer drains every wait that ended before it."""
+    """Things that must happen by a deadline (a request's answer by timeouts.request_s, the prompt's KV at an MD by
+    kv_wait_ms); one that has not is told so at its deadline. One timer for all, armed at the earliest deadline
+    pending: one that ends in time costs no event (the timer drops every entry done before it)."""
 
     def __init__(self, env: simpy.Environment):
         self.env, self.heap, self.armed_at, self._seq = env, [], math.inf, 0
 
-    def watch(self, event: simpy.Event, deadline_s: float) -> None:
-        """Interrupt the active process at deadline_s unless event has fired by then (it must wait for event)."""
+    def watch(self, deadline_s: float, done: Callable[[], bool], late: Callable[[], None]) -> None:
+        """Call late() at deadline_s unless done() says it happened by then."""
         self._seq += 1
-        heapq.heappush(self.heap, (deadline_s, self._seq, event, self.env.active_process))
+        heapq.heappush(self.heap, (deadline_s, self._seq, done, late))
         if deadline_s < self.armed_at:
             self._arm(deadline_s)
+
+    def interrupt_unless(self, event: simpy.Event, deadline_s: float) -> None:
+        """Interrupt the active process (simpy.Interrupt), which waits for event, at deadline_s unless it fired."""
+        proc = self.env.active_process
+        self.watch(deadline_s, lambda: event.processed, lambda: proc.is_alive and proc.interrupt("deadline"))
 
     def _arm(self, at_s: float) -> None:
         self.armed_at = at_s
@@ -152,9 +158,9 @@ class Deadlines:
     def _fire(self, _e) -> None:
         heap, now = self.heap, self.env.now
         self.armed_at = math.inf
-        while heap and (heap[0][2].processed or heap[0][0] <= now):
-            _, _, event, proc = heapq.heappop(heap)
-            if not event.processed and proc.is_alive:
-                proc.interrupt("deadline")
+        while heap and (heap[0][0] <= now or heap[0][2]()):
+            _, _, done, late = heapq.heappop(heap)
+            if not done():
+                late()
         if heap:
             self._arm(heap[0][0])

@@ -76,7 +76,7 @@ class Simulation:
         env, dep = self.env, cfg.deployment
         self.request_s, self.kv_wait_s = request_s, dep.decode.kv_wait_ms / 1000
         self.line = Line(env, cfg.line, calibration, random.Random(seed), congestion=cfg.wan_congestion)
-        self.deadlines = Deadlines(env)  # the MDs' kv_wait_ms on the WAN copies
+        self.deadlines = Deadlines(env)  # timeouts.request_s, and the MDs' kv_wait_ms on the WAN copies
         self.rooms = {
             w.name: KVRoom(env, kv_capacity_tokens(w), dep.block_size) for ws in cfg.workers.values() for w in ws
         }
@@ -120,7 +120,9 @@ class Simulation:
             yield self.env.timeout(at_s - self.env.now)
         rec = Rec(req, self.env.now, self.cfg)
         if self.request_s:
-            self.env.timeout(self.request_s).callbacks.append(lambda _e: self._deadline(rec))
+            self.deadlines.watch(
+                self.env.now + self.request_s, lambda: rec.final is not None, lambda: self._deadline(rec)
+            )
         yield from self._serve(req, rec)  # the next turn leaves once the client has the answer (_end)
 
     def _not_issued(self, req: WorkloadRequest, error: str) -> None:
@@ -317,7 +319,7 @@ class Simulation:
         env, deadline = self.env, rec.t0 + self.kv_wait_s
         yield env.timeout(kv_export_s(p.model.roofline, tokens))
         sent = self.line.transfer(tokens * self.cfg.kv_bytes_per_token, self.cfg.wan_connections)
-        self.deadlines.watch(sent, deadline)
+        self.deadlines.interrupt_unless(sent, deadline)
         try:
             yield sent
         except simpy.Interrupt:  # past kv_wait_ms: the MD gives up now (the copy still crosses the line)

@@ -67,7 +67,7 @@ def test_a_wait_past_its_deadline_is_interrupted_at_the_deadline_and_one_in_time
     def waiter(name, lands_s, deadline_s):
         event = env.event()  # as the line's: fires when the last byte lands
         env.timeout(lands_s).callbacks.append(lambda _e: event.succeed())
-        deadlines.watch(event, deadline_s)
+        deadlines.interrupt_unless(event, deadline_s)
         try:
             yield event
             ends[name] = ("landed", env.now)
