@@ -141,15 +141,18 @@ class Deadlines:
 
     def watch(self, deadline_s: float, done: Callable[[], bool], late: Callable[[], None]) -> None:
         """Call late() at deadline_s unless done() says it happened by then."""
+        self._push(deadline_s, done, late)
+
+    def interrupt_unless(self, event: simpy.Event, deadline_s: float) -> None:
+        """Interrupt the active process (simpy.Interrupt), which waits for event, at deadline_s unless it fired."""
+        self._push(deadline_s, event, self.env.active_process)
+
+    def _push(self, deadline_s: float, done, late) -> None:
+        """done: a callable, or an event (done once processed); late: a callable, or the process to interrupt."""
         self._seq += 1
         heapq.heappush(self.heap, (deadline_s, self._seq, done, late))
         if deadline_s < self.armed_at:
             self._arm(deadline_s)
-
-    def interrupt_unless(self, event: simpy.Event, deadline_s: float) -> None:
-        """Interrupt the active process (simpy.Interrupt), which waits for event, at deadline_s unless it fired."""
-        proc = self.env.active_process
-        self.watch(deadline_s, lambda: event.processed, lambda: proc.is_alive and proc.interrupt("deadline"))
 
     def _arm(self, at_s: float) -> None:
         self.armed_at = at_s
@@ -158,9 +161,18 @@ class Deadlines:
     def _fire(self, _e) -> None:
         heap, now = self.heap, self.env.now
         self.armed_at = math.inf
-        while heap and (heap[0][0] <= now or heap[0][2]()):
+        while heap and (heap[0][0] <= now or _done(heap[0][2])):
             _, _, done, late = heapq.heappop(heap)
-            if not done():
+            if _done(done):
+                continue
+            if isinstance(late, simpy.Process):
+                if late.is_alive:
+                    late.interrupt("deadline")
+            else:
                 late()
         if heap:
             self._arm(heap[0][0])
+
+
+def _done(done) -> bool:
+    return done.processed if isinstance(done, simpy.Event) else done()

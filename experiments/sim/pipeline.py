@@ -75,6 +75,7 @@ class Simulation:
         self.cfg, self.env = cfg, simpy.Environment()
         env, dep = self.env, cfg.deployment
         self.request_s, self.kv_wait_s = request_s, dep.decode.kv_wait_ms / 1000
+        self._block = dep.block_size  # tokens a KV block
         self.line = Line(env, cfg.line, calibration, random.Random(seed), congestion=cfg.wan_congestion)
         self.deadlines = Deadlines(env)  # timeouts.request_s, and the MDs' kv_wait_ms on the WAN copies
         self.rooms = {
@@ -136,7 +137,7 @@ class Simulation:
 
     def _end(self, rec: Rec) -> None:
         """The client has its answer (once); a failed request's open sessions stop, its KV blocks come back."""
-        live = list(rec.live)
+        live = list(rec.live) if rec.error is not None else ()
         if rec.final is None:
             self.records.append(rec.record(self.env.now))
             for nxt in self.next_turns.get(rec.req.request_id, ()):
@@ -179,13 +180,15 @@ class Simulation:
         return role in rec.rooms and rec.rooms[role][2] is not None
 
     def _room_ready(self, rec: Rec, role: str):
-        """A SimPy generator: True once the session holds its blocks, False past its deadline."""
-        if role not in rec.rooms:
+        """True when the session holds its blocks, False when it has none (it gave up, or it left); else the
+        event that says which (True: it got them; False: its deadline passed). Yield the event."""
+        room = rec.rooms.get(role)
+        if room is None:
             return False
-        waits = rec.rooms[role][2]
+        waits = room[2]
         if waits is None:
             return True
-        return waits.value if waits.triggered else (yield waits)
+        return waits.value if waits.triggered else waits
 
     def _free(self, rec: Rec, role: str, keep: tuple[str, int, int] | None = None) -> None:
         """The session on role leaves: its blocks come back (keep: those its DRC keeps); once only."""
@@ -202,10 +205,6 @@ class Simulation:
         its blocks beyond the shared head)."""
         tokens = (req.prompt_len + req.max_tokens - 1) // self._block * self._block
         return req.session, tokens, max(0, tokens // self._block - self.base.get(req.session, 0) // self._block)
-
-    @property
-    def _block(self) -> int:
-        return self.cfg.deployment.block_size
 
     # ------------------------------------------------------------ picks
 
@@ -278,7 +277,8 @@ class Simulation:
         rec.workers["rld"] = rld.name
         if note := self._open(rec, "rld", rld, req):
             return self._fail(rec, streams_ended(req, 0, [note], "RESOURCE_EXHAUSTED"))
-        if not (yield from self._room_ready(rec, "rld")):  # the local prefill waits for room until kv_wait_ms
+        ready = self._room_ready(rec, "rld")  # the local prefill waits for room until kv_wait_ms
+        if not (ready if ready.__class__ is bool else (yield ready)):
             return self._fail(rec, streams_ended(req, 0, [f"rld ended: {KV_TIMEOUT}"]))
         yield rld.step_job(req.prompt_len - req.cached_tokens, req.cached_tokens)
         if rec.error:
@@ -303,7 +303,8 @@ class Simulation:
         yield self.env.timeout(self._fast_path_s(p, rld, req.prompt_len))
         if rec.error:
             return
-        if not (yield from self._room_ready(rec, "rld")) or self.env.now > rec.t0 + self.kv_wait_s:
+        ready = self._room_ready(rec, "rld")
+        if not (ready if ready.__class__ is bool else (yield ready)) or self.env.now > rec.t0 + self.kv_wait_s:
             return self._fail(rec, streams_ended(req, 0, [f"rld ended: {KV_TIMEOUT}"]))
         rec.fast_kv = req.prompt_len * self.cfg.kv_bytes_per_token
         if singular:
@@ -324,7 +325,8 @@ class Simulation:
             yield sent
         except simpy.Interrupt:  # past kv_wait_ms: the MD gives up now (the copy still crosses the line)
             return False
-        if not (yield from self._room_ready(rec, "md")):
+        ready = self._room_ready(rec, "md")
+        if not (ready if ready.__class__ is bool else (yield ready)):
             return False
         yield env.timeout(kv_import_s(md.model.roofline, tokens))
         return True
@@ -384,7 +386,8 @@ class Simulation:
         yield env.timeout(self._fast_path_s(p, rld, req.prompt_len))
         if rec.error:
             return
-        if not (yield from self._room_ready(rec, "rld")) or env.now > rec.t0 + self.kv_wait_s:
+        ready = self._room_ready(rec, "rld")
+        if not (ready if ready.__class__ is bool else (yield ready)) or env.now > rec.t0 + self.kv_wait_s:
             return self._fail(rec, streams_ended(req, 0, [f"rld ended: {KV_TIMEOUT}"]))
         rec.fast_kv = req.prompt_len * cfg.kv_bytes_per_token
         rec.first(env.now, p.name)

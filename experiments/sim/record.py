@@ -74,9 +74,8 @@ class Rec:
         self.live = []
         r, ms = self.req, [(t - self.t0) * 1e3 for t in self.times]
         n, ok = len(ms), self.error is None
-        gaps = [b - a for a, b in zip(ms, ms[1:])]
-        if self.handoff is not None and gaps:
-            self.handoff["gap_ms"] = max(gaps)
+        if self.handoff is not None and n > 1:
+            self.handoff["gap_ms"] = max(b - a for a, b in zip(ms, ms[1:]))
         self.final = RequestRecord(
             variant=self.cfg.variant,
             request_id=r.request_id,
