@@ -70,7 +70,10 @@ class Rec:
     def record(self, t_end: float) -> RequestRecord:
         """The record at t_end: a failed request keeps the tokens it got before then."""
         for worker, s in self.live:  # open sessions (a failure): their tokens so far
-            self.add(s, worker.name, worker.model.role)
+            times = worker.times_so_far(s)
+            self.times += times
+            self.token_workers += [worker.name] * len(times)
+            self.counts[worker.model.role] += len(times)
         self.live = []
         r, ms = self.req, [(t - self.t0) * 1e3 for t in self.times]
         n, ok = len(ms), self.error is None

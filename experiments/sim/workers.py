@@ -137,6 +137,7 @@ class DecodeWorker:
         self.cost = DecodeCost(model.roofline)
         self._plan = RUN_STEPS  # steps the next run plans (halved after an interruption, doubled after none)
         self._wake: simpy.Event | None = None
+        self._running: tuple | None = None  # the run of steps under way: (its sessions, start, step ends)
         self.busy_s = 0.0
         self.tokens = 0
         env.process(self._run())
@@ -153,6 +154,15 @@ class DecodeWorker:
         self.active.append(session)
         self._poke()
         return session
+
+    def times_so_far(self, session: Session) -> list[float]:
+        """session's token times up to now: those accounted, and those of the run under way's ended steps."""
+        run = self._running
+        if run is None or not any(s is session for s in run[0]):
+            return session.times
+        _batch, start, ends = run
+        done = bisect.bisect_right(ends, self.env.now - start + 1e-12)
+        return session.times + [start + e for e in ends[:done]]
 
     def step_job(self, new_tokens: int, cached_tokens: int, logit_rows: int = 1) -> simpy.Event:
         """An extend or a prefill of new_tokens on cached_tokens in the next step; the event fires at its end."""
@@ -213,6 +223,7 @@ class DecodeWorker:
         start = env.now
         wake = self._wake = env.event()  # the run's end or a change, whichever comes first
         env.timeout(t).callbacks.append(lambda _e: wake.triggered or wake.succeed())
+        self._running = (batch, start, ends)
         yield wake
         self._wake = None
         done = bisect.bisect_right(ends, env.now - start + 1e-12)
@@ -223,6 +234,7 @@ class DecodeWorker:
         else:
             self._plan = min(RUN_STEPS, self._plan * 2)
         self.busy_s += ends[done - 1]
+        self._running = None
         self._account(batch, ends, done, start)
 
     def _account(self, batch: list[Session], ends: list[float], done: int, start: float) -> None:

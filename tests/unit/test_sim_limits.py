@@ -145,3 +145,17 @@ def test_pdds_direct_route_falls_back_to_the_rld_when_the_md_refuses(tmp_path):
     recs = records(fixed(tmp_path, *sets, *small_md(tmp_path, 500)), "pdd-hetero")
     assert all(r.ok and r.route == "p-rld-fallback" and r.fallbacks == ["route_fallback:md"] for r in recs)
     assert all(r.rld_tokens == r.max_tokens - 1 and r.md_tokens == 0 and r.wan_bytes == 0 for r in recs)
+
+
+def test_a_request_past_its_deadline_keeps_the_tokens_made_before_it(tmp_path):
+    sets = [
+        "variants=[pd-intra-strong]",
+        "workload.fixed_hit.requests=1",
+        "workload.fixed_hit.output_tokens=[1000, 1000]",
+    ]
+    (full,) = records(fixed(tmp_path, *sets), "pd-intra-strong")
+    (cut,) = records(fixed(tmp_path, *sets, "timeouts.request_s=1"), "pd-intra-strong")
+    assert full.ok and full.e2e_ms > 2000
+    assert not cut.ok and cut.error == "DEADLINE_EXCEEDED: Deadline Exceeded"
+    before = [t for t in full.token_ms if t <= 1000]
+    assert cut.token_ms == pytest.approx(before) and cut.output_tokens == len(before) > 100
