@@ -66,7 +66,7 @@ class Stats(Closed):
     max: float | None = None
     failed: int = 0
     beyond_completed: list[str] = []  # the percentiles (p90, p99, ...) that land on failed requests
-    ci95: dict[str, list[float] | None] | None = None
+    ci95: dict[str, list[float | None] | None] | None = None  # an end at None: it lands on failed requests
 
 
 class Comparison(Closed):

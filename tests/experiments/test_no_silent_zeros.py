@@ -1,7 +1,10 @@
 """A measurement that is missing is None (null in summary.json, "–" in summary.md), never 0."""
 
+import math
+
 from experiments.analysis import crosstraffic, metrics, records
 from experiments.analysis.records import RequestRecord
+from experiments.analysis.summary import Stats
 
 
 def record(**kw) -> RequestRecord:
@@ -62,3 +65,12 @@ def metrics_slo():
     from experiments.spec.experiment import SLO
 
     return SLO()
+
+
+def test_an_interval_that_ends_on_failed_requests_is_summarised_not_refused():
+    """Most requests failed: p50's interval reaches into them (its upper end None, 'failed'); the summary's
+    Stats takes it (a variant where most requests failed once crashed the analysis)."""
+    xs = [100.0 + i for i in range(20)] + [math.inf] * 25
+    d = metrics.stats(xs, list(range(45)))
+    assert d["ci95"]["p50"][1] is None
+    assert Stats(**d).ci95["p50"][1] is None
