@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     cal, records = load_calibration(), []
     for v, cfg in configs.items():
         t1, c1 = time.perf_counter(), time.process_time()
-        recs = Simulation(cfg, reqs, seed=1, calibration=cal).run()
+        recs = Simulation(cfg, reqs, seed=1, calibration=cal, request_s=loaded.spec.timeouts.request_s).run()
         wall, cpu = time.perf_counter() - t1, time.process_time() - c1
         records += recs
         ttft = sorted(r.ttft_ms for r in recs)
