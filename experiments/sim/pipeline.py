@@ -83,7 +83,10 @@ class Simulation:
         }
         room_wait_s = dep.prefill.room_wait_ms / 1000
         self.p = [
-            PrefillWorker(env, w, self.rooms[w.name], dep.prefill.max_waiting, room_wait_s) for w in cfg.workers["p"]
+            PrefillWorker(
+                env, w, self.rooms[w.name], dep.prefill.max_waiting, room_wait_s, dep.prefill.step_budget_tokens
+            )
+            for w in cfg.workers["p"]
         ]
         self.rld = [DecodeWorker(env, w) for w in cfg.workers["rld"]]
         self.md = [DecodeWorker(env, w) for w in cfg.workers["md"]]

@@ -1,15 +1,16 @@
 """The simulated roles' engines as SimPy processes: a prefill worker (FIFO) and a decode worker (continuous batching).
 
-Responsible for: `PrefillWorker` (one prompt at a time, first come first served, each taking the roofline's
-prefill time of its uncached tokens on top of its cached ones), `DecodeWorker` (each engine step decodes one
+Responsible for: `PrefillWorker` (first come first served: steps of prefill.step_budget_tokens in which chunks
+of every prompt in flight share a step, as the emulated P's workers/chunked.py, each taking the roofline's time
+of its chunks together; budget 0: whole prompts one at a time, each the roofline's prefill of its uncached tokens
+on top of its cached ones), `DecodeWorker` (each engine step decodes one
 token for up to max_batch of its sessions, in turn, plus every extend or local prefill that waits, in one
 roofline step), and `Session`, one request's stay on a decode worker: its tokens' times, the batch sizes that
 made them, and a stop a handoff asks for (honoured at the next step's end).
 Not responsible for: which worker takes a request or what happens between workers (experiments.sim.pipeline).
 
-Simplifications (docs/simulator.md): P does not chunk or batch prompts (the emulated P shares a step's
-budget between prompts). KV room (experiments.sim.kvroom) is asked for here by P only; a decode worker's
-sessions hold theirs through the pipeline, which opens them before P's prefill as the router does.
+Simplifications (docs/simulator.md): KV room (experiments.sim.kvroom) is asked for here by P only; a decode
+worker's sessions hold theirs through the pipeline, which opens them before P's prefill as the router does.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import bisect
 import simpy
 
 from experiments.sim.config import WorkerModel
+from workers.chunked import plan_step
 from workers.errors import CapacityExceeded
 from workers.modelled.roofline import Part
 
@@ -26,23 +28,52 @@ from workers.modelled.roofline import Part
 RUN_STEPS = 64  # steps planned at once at most (an interruption wastes the rest of the plan)
 
 
+class _Prompt:
+    """A prompt in P's steps: left: new tokens still lacking KV; pos: tokens with KV (cached + computed);
+    done: fires at the end of the step that ran its last chunk."""
+
+    __slots__ = ("left", "pos", "done")
+
+    def __init__(self, left: int, pos: int, done: simpy.Event):
+        self.left, self.pos, self.done = left, pos, done
+
+
 class PrefillWorker:
     """A P worker. model: its name and roofline; queued_tokens: prompt tokens waiting or running (its load);
     room: its KV blocks (None: unlimited); max_waiting, wait_s: prefill.max_waiting and room_wait_ms (s), the
-    bounds of the queue of prompts waiting for KV room.
+    bounds of the queue of prompts waiting for KV room; budget_tokens: prefill.step_budget_tokens (0: whole
+    prompts, one at a time).
 
-    First come first served with service times known on arrival: a prompt ends at max(now, the previous
-    one's end) + its prefill time, one SimPy wait per prompt. A prompt holds its KV blocks from its admission
-    to its prefill's end (then they are P's prefix cache: evictable, so free here)."""
+    Chunked (budget_tokens > 0), as the emulated P's ChunkScheduler (workers/chunked.py): each step runs chunks
+    of the prompts in flight under the budget, first come first served (`plan_step`), a prompt's tail chunk
+    sharing its step with the next prompt's first chunk; a step takes the roofline's time of its chunks
+    together; a prompt ends (its first token, its KV whole) with the step of its last chunk. The steps are
+    planned at once up to the first prompt's end (one SimPy wait); a prompt that arrives meanwhile joins from
+    the step after the one under way. Whole: a prompt ends at max(now, the previous one's end) + its prefill
+    time, one SimPy wait per prompt. A prompt holds its KV blocks from its admission to its prefill's end (then
+    they are P's prefix cache: evictable, so free here)."""
 
     def __init__(
-        self, env: simpy.Environment, model: WorkerModel, room=None, max_waiting: int = 0, wait_s: float = 0.0
+        self,
+        env: simpy.Environment,
+        model: WorkerModel,
+        room=None,
+        max_waiting: int = 0,
+        wait_s: float = 0.0,
+        budget_tokens: int = 0,
     ):
         self.env, self.model, self.name = env, model, model.name
         self.room, self.max_waiting, self.wait_s = room, max_waiting, wait_s
-        self.free_at = 0.0  # when the last prompt queued ends (s)
+        self.budget = budget_tokens
+        self.free_at = 0.0  # whole prompts: when the last prompt queued ends (s)
         self.queued_tokens = 0
         self.busy_s = 0.0
+        self.steps = 0  # engine steps run (chunked; whole: prompts)
+        self.lone_tail_steps = 0  # of them, steps whose only chunk was a prompt's last, short one (chunked.py)
+        self._queue: list[_Prompt] = []  # chunked: prompts in flight, oldest first
+        self._plan_steps: list | None = None  # the chunked steps planned from _plan_start (None: idle)
+        self._plan_ends: list[float] = []  # their ends (s from _plan_start)
+        self._plan_start, self._replan, self._timer = 0.0, False, 0
 
     def prefill(self, new_tokens: int, cached_tokens: int, blocks: int = 0, request_id: str = ""):
         """A SimPy generator: KV room for `blocks` (the roomqueue's rules), then its turn, then the prefill of
@@ -60,15 +91,96 @@ class PrefillWorker:
                 return f"{cause}; {len(room.waiting)} requests already wait for room (prefill.max_waiting)"
             if not (yield room.wait(blocks, self.env.now + self.wait_s)):
                 return f"no KV room within {self.wait_s * 1000:.0f} ms (prefill.room_wait_ms): {cause}"
-        seconds = self.model.roofline.prefill_s(max(1, new_tokens), cached_tokens)
-        self.busy_s += seconds
-        self.free_at = max(self.env.now, self.free_at) + seconds
         self.queued_tokens += new_tokens
-        yield self.env.timeout(self.free_at - self.env.now)
+        if self.budget:
+            prompt = _Prompt(max(1, new_tokens), cached_tokens, self.env.event())
+            self._arrive(prompt)
+            yield prompt.done
+        else:
+            seconds = self.model.roofline.prefill_s(max(1, new_tokens), cached_tokens)
+            self.busy_s += seconds
+            self.steps += 1
+            self.free_at = max(self.env.now, self.free_at) + seconds
+            yield self.env.timeout(self.free_at - self.env.now)
         self.queued_tokens -= new_tokens
         if room is not None:
             room.release(blocks)
         return ""
+
+    def _arrive(self, prompt: _Prompt) -> None:
+        """A prompt joins the chunked steps: planned at once when P is idle; else from the step after the one
+        under way (the plan's timer moves to that step's end)."""
+        self._queue.append(prompt)
+        if self._plan_steps is None:
+            return self._start()
+        if self._replan:
+            return
+        self._replan = True
+        elapsed = self.env.now - self._plan_start
+        done = bisect.bisect_right(self._plan_ends, elapsed + 1e-12)
+        if done == 0 and elapsed <= 0:  # nothing ran yet: plan again now, with it
+            return self._start()
+        if done < len(self._plan_ends):
+            self._arm(self._plan_start + self._plan_ends[done] - self.env.now)
+
+    def _start(self) -> None:
+        self._plan_steps, self._plan_ends = self._plan()
+        self._plan_start, self._replan = self.env.now, False
+        self._arm(self._plan_ends[-1])
+
+    def _arm(self, delay_s: float) -> None:
+        """The plan's timer: a callback (no process) at now + delay_s; an earlier timer of this worker lapses."""
+        self._timer += 1
+        timer = self._timer
+        self.env.timeout(max(0.0, delay_s)).callbacks.append(lambda _e: timer == self._timer and self._tick())
+
+    def _tick(self) -> None:
+        """The plan's steps up to now ran: account them; plan again while prompts are in flight."""
+        ends = self._plan_ends
+        done = bisect.bisect_right(ends, self.env.now - self._plan_start + 1e-12)
+        self._commit(self._plan_steps[:done], ends[done - 1] if done else 0.0)
+        self._plan_steps = None
+        if self._queue:
+            self._start()
+
+    def _plan(self) -> tuple[list[list[tuple[int, int]]], list[float]]:
+        """The steps from now to the end of the oldest prompt's last chunk: each step's (prompt index, tokens)
+        chunks (workers.chunked.plan_step over the prompts in order), and each step's end from now (s)."""
+        queue, roofline, budget = self._queue, self.model.roofline, self.budget
+        left = [p.left for p in queue]
+        pos = [p.pos for p in queue]
+        plan, ends, t, head = [], [], 0.0, 0
+        while left[0] > 0:
+            while not left[head]:
+                head += 1
+            chunks = plan_step([(i, left[i]) for i in range(head, len(queue))], (), budget)
+            parts = []
+            for i, n in chunks:
+                parts.append(Part(n, pos[i], 1 if n == left[i] else 0))
+                left[i] -= n
+                pos[i] += n
+            t += roofline.step(parts).seconds
+            plan.append(chunks)
+            ends.append(t)
+        return plan, ends
+
+    def _commit(self, steps: list[list[tuple[int, int]]], seconds: float) -> None:
+        """These planned steps ran (seconds in all): their chunks' tokens have KV; prompts whose last chunk ran
+        are done."""
+        queue, budget = self._queue, self.budget
+        for chunks in steps:
+            for i, n in chunks:
+                queue[i].left -= n
+                queue[i].pos += n
+            i, n = chunks[0]
+            self.lone_tail_steps += len(chunks) == 1 and not queue[i].left and n < budget
+        self.steps += len(steps)
+        self.busy_s += seconds
+        finished = [p for p in queue if not p.left]
+        if finished:
+            self._queue = [p for p in queue if p.left]
+            for p in finished:
+                p.done.succeed()
 
 
 class Session:

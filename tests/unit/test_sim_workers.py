@@ -7,7 +7,7 @@ import pytest
 import simpy
 
 from experiments.sim.config import WorkerModel
-from experiments.sim.workers import DecodeCost, DecodeWorker, Session
+from experiments.sim.workers import DecodeCost, DecodeWorker, PrefillWorker, Session
 from workers.modelled.catalogue import load_catalogue
 from workers.modelled.roofline import Part, Roofline
 
@@ -38,3 +38,69 @@ def test_sessions_on_one_worker_share_its_steps():
     alone = roof.step([Part(1, 1005, 1)]).seconds
     assert a.times[5] - a.times[4] == pytest.approx(alone)  # then a's alone
     assert a.batch_sum == 5 * 2 + 5 * 1 and a.steps == 10
+
+
+def p_worker(env, budget, roof=None):
+    roof = roof or Roofline(load_catalogue().accelerator("h800"), load_catalogue().model("kimi-k2"), 16)
+    return PrefillWorker(env, WorkerModel("p1", "p", roof, 32, 1 << 20), budget_tokens=budget)
+
+
+def prefill_at(env, worker, at_s, new, cached, ends, key):
+    def go():
+        yield env.timeout(at_s)
+        assert (yield from worker.prefill(new, cached)) == ""
+        ends[key] = env.now
+
+    env.process(go())
+
+
+def test_a_prompts_tail_chunk_shares_its_step_with_the_next_prompts_first_chunk():
+    # budget 256: a (300 new on 100 cached) then b (300 new): [a 256] [a 44 + b 212] [b 88], three steps, each the
+    # roofline's time of its chunks together (logits at a prompt's last chunk only), as workers/chunked.py plans them
+    env, ends = simpy.Environment(), {}
+    p = p_worker(env, 256)
+    prefill_at(env, p, 0, 300, 100, ends, "a")
+    prefill_at(env, p, 0, 300, 0, ends, "b")
+    env.run()
+    roof = p.model.roofline
+    t1 = roof.step([Part(256, 100, 0)]).seconds
+    t2 = roof.step([Part(44, 356, 1), Part(212, 0, 0)]).seconds
+    t3 = roof.step([Part(88, 212, 1)]).seconds
+    assert p.steps == 3 and p.lone_tail_steps == 1  # b's last chunk ran alone
+    assert ends["a"] == pytest.approx(t1 + t2) and ends["b"] == pytest.approx(t1 + t2 + t3)
+    assert p.busy_s == pytest.approx(t1 + t2 + t3)
+    # one prompt at a time, each tail chunk alone in its step: four steps, and both done later
+    alone = (
+        roof.step([Part(256, 100, 0)]).seconds
+        + roof.step([Part(44, 356, 1)]).seconds
+        + roof.step([Part(256, 0, 0)]).seconds
+        + roof.step([Part(44, 256, 1)]).seconds
+    )
+    assert ends["b"] < alone
+
+
+def test_a_prompt_arriving_mid_step_joins_from_the_next_step():
+    env, ends = simpy.Environment(), {}
+    p = p_worker(env, 256)
+    roof = p.model.roofline
+    t1 = roof.step([Part(256, 0, 0)]).seconds
+    prefill_at(env, p, 0, 600, 0, ends, "a")  # [a 256] [a 256] [a 88 + b 168] [b 32]
+    prefill_at(env, p, t1 / 2, 200, 0, ends, "b")  # arrives during a's first step
+    env.run()
+    t2 = roof.step([Part(256, 256, 0)]).seconds
+    t3 = roof.step([Part(88, 512, 1), Part(168, 0, 0)]).seconds
+    t4 = roof.step([Part(32, 168, 1)]).seconds
+    assert p.steps == 4
+    assert ends["a"] == pytest.approx(t1 + t2 + t3) and ends["b"] == pytest.approx(t1 + t2 + t3 + t4)
+
+
+def test_a_budget_of_0_prefills_whole_prompts_one_at_a_time():
+    env, ends = simpy.Environment(), {}
+    p = p_worker(env, 0)
+    prefill_at(env, p, 0, 300, 100, ends, "a")
+    prefill_at(env, p, 0, 300, 0, ends, "b")
+    env.run()
+    roof = p.model.roofline
+    assert p.steps == 2
+    assert ends["a"] == pytest.approx(roof.prefill_s(300, 100))
+    assert ends["b"] == pytest.approx(roof.prefill_s(300, 100) + roof.prefill_s(300, 0))
