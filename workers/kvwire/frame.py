@@ -1,7 +1,8 @@
 """KV data-plane frames and transfer descriptions (pure: no sockets).
 
 Responsible for: the frame header and its types, TransferMeta (what a
-transfer carries) and the errors of the wire. The frame layout is written
+transfer carries), the errors of the wire and a LAYER payload's checksum
+check (verify_chunk). The frame layout is written
 down once, in the package docstring (workers/kvwire/__init__.py).
 Not responsible for: sockets (sockets.py), sending (sender.py), receiving
 (receiver.py), receive buffers and sealing blobs (blob.py).
@@ -12,6 +13,10 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import asdict, dataclass
+
+from crc32c import crc32c
+
+from workers.crc import crc32c_combine
 
 FRAME_HEADER = struct.Struct("<4sBBHQIIII")
 FRAME_MAGIC = b"PKVF"
@@ -144,3 +149,12 @@ def pack_frame(
     return FRAME_HEADER.pack(
         FRAME_MAGIC, FRAME_VERSION, ftype, layer, transfer_id, token_offset, token_count, payload_len, crc
     )
+
+
+def verify_chunk(k, v, crc: int, layer: int, off: int) -> tuple[int, int]:
+    """(crc32c(k), crc32c(v)) of a LAYER payload k + v whose frame says crc32c(k + v) == crc; FrameError if not."""
+    crc_k, crc_v = crc32c(k), crc32c(v)
+    got = crc32c_combine(crc_k, crc_v, len(v))
+    if got != crc:
+        raise FrameError(f"LAYER payload checksum mismatch (layer {layer}, offset {off}: {got:#010x} != {crc:#010x})")
+    return crc_k, crc_v

@@ -2,9 +2,9 @@
 
 Responsible for: ReceiverLimits (every bound in one place; tests make them small), PeerConn (one
 accepted connection: its reads, which end in a FrameError when a frame stalls or misses its deadline and
-in ConnIdle when no frame comes for too long), make_room (which idle connection a new one displaces
-when the table is full) and EarlyBudget (bytes held for transfers whose BEGIN has not come, per
-connection and in all, counted as they arrive).
+in ConnIdle when no frame comes for too long), supersede (which connections a RESUME makes stale),
+make_room (which idle connection a new one displaces when the table is full) and EarlyBudget (bytes
+held for transfers whose BEGIN has not come, per connection and in all, counted as they arrive).
 Not responsible for: what the frames mean or which transfers exist (receiver.py).
 """
 
@@ -26,6 +26,11 @@ RECV_TICK_S = 0.5  # a blocked read wakes this often to check its deadlines
 
 class ConnIdle(Exception):
     """No frame began on a connection for ReceiverLimits.conn_idle_s: it is closed (not an error)."""
+
+
+class StaleConn(Exception):
+    """A connection's transfer went on on another connection (its sender's RESUME, or a BEGIN that won the
+    race): what it still sends is stale, and it is closed (not an error; its sender already gave it up)."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,8 @@ class PeerConn:
     limits: ReceiverLimits
     mine: set[int] = field(default_factory=set)  # dropped (or kept for RESUME) if it dies first
     early: set[int] = field(default_factory=set)  # transfers it sent chunks for before their BEGIN
+    superseded: set[int] = field(default_factory=set)  # transfers a RESUME on another connection took over
+    waiting_begin: int | None = None  # the transfer whose BEGIN waits for its session (reads nothing meanwhile)
     ack_lock: threading.Lock = field(default_factory=threading.Lock)
     early_bytes: int = 0
     idle_since_s: float = field(default_factory=time.monotonic)  # between frames since
@@ -157,6 +164,14 @@ class PeerConn:
                 f"frame not complete within its deadline ({missing} bytes missing; a frame gets "
                 f"{self.limits.frame_grace_s:g} s plus its length at {self.limits.frame_min_rate_bytes_s:g} B/s)"
             )
+
+
+def supersede(conns: list[PeerConn], resumer: PeerConn, tid: int) -> None:
+    """A RESUME of transfer tid came on resumer: every other connection that carried tid, or whose BEGIN of
+    tid still waits, belongs to an attempt its sender gave up (callers hold the receiver's lock)."""
+    for c in conns:
+        if c is not resumer and (tid in c.mine or c.waiting_begin == tid):
+            c.superseded.add(tid)
 
 
 def make_room(conns: list[PeerConn], max_connections: int, now_s: float) -> tuple[bool, PeerConn | None]:

@@ -1,7 +1,8 @@
 """The receiving side of the KV data plane: verify frames, assemble transfers, deliver them.
 
 Responsible for: KVReceiver (listener, one thread per connection, frame
-checks, assembly in place, the ACK, which transfers exist and for how long).
+checks, assembly in place, the ACK, which transfers exist and for how long,
+which connection a transfer lives on: a RESUME makes the others stale).
 Complete transfers go to an Inbox (inbox.py); the bounds a broken or hostile
 peer meets (deadlines, what is held before a BEGIN) are limits.py's.
 Not responsible for: importing KV into an engine (the decode role).
@@ -20,7 +21,6 @@ from dataclasses import dataclass, field
 import numpy as np
 from crc32c import crc32c
 
-from workers.crc import crc32c_combine
 from workers.kvwire.blob import BufferPool, ChunkCrcs, blob_buffer, seal_blob
 from workers.kvwire.frame import (
     ACK,
@@ -39,9 +39,10 @@ from workers.kvwire.frame import (
     FrameError,
     TransferMeta,
     pack_frame,
+    verify_chunk,
 )
 from workers.kvwire.inbox import Inbox, ReceivedTransfer
-from workers.kvwire.limits import ConnIdle, EarlyBudget, PeerConn, ReceiverLimits, make_room
+from workers.kvwire.limits import ConnIdle, EarlyBudget, PeerConn, ReceiverLimits, StaleConn, make_room, supersede
 from workers.kvwire.seam import EventSink
 
 log = logging.getLogger(__name__)
@@ -50,15 +51,6 @@ RESUME_KEEP_S = 60.0  # a transfer whose connection died waits this long for its
 COMPLETED_KEPT = 4096  # ids of recently completed transfers remembered for a RESUME that lost its ACK
 READ_PIECE_BYTES = 1 << 20  # a payload read outside its transfer's buffer grows by this much as bytes arrive
 STOP_JOIN_S = 5.0  # stop(): how long the connection threads get, together, to end (they are daemons: exit goes on)
-
-
-def _verify_chunk(k, v, crc: int, layer: int, off: int) -> tuple[int, int]:
-    """(crc32c(k), crc32c(v)) of a LAYER payload k + v whose frame says crc32c(k + v) == crc."""
-    crc_k, crc_v = crc32c(k), crc32c(v)
-    got = crc32c_combine(crc_k, crc_v, len(v))
-    if got != crc:
-        raise FrameError(f"LAYER payload checksum mismatch (layer {layer}, offset {off}: {got:#010x} != {crc:#010x})")
-    return crc_k, crc_v
 
 
 _EarlyChunk = tuple[int, int, int, bytearray, tuple[int, int], PeerConn]  # layer, offset, count, data, crcs, origin
@@ -199,6 +191,8 @@ class KVReceiver:
                 pass
         except ConnIdle as err:
             log.info("KV connection from %s closed: %s", c.peer, err)
+        except StaleConn as err:  # its sender gave it up: closed, the transfer untouched
+            self.events.emit("kv_conn_refused", None, peer=c.peer, reason=str(err))
         except FrameError as err:
             self.events.emit("kv_frame_error", self._request_of(c.mine), peer=c.peer, reason=str(err))
             log.warning("KV frame from %s refused: %s", c.peer, err)
@@ -230,7 +224,7 @@ class KVReceiver:
         them to another connection); drop the rest."""
         now, dropped, kept = time.monotonic_ns(), [], []
         with self._lock:
-            for t in c.mine:
+            for t in c.mine - c.superseded:  # a superseded transfer lives on on another connection
                 a = self._assemblies.get(t)
                 if a is None or a.ack_sock not in (c.sock, None):
                     continue
@@ -315,10 +309,13 @@ class KVReceiver:
         if plen > limit:
             raise FrameError(f"{FRAME_TYPES[ftype]} payload of {plen} bytes exceeds the limit of {limit}")
         c.frame_payload(plen)
+        if tid in c.superseded:
+            raise StaleConn(f"transfer {tid} was resumed on another connection: this one's frames are stale")
         if ftype == LAYER:
             c.mine.add(tid)
             self._on_layer(c, tid, layer, off, cnt, plen, crc)
         else:
+            c.waiting_begin = tid if ftype == BEGIN else None  # a RESUME until its wait ends makes it stale
             payload = c.read_payload(plen, crc)  # at most MAX_META_BYTES here (BEGIN, END, RESUME, CANCEL)
             if ftype == BEGIN:
                 self._on_begin(tid, payload, c)
@@ -393,13 +390,11 @@ class KVReceiver:
             raise FrameError(f"KV of another model (fingerprint {meta.fingerprint[:12]}, mine {self.fingerprint[:12]})")
         if meta.kv_bytes > self.max_transfer_bytes:
             raise FrameError(f"transfer of {meta.kv_bytes} bytes exceeds the limit of {self.max_transfer_bytes}")
-        if not self.inbox.is_expected(meta.request_id, meta.kind, EXPECT_WAIT_S):
-            raise FrameError(f"no open request {meta.request_id!r} expects {meta.kind} KV")
+        expected = self.inbox.is_expected(meta.request_id, meta.kind, EXPECT_WAIT_S)
         self._sweep()
         with self._lock:
+            self._check_begin(tid, c, expected, meta)
             a = self._assembly(tid)
-            if a.meta is not None:
-                raise FrameError(f"transfer {tid} began twice")
             a.meta, a.ack_sock, a.ack_lock = meta, c.sock, c.ack_lock
             a.blob, a.buf = blob_buffer(meta, self.pool)
             a.wire_bytes += FRAME_HEADER.size + len(payload)
@@ -417,11 +412,24 @@ class KVReceiver:
             kv_bytes=meta.kv_bytes,
         )
 
+    def _check_begin(self, tid: int, c: PeerConn, expected: bool, meta: TransferMeta) -> None:
+        """StaleConn when the transfer went on without this BEGIN (its sender resumed it elsewhere, or another
+        connection's BEGIN won the race), FrameError when it is refused (lock held)."""
+        a, c.waiting_begin = self._assemblies.get(tid), None  # under the lock: a RESUME is before or after
+        began = a is not None and a.meta is not None
+        if tid in c.superseded or tid in self._completed or (began and a.ack_sock is not c.sock):
+            raise StaleConn(f"stale BEGIN of transfer {tid}: the transfer went on on another connection")
+        if not expected:
+            raise FrameError(f"no open request {meta.request_id!r} expects {meta.kind} KV")
+        if began:  # twice on one connection: a broken or hostile peer
+            raise FrameError(f"transfer {tid} began twice")
+
     def _on_resume(self, tid: int, c: PeerConn) -> None:
         """A sender retrying transfer tid asks what arrived: HAVE {state: new | partial | done, chunks}. A
         partial transfer continues on this connection (its ACK goes here)."""
         self._sweep()
         with self._lock:
+            supersede(list(self._conns.values()), c, tid)
             a = self._assemblies.get(tid)
             held_bytes = 0
             if tid in self._completed:
@@ -476,7 +484,7 @@ class KVReceiver:
         if not began or dup:
             data = self._read_held(c, plen, where, early=not began)
             try:
-                crcs = _verify_chunk(memoryview(data)[: plen // 2], memoryview(data)[plen // 2 :], crc, layer, off)
+                crcs = verify_chunk(memoryview(data)[: plen // 2], memoryview(data)[plen // 2 :], crc, layer, off)
             except FrameError:
                 if not began:
                     with self._lock:
@@ -498,7 +506,7 @@ class KVReceiver:
         )
         if c.fill(k_dst) < len(k_dst) or c.fill(v_dst) < len(v_dst):
             raise FrameError(f"truncated LAYER payload ({where})")
-        self._count(a, layer, off, cnt, _verify_chunk(k_dst, v_dst, crc, layer, off), plen)
+        self._count(a, layer, off, cnt, verify_chunk(k_dst, v_dst, crc, layer, off), plen)
 
     def _place(self, a: _Assembly, layer: int, off: int, cnt: int, data: bytearray, crcs: tuple[int, int]) -> None:
         with self._lock:
@@ -524,6 +532,8 @@ class KVReceiver:
         except (ValueError, TypeError, KeyError) as err:
             raise FrameError(f"END payload malformed: {err}") from None
         with self._lock:
+            if tid in self._completed:  # a stale copy: the transfer completed (and was ACKed) meanwhile
+                return
             a = self._assemblies.get(tid)
             if a is None or a.meta is None:  # END follows BEGIN on the same connection, or a RESUME's HAVE
                 raise FrameError(f"END for transfer {tid}, which never began here")
