@@ -79,7 +79,9 @@ class MeasuredRoofline(Roofline):
         factor x the lone roofline's time."""
         cost = super().step(parts)
         cost = replace(cost, overhead_s=cost.overhead_s * DECODE_FACTOR)
-        chunks = sum(math.ceil(p.new_tokens / self.chunk_tokens) for p in parts if p.new_tokens > 1)
+        # the fixed cost was fitted per engine step of chunk_tokens: parts sharing a step (one prompt's tail chunk
+        # with the next one's first) pay it once, a whole prompt in one part once per chunk it would take
+        chunks = math.ceil(sum(p.new_tokens for p in parts if p.new_tokens > 1) / self.chunk_tokens)
         if not chunks:
             return cost
         fixed, factor = (

@@ -5,6 +5,7 @@ import pytest
 
 from experiments.sim.config import load_for_simulation, sim_config
 from experiments.sim.pipeline import Simulation
+from experiments.sim.realcompute import P_STEP_FIXED_S
 from experiments.sim.simulate import simulate, workload_of
 from workers.model import get_config
 from workers.modelled.roofline import Part
@@ -34,6 +35,15 @@ def test_a_real_compute_prefill_takes_what_the_emulated_runs_measured():
     assert 0.263 <= p.prefill_s(97, 512) <= 1.476
     # a 623-token prompt is three 256-token engine steps: 1.4 s (pd-intra) to 4.3 s (pd-cross) measured
     assert 1.4 <= p.prefill_s(623, 512) <= 4.3
+
+
+def test_two_prompts_sharing_a_step_pay_its_fixed_cost_once():
+    """One prompt's 44-token tail and the next one's 212-token first chunk fill one 256-token step: one fixed
+    cost (it was fitted per engine step), not one per prompt in the step."""
+    p = sim_config(real(), "pd-intra").workers["p"][0].roofline
+    shared = p.step([Part(44, 768, 1), Part(212, 512, 0)]).seconds
+    apart = p.step([Part(44, 768, 1)]).seconds + p.step([Part(212, 512, 0)]).seconds
+    assert shared < apart - 0.5 * P_STEP_FIXED_S
 
 
 def test_a_real_compute_decode_step_takes_what_the_emulated_runs_measured():
