@@ -35,7 +35,10 @@ whose connection died is kept by the receiver (RESUME_KEEP_S); the sender's
 retry keeps the transfer_id, asks with RESUME and sends only the chunks the
 receiver lacks (BEGIN too when it never arrived), so a retry under loss does
 not start over. A chunk that arrives twice (its first copy raced the
-connection's death) is checked and not counted again.
+connection's death) is checked and not counted again. A RESUME makes the
+transfer's other connections stale: a BEGIN still waiting on one of them
+(for a session not yet open) is dropped quietly with that connection
+(kv_conn_refused), never the live attempt.
 """
 
 from workers.kvwire.blob import BufferPool, ChunkCrcs, blob_buffer, fold_chunk_crcs, seal_blob
