@@ -118,7 +118,9 @@ def test_ctrl_c_exits_130(tmp_path):
     deadline = time.monotonic() + 60
     while True:  # opening the write end succeeds once the CLI opened the read end
         try:
-            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            # held open until the CLI ended: closed now, it would give the CLI an EOF, an empty trace (exit 2),
+            # whenever the CLI reads before the SIGINT lands
+            writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
             break
         except OSError as err:
             if proc.poll() is not None or time.monotonic() > deadline:
@@ -126,8 +128,11 @@ def test_ctrl_c_exits_130(tmp_path):
                 raise AssertionError(f"the CLI never read its trace: {proc.communicate()[1]}") from None
             assert err.errno == errno.ENXIO
             time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    try:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        os.close(writer)
     assert proc.returncode == cli.INTERRUPTED, err
     assert "interrupted" in err and "Traceback" not in err
 
