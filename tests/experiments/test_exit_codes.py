@@ -114,7 +114,16 @@ def test_ctrl_c_exits_130(tmp_path):
     fifo = tmp_path / "trace.jsonl"
     os.mkfifo(fifo)
     argv = ["run", "pdd-smoke", "--set", "workload.source=trace", "--set", f"workload.trace={fifo}"]
-    proc = subprocess.Popen(as_nobody(*argv), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # SIGINT's default restored in the child: a shell's background job (`make test &`, nohup) passes SIGINT on
+    # ignored, and Python then keeps ignoring it (the CLI would read on, as it should there)
+    proc = subprocess.Popen(
+        as_nobody(*argv),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     deadline = time.monotonic() + 60
     while True:  # opening the write end succeeds once the CLI opened the read end
         try:
