@@ -27,6 +27,7 @@ from workers.roles.events import read_events
 
 log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[2]
+CHUNK_TOKENS = 8  # policy.chunk_tokens: a chunked handoff's chunk
 ROLE_MODULES = {
     "router": "workers.roles.router",
     "p": "workers.roles.prefill",
@@ -91,7 +92,7 @@ def deployment_yaml(
         "policy": {
             "mode": "pdd",
             "handoff": "oneshot",
-            "chunk_tokens": 8,
+            "chunk_tokens": CHUNK_TOKENS,
             "wan_rate_mbit": 200,
             "direct_max_transfer_ms": 0.2,
             "singular_min_uncached_tokens": 48,

@@ -17,6 +17,7 @@ import grpc
 import pytest
 import torch
 
+from pdd_harness import CHUNK_TOKENS
 from workers.kvwire import BEGIN, FRAME_HEADER, pack_frame
 from workers.proto import pdd_pb2, pdd_pb2_grpc
 from workers.roles.client import generate, stats, wait_healthy
@@ -100,11 +101,11 @@ def baseline(dep):
 )
 def test_mode_matches_colocated_reference(dep, reference, slow_wan, baseline, mode, handoff):
     # 40 prompt tokens cross the slow WAN in ~20 ms (8 Mbit/s) while the RLD decodes ~1 token/ms: the MD
-    # takes over well before the 80th token. chunked needs more tokens to hand over than one chunk (8):
-    # half the rate.
+    # takes over well before the 80th token. chunked needs more tokens to hand over than one chunk (8): a
+    # quarter of the rate, so even an RLD slowed by a loaded host is usually past a chunk when the MD is ready.
     prompt, n = fresh_prompt(40), 80
     if handoff == "chunked":
-        slow_wan.faults.rate_mbit = SLOW_WAN_MBIT / 2
+        slow_wan.faults.rate_mbit = SLOW_WAN_MBIT / 4
     gen = generate(dep.channel, prompt, n, mode=mode, handoff=handoff, request_id=f"m-{mode}-{handoff}")
     check_stream(gen, n)
     check_reference(reference, prompt, gen.ids, n, f"{mode}/{handoff}")
@@ -121,7 +122,10 @@ def test_mode_matches_colocated_reference(dep, reference, slow_wan, baseline, mo
     ends = events_of(dep, "rld1", rid, "handoff_end")
     assert starts and ends[-1].fields["final"], starts
     if handoff == "chunked":
-        assert any(not e.fields["final"] for e in starts), "no chunk before the final handoff"
+        # a chunk goes first whenever the RLD was more than a chunk (and P's token) ahead once the MD was ready;
+        # a final first is right only if it was not (an RLD slowed by the host's load)
+        first = starts[0].fields
+        assert not first["final"] or first["tokens"] <= CHUNK_TOKENS + 1, f"no chunk before the final handoff: {first}"
     if handoff == "kv":
         assert events_of(dep, "md1", rid, "kv_recv_end")[-1].fields["kind"] == "handoff"
     assert events_of(dep, "md1", rid, "extend") or handoff == "kv"
