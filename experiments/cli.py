@@ -19,6 +19,7 @@ experiments and maintenance commands. Not responsible for: the experiments.
     pddlab net [--profile NAME] [--exec LINE ...]
                                          the topology alone with Mininet's CLI (experiments.serve.netshell)
     pddlab simulate [EXPERIMENT] [--set KEY=VALUE ...] [--requests N] [--seed S] [--out DIR]
+                    [--sweep KEY=V1,V2,... ...] [--sla 0.9]
                                          the spec's variants in the discrete-event simulator (experiments.sim)
     pddlab experiments                   list the experiments
     pddlab image [--no-cache] [--base-image REF] [--variant cpu|cuda]
@@ -209,6 +210,8 @@ def _simulate(args) -> int:
 
     if args.requests is not None and args.requests < 1:
         raise UsageError(f"--requests={args.requests}: expected at least 1")
+    if args.sweep:
+        return _simulate_sweep(args)
     try:
         loaded = sim_config.load_for_simulation(args.experiment, args.set)
         run = simulate.simulate(loaded, requests=args.requests, seed=args.seed)
@@ -218,6 +221,21 @@ def _simulate(args) -> int:
     print((out / "summary.md").read_text())
     print(f"simulated {run.requests} requests in {run.sim_wall_s:.1f} s ({run.requests_per_s:,.0f} requests/s)")
     print(f"run directory: {out}")
+    return OK
+
+
+def _simulate_sweep(args) -> int:
+    from experiments.rundir.files import new_run_dir
+    from experiments.sim import config as sim_config, simulate, sweep, wan
+
+    try:
+        axes = sweep.parse_axes(args.sweep)
+        out = Path(args.out) if args.out else new_run_dir(f"{Path(args.experiment).stem}-simsweep", simulate.RESULTS)
+        sweep.run(args.experiment, args.set, axes, args.requests, args.seed, out, args.sla)
+    except (sweep.SimSweepError, sim_config.SimError, wan.CalibrationError) as err:
+        raise UsageError(str(err)) from None
+    print((out / "sweep.md").read_text())
+    print(f"sweep directory: {out}")
     return OK
 
 
@@ -432,6 +450,17 @@ def parser() -> argparse.ArgumentParser:
     sim.add_argument("--requests", type=int, default=None, help="simulate at most the workload's first N requests")
     sim.add_argument("--seed", type=int, default=None, help="the line's jitter (default: workload.seed)")
     sim.add_argument("--out", default=None, help="the run directory (default: results/<stamp>-<spec>-sim/)")
+    sim.add_argument(
+        "--sweep",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2,...",
+        help="simulate over a grid (spec field, link.FIELD, or price.ACCELERATOR); one table row per point and "
+        "variant (experiments.sim.sweep)",
+    )
+    sim.add_argument(
+        "--sla", type=float, default=0.9, help="with --sweep: the share of requests meeting the SLO that meets the SLA"
+    )
     sim.set_defaults(func=_simulate)
     sub.add_parser("experiments", help="list the experiments").set_defaults(func=_experiments)
     cl = sub.add_parser("clean", help="remove leftovers of crashed runs")
