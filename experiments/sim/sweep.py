@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import shlex
 import tempfile
 import time
 from pathlib import Path
@@ -291,8 +292,8 @@ def run(
     head = [
         f"# {Path(spec).stem}: simulated sweep (SIMULATED, WAN model {next(iter(runs.values())).calibration.status})",
         "",
-        f"`pddlab simulate {spec} " + " ".join(f"--set {s}" for s in sets) + " "
-        f"{' '.join('--sweep ' + a.key + '=' + ','.join(map(str, a.values)) for a in axes)}"
+        f"`pddlab simulate {spec} " + " ".join(f"--set {shlex.quote(s)}" for s in sets) + " "
+        f"{' '.join('--sweep ' + shlex.quote(a.key + '=' + ','.join(map(str, a.values))) for a in axes)}"
         f"{f' --requests {requests}' if requests else ''}`: {len(points)} points, {len(runs)} simulations, "
         f"{min(rate):,.0f}-{max(rate):,.0f} requests simulated per second of wall time.",
     ]

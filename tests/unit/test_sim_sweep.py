@@ -1,5 +1,6 @@
 """`pddlab simulate --sweep` (experiments/sim/sweep.py): its axes, grid, per-variant rows, BCR and cheapest point."""
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -10,6 +11,7 @@ from experiments.spec.experiment import SLO
 from workers.modelled.catalogue import load_catalogue
 
 ACCELS = ["h20", "h800"]
+SPEC = Path(__file__).resolve().parents[2] / "experiments/specs/sim/pdd-published-scale.yaml"
 
 
 def rec(t_send_s, t_done_s, ttft=100.0, tpot=10.0, ok=True, route="p-md", rld=0, out=10, hit=0.9, md_cached=90):
@@ -124,6 +126,6 @@ def test_a_price_axis_reprices_the_catalogue():
 def test_the_cli_refuses_a_bad_axis_before_simulating(capsys, tmp_path):
     from experiments.cli import main
 
-    assert main(["simulate", "pdd-published-scale", "--sweep", "pools.mdd.workers=1,2", "--out", str(tmp_path)]) == 2
+    assert main(["simulate", str(SPEC), "--sweep", "pools.mdd.workers=1,2", "--out", str(tmp_path)]) == 2
     assert "pddlab: error: --sweep {'pools.mdd.workers': 1}" in capsys.readouterr().err
     assert not (tmp_path / "sweep.md").exists()
