@@ -60,6 +60,7 @@ from dataclasses import dataclass, field
 
 from workers.engine import Engine, LayerWrite, StepResult
 from workers.errors import BadRequestState, EngineError
+from workers.fairlock import FairLock
 
 # tokens per step: chunks of 256 prefill at ~92% of the whole prompt's throughput on default (make bench; 64: ~71%,
 # 512: ~95%), and a step of 8 decode tokens + 248 prompt tokens holds those sessions ~0.3-0.4 s instead of a
@@ -159,7 +160,7 @@ class ChunkScheduler:
         self,
         engine: Engine,
         budget_tokens: int = DEFAULT_BUDGET_TOKENS,
-        lock: threading.Lock | None = None,
+        lock: FairLock | threading.Lock | None = None,
         decode_grace_s: float = 0.0,
         on_step: Callable[[StepRecord], None] | None = None,
     ):

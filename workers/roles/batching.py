@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 
 from workers.errors import EngineError
+from workers.fairlock import FairLock
 
 GATHER_MAX_S = 0.002
 
@@ -39,7 +40,7 @@ class StepBatcher:
     def __init__(
         self,
         engine_step: Callable[[Sequence[str]], dict[str, int]],
-        lock: threading.Lock | None,
+        lock: FairLock | threading.Lock | None,
         max_batch: int = 32,
     ):
         if max_batch < 1:

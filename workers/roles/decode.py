@@ -36,6 +36,7 @@ import grpc
 
 from workers.engine import Engine, GenerationRequest
 from workers.errors import CapacityExceeded, EngineError
+from workers.fairlock import FairLock
 from workers.kvwire import CONNECTIONS, Inbox, KVReceiver, KVSender
 from workers.proto import pdd_pb2, pdd_pb2_grpc
 from workers.roles.config import DeploymentConfig, WorkerConfig
@@ -96,7 +97,7 @@ class DecodeServicer(MDHandoff, pdd_pb2_grpc.DecodeServicer):
     ):
         self.cfg, self.me, self.role = cfg, me, role
         self.engine, self.inbox, self.events = engine, inbox, events
-        self.lock = threading.Lock()  # the engine is single-threaded
+        self.lock = FairLock()  # the engine is single-threaded; fair, so a step loop cannot starve other users
         self.steps = DecodeSteps(engine, self.lock, cfg.decode.step_budget_tokens, cfg.decode.max_batch, events)
         self._sessions: dict[str, Session] = {}
         self._sessions_lock = threading.Lock()

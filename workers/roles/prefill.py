@@ -29,6 +29,7 @@ import numpy as np
 from workers.chunked import ChunkScheduler
 from workers.engine import Engine, GenerationRequest, LayerWrite
 from workers.errors import CapacityExceeded, EngineError
+from workers.fairlock import FairLock
 from workers.kvwire import CONNECTIONS, KVSender, SendResult, meta_for
 from workers.proto import pdd_pb2, pdd_pb2_grpc
 from workers.roles.config import DeploymentConfig, PathConfig, WorkerConfig
@@ -82,7 +83,7 @@ class PrefillServicer(pdd_pb2_grpc.PrefillServicer):
         self.cfg = cfg
         self.engine = engine
         self.events = events
-        self.lock = threading.Lock()  # the engine is single-threaded
+        self.lock = FairLock()  # the engine is single-threaded; fair, so a step loop cannot starve other users
         budget = cfg.prefill.step_budget_tokens
         # chunks of every prompt in flight share engine steps (None: whole prompts, one at a time)
         self.sched = ChunkScheduler(engine, budget, self.lock) if budget else None

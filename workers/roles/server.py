@@ -28,6 +28,7 @@ import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from workers.engine import Engine
+from workers.fairlock import FairLock
 from workers.errors import (
     BadRequest,
     BadRequestState,
@@ -200,7 +201,9 @@ class WorkerServicer(pdd_pb2_grpc.WorkerServicer):
         )
 
 
-def engine_stats(engine: Engine, lock: threading.Lock) -> tuple[Callable[[], int], Callable[[], tuple[int, int]]]:
+def engine_stats(
+    engine: Engine, lock: FairLock | threading.Lock
+) -> tuple[Callable[[], int], Callable[[], tuple[int, int]]]:
     """Stats callables over an engine guarded by lock."""
 
     def open_requests() -> int:

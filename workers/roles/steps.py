@@ -23,6 +23,7 @@ from collections.abc import Sequence
 
 from workers.chunked import ChunkScheduler, StepRecord
 from workers.engine import Engine
+from workers.fairlock import FairLock
 from workers.roles.batching import StepBatcher
 from workers.roles.events import EventLog
 
@@ -38,7 +39,9 @@ class DecodeSteps:
     max_batch: sessions decoded in one step at most; events: the worker's log
     """
 
-    def __init__(self, engine: Engine, lock: threading.Lock, budget_tokens: int, max_batch: int, events: EventLog):
+    def __init__(
+        self, engine: Engine, lock: FairLock | threading.Lock, budget_tokens: int, max_batch: int, events: EventLog
+    ):
         self.engine, self.lock, self.events = engine, lock, events
         self.chunks: ChunkScheduler | None = None
         if budget_tokens:
