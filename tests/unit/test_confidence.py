@@ -226,3 +226,10 @@ def test_the_std_intervals_cover_about_95_percent_for_normal_values():
         ratio_hits += lo <= 0.5 <= hi
     assert 0.91 <= hits / SEEDS <= 0.98 and 0.91 <= ratio_hits / SEEDS <= 0.98
     assert confidence.std_interval([1.0] * 7) is None and confidence.std_ratio_interval([1.0] * 9, [2.0] * 9) is None
+
+
+def test_a_std_whose_jackknife_deletes_all_the_spread_has_no_interval():
+    # all but one value equal: leaving the odd one out has std 0, log(0) made the interval (nan, nan)
+    one_apart = [1.0] * 9 + [5.0]
+    assert confidence.std_interval(one_apart) is None
+    assert confidence.std_ratio_interval(one_apart, list(range(10))) is None
