@@ -23,7 +23,7 @@ from pydantic import BeforeValidator, StringConstraints
 
 import yaml
 
-from experiments.spec import faults, placement
+from experiments.spec import faults, placement, workload
 from experiments.spec.crosstraffic import CrossFlow
 from experiments.spec.deployment import pool_sizes, worker_names
 from experiments.spec.faults import Fault
@@ -74,9 +74,7 @@ class SessionWorkload:
 class MooncakeOptions:
     """How a Mooncake FAST'25 trace is replayed (source: mooncake; experiments/spec/mooncake.py)."""
 
-    tokens_per_hash_block: Annotated[Int, Range(1, 512)] = (
-        512  # tokens per hash id here (the trace's 512; smaller to fit the context)
-    )
+    tokens_per_hash_block: Annotated[Int, Range(1, 512)] = 512  # tokens per hash id (the trace's; less fits context)
     time_scale: Annotated[Float, Range(1e-6, 1e3)] = (
         1.0  # arrival = (timestamp - start_s) x time_scale: 0.1 replays ten times faster
     )
@@ -319,6 +317,7 @@ def validate(spec: ExperimentSpec, profile: Profile | None = None, *, check_mach
     _validate_variant_defs(spec, profile)
     cfg = _validate_deployment(spec, profile)  # before the pools: their memory estimate reads the roles' parsed config
     _validate_workload(spec.workload, context_tokens(cfg))  # the small model's context, or the modelled arch's
+    _refuse(workload.context_problem(spec, context_tokens(cfg)))  # the context build cuts requests to
     _validate_pools(spec, profile, check_machine)
     if check_machine:
         _validate_devices(spec)

@@ -391,13 +391,49 @@ def _mooncake(path: Path, opts, vocab: int, block: int, context: int, seed: int)
 # ---------------------------------------------------------------- entry points
 
 
+def context_of(spec) -> int:
+    """The context every request is cut to (prompt + max_tokens): workload.synthetic.max_context_tokens, else
+    spec.model's, also under modelled compute (the small model is the tokenizer and this cut)."""
+    from workers.model import get_config
+
+    return spec.workload.synthetic.max_context_tokens or get_config(spec.model).max_seq_len
+
+
+def context_problem(spec, arch_context: int) -> str | None:
+    """Why the workload's prompts leave no room for a token in context_of(spec) (a request would get max_tokens
+    <= 0: build clips max_tokens to the context), or None. arch_context: what max_context_tokens may lift it to."""
+    w, cut = spec.workload, context_of(spec)
+    s = w.synthetic
+    starters = {
+        "fixed_hit": [("workload.fixed_hit.prompt_tokens", 0, w.fixed_hit.prompt_tokens)],
+        "synthetic": [
+            (f"workload.synthetic.{name}[1]", s.system_prompt_tokens, getattr(s, name)[1])
+            for name, used in (
+                ("first_turn_tokens", s.sessions),
+                ("fresh_tokens", s.fresh_requests),
+                ("singular_tokens", s.singular_fraction),
+            )
+            if used
+        ],
+    }.get(w.source, [])
+    for field, system, tokens in starters:
+        if system + tokens > cut - 1:
+            plus = f" + {system} of system prompt" if system else ""
+            return (
+                f"{field}={tokens}{plus} leaves no output token in the {cut}-token context requests are cut to "
+                f"(prompt + max_tokens); allowed: a prompt of at most {cut - 1}, or a larger "
+                f"workload.synthetic.max_context_tokens (at most {arch_context}, the model's context)"
+            )
+    return None
+
+
 def build(spec) -> list[WorkloadRequest]:
     """The spec's workload (synthetic or trace); raises TraceError / ValueError before anything starts."""
     from workers.model import get_config
 
     model = get_config(spec.model)
     w = spec.workload
-    context = w.synthetic.max_context_tokens or model.max_seq_len
+    context = context_of(spec)
     if w.source in ("trace", "mooncake"):
         path = Path(w.trace)
         if not path.is_absolute():
