@@ -316,13 +316,19 @@ class Simulation:
         yield from self._decode(rec, rld, "rld", Session(self.env, req.max_tokens - 1, req.prompt_len))
         self._free(rec, "rld")
 
+    def _peer(self, sender: str, receiver: str) -> tuple[str, str] | None:
+        """Whose kept WAN connections a KV copy takes (kv.wan.persistent, as the emulated sender's pool)."""
+        return (sender, receiver) if self.cfg.deployment.kv.wan.persistent else None
+
     def _wan_in(self, rec: Rec, p: PrefillWorker, md: DecodeWorker, tokens: int):
         """P's KV of `tokens` tokens into the MD: export, the line, room, import (a SimPy generator). True when
         the MD holds it; False when the line or the room took past decode.kv_wait_ms (its session's end:
         kv_timeout; the copy still crosses the line)."""
         env, deadline = self.env, rec.t0 + self.kv_wait_s
         yield env.timeout(kv_export_s(p.model.roofline, tokens))
-        sent = self.line.transfer(tokens * self.cfg.kv_bytes_per_token, self.cfg.wan_connections)
+        sent = self.line.transfer(
+            tokens * self.cfg.kv_bytes_per_token, self.cfg.wan_connections, self._peer(p.name, md.name)
+        )
         self.deadlines.interrupt_unless(sent, deadline)
         try:
             yield sent
@@ -410,7 +416,7 @@ class Simulation:
         self._free(rec, "rld")
         left = req.max_tokens - 1 - s.made
         if left > 0:
-            return (yield from self._handoff(req, rec, md, s.made, left))
+            return (yield from self._handoff(req, rec, md, s.made, left, rld.name))
         rec.fallbacks.append(MD_NEVER_READY)  # the RLD finished alone; the MD, if its KV lands in time, absorbs it
         if wan is not None and wan.triggered:
             self._absorbed(rec, req, wan.value)
@@ -428,14 +434,14 @@ class Simulation:
         else:
             self._free(rec, "md")
 
-    def _handoff(self, req: WorkloadRequest, rec: Rec, md: DecodeWorker, made: int, left: int):
+    def _handoff(self, req: WorkloadRequest, rec: Rec, md: DecodeWorker, made: int, left: int, rld: str):
         """The RLD's tokens (P's first + its `made`) to the MD: their IDs and one extend step over all but the
         last (mode kv: their KV and an import), then the MD decodes the rest from the last."""
         env, cfg = self.env, self.cfg
         t, tokens = env.now, made + 1
         by_kv = cfg.handoff == "kv"
         payload = tokens * (cfg.kv_bytes_per_token if by_kv else HANDOFF_ID_BYTES)
-        yield self.line.transfer(payload, cfg.wan_connections if by_kv else 1)
+        yield self.line.transfer(payload, *((cfg.wan_connections, self._peer(rld, md.name)) if by_kv else (1, None)))
         t_ready = env.now
         if by_kv:
             yield env.timeout(kv_import_s(md.model.roofline, made))

@@ -12,9 +12,16 @@ recovery, reordering, loss bursts (a Gilbert-Elliott or 4-state model counts by 
 schedule's changes of the line or cross traffic (not modelled: docs/simulator.md).
 
 A transfer's time: one-way delay (+ a seeded normal jitter draw) + its slow-start rounds (each an RTT, the
-window doubling from `initial_window_segments` until it carries the flow's cap per RTT; a transfer that ends
-inside them takes only those rounds) + the rest of its bytes at its fair share of the line, recomputed each
-time a transfer joins or leaves (fluid processor sharing).
+window doubling from where its connections' window starts until it carries the flow's cap per RTT; a transfer
+that ends inside them takes only those rounds) + the rest of its bytes at its fair share of the line,
+recomputed each time a transfer joins or leaves (fluid processor sharing).
+
+Kept connections (a transfer with a `peer`, as the emulated KV sender's ConnectionPool, workers/kvwire/
+sockets.py): a transfer takes its peer's idle connections when any are back (the end-to-end ACK: a one-way
+delay after the last byte arrived), else new ones at the initial window. A kept window is what the last
+transfer left (slow start adds each byte acked, up to the cap's window) and restarts as Linux's does after an
+idle RTO (tcp_slow_start_after_idle, on by default: `restart_window`); bbr keeps it (the kernel exempts a
+congestion control that paces itself). The handshake of a new connection is not counted.
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ import yaml
 
 MSS_BYTES = 1448  # TCP payload of a 1500-byte Ethernet frame with timestamps
 INITIAL_WINDOW_SEGMENTS = 10  # Linux's initial congestion window (RFC 6928)
+RTO_MIN_S = 0.2  # Linux's TCP_RTO_MIN: an RTO is the smoothed RTT + max(4 x its deviation, 200 ms)
+KEPT_CONNECTIONS = 8  # ConnectionPool.max_idle: idle connections kept per peer
 MATHIS_C = 1.22  # sqrt(3/2): periodic loss, delayed ACKs off (Mathis, Semke, Mahdavi, Ott 1997)
 CALIBRATION_FILE = Path(__file__).resolve().parent / "calibration.yaml"
 _DONE_BYTES = 1e-3  # a flow with fewer bytes left than this has arrived (float rounding)
@@ -74,19 +83,45 @@ def mathis_bps(rtt_s: float, loss: float, mss_bytes: int = MSS_BYTES) -> float:
     return mss_bytes * 8 / rtt_s * MATHIS_C / math.sqrt(loss)
 
 
-def slow_start(nbytes: float, cap_bps: float, rtt_s: float, iw_segments: int = INITIAL_WINDOW_SEGMENTS):
+def slow_start(
+    nbytes: float,
+    cap_bps: float,
+    rtt_s: float,
+    iw_segments: int = INITIAL_WINDOW_SEGMENTS,
+    window_bytes: float | None = None,
+):
     """(seconds, bytes) a transfer of nbytes spends in slow start before its window carries cap_bps: rounds of
-    one RTT, the window doubling from iw_segments x MSS; a transfer that ends within them takes the rounds
-    before its last (whose bytes arrive a one-way delay after they leave, counted apart). No RTT: (0, 0)."""
+    one RTT, the window doubling from window_bytes (None: iw_segments x MSS, a new connection); a transfer that
+    ends within them takes the rounds before its last (whose bytes arrive a one-way delay after they leave,
+    counted apart). No RTT: (0, 0)."""
     if rtt_s <= 0:
         return 0.0, 0.0
     target = cap_bps / 8 * rtt_s if math.isfinite(cap_bps) else math.inf  # bytes per RTT at the cap
-    window, sent, seconds = iw_segments * MSS_BYTES, 0.0, 0.0
+    window, sent, seconds = window_bytes or iw_segments * MSS_BYTES, 0.0, 0.0
     while window < target:
         if sent + window >= nbytes:
             return seconds, nbytes
         sent, seconds, window = sent + window, seconds + rtt_s, window * 2
     return seconds, sent
+
+
+def restart_window(window_bytes: float, idle_s: float, rto_s: float, iw_bytes: float) -> float:
+    """A kept connection's window after idle_s without sending: Linux's tcp_cwnd_restart halves it for each
+    RTO the idle time exceeds (none up to one RTO), not below the initial window."""
+    delta = idle_s - rto_s
+    while delta > 0 and window_bytes > iw_bytes:
+        window_bytes, delta = window_bytes / 2, delta - rto_s
+    return max(window_bytes, iw_bytes) if idle_s > rto_s else window_bytes
+
+
+@dataclass
+class _Kept:
+    """A transfer's connections, idle in their peer's pool: window (bytes per RTT they carried at the end),
+    sent_s (when their last byte left), back_s (when the sender has them back: the receiver's ACK)."""
+
+    window: float
+    sent_s: float
+    back_s: float
 
 
 def fair_share(caps: list[float], rate_bps: float) -> list[float]:
@@ -191,6 +226,7 @@ class Line:
         self.env, self.params, self.calibration = env, params, calibration
         self.rng, self.slow_start, self.congestion = rng or random.Random(0), slow_start, congestion
         self.groups: dict[float, _Group] = {}
+        self.kept: dict[object, list[_Kept]] = {}  # peer -> its idle connections, the latest given back last
         self._t, self._gen, self._seq = 0.0, 0, 0
         self.bytes_sent = 0
 
@@ -205,13 +241,21 @@ class Line:
             return self.params.rate_bps * (1 - self.params.loss)
         return mathis_bps(self.params.rtt_s, self.params.loss) * connections
 
-    def transfer(self, nbytes: float, connections: int = 1) -> simpy.Event:
-        """An event that fires when nbytes sent now have arrived at the far end."""
+    def transfer(self, nbytes: float, connections: int = 1, peer: object = None) -> simpy.Event:
+        """An event that fires when nbytes sent now have arrived at the far end. peer: whose kept connections
+        it takes and gives back (None: new ones, not kept)."""
         p, done = self.params, self.env.event()
         self.bytes_sent += int(nbytes)
         cap = self.cap_bps(connections)
         delay = max(0.0, p.one_way_s + (self.rng.gauss(0.0, p.jitter_s) if p.jitter_s else 0.0))
-        ramp_s, ramp_bytes = slow_start(nbytes, min(cap, p.rate_bps), p.rtt_s) if self.slow_start else (0.0, 0.0)
+        start = self._take(peer)
+        ramp_s, ramp_bytes = (
+            slow_start(nbytes, min(cap, p.rate_bps), p.rtt_s, window_bytes=start) if self.slow_start else (0.0, 0.0)
+        )
+        if peer is not None:
+            full = min(cap, p.rate_bps) / 8 * p.rtt_s
+            window = min(full, (start or INITIAL_WINDOW_SEGMENTS * MSS_BYTES) + nbytes)  # + each byte acked
+            done.callbacks.append(lambda _e: self._give(peer, window, delay, connections))
         left = nbytes - ramp_bytes
         if left <= _DONE_BYTES or (math.isinf(p.rate_bps) and math.isinf(cap)):
             # within slow start, or an unlimited line without loss: the rest arrives with the ramp
@@ -219,6 +263,26 @@ class Line:
         else:
             self.env.timeout(delay + ramp_s).callbacks.append(lambda _e: self._join(left, cap, done))
         return done
+
+    def _take(self, peer: object) -> float | None:
+        """The window of peer's latest idle connections back at the sender (restarted after an idle RTO, not
+        under bbr), taken from its pool; None: none, new connections."""
+        now, pool = self.env.now, self.kept.get(peer)
+        back = [k for k in pool if k.back_s <= now] if pool else []
+        if not back:
+            return None
+        kept = back[-1]
+        pool.remove(kept)
+        if self.congestion == "bbr":
+            return kept.window
+        rto = self.params.rtt_s + max(RTO_MIN_S, 4 * self.params.jitter_s)
+        return restart_window(kept.window, now - kept.sent_s, rto, INITIAL_WINDOW_SEGMENTS * MSS_BYTES)
+
+    def _give(self, peer: object, window: float, delay: float, connections: int) -> None:
+        """A transfer's connections back to peer's pool (at most KEPT_CONNECTIONS connections are kept)."""
+        pool = self.kept.setdefault(peer, [])
+        if (len(pool) + 1) * connections <= KEPT_CONNECTIONS:
+            pool.append(_Kept(window, self.env.now - delay, self.env.now + self.params.one_way_s))
 
     def _join(self, left: float, cap: float, done: simpy.Event) -> None:
         """A transfer past its slow start shares the line from now on."""
