@@ -137,6 +137,12 @@ def not_simulated(loaded: Loaded, configs: dict[str, SimConfig]) -> list[str]:
             f"Not simulated: the bursts of the {model} loss model (its stationary mean, "
             f"{a_to_b.expected_loss_pct:.3g}%, caps TCP as random loss would)."
         )
+    measured = [v for v, c in configs.items() if c.mode == "pdd" and c.policy.wan_estimate == "measured"]
+    if measured:
+        out.append(
+            f"Not simulated: policy.wan_estimate: measured ({', '.join(measured)}): the route decision uses the "
+            f"static estimate (policy.wan_rate_mbit, the line's rate: no loss bound)."
+        )
     chunked = sorted({c.handoff for c in configs.values() if c.handoff in ("chunked", "auto")})
     if chunked or spec.handoff_per_request:
         out.append(f"Simulated as one-shot: the {', '.join(chunked) or 'per-request'} handoff.")
