@@ -67,6 +67,26 @@ def tail(path: Path, lines: int) -> str:
         return ""
 
 
+def distinct_ports(endpoints: dict[str, dict], again, tries: int = 20) -> dict[str, dict]:
+    """endpoints with every (ip, port) distinct. Each actor finds its free ports alone and releases them, so two
+    actors on one node can be handed the same just-released port (seen in the Ray tier: two workers on one
+    grpc_port, every role refused the config): a worker whose ports collide with an earlier one's is asked
+    again (`again(worker)` -> a fresh endpoint) up to `tries` times."""
+    taken: set[tuple[str, int]] = set()
+    out = {}
+    for worker, ep in endpoints.items():
+        for _ in range(tries):
+            mine = {(ep["ip"], ep["grpc_port"]), (ep["ip"], ep["kv_port"])}
+            if not mine & taken:
+                break
+            ep = again(worker)
+        else:
+            raise RayRuntimeError(f"{worker}: no ports distinct from the other workers' after {tries} tries")
+        taken |= mine
+        out[worker] = ep
+    return out
+
+
 class RoleHost:
     """One worker's place on a Ray node (made a Ray actor by RayRoles): runs its role process there.
 
@@ -300,8 +320,10 @@ class RayRoles:
             ).remote(worker, self.work_dir)
             self.placed[worker] = Placed(worker, role, actor, {})
             refs[worker] = actor.endpoint.remote()
-        for worker, ref in refs.items():
-            self.placed[worker].endpoint = ray.get(ref, timeout=CALL_TIMEOUT_S)
+        got = {worker: ray.get(ref, timeout=CALL_TIMEOUT_S) for worker, ref in refs.items()}
+        again = lambda worker: ray.get(self.placed[worker].actor.endpoint.remote(), timeout=CALL_TIMEOUT_S)  # noqa: E731
+        for worker, endpoint in distinct_ports(got, again).items():
+            self.placed[worker].endpoint = endpoint
 
     # ---- the roles
     def final_config(self) -> dict:
