@@ -11,10 +11,14 @@ Not responsible for: what is sent or when (experiments.sim.pipeline); queue buil
 recovery, reordering, loss bursts (a Gilbert-Elliott or 4-state model counts by its stationary mean loss), a
 schedule's changes of the line or cross traffic (not modelled: docs/simulator.md).
 
-A transfer's time: one-way delay (+ a seeded normal jitter draw) + its slow-start rounds (each an RTT, the
-window doubling from where its connections' window starts until it carries the flow's cap per RTT; a transfer
-that ends inside them takes only those rounds) + the rest of its bytes at its fair share of the line,
-recomputed each time a transfer joins or leaves (fluid processor sharing).
+A transfer's time: one-way delay (+ a seeded normal jitter draw) + its slow-start rounds + the rest of its
+bytes at its fair share of the line, recomputed each time a transfer joins or leaves (fluid processor sharing).
+A slow-start round sends one window at min(the window's rate, window / RTT, and its fair share of the line),
+counted among the line's sharers, so the line never carries more than its rate: a round takes an RTT on a free
+line, longer on a busy one; the window doubles each round (each byte acked adds one), from where its
+connections' window starts until it carries the flow's cap per RTT; the last round's bytes (those that fit in
+the window) go at the flow's cap, as a burst. On an unlimited line (no rate) no transfer takes from another:
+the rounds are counted in closed form (`slow_start`).
 
 Kept connections (a transfer with a `peer`, as the emulated KV sender's ConnectionPool, workers/kvwire/
 sockets.py): a transfer takes its peer's idle connections when any are back (the end-to-end ACK: a one-way
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import operator
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -195,6 +200,9 @@ def load_calibration(path: Path = CALIBRATION_FILE) -> Calibration:
     return Calibration(points, data["status"])
 
 
+_CAP = operator.attrgetter("cap")
+
+
 class _Group:
     """The flows of one cap: they share one rate, so one virtual clock (bytes served to each since the group
     began) orders their ends in a heap of (virtual end, sequence, event): O(log n) per join or end."""
@@ -228,12 +236,13 @@ class Line:
         self.groups: dict[float, _Group] = {}
         self.kept: dict[object, list[_Kept]] = {}  # peer -> its idle connections, the latest given back last
         self._t, self._gen, self._seq = 0.0, 0, 0
+        self._n, self._demand = 0, 0.0  # transfers on the line, the sum of their caps (bit/s)
         self.bytes_sent = 0
 
     @property
     def flows(self) -> int:
-        """Transfers sharing the line now (past their slow start)."""
-        return sum(len(g.heap) for g in self.groups.values())
+        """Transfers sharing the line now (in slow start or past it)."""
+        return self._n
 
     def cap_bps(self, connections: int = 1) -> float:
         """The TCP bound of one transfer over `connections` parallel connections (bit/s)."""
@@ -249,19 +258,22 @@ class Line:
         cap = self.cap_bps(connections)
         delay = max(0.0, p.one_way_s + (self.rng.gauss(0.0, p.jitter_s) if p.jitter_s else 0.0))
         start = self._take(peer)
-        ramp_s, ramp_bytes = (
-            slow_start(nbytes, min(cap, p.rate_bps), p.rtt_s, window_bytes=start) if self.slow_start else (0.0, 0.0)
-        )
+        full = min(cap, p.rate_bps) / 8 * p.rtt_s  # bytes per RTT at the cap: slow start ends there
         if peer is not None:
-            full = min(cap, p.rate_bps) / 8 * p.rtt_s
             window = min(full, (start or INITIAL_WINDOW_SEGMENTS * MSS_BYTES) + nbytes)  # + each byte acked
             done.callbacks.append(lambda _e: self._give(peer, window, delay, connections))
-        left = nbytes - ramp_bytes
-        if left <= _DONE_BYTES or (math.isinf(p.rate_bps) and math.isinf(cap)):
-            # within slow start, or an unlimited line without loss: the rest arrives with the ramp
-            self.env.timeout(delay + ramp_s).callbacks.append(lambda _e: done.succeed())
-        else:
-            self.env.timeout(delay + ramp_s).callbacks.append(lambda _e: self._join(left, cap, done))
+        if math.isinf(p.rate_bps):  # nothing to share: the rounds in closed form
+            ramp_s, ramp_bytes = slow_start(nbytes, cap, p.rtt_s, window_bytes=start) if self.slow_start else (0, 0)
+            left = nbytes - ramp_bytes
+            if left <= _DONE_BYTES or math.isinf(cap):  # within slow start, or no loss: with the ramp
+                self.env.timeout(delay + ramp_s).callbacks.append(lambda _e: done.succeed())
+            else:
+                self.env.timeout(delay + ramp_s).callbacks.append(
+                    lambda _e: self._join(left, math.inf, full, cap, done)
+                )
+            return done
+        first = (start or INITIAL_WINDOW_SEGMENTS * MSS_BYTES) if self.slow_start and p.rtt_s > 0 else math.inf
+        self.env.timeout(delay).callbacks.append(lambda _e: self._join(nbytes, first, full, cap, done))
         return done
 
     def _take(self, peer: object) -> float | None:
@@ -284,13 +296,28 @@ class Line:
         if (len(pool) + 1) * connections <= KEPT_CONNECTIONS:
             pool.append(_Kept(window, self.env.now - delay, self.env.now + self.params.one_way_s))
 
-    def _join(self, left: float, cap: float, done: simpy.Event) -> None:
-        """A transfer past its slow start shares the line from now on."""
+    def _join(self, left: float, window: float, full: float, cap: float, done: simpy.Event) -> None:
+        """A transfer starts sharing the line now: its slow-start rounds from window (inf: none), then the rest."""
         self._advance()
+        self._round(left, window, full, cap, done)
+        self._reschedule()
+
+    def _round(self, left: float, window: float, full: float, cap: float, done: simpy.Event) -> None:
+        """A transfer's next slow-start round (window bytes capped at window / RTT, then the next round at twice
+        the window), or, past its slow start or within this window, the rest at its cap."""
+        if window >= full or left <= window + _DONE_BYTES:
+            self._push(left, cap, done.succeed)
+        else:
+            rtt = self.params.rtt_s
+            self._push(window, window * 8 / rtt, lambda: self._round(left - window, 2 * window, full, cap, done))
+
+    def _push(self, nbytes: float, cap: float, then) -> None:
+        """nbytes at most cap (bit/s) on the line from now; then() once they are across (no reschedule)."""
         g = self.groups.get(cap) or self.groups.setdefault(cap, _Group(cap))
         self._seq += 1
-        heapq.heappush(g.heap, (g.served + left, self._seq, done))
-        self._reschedule()
+        heapq.heappush(g.heap, (g.served + nbytes, self._seq, then))
+        self._n += 1
+        self._demand += min(cap, 2 * self.params.rate_bps)  # an uncapped flow: more than the line, not inf
 
     def _advance(self) -> None:
         dt, self._t = self.env.now - self._t, self.env.now
@@ -300,17 +327,23 @@ class Line:
     def _reschedule(self) -> None:
         """Share the line among the groups (max-min over their caps), and time the next end."""
         self._gen += 1
-        groups = sorted((g for g in self.groups.values() if g.heap), key=lambda g: g.cap)
-        if not groups:
+        if not self.groups:
+            self._n, self._demand = 0, 0.0  # no float drift carried over
             return
-        n = sum(len(g.heap) for g in groups)
+        n = self._n
         factor = self.calibration.factor(self.params, n) if self.calibration else 1.0
-        left, wait = self.params.rate_bps, math.inf
-        for g in groups:
-            g.rate = min(g.cap, left / n)
-            left, n = left - g.rate * len(g.heap), n - len(g.heap)
-            g.rate *= factor
-            wait = min(wait, (g.heap[0][0] - g.served) * 8 / g.rate)
+        wait = math.inf
+        if self._demand <= self.params.rate_bps:  # the line is not full: every flow at its cap
+            for g in self.groups.values():
+                g.rate = g.cap * factor
+                wait = min(wait, (g.heap[0][0] - g.served) * 8 / g.rate)
+        else:
+            left = self.params.rate_bps
+            for g in sorted(self.groups.values(), key=_CAP):
+                g.rate = min(g.cap, left / n)
+                left, n = left - g.rate * len(g.heap), n - len(g.heap)
+                g.rate *= factor
+                wait = min(wait, (g.heap[0][0] - g.served) * 8 / g.rate)
         gen = self._gen
         self.env.timeout(max(0.0, wait)).callbacks.append(lambda _e: self._fire(gen))
 
@@ -318,8 +351,15 @@ class Line:
         if gen != self._gen:
             return  # a transfer joined or left since: a newer timer stands
         self._advance()
-        for g in self.groups.values():
+        due = []
+        for cap, g in list(self.groups.items()):
             slack = _DONE_BYTES + g.served * 1e-12  # float rounding of the virtual clock
             while g.heap and g.heap[0][0] <= g.served + slack:
-                heapq.heappop(g.heap)[2].succeed()
+                due.append(heapq.heappop(g.heap)[2])
+                self._n -= 1
+                self._demand -= min(cap, 2 * self.params.rate_bps)
+            if not g.heap:
+                del self.groups[cap]  # a slow-start round's cap may not come again
+        for then in due:
+            then()
         self._reschedule()

@@ -5,7 +5,7 @@ starts at the window the last one left, restarted only after an idle RTO (not un
 import pytest
 import simpy
 
-from experiments.sim.wan import INITIAL_WINDOW_SEGMENTS, MSS_BYTES, Line, LineParams, restart_window, slow_start
+from experiments.sim.wan import INITIAL_WINDOW_SEGMENTS, MSS_BYTES, Line, LineParams, restart_window
 
 MB = 1_000_000
 FAT = LineParams(rate_bps=1e9, rtt_s=0.1)  # 12.5 MB a round trip; RTO 0.3 s
@@ -31,8 +31,12 @@ def second_transfer_s(gap_s: float, congestion: str = "cubic", peer=("p0", "md0"
 
 
 def cold_s(nbytes: float) -> float:
-    ramp_s, ramp_bytes = slow_start(nbytes, FAT.rate_bps, FAT.rtt_s)
-    return FAT.one_way_s + ramp_s + (nbytes - ramp_bytes) * 8 / FAT.rate_bps
+    """A new connection alone on FAT: rounds of one RTT from the initial window, doubling, until the rest fits
+    in a window (or the window carries the line's rate), then the rest at the line's rate."""
+    window, sent, seconds = IW, 0, 0.0
+    while window < FAT.rate_bps / 8 * FAT.rtt_s and nbytes - sent > window:
+        window, sent, seconds = window * 2, sent + window, seconds + FAT.rtt_s
+    return FAT.one_way_s + seconds + (nbytes - sent) * 8 / FAT.rate_bps
 
 
 def test_a_kept_connection_within_an_rto_skips_slow_start():

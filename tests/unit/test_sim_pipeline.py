@@ -83,7 +83,8 @@ def test_pdd_hands_over_to_the_md_and_the_rld_makes_few_tokens(tmp_path):
     assert pdd.routes == {"p-rld-md": 8}
     assert pdd.handoff["count"] == 8
     assert 0 < pdd.rld_token_share < 0.5  # eager tokens while the KV crosses (~0.25 s here), then the MD's
-    assert pdd.handoff["ready_ms"]["p50"] == pytest.approx(10.0)  # the IDs (~1.3 KB): one one-way delay
+    # the IDs (~1.3 KB): one one-way delay, and their ~10 us on the 1 Gbit/s line
+    assert pdd.handoff["ready_ms"]["p50"] == pytest.approx(10.0, abs=0.02)
     assert pdd.wan_handoff_bytes_total == sum(15 * n for n in [pdd.handoff["tokens"]["mean"]] * 8)
 
 

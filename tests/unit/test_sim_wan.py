@@ -81,7 +81,19 @@ def test_slow_start_a_transfer_within_the_first_window_takes_only_the_one_way_de
     seconds, sent = slow_start(100 * MB, 1e9, 0.1)  # 12.5 MB per RTT at 1 Gbit/s: 10 rounds to get there
     assert seconds == pytest.approx(1.0) and sent == 14_480 * (2**10 - 1)
     (t,) = arrivals(LineParams(rate_bps=1e9, rtt_s=0.1), [10_000])
+    assert t == pytest.approx(0.05 + 10_000 * 8 / 1e9)  # and its burst's time on the line
+    (t,) = arrivals(LineParams(rate_bps=math.inf, rtt_s=0.1), [10_000])  # unlimited: the rounds in closed form
     assert t == pytest.approx(0.05)
+
+
+@pytest.mark.parametrize("congestion", ["cubic", "bbr"])
+@pytest.mark.parametrize("n, size", [(50, 2 * MB), (8, 20 * MB), (200, 100_000)])
+def test_transfers_started_at_once_never_deliver_more_than_the_line_carries(congestion, n, size):
+    # Their slow-start rounds share the line too: by the k-th arrival the line has carried at least k transfers.
+    line = LineParams(rate_bps=100e6, rtt_s=0.1, loss=0.0001)  # 12.5 MB/s; a window carries 1.25 MB per RTT
+    done = sorted(arrivals(line, [size] * n, congestion=congestion))
+    for k, t in enumerate(done, 1):
+        assert k * size * 8 <= line.rate_bps * (t - line.one_way_s) * (1 + 1e-9), (k, t)
 
 
 def test_jitter_is_drawn_from_the_seed():
