@@ -143,6 +143,12 @@ def not_simulated(loaded: Loaded, configs: dict[str, SimConfig]) -> list[str]:
             f"Not simulated: policy.wan_estimate: measured ({', '.join(measured)}): the route decision uses the "
             f"static estimate (policy.wan_rate_mbit, the line's rate: no loss bound)."
         )
+    lookup = [v for v, c in configs.items() if c.mode == "pdd" and c.policy.drc_estimate == "lookup"]
+    if lookup:
+        out.append(
+            f"Not simulated: policy.drc_estimate: lookup ({', '.join(lookup)}): the route decision reads the "
+            f"MD's DRC hit at no cost (no WAN round trip to ask each MD, no failed lookup)."
+        )
     chunked = sorted({c.handoff for c in configs.values() if c.handoff in ("chunked", "auto")})
     if chunked or spec.handoff_per_request:
         out.append(f"Simulated as one-shot: the {', '.join(chunked) or 'per-request'} handoff.")
