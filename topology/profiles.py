@@ -35,9 +35,8 @@ import math
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
-
 from schema import Float, Int, Range, Str, build, literal_values, schema
+from topology import registry
 from topology.netem_grammar import (
     MAX_GAP,
     MAX_LIMIT_PKTS,
@@ -353,6 +352,14 @@ def _link_fields(data: dict[str, Any] | None, where: str) -> dict[str, Any]:
         raise ProfileError(f"{where}.netem {line!r}: {err}") from None
 
 
+def direction_from_dict(data: Any, where: str, folder: Path) -> LinkParams:
+    """One direction written alone (a topology line's `forward`): LinkParams fields or a netem line, its files
+    relative to `folder`; `where` prefixes every error."""
+    if not isinstance(data, dict):
+        raise ProfileError(f"{where}: expected LinkParams fields or {{netem: LINE}}, got {data!r}")
+    return link_params_from_dict(resolve_files(_link_fields(data, where), folder), where)
+
+
 def resolve_files(fields: dict[str, Any], folder: Path) -> dict[str, Any]:
     """A direction's fields with its files (rate_trace, a .dist table of delay's or slot's) relative to `folder`."""
 
@@ -400,25 +407,9 @@ def schedule_end_s(schedule: tuple[ScheduleStep, ...]) -> float:
 
 def available_profiles(directory: Path = PROFILE_DIR) -> list[str]:
     """Names of the shipped profiles."""
-    return sorted(p.stem for p in directory.glob("*.yaml"))
+    return registry.names(directory)
 
 
 def load_profile(name_or_path: str | Path, directory: Path = PROFILE_DIR) -> Profile:
     """Load a profile by registry name or by path to a YAML file."""
-    path = Path(name_or_path)
-    if path.suffix not in (".yaml", ".yml"):
-        path = directory / f"{name_or_path}.yaml"
-        if not path.exists():
-            raise ProfileError(
-                f"unknown profile {str(name_or_path)!r}; available: {', '.join(available_profiles(directory))}"
-            )
-    if not path.exists():
-        raise ProfileError(f"{path}: no such profile file")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ProfileError(f"{path}: not valid YAML: {exc}") from exc
-    profile = profile_from_dict(data, str(path), path)
-    if profile.name != path.stem:
-        raise ProfileError(f"{path}: name {profile.name!r} must equal the file name {path.stem!r}")
-    return profile
+    return registry.load(name_or_path, directory, "profile", ProfileError, profile_from_dict)
