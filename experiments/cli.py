@@ -6,6 +6,8 @@ experiments and maintenance commands. Not responsible for: the experiments.
 
     pddlab profiles                      list the shipped netem profiles
     pddlab check-profile FILE...         validate profile files
+    pddlab check-topology FILE... [--pools p=N,rld=N,md=N]
+                                         validate topology files; print sites, hosts, lines (topology.topofile)
     pddlab run [EXPERIMENT] [--profile NAME] [--backend auto|tc|userspace] [--set KEY=VALUE ...] [--cluster ADDR]
     pddlab sweep [EXPERIMENT] --over KEY=V1,V2,... [--over ...] [--repeat N] [--set ...] [--profile NAME]
                                          the experiment over a grid of values x repeats (experiments.run.sweep)
@@ -47,9 +49,11 @@ from experiments.analysis.linkstats import ProbePlan
 from experiments.spec.experiment import SpecError, available_specs
 from experiments.run.sweep import SweepError
 from experiments.spec.workload import TraceError
-from topology.profiles import ProfileError, available_profiles, load_profile
+from topology.naming import CROSS_ROLE
+from topology.profiles import DIRECTIONS, ProfileError, available_profiles, load_profile
 from topology.rate_trace import WINDOW_MS, load_trace, rate_schedule
 from topology.shaping import BACKENDS
+from topology.topofile import POOLS, TopologyError, gateway_ip, host_specs, line_specs, load_topology
 
 log = logging.getLogger("pddlab")
 OK, FAILED, BAD_INPUT, ENVIRONMENT, INTERRUPTED = 0, 1, 2, 3, 130
@@ -85,17 +89,59 @@ def _check_profile(args) -> int:
     for path in args.files:
         profile = load_profile(Path(path))
         print(f"{path}: ok")
-        for direction, line in profile.netem_lines().items():
-            print(f"  {direction}: netem {line}")
-            if trace_file := profile.direction(direction).rate_trace:  # the rate is the trace's, not in the line
-                trace = load_trace(trace_file)
-                plan = rate_schedule(trace)
-                print(
-                    f"  {direction}: rate_trace {trace_file}: mean {trace.mean_rate_mbit():.2f} Mbit/s over "
-                    f"{trace.period_ms} ms, looping; tc: one rate per {WINDOW_MS} ms window, "
-                    f"within {plan.max_window_error_pct:.1f}% of the mean"
-                )
+        _print_directions(profile, "  ")
     return 0
+
+
+def _print_directions(profile, indent: str, names: tuple[str, str] = DIRECTIONS) -> None:
+    """Each direction's netem line (named `names`: a line's own, forward first), and a trace's rate plan."""
+    for name, (direction, line) in zip(names, profile.netem_lines().items()):
+        print(f"{indent}{name}: netem {line}")
+        if trace_file := profile.direction(direction).rate_trace:  # the rate is the trace's, not in the line
+            trace = load_trace(trace_file)
+            plan = rate_schedule(trace)
+            print(
+                f"{indent}{name}: rate_trace {trace_file}: mean {trace.mean_rate_mbit():.2f} Mbit/s over "
+                f"{trace.period_ms} ms, looping; tc: one rate per {WINDOW_MS} ms window, "
+                f"within {plan.max_window_error_pct:.1f}% of the mean"
+            )
+
+
+def _check_topology(args) -> int:
+    pools = _pool_counts(args.pools)
+    for path in args.files:
+        topo = load_topology(Path(path))
+        hosts, lines = host_specs(topo, pools, cross=True), line_specs(topo)
+        print(f"{path}: ok ({topo.name}: {len(topo.sites)} site(s), {len(lines)} line(s))")
+        for site in topo.sites:
+            here = ", ".join(f"{pool}: {'all (--pools)' if n is None else n}" for pool, n in site.pools.items())
+            print(
+                f"  site {site.name} {site.subnet}: gateway {site.gateway} {gateway_ip(site)}, switch {site.switch}"
+                + (f"; pools {here}" if here else "")
+            )
+            for h in (h for h in hosts if h.cluster == site.name):
+                cross = " (made only with cross traffic)" if h.role == CROSS_ROLE else ""
+                print(f"    {h.name:<8} {h.ip:<15} {h.role}{cross}")
+        for ln in lines:
+            a, b = ln.ends
+            route = f"route {ln.route}" + (f", choose {ln.choose}" if ln.choose else "")
+            print(
+                f"  line {ln.name} {a.site}-{b.site}: {a.interface} {a.ip} - {b.interface} {b.ip} "
+                f"(/{ln.prefixlen}), {route if ln.route else 'its pair of sites has no other line'}"
+            )
+            _print_directions(ln.profile, "    ", tuple(ln.directions()))
+    return 0
+
+
+def _pool_counts(text: str) -> dict[str, int]:
+    """--pools p=2,md=3 -> {"p": 2, "md": 3}."""
+    out = {}
+    for item in filter(None, text.split(",")):
+        role, _, n = item.partition("=")
+        if role not in POOLS or not n.isdigit():
+            raise UsageError(f"--pools {item!r}: expected POOL=N with POOL one of {', '.join(POOLS)}")
+        out[role] = int(n)
+    return out
 
 
 def _run(args) -> int:
@@ -352,6 +398,10 @@ def parser() -> argparse.ArgumentParser:
     cp = sub.add_parser("check-profile", help="validate profile files")
     cp.add_argument("files", nargs="+")
     cp.set_defaults(func=_check_profile)
+    ct = sub.add_parser("check-topology", help="validate topology files; print their sites, hosts and lines")
+    ct.add_argument("files", nargs="+")
+    ct.add_argument("--pools", default="", help="workers of each pool a file places whole: p=N,rld=N,md=N (1 each)")
+    ct.set_defaults(func=_check_topology)
     run = sub.add_parser(
         "run", help="run an experiment", epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -493,7 +543,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return args.func(args)
-    except (ProfileError, UsageError, SpecError, SweepError, TraceError) as exc:
+    except (ProfileError, TopologyError, UsageError, SpecError, SweepError, TraceError) as exc:
         return _error(exc, BAD_INPUT)
     except (EnvironmentProblem, DockerError, RayRuntimeError, ShapingError) as exc:  # ShapingError: no netem
         return _error(exc, ENVIRONMENT)

@@ -67,14 +67,19 @@ class HostSpec:
     role: str
 
 
-def host_ip(role: str, index: int = 0) -> str:
-    """LAN address of a role's index-th host (index from 1; 0 for singletons)."""
+def host_number(role: str, index: int = 0) -> int:
+    """A role's index-th host's number inside its subnet (index from 1; 0 for singletons): the table above."""
     if role not in _HOST_OFFSETS:
         raise ValueError(f"unknown role {role!r}; known: {', '.join(_HOST_OFFSETS)}")
     if index < 0 or index > MAX_PER_ROLE:
         raise ValueError(f"{role} index {index} out of range 0..{MAX_PER_ROLE}")
+    return _HOST_OFFSETS[role] + index
+
+
+def host_ip(role: str, index: int = 0) -> str:
+    """LAN address of a role's index-th host (index from 1; 0 for singletons)."""
     net = "10.2.0" if role in _CLUSTER_B else "10.1.0"
-    return f"{net}.{_HOST_OFFSETS[role] + index}"
+    return f"{net}.{host_number(role, index)}"
 
 
 def host_name(role: str, index: int) -> str:
