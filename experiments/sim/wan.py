@@ -30,6 +30,7 @@ congestion control that paces itself). The handshake of a new connection is not 
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 import operator
@@ -233,7 +234,8 @@ class Line:
     ):
         self.env, self.params, self.calibration = env, params, calibration
         self.rng, self.slow_start, self.congestion = rng or random.Random(0), slow_start, congestion
-        self.groups: dict[float, _Group] = {}
+        self.groups: dict[float, _Group] = {}  # by cap, in the order they began (the order their ends fire)
+        self._by_cap: list[_Group] = []  # the same groups, lowest cap first (the max-min order)
         self.kept: dict[object, list[_Kept]] = {}  # peer -> its idle connections, the latest given back last
         self._t, self._gen, self._seq = 0.0, 0, 0
         self._n, self._demand = 0, 0.0  # transfers on the line, the sum of their caps (bit/s)
@@ -313,16 +315,21 @@ class Line:
 
     def _push(self, nbytes: float, cap: float, then) -> None:
         """nbytes at most cap (bit/s) on the line from now; then() once they are across (no reschedule)."""
-        g = self.groups.get(cap) or self.groups.setdefault(cap, _Group(cap))
+        g = self.groups.get(cap)
+        if g is None:
+            g = self.groups[cap] = _Group(cap)
+            bisect.insort(self._by_cap, g, key=_CAP)
         self._seq += 1
         heapq.heappush(g.heap, (g.served + nbytes, self._seq, then))
         self._n += 1
         self._demand += min(cap, 2 * self.params.rate_bps)  # an uncapped flow: more than the line, not inf
 
     def _advance(self) -> None:
-        dt, self._t = self.env.now - self._t, self.env.now
-        for g in self.groups.values():
-            g.served += g.rate / 8 * dt
+        now = self.env.now
+        dt, self._t = now - self._t, now
+        if dt:  # a join at the instant of an end serves nothing
+            for g in self.groups.values():
+                g.served += g.rate / 8 * dt
 
     def _reschedule(self) -> None:
         """Share the line among the groups (max-min over their caps), and time the next end."""
@@ -330,36 +337,52 @@ class Line:
         if not self.groups:
             self._n, self._demand = 0, 0.0  # no float drift carried over
             return
-        n = self._n
+        n, rate = self._n, self.params.rate_bps
         factor = self.calibration.factor(self.params, n) if self.calibration else 1.0
         wait = math.inf
-        if self._demand <= self.params.rate_bps:  # the line is not full: every flow at its cap
+        if self._demand <= rate:  # the line is not full: every flow at its cap
             for g in self.groups.values():
-                g.rate = g.cap * factor
-                wait = min(wait, (g.heap[0][0] - g.served) * 8 / g.rate)
+                g.rate = r = g.cap * factor
+                w = (g.heap[0][0] - g.served) * 8 / r
+                if w < wait:
+                    wait = w
         else:
-            left = self.params.rate_bps
-            for g in sorted(self.groups.values(), key=_CAP):
-                g.rate = min(g.cap, left / n)
-                left, n = left - g.rate * len(g.heap), n - len(g.heap)
-                g.rate *= factor
-                wait = min(wait, (g.heap[0][0] - g.served) * 8 / g.rate)
+            left = rate
+            for g in self._by_cap:
+                heap, cap = g.heap, g.cap
+                share, k = left / n, len(heap)
+                r = share if share < cap else cap
+                left, n = left - r * k, n - k
+                if factor != 1.0:
+                    r *= factor
+                g.rate = r
+                w = (heap[0][0] - g.served) * 8 / r
+                if w < wait:
+                    wait = w
         gen = self._gen
-        self.env.timeout(max(0.0, wait)).callbacks.append(lambda _e: self._fire(gen))
+        self.env.timeout(wait if wait > 0.0 else 0.0).callbacks.append(lambda _e: self._fire(gen))
 
     def _fire(self, gen: int) -> None:
         if gen != self._gen:
             return  # a transfer joined or left since: a newer timer stands
-        self._advance()
-        due = []
-        for cap, g in list(self.groups.items()):
-            slack = _DONE_BYTES + g.served * 1e-12  # float rounding of the virtual clock
-            while g.heap and g.heap[0][0] <= g.served + slack:
-                due.append(heapq.heappop(g.heap)[2])
+        now = self.env.now
+        dt, self._t = now - self._t, now
+        due, gone, line_bps = [], [], 2 * self.params.rate_bps
+        for cap, g in self.groups.items():  # _advance and the ends due, in one pass
+            served = g.served
+            if dt:
+                served = g.served = served + g.rate / 8 * dt
+            heap, reach = g.heap, served + (_DONE_BYTES + served * 1e-12)  # float rounding of the virtual clock
+            if heap[0][0] > reach:
+                continue
+            while heap and heap[0][0] <= reach:
+                due.append(heapq.heappop(heap)[2])
                 self._n -= 1
-                self._demand -= min(cap, 2 * self.params.rate_bps)
-            if not g.heap:
-                del self.groups[cap]  # a slow-start round's cap may not come again
+                self._demand -= cap if cap < line_bps else line_bps
+            if not heap:
+                gone.append(cap)  # a slow-start round's cap may not come again
+        for cap in gone:
+            self._by_cap.remove(self.groups.pop(cap))
         for then in due:
             then()
         self._reschedule()

@@ -96,6 +96,36 @@ def test_transfers_started_at_once_never_deliver_more_than_the_line_carries(cong
         assert k * size * 8 <= line.rate_bps * (t - line.one_way_s) * (1 + 1e-9), (k, t)
 
 
+def test_staggered_transfers_share_the_line_max_min_and_all_arrive():
+    # Transfers joining while others are in their rounds: a round's cap empties and comes again (the line keeps
+    # its flows by cap, lowest first, as the max-min order), and every one of them still arrives.
+    params, rng = LineParams(rate_bps=100e6, rtt_s=0.1, loss=0.0001), random.Random(5)
+    env = simpy.Environment()
+    line, done = Line(env, params, congestion="bbr"), []
+
+    def go(start_s, n):
+        yield env.timeout(start_s)
+        yield line.transfer(n)
+        done.append((env.now, n))
+
+    def shares():  # between events, each flow runs at its max-min fair share of the line
+        for _ in range(250):
+            yield env.timeout(0.0123)
+            caps = [g.cap for g in line.groups.values() for _flow in g.heap]
+            rates = [g.rate for g in line.groups.values() for _flow in g.heap]
+            assert rates == pytest.approx(fair_share(caps, params.rate_bps), rel=1e-9)
+
+    for _ in range(60):
+        env.process(go(rng.uniform(0, 2), rng.choice([20_000, 300_000, 2 * MB, 8 * MB])))
+    env.process(shares())
+    env.run()
+    assert len(done) == 60 and line.flows == 0 and not line.groups
+    carried = 0
+    for t, n in sorted(done):
+        carried += n
+        assert carried * 8 <= params.rate_bps * (t - params.one_way_s) * (1 + 1e-9), (t, carried)
+
+
 def test_jitter_is_drawn_from_the_seed():
     line = LineParams(rate_bps=1e9, rtt_s=0.1, jitter_s=0.01)
     same = [arrivals(line, [1000], rng=random.Random(7)) for _ in range(2)]
