@@ -228,6 +228,17 @@ class DecodeCost:
         flops, nbytes = f0 + df * context_sum, b0 + db * context_sum
         return max(flops / flops_per_s, nbytes / self._bytes_per_s) + overhead  # StepCost.seconds
 
+    def ends(self, batch: int, context_sum: int, steps: int) -> tuple[list[float], float]:
+        """The ends (s from the first's start) of `steps` consecutive steps of the same B sessions, each step's
+        contexts one token longer than the last's, and the last end: `seconds` summed step by step, inlined."""
+        f0, df, b0, db, flops_per_s, overhead = self._lines.get(batch) or self._line(batch)
+        bytes_per_s, ends, t = self._bytes_per_s, [], 0.0
+        for c in range(context_sum, context_sum + steps * batch, batch):
+            compute, memory = (f0 + df * c) / flops_per_s, (b0 + db * c) / bytes_per_s
+            t += (memory if memory > compute else compute) + overhead
+            ends.append(t)
+        return ends, t
+
     def _line(self, batch: int):
         r = self.roofline
         zero = [Part(1, 0, 1)] * batch
@@ -328,10 +339,7 @@ class DecodeWorker:
         env, batch = self.env, list(self.active)
         n, ctx = len(batch), sum(s.context for s in batch)
         k = min(self._plan, min(s.left for s in batch))
-        ends, t = [], 0.0
-        for i in range(k):
-            t += self.cost.seconds(n, ctx + i * n)
-            ends.append(t)
+        ends, t = self.cost.ends(n, ctx, k)
         start = env.now
         wake = self._wake = env.event()  # the run's end or a change, whichever comes first
         env.timeout(t).callbacks.append(lambda _e: wake.triggered or wake.succeed())

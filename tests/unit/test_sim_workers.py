@@ -24,6 +24,18 @@ def test_a_decode_step_costs_what_the_roofline_says(arch, accel, devices):
         assert cost.seconds(batch, sum(contexts)) == pytest.approx(expected, rel=1e-9)
 
 
+def test_a_run_of_steps_ends_where_its_steps_summed_one_by_one_end():
+    # DecodeCost.ends inlines seconds() for a run of steps (one SimPy wait): the same floats, not close ones.
+    cat = load_catalogue()
+    cost = DecodeCost(Roofline(cat.accelerator("h20"), cat.model("kimi-k2"), 16))
+    for batch, context_sum, steps in ((1, 0, 1), (3, 9_000, 64), (40, 1_234_567, 17)):
+        ends, t = [], 0.0
+        for i in range(steps):
+            t += cost.seconds(batch, context_sum + i * batch)
+            ends.append(t)
+        assert cost.ends(batch, context_sum, steps) == (ends, t)
+
+
 def test_sessions_on_one_worker_share_its_steps():
     cat = load_catalogue()
     roof = Roofline(cat.accelerator("h20"), cat.model("kimi-k2"), 16)
