@@ -108,6 +108,8 @@ def test_a_pdd_request_through_ray_gives_the_reference_tokens(cluster, tmp_path,
         assert (tmp_path / "logs" / f"{worker}.log").stat().st_size > 0
     md_events = read_events(tmp_path / "events" / "md1.jsonl")
     assert any(e.request_id == "ray-1" for e in md_events)
+    # the role process the actor started (not the actor) recorded its CPU time at its stop, brought back by stop()
+    assert md_events[-1].event == "role_cpu" and md_events[-1].fields["cpu_s"] > 0, md_events[-1]
     log.info(
         "roles placed, started and SERVING in %.1f s; resident memory (MiB) role/actor: %s",
         ready_s,

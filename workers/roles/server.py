@@ -4,7 +4,8 @@ Responsible for: building a worker's engine (one torch thread) and event log
 from the config; a gRPC server with the standard health service (SERVING only
 once the role is ready, NOT_SERVING while stopping) and the `Worker.Stats`
 service; serving until SIGTERM/SIGINT and then stopping gracefully; mapping
-engine errors to gRPC status codes.
+engine errors to gRPC status codes; a role process's last event, `role_cpu`:
+the CPU time it used (written once it stopped, so a SIGKILLed role has none).
 Not responsible for: what a role does (prefill, decode, router modules).
 """
 
@@ -15,9 +16,11 @@ import ctypes
 import faulthandler
 import logging
 import os
+import resource
 import signal
 import sys
 import threading
+import time
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -315,9 +318,69 @@ def role_main(
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     with build(cfg, worker):
+        serving = cpu_now()
         stop.wait()
+    record_cpu(cfg, worker, serving)
     exit_after_stop(0)
     return 0
+
+
+@dataclass(frozen=True)
+class CpuTimes:
+    """This process's CPU time so far: user_s, system_s (s, every thread: getrusage RUSAGE_SELF); t_ns: when
+    taken (time.monotonic_ns)."""
+
+    user_s: float
+    system_s: float
+    t_ns: int
+
+    @property
+    def cpu_s(self) -> float:
+        return self.user_s + self.system_s
+
+
+def cpu_now() -> CpuTimes:
+    """This process's CPU time now. RUSAGE_SELF is the role's own process under every runtime: a plain process,
+    a container's, or under Ray the process its RoleHost actor starts (ray_rt/roles.py), not the actor."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return CpuTimes(ru.ru_utime, ru.ru_stime, time.monotonic_ns())
+
+
+def process_age_s() -> float | None:
+    """Seconds since this process started (its /proc/self/stat starttime against CLOCK_BOOTTIME, the clock that
+    starttime counts on), so interpreter start and imports count; None where /proc cannot say."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        started_s = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22 of proc(5); fields[0] is field 3
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - started_s
+    except (OSError, IndexError, ValueError, AttributeError):
+        return None
+
+
+def cpu_fields(serving: CpuTimes, end: CpuTimes, age_s: float | None) -> dict[str, float | None]:
+    """The role_cpu event's fields (s): user_s, system_s and cpu_s (their sum) over the whole process;
+    startup_cpu_s: before it served (interpreter, imports, engine and weights); serving_cpu_s: from serving to
+    the end of its stop; wall_s: the process's age; serving_wall_s: from serving to the end."""
+    return {
+        "user_s": round(end.user_s, 3),
+        "system_s": round(end.system_s, 3),
+        "cpu_s": round(end.cpu_s, 3),
+        "startup_cpu_s": round(serving.cpu_s, 3),
+        "serving_cpu_s": round(end.cpu_s - serving.cpu_s, 3),
+        "wall_s": None if age_s is None else round(age_s, 3),
+        "serving_wall_s": round((end.t_ns - serving.t_ns) / 1e9, 3),
+    }
+
+
+def record_cpu(cfg: DeploymentConfig, worker: WorkerConfig, serving: CpuTimes) -> None:
+    """Append role_cpu, the process's CPU time, to the worker's event log, once its server stopped and its role
+    closed the log: the last line. A role killed by SIGKILL never gets here: the analysis counts it missing."""
+    try:
+        events = event_log(cfg, worker, cfg.role_of(worker.name))
+        events.emit("role_cpu", **cpu_fields(serving, cpu_now(), process_age_s()))
+        events.close()
+    except OSError as err:
+        log.warning("%s: role_cpu not recorded: %s", worker.name, err)
 
 
 def exit_after_stop(code: int) -> None:
