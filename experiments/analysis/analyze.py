@@ -27,6 +27,7 @@ from experiments.analysis import (
     plots,
     published,
     records,
+    rolecpu,
     runmeta,
     similarity,
     summary_md,
@@ -252,6 +253,7 @@ def analyze(run_dir: Path) -> dict:
     limits.add_to(summary, events, meta)  # after add_wan_analysis, which starts the warnings
     mark_machinery(summary)
     add_workers(summary, recs, events, rm)
+    rolecpu.add_to(summary, events, {v: ["router", *(w.name for w in ws)] for v, ws in rm.workers.items()})
     judge_divergences(run_dir, summary["streams"], spec)
     summary["complete"] = meta.complete
     # what analysed it (a run re-analysed by newer code says so): the commit, its dirty flag, the packages

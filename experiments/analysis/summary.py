@@ -88,6 +88,33 @@ class Comparison(Closed):
     caveat: str | None = None
 
 
+class RoleCpu(Closed):
+    """One role kind's CPU time in one variant (experiments.analysis.rolecpu), summed over its workers that
+    reported it (their role_cpu event); s. workers: how many reported; missing: its workers that did not (killed
+    by SIGKILL: their share is not in the sums). cpu_s = user_s + system_s over the processes' lives;
+    startup_cpu_s before they served, serving_cpu_s since; wall_s: their ages summed (None where one is unknown)"""
+
+    workers: int
+    missing: list[str] = []
+    cpu_s: float | None = None
+    user_s: float | None = None
+    system_s: float | None = None
+    startup_cpu_s: float | None = None
+    serving_cpu_s: float | None = None
+    wall_s: float | None = None
+
+
+class RolesCpu(Closed):
+    """The roles' CPU time in one variant: per role kind (p, rld, md, router), the totals over the kinds that
+    reported, the serving CPU per completed request (s), and every worker that never reported."""
+
+    roles: dict[str, RoleCpu]
+    cpu_s: float | None = None
+    serving_cpu_s: float | None = None
+    serving_cpu_s_per_request: float | None = None
+    missing: list[str] = []
+
+
 class VariantSummary(BaseModel):
     """Every figure of one variant (experiments.analysis.metrics.variant_summary, then analyze's additions)."""
 
@@ -149,6 +176,9 @@ class VariantSummary(BaseModel):
     # The worse direction's p99 lateness of the userspace emulator's frames in the variant's window (ms; None
     # under tc, where there is no emulator): above 1 ms the machinery is in what was measured.
     emulator_p99_late_ms: Annotated[float | None, Column("emulator p99 late ms", 1)] = None
+    # the roles' CPU time (experiments.analysis.rolecpu); absent from summaries made before it and from runs whose
+    # roles predate role_cpu (still version 2)
+    roles_cpu: RolesCpu | None = None
 
 
 # The similarity ratios (experiments.analysis.similarity computes them): name -> heading in summary.md

@@ -15,7 +15,7 @@ from __future__ import annotations
 from experiments.analysis import limits
 from experiments.analysis.formats import num as _f, pct as _pct, ratio_end as _ratio_end, size as _mb
 from experiments.analysis.summary import Stats, Summary, VariantSummary, columns
-from experiments.analysis import cost, published
+from experiments.analysis import cost, published, rolecpu
 from experiments.analysis.summary_pdd import _handoff_section, _pdd_section, _settle_lines, similarity_section
 from experiments.rundir.metadata import RunMetadata
 from experiments.spec.workload import bucket_names
@@ -126,6 +126,7 @@ def _rest(per: dict, summary: Summary, meta: RunMetadata) -> list[str]:
     lines += _wan_bytes_section(per)
     lines += _fallback_section(per)
     lines += _workers_section(per)
+    lines += rolecpu.markdown_section(summary)
     lines += _pdd_section(per.get("pdd"), summary.model_dump(mode="json"))
     lines += _settle_lines(meta)
     lines += _handoff_section(per)
