@@ -75,7 +75,8 @@ class Rec:
             self.token_workers += [worker.name] * len(times)
             self.counts[worker.model.role] += len(times)
         self.live = []
-        r, ms = self.req, [(t - self.t0) * 1e3 for t in self.times]
+        r, t0 = self.req, self.t0
+        ms = [(t - t0) * 1e3 for t in self.times]
         n, ok = len(ms), self.error is None
         if self.handoff is not None and n > 1:
             self.handoff["gap_ms"] = max(b - a for a, b in zip(ms, ms[1:]))

@@ -372,7 +372,7 @@ class DecodeWorker:
                 gone.append(s)
         self.tokens += n * done
         if gone:
-            ids = {id(s) for s in gone}
-            self.active = [s for s in self.active if id(s) not in ids]
+            leaving = set(gone)  # a Session compares by identity
+            self.active = [s for s in self.active if s not in leaving]
             for s in gone:
                 s.released.succeed()
