@@ -56,8 +56,8 @@ from workers.roles.routing import Route, decide_route
 MD_NEVER_READY = fallback_cause({"event": "completed_on_rld", "reason": "md_never_ready"})
 KV_TIMEOUT = "kv_timeout"  # a decode session's end reason past decode.kv_wait_ms (workers/roles/decode.py)
 # The collector's young generation while a simulation runs (Python's default: 700): its events, closures and
-# generators make few cycles, so collecting every 700 allocations cost ~15% of the run for no memory back (3 x
-# 10,000 requests at published scale: peak RSS 552 MB with the default, 553 MB with this, 554 MB without any).
+# generators make few cycles, so collecting every 700 allocations cost up to ~15% of the run for no memory back
+# (3 x 10,000 requests at published scale: peak RSS 550-552 MB with this or with the default).
 GC_YOUNG_OBJECTS = 100_000
 _SESSIONS, _QUEUED_TOKENS = operator.attrgetter("sessions"), operator.attrgetter("queued_tokens")  # loads
 
