@@ -6,7 +6,7 @@ SET     ?=
 RUN     ?=
 PROFILE ?=
 BACKEND ?= auto
-PYTEST  := $(PY) -m pytest -q -rs
+PYTEST  := $(PY) -m pytest -q -rs --durations=10 --durations-min=20
 # --profile only when PROFILE is given: otherwise the spec's own `profile:` holds.
 PROFILE_ARG = $(if $(PROFILE),--profile $(PROFILE))
 
@@ -25,9 +25,10 @@ docker: setup ## the Docker engine: installed, and dockerd started when nothing 
 # `clean` first: a run that crashed (or a machine restarted mid-run) leaves state the topology tiers refuse.
 test: setup clean lint test-unit test-roles test-ray test-emulation test-faults test-docker vm-test ## every tier, as CI runs it
 
-lint: setup ## ruff check and format check (generated gRPC stubs excluded)
+lint: setup ## ruff check and format check (generated gRPC stubs excluded), and docs/architecture.md's modules section
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
+	.venv/bin/python scripts/architecture.py --check
 
 test-unit: setup ## no-root unit tests of pure logic
 	$(PYTEST) tests/unit tests/experiments tests/vm/test_vm_builders.py
