@@ -10,7 +10,7 @@ PYTEST  := $(PY) -m pytest -q -rs --durations=10 --durations-min=20
 # --profile only when PROFILE is given: otherwise the spec's own `profile:` holds.
 PROFILE_ARG = $(if $(PROFILE),--profile $(PROFILE))
 
-.PHONY: help setup docker image lint test test-unit test-roles test-ray test-emulation test-faults test-docker vm-test \
+.PHONY: help setup docker image lint test test-unit test-roles test-ray test-emulation test-extended test-faults test-docker vm-test \
 	bench run-experiment sweep analyze compare docs-figures clean profiles net serve
 
 help: ## this list
@@ -51,7 +51,10 @@ test-docker: setup image ## Docker hosts in the topology (root)
 	$(PYTEST) tests/docker
 
 test-emulation: setup ## the topology, fidelity and experiments end to end (root)
-	$(PYTEST) tests/emulation
+	$(PYTEST) -m "not extended" tests/emulation
+
+test-extended: setup ## what make test leaves out for CI's time: fidelity of wan-cross-country and wan-flaky (root)
+	$(PYTEST) -m extended tests/emulation
 
 test-faults: setup ## faults under load: every component SIGKILLed mid-run, the WAN down, heavy loss (root)
 	$(PYTEST) tests/faults
