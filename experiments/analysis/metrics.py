@@ -411,7 +411,10 @@ def _wan_ratio(records: list[RequestRecord], subject: str, base: str, offered: d
 
 def _goodput_ratio(records: list[RequestRecord], subject: str, base: str, slo) -> list[dict]:
     """goodput(subject) / goodput(base): each issued request counts 1/duration of its variant if it met the SLO,
-    so a sum is that variant's goodput (durations kept fixed)."""
+    so a sum is that variant's goodput (durations kept fixed). No interval where every request of both variants
+    met the SLO: the ratio is then the two windows' (first issue to last end), which resampling requests cannot
+    move, and a zero-width interval would claim a certainty the run does not hold (repeats measure it: a
+    sweep's REPEAT)."""
     samples = {}
     for v in (subject, base):
         recs = [r for r in records if r.variant == v and r.issued]
@@ -422,7 +425,10 @@ def _goodput_ratio(records: list[RequestRecord], subject: str, base: str, slo) -
     x, y = samples[subject], samples[base]
     if x is None or y is None or not y.values.sum():
         return []
-    return [_entry("goodput_rps", subject, base, *_ratio(x, y, "sum"))]
+    ratio, ci, paired = _ratio(x, y, "sum")
+    if np.ptp(x.values) == 0 and np.ptp(y.values) == 0:
+        ci = None
+    return [_entry("goodput_rps", subject, base, ratio, ci, paired)]
 
 
 def wan_estimate_ms(tokens: float, kv_bytes_per_token: int, rate_mbit: float) -> float:

@@ -273,3 +273,23 @@ def test_goodput_ratio_counts_requests_meeting_the_slo_per_second_of_each_varian
     [entry] = metrics._goodput_ratio(recs, "pdd", "pd-intra", slo)
     assert entry["ratio"] == pytest.approx(2.0) and entry["metric"] == "goodput_rps" and entry["paired"]
     assert entry["ci95"][0] < 2.0 < entry["ci95"][1]
+
+
+def test_goodput_ratio_has_no_interval_where_every_request_met_the_slo():
+    """All met in both: the ratio is the windows' (here 29.1 s over 30.1 s), which resampling cannot move; a
+    zero-width interval ([0.97, 0.97], verdict 'lower') would claim what one run cannot hold."""
+    from types import SimpleNamespace
+
+    from experiments.analysis import metrics
+
+    def rec(variant, i, late_ns):
+        return SimpleNamespace(
+            variant=variant, issued=True, ok=True, ttft_ms=50.0, tpot_ms=10.0, e2e_ms=100.0,
+            t_send_ns=i * 10**9, t_done_ns=i * 10**9 + 10**8 + late_ns, session=f"s{i % 10}", request_id=f"r{i}",
+        )  # fmt: skip
+
+    slo = SimpleNamespace(ttft_ms=100.0, tpot_ms=50.0, e2e_ms=0.0)
+    recs = [rec("pdd", i, 10**9 if i == 29 else 0) for i in range(30)] + [rec("pd-intra", i, 0) for i in range(30)]
+    [entry] = metrics._goodput_ratio(recs, "pdd", "pd-intra", slo)
+    assert entry["ratio"] == pytest.approx(29.1 / 30.1)
+    assert entry["ci95"] is None and entry["verdict"] == "not judged"
