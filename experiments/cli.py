@@ -11,7 +11,8 @@ experiments and maintenance commands. Not responsible for: the experiments.
     pddlab run [EXPERIMENT] [--profile NAME] [--backend auto|tc|userspace] [--set KEY=VALUE ...] [--cluster ADDR]
     pddlab sweep [EXPERIMENT] --over KEY=V1,V2,... [--over ...] [--repeat N] [--set ...] [--profile NAME]
                                          the experiment over a grid of values x repeats (experiments.run.sweep)
-    pddlab sweep --resume SWEEP_DIR      run the points an interrupted sweep had not finished
+    pddlab sweep --resume SWEEP_DIR      run the points an interrupted sweep had not finished (a finished one:
+                                         read its runs again, e.g. after pddlab analyze, and rewrite sweep.md)
     pddlab analyze RUN_DIR               recompute summary and plots of a serving experiment's run
     pddlab compare DIR DIR [DIR ...] [--json FILE]
                                          runs (or sweeps) of one spec side by side: ratios, intervals, verdicts
@@ -211,8 +212,8 @@ def _sweep(args) -> int:
         )
         points = sweep.validate(plan)  # every point's spec and workload: fail before anything starts
         out = None
-    if sweep.needs_topology(plan):
-        _check_environment()
+    if sweep.needs_topology(plan) and any(p.status != "complete" for p in points):
+        _check_environment()  # a finished sweep resumed only writes its report again (no root, no topology)
     out = out or sweep.new_sweep_dir(plan, Path(args.results) if args.results else sweep.rundir.RESULTS)
     sweep.run(plan, out, points)
     print((out / "sweep.md").read_text())

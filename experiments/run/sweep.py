@@ -415,13 +415,19 @@ def load(out: Path) -> tuple[Plan, list[Point], dict]:
 
 
 def resume(out: Path) -> tuple[Plan, list[Point]]:
-    """The plan and points of an earlier sweep directory (finished points kept)."""
+    """The plan and points of an earlier sweep directory (finished points kept). A finished point whose run
+    holds a summary.json is read again: a run analysed anew since (`pddlab analyze`, after an analysis change)
+    counts with its new figures."""
     if not (out / "sweep.json").exists():
         raise SweepError(f"--resume {out}: no sweep.json there")
     plan, points, _ = load(out)
     for p in points:
-        if p.status == "complete" and not (out / p.run_dir / "metadata.json").exists():
+        if p.status != "complete":
+            continue
+        if not (out / p.run_dir / "metadata.json").exists():
             p.status = "pending"  # its run directory is gone: run it again
+        elif (out / p.run_dir / "summary.json").exists():
+            _read_point(out, p)
     validate(plan)  # the specs and profiles still load on this checkout
     return plan, points
 

@@ -210,6 +210,26 @@ def test_resume_keeps_finished_points_and_reruns_those_whose_directory_is_gone(t
         sweep.resume(tmp_path / "runs")
 
 
+def test_resume_reads_a_finished_run_again_so_a_new_analysis_counts(tmp_path):
+    """`pddlab analyze` of a sweep's run after an analysis change, then `--resume`: the point's figures are
+    the run's summary.json now, not what sweep.json held."""
+    from fake_run import make_run
+
+    from experiments.analysis import analyze
+
+    pl = plan("link.loss_pct=0")
+    [p] = validate(pl)
+    (tmp_path / "runs").mkdir()
+    run = make_run(tmp_path / "runs")
+    analyze.analyze(run)
+    p.status, p.run_dir, p.metrics = "complete", str(run.relative_to(tmp_path)), {"pdd": {"stale": 1}}
+    (tmp_path / "sweep.json").write_text(json.dumps({"plan": pl.to_dict(), "points": [sweep.dataclasses.asdict(p)]}))
+    _, [again] = sweep.resume(tmp_path)
+    summary = json.loads((run / "summary.json").read_text())
+    assert again.status == "complete" and set(again.metrics) == set(summary["variants"])
+    assert again.metrics["pdd"]["ttft_p50_ms"]["value"] == summary["variants"]["pdd"]["ttft_ms"]["p50"]
+
+
 def test_an_earlier_attempt_is_set_aside_not_overwritten(tmp_path):
     d = tmp_path / "p00-r0"
     d.mkdir()
