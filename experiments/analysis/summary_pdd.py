@@ -131,9 +131,7 @@ def _pdd_section(p: dict | None, summary: dict) -> list[str]:
         f"- singular requests: {p['singular']['count']}, WAN bytes saved {_mb(p['singular']['kv_bytes_saved'])}",
         *_md_cache_lines(p),
         f"- fallbacks: {p['fallbacks'] or 'none'}",
-        f"- median uncached suffix {_f(summary['reference']['median_uncached_tokens'])} tokens = "
-        f"{_f(summary['reference']['wan_estimate_ms_median_uncached'], 1)} ms on the WAN at "
-        f"{summary['reference']['wan_rate_mbit']:g} Mbit/s",
+        _uncached_line(summary["reference"]),
         *_why_few_handoffs(p),
     ]
 
@@ -213,6 +211,17 @@ def _published(p: Published) -> str:
     if p.value is None:
         return "not published" if p.basis.startswith("not published") else "–"
     return f"{'' if p.relation == '≈' else p.relation + ' '}{_g(p.value)}"
+
+
+def _uncached_line(ref: dict) -> str:
+    """The median uncached suffix and its time on the WAN at the profile's rate; a line with no fixed rate (a
+    rate trace, or unlimited) has no such time."""
+    tokens = f"- median uncached suffix {_f(ref['median_uncached_tokens'])} tokens"
+    if not ref.get("wan_rate_mbit"):
+        return f"{tokens} (no fixed WAN rate: a rate trace or an unlimited line)"
+    return (
+        f"{tokens} = {_f(ref['wan_estimate_ms_median_uncached'], 1)} ms on the WAN at {ref['wan_rate_mbit']:g} Mbit/s"
+    )
 
 
 def _factor(r: SimilarityRatio) -> str:

@@ -235,3 +235,17 @@ def test_handoffs_by_variant_and_the_std_ratio_of_ids_to_kv():
 
 def test_stats_has_the_sample_std():
     assert metrics.stats([1.0, 3.0])["std"] == pytest.approx(math.sqrt(2)) and metrics.stats([5.0])["std"] == 0.0
+
+
+def test_a_wan_without_a_fixed_rate_is_analysed(tmp_path):
+    """A rate trace (wan-cellular-trace) or an unlimited line has no rate_mbit: the pdd section says so (the
+    analysis of the default experiment on wan-cellular-trace raised a TypeError formatting None)."""
+    run = make_run(tmp_path)
+    meta = json.loads((run / "metadata.json").read_text())
+    for d in ("a_to_b", "b_to_a"):
+        meta["topology"]["wan_profile"][d]["rate_mbit"] = 0.0  # what a rate trace records
+    (run / "metadata.json").write_text(json.dumps(meta))
+    analyze.analyze(run)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["reference"]["wan_rate_mbit"] is None
+    assert "no fixed WAN rate" in (run / "summary.md").read_text()
