@@ -24,7 +24,7 @@ WHY = {
 
 def failures(run_dir: Path) -> list[str]:
     """What failed in the run at run_dir, one line each; [] when every variant of its spec ran to the end and
-    the run was analysed (summary.json written)."""
+    the run was analysed (summary.json and summary.md written: the analysis writes summary.md last)."""
     meta = metadata.read(run_dir)
     out = [f"the run ended early: {meta.error}"] if meta.error else []
     if meta.interrupted:
@@ -35,6 +35,6 @@ def failures(run_dir: Path) -> list[str]:
             out.append(f"variant {variant} never ran")
         elif record.status not in RAN:
             out.append(f"variant {variant} {record.status}: {record.error or WHY.get(record.status, '')}".rstrip(": "))
-    if not (Path(run_dir) / "summary.json").exists():
+    if not all((Path(run_dir) / name).exists() for name in ("summary.json", "summary.md")):
         out.append(f"no analysis (rerun: pddlab analyze {run_dir})")
     return [" ".join(line.split()) for line in out]  # a role's output in an error stays on its line
