@@ -130,6 +130,8 @@ def test_a_refused_frame_is_tried_again_and_lost_only_past_the_retry_time(monkey
     port = object.__new__(userspace.WirePort)
     port.tx_errors = port.tx_retries = 0
     port.sock = Sock(refusals=2)
+    # A retry time no loaded machine outlasts: at 2 ms, a 20 us sleep that woke late under make test lost "a".
+    monkeypatch.setattr(userspace, "SEND_RETRY_S", 60.0)
     port.send_all([b"a", b"b"])
     assert port.sock.sent == [b"a", b"b"] and (port.tx_retries, port.tx_errors) == (2, 0)
     monkeypatch.setattr(userspace, "SEND_RETRY_S", 0.0005)
