@@ -38,7 +38,11 @@ PERCENTILES = (50, 90, 95, 99)
 def percentile(xs: list[float], p: float) -> float:
     """Linear-interpolated percentile (numpy's default), p in 0..100; +inf (a failed request) ranks last and a
     percentile that reaches it is +inf."""
-    s = sorted(xs)
+    return _sorted_percentile(sorted(xs), p)
+
+
+def _sorted_percentile(s: list[float], p: float) -> float:
+    """percentile of values already sorted (one sort serves every percentile of a sample)."""
     if not s:
         return math.nan
     k = (len(s) - 1) * p / 100
@@ -68,8 +72,9 @@ def stats(xs: list[float], clusters: list | None = None) -> dict:
     out: dict = {"n": len(finite), "failed": len(vals) - len(finite), "beyond_completed": []}
     out["mean"] = mean(finite) if finite else None
     out["std"] = stdev(finite) if len(finite) > 1 else (0.0 if finite else None)
+    ordered = sorted(vals)
     for p in PERCENTILES:
-        q = percentile(vals, p)
+        q = _sorted_percentile(ordered, p)
         out[f"p{p}"] = None if math.isinf(q) else q
         if math.isinf(q):
             out["beyond_completed"].append(f"p{p}")
@@ -244,8 +249,7 @@ def variant_summary(recs: list[RequestRecord], slo) -> dict:
         "ttft_ms": request_stats(recs, lambda r: r.ttft_ms),
         "ttft_decode_ms": request_stats(recs, lambda r: r.ttft_decode_ms),
         "tpot_ms": request_stats(recs, lambda r: r.tpot_ms),
-        # inter-token gaps of completed requests, clustered by request (its gaps share its decode worker)
-        "itl_ms": stats([g for r in ok for g in itls(r)], [r.request_id for r in ok for _ in itls(r)]),
+        "itl_ms": _itl_stats(ok),
         "decode_batch": stats([r.decode_batch for r in ok], [r.session for r in ok]),
         "e2e_ms": request_stats(recs, lambda r: r.e2e_ms),
         "goodput_rps": len(good) / dur if dur else None,
@@ -272,6 +276,13 @@ def variant_summary(recs: list[RequestRecord], slo) -> dict:
     }
     out["vllm"] = vllm_names(out)
     return out
+
+
+def _itl_stats(ok: list[RequestRecord]) -> dict:
+    """stats of the completed requests' inter-token gaps, clustered by request (its gaps share its decode
+    worker)."""
+    gaps = [itls(r) for r in ok]
+    return stats([g for gs in gaps for g in gs], [r.request_id for r, gs in zip(ok, gaps) for _ in gs])
 
 
 def _completion_ci(issued: list[RequestRecord]) -> list[float] | None:
