@@ -81,12 +81,22 @@ def stats(xs: list[float], clusters: list | None = None) -> dict:
     out["max"] = max(finite) if finite and len(finite) == len(vals) else None
     if out["max"] is None:
         out["beyond_completed"].append("max")
-    sample = confidence.Sample(np.asarray(vals, float), np.asarray([c for _, c in keep]), np.arange(len(vals)))
+    sample = confidence.Sample(np.asarray(vals, float), _cluster_ids([c for _, c in keep]), np.arange(len(vals)))
     out["ci95"] = {
         "mean": _ends(confidence.mean_interval(sample)) if finite and len(finite) == len(vals) else None,
         **{f"p{p}": _ends(confidence.quantile_interval(sample, p)) for p in PERCENTILES},
     }
     return out
+
+
+def _cluster_ids(clusters: list) -> np.ndarray:
+    """Clusters for a confidence.Sample: string ids as their ranks among the distinct ids, which np.unique orders
+    as it orders the strings (by code point), so the sample's cluster codes are the same, without numpy
+    converting and sorting one string per value (~600,000 ITL gaps a variant at 10,000 requests)."""
+    if not all(type(c) is str for c in clusters):
+        return np.asarray(clusters)
+    rank = {c: i for i, c in enumerate(sorted(set(clusters)))}
+    return np.asarray([rank[c] for c in clusters])
 
 
 def request_stats(recs: list[RequestRecord], value) -> dict:
