@@ -56,9 +56,11 @@ from workers.roles.routing import Route, decide_route
 MD_NEVER_READY = fallback_cause({"event": "completed_on_rld", "reason": "md_never_ready"})
 KV_TIMEOUT = "kv_timeout"  # a decode session's end reason past decode.kv_wait_ms (workers/roles/decode.py)
 # The collector's young generation while a simulation runs (Python's default: 700): its events, closures and
-# generators make few cycles, so collecting every 700 allocations cost up to ~15% of the run for no memory back
-# (3 x 10,000 requests at published scale: peak RSS 550-552 MB with this or with the default).
-GC_YOUNG_OBJECTS = 100_000
+# generators make few cycles (~100 objects in cycles a 10,000-request run), so collecting every 700 allocations
+# cost up to ~15% of the run for no memory back, and at 100,000 two or three young collections of ~50 ms each
+# still took 0.11-0.14 s of a published-scale variant's ~1.5 s (gc.callbacks); at 1,000,000 a 10,000-request
+# run has none, and the young generation stays bounded (bench_sim's 3 variants: peak RSS 497 MB either way).
+GC_YOUNG_OBJECTS = 1_000_000
 _SESSIONS, _QUEUED_TOKENS = operator.attrgetter("sessions"), operator.attrgetter("queued_tokens")  # loads
 
 
