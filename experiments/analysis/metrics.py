@@ -442,15 +442,19 @@ def comparisons(
     they speak for this run only (scope). Latencies over every issued request, failures ranked worst; WAN bytes as
     offered to the WAN (offered: variant -> the capture's KV bytes before the shaper); with an slo, goodput."""
     subject = comparison_subject(variants)
+    by_variant: dict[str, list[RequestRecord]] = {}
+    for r in records:
+        by_variant.setdefault(r.variant, []).append(r)
     out = []
     for base in (v for v in variants if v != subject):
+        pair = by_variant.get(subject, []) + by_variant.get(base, [])  # what each ratio below reads, in order
         if slo is not None:
-            out += _goodput_ratio(records, subject, base, slo)
+            out += _goodput_ratio(pair, subject, base, slo)
         for name, (value, stat) in COMPARED.items():
-            x, y = (_sample(records, v, value, latency=True) for v in (subject, base))
+            x, y = (_sample(pair, v, value, latency=True) for v in (subject, base))
             if x is not None and y is not None:
                 out.append(_entry(name, subject, base, *_ratio(x, y, stat)))
-        out += _wan_ratio(records, subject, base, offered or {})
+        out += _wan_ratio(pair, subject, base, offered or {})
     return out
 
 
