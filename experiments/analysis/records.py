@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from experiments.rundir import clientlog
@@ -343,8 +343,11 @@ def _missing(variant: str, raws: list[ClientRecord], workload: dict[str, Workloa
 
 def write(run_dir: Path, records: list[RequestRecord], events: list[dict]) -> None:
     """requests.jsonl and events.jsonl."""
+    # each record's fields as they are, not asdict's deep copy of every token list (~4 s at 30,000 records):
+    # the fields hold JSON values only, so the text is the same
+    names = [f.name for f in fields(RequestRecord)]
     (run_dir / "requests.jsonl").write_text(
-        "".join(json.dumps(asdict(r), separators=(",", ":")) + "\n" for r in records)
+        "".join(json.dumps({k: getattr(r, k) for k in names}, separators=(",", ":")) + "\n" for r in records)
     )
     (run_dir / "events.jsonl").write_text("".join(json.dumps(e, separators=(",", ":")) + "\n" for e in events))
 

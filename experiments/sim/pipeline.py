@@ -34,6 +34,7 @@ decode worker made. Chunked and auto handoffs are simulated as one-shot (docs/si
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import operator
 import random
@@ -56,10 +57,27 @@ from workers.roles.routing import Route, decide_route
 MD_NEVER_READY = fallback_cause({"event": "completed_on_rld", "reason": "md_never_ready"})
 KV_TIMEOUT = "kv_timeout"  # a decode session's end reason past decode.kv_wait_ms (workers/roles/decode.py)
 # The collector's young generation while a simulation runs (Python's default: 700): its events, closures and
-# generators make few cycles, so collecting every 700 allocations cost up to ~15% of the run for no memory back
-# (3 x 10,000 requests at published scale: peak RSS 550-552 MB with this or with the default).
-GC_YOUNG_OBJECTS = 100_000
+# generators make few cycles (~100 objects in cycles a 10,000-request run), so collecting every 700 allocations
+# cost up to ~15% of the run for no memory back, and at 100,000 two or three young collections of ~50 ms each
+# still took 0.11-0.14 s of a published-scale variant's ~1.5 s (gc.callbacks); at 1,000,000 a 10,000-request
+# run has none, and the young generation stays bounded (bench_sim's 3 variants: peak RSS 497 MB either way).
+GC_YOUNG_OBJECTS = 1_000_000
 _SESSIONS, _QUEUED_TOKENS = operator.attrgetter("sessions"), operator.attrgetter("queued_tokens")  # loads
+
+
+@contextlib.contextmanager
+def few_collections(young_objects: int = GC_YOUNG_OBJECTS):
+    """The collector while a simulation or its analysis runs: what exists on entry (the workload, the model, the
+    records) stays out of its full passes (gc.freeze), and the young generation holds young_objects."""
+    gc.freeze()
+    thresholds = gc.get_threshold()
+    gc.set_threshold(young_objects, *thresholds[1:])
+    try:
+        yield
+    finally:
+        gc.freeze()  # with what it made (the records): to the oldest generation, unscanned
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
 
 
 class Simulation:
@@ -104,21 +122,15 @@ class Simulation:
 
     def run(self):
         """Simulate every request to its end; the records (RequestRecord) in the workload's order."""
-        ids = {r.request_id for r in self.requests}
-        for r in self.requests:
-            if r.after and r.after in ids:
-                self.next_turns[r.after].append(r)
-            else:
-                self.base.setdefault(r.session, r.cached_tokens)
-                self.env.process(self._client(r, r.arrival_s))
-        gc.freeze()  # what exists now (the workload, the model) stays out of the collector's full passes
-        thresholds = gc.get_threshold()
-        gc.set_threshold(GC_YOUNG_OBJECTS, *thresholds[1:])
-        try:
+        with few_collections():
+            ids = {r.request_id for r in self.requests}
+            for r in self.requests:
+                if r.after and r.after in ids:
+                    self.next_turns[r.after].append(r)
+                else:
+                    self.base.setdefault(r.session, r.cached_tokens)
+                    self.env.process(self._client(r, r.arrival_s))
             self.env.run()
-        finally:
-            gc.set_threshold(*thresholds)
-            gc.unfreeze()
         order = {r.request_id: i for i, r in enumerate(self.requests)}
         return sorted(self.records, key=lambda rec: order[rec.request_id])
 

@@ -26,7 +26,7 @@ from experiments.analysis.summary import Summary, write
 from experiments.rundir.files import git_state, new_run_dir, write_json
 from experiments.sim.config import SimConfig, sim_config
 from experiments.sim.kvroom import kv_capacity_tokens
-from experiments.sim.pipeline import Simulation
+from experiments.sim.pipeline import Simulation, few_collections
 from experiments.sim.wan import Calibration, load_calibration
 from experiments.spec import workload
 from experiments.spec.experiment import Loaded, to_dict
@@ -81,11 +81,12 @@ def simulate(
         t1 = time.perf_counter()
         records += Simulation(cfg, reqs, seed, cal, request_s=spec.timeouts.request_s).run()
         sim_s += time.perf_counter() - t1
-    summary = (
-        summarize(loaded, records, configs, cal, seed)
-        if analyse
-        else Summary(variants={}, comparisons=[], streams={}, reference={}, slo={})
-    )
+    with few_collections():  # the analysis' ~10M short-lived tuples and lists: ~1 s of collections else
+        summary = (
+            summarize(loaded, records, configs, cal, seed)
+            if analyse
+            else Summary(variants={}, comparisons=[], streams={}, reference={}, slo={})
+        )
     return SimRun(records, configs, summary, time.perf_counter() - t0, sim_s, cal)
 
 

@@ -85,6 +85,19 @@ def test_percentiles_interpolate_as_numpy_does_and_rank_failures_last():
     assert confidence._weighted_quantiles(failed, weights, 50).tolist() == [1.5, math.inf]
 
 
+def test_deleted_cluster_quantiles_equal_the_weighted_ones_bit_for_bit():
+    rng = np.random.default_rng(3)
+    for n, g in ((40, 7), (300, 60), (500, 500)):
+        values = np.round(rng.exponential(1, n), 1)  # ties
+        values[rng.integers(0, n, n // 10)] = math.inf  # failed requests
+        codes = np.unique(rng.integers(0, g, n), return_inverse=True)[1]  # clusters interleaved, as sessions
+        g = int(codes.max()) + 1
+        for p in (0, 1, 50, 90, 99, 99.9, 100):
+            fast = confidence._deleted_quantiles(values, codes, g, p)
+            slow = confidence._weighted_quantiles(values, confidence._deleted(codes, g), p)
+            assert fast.tobytes() == slow.tobytes(), (n, g, p)
+
+
 def test_which_percentiles_a_sample_supports():
     assert quantile_supported(30, 7, 50) and not quantile_supported(29, 7, 50)  # the median at the default shape
     assert not quantile_supported(42, 7, 90) and not quantile_supported(42, 7, 99)  # a p99 over 42 requests
