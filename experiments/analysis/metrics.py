@@ -22,9 +22,7 @@ token a decode worker sampled itself (index 1).
 from __future__ import annotations
 
 import math
-import statistics
 from collections import Counter
-from fractions import Fraction
 from statistics import mean, stdev
 
 import numpy as np
@@ -72,7 +70,8 @@ def stats(xs: list[float], clusters: list | None = None) -> dict:
     vals = [x for x, _ in keep]
     finite = [x for x in vals if math.isfinite(x)]
     out: dict = {"n": len(finite), "failed": len(vals) - len(finite), "beyond_completed": []}
-    out["mean"], out["std"] = _mean_std(finite)
+    out["mean"] = mean(finite) if finite else None
+    out["std"] = stdev(finite) if len(finite) > 1 else (0.0 if finite else None)
     ordered = sorted(vals)
     for p in PERCENTILES:
         q = _sorted_percentile(ordered, p)
@@ -88,45 +87,6 @@ def stats(xs: list[float], clusters: list | None = None) -> dict:
         **{f"p{p}": _ends(confidence.quantile_interval(sample, p)) for p in PERCENTILES},
     }
     return out
-
-
-def _mean_std(xs: list) -> tuple[float | None, float | None]:
-    """statistics.mean and statistics.stdev of xs (std 0.0 of one value, None of none), equal to them bit for
-    bit: both round an exact rational sum once, and for floats that sum is taken here with numpy (each float
-    an integer mantissa times a power of two, summed exactly in int64 limbs) instead of a Fraction a value
-    (~0.4 s for a variant's ~600,000 ITL gaps at 10,000 requests)."""
-    if not xs:
-        return None, None
-    sqrt_of_frac = getattr(statistics, "_float_sqrt_of_frac", None)  # stdev's own rounding (Python 3.11)
-    if len(xs) < 2 or sqrt_of_frac is None or not all(type(x) is float for x in xs):
-        return mean(xs), stdev(xs) if len(xs) > 1 else 0.0
-    n = len(xs)
-    sx, sxx = _exact_sums(np.asarray(xs, dtype=float))
-    ss = (n * sxx - sx * sx) / n / (n - 1)  # stdev's sum of squared deviations over n - 1, exactly
-    return float(sx / n), sqrt_of_frac(ss.numerator, ss.denominator)
-
-
-LIMB_BITS = 18  # a 53-bit mantissa in three limbs: a limb's square or product is < 2^37, a sum over 2^19 of them fits
-
-
-def _exact_sums(a: np.ndarray) -> tuple[Fraction, Fraction]:
-    """(sum of a, sum of a**2) of finite floats, exactly."""
-    frac, exp = np.frexp(a)  # a = frac * 2**exp, 0.5 <= |frac| < 1
-    mant, exp = (frac * 2.0**53).astype(np.int64), exp.astype(np.int64) - 53  # a = mant * 2**exp exactly
-    order = np.argsort(exp, kind="stable")
-    mant, exp = mant[order], exp[order]
-    starts = np.flatnonzero(np.r_[True, exp[1:] != exp[:-1]])
-    mask = (1 << LIMB_BITS) - 1
-    hi, mid, lo = mant >> 2 * LIMB_BITS, (mant >> LIMB_BITS) & mask, mant & mask  # mant = hi, mid, lo in base 2^18
-    limbs = (hi, mid, lo, hi * hi, 2 * hi * mid, 2 * hi * lo + mid * mid, 2 * mid * lo, lo * lo)
-    sums = [np.add.reduceat(x, starts).tolist() for x in limbs] if len(starts) else [[]] * len(limbs)
-    sx = sxx = Fraction(0)
-    for i, e in enumerate(exp[starts].tolist()):
-        s1 = sum(limb[i] << (LIMB_BITS * (2 - k)) for k, limb in enumerate(sums[:3]))
-        s2 = sum(limb[i] << (LIMB_BITS * (4 - k)) for k, limb in enumerate(sums[3:]))
-        sx += s1 * Fraction(2) ** e
-        sxx += s2 * Fraction(2) ** (2 * e)
-    return sx, sxx
 
 
 def _cluster_ids(clusters: list) -> np.ndarray:
