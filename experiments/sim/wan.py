@@ -41,6 +41,8 @@ from pathlib import Path
 import simpy
 import yaml
 
+from topology.rate_trace import load_trace
+
 MSS_BYTES = 1448  # TCP payload of a 1500-byte Ethernet frame with timestamps
 INITIAL_WINDOW_SEGMENTS = 10  # Linux's initial congestion window (RFC 6928)
 RTO_MIN_S = 0.2  # Linux's TCP_RTO_MIN: an RTO is the smoothed RTT + max(4 x its deviation, 200 ms)
@@ -75,10 +77,13 @@ class LineParams:
 
 
 def line_from_profile(profile, direction: str = "a_to_b") -> LineParams:
-    """A direction of a topology.profiles.Profile as LineParams (rate 0 there: unlimited; loss: the direction's
-    long-run loss rate, a Gilbert-Elliott or 4-state model's stationary mean: its bursts are not modelled)."""
+    """A direction of a topology.profiles.Profile as LineParams (rate 0 there: unlimited; a rate trace: its
+    mean rate, its variation not modelled; loss: the direction's long-run loss rate, a Gilbert-Elliott or
+    4-state model's stationary mean: its bursts are not modelled)."""
     d, back = profile.direction(direction), profile.direction("b_to_a" if direction == "a_to_b" else "a_to_b")
     rate = d.rate_mbit * 1e6 if d.rate_mbit else math.inf
+    if d.rate_trace:
+        rate = load_trace(d.rate_trace).mean_rate_mbit() * 1e6
     return LineParams(rate, (d.delay_ms + back.delay_ms) / 1e3, d.expected_loss_pct / 100, d.jitter_ms / 1e3)
 
 

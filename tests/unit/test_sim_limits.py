@@ -159,3 +159,19 @@ def test_a_request_past_its_deadline_keeps_the_tokens_made_before_it(tmp_path):
     assert not cut.ok and cut.error == "DEADLINE_EXCEEDED: Deadline Exceeded"
     before = [t for t in full.token_ms if t <= 1000]
     assert cut.token_ms == pytest.approx(before) and cut.output_tokens == len(before) > 100
+
+
+def test_a_rate_trace_runs_at_its_mean_rate_and_is_said_not_simulated():
+    """wan-cellular-trace has no rate_mbit: the simulator ran it as an unlimited line (pd-cross TTFT p50 511 ms
+    against the emulator's 52,984 ms) and said nothing."""
+    from topology.rate_trace import load_trace
+
+    profile = load_profile("wan-cellular-trace")
+    mean = load_trace(profile.a_to_b.rate_trace).mean_rate_mbit()
+    assert 0 < mean < 1000
+    assert line_from_profile(profile).rate_bps == pytest.approx(mean * 1e6)
+    spec = load_for_simulation(
+        SPEC, ["profile=wan-cellular-trace", "workload.fixed_hit.requests=1", "variants=[pd-cross]"]
+    )
+    said = [w["message"] for w in simulate(spec).summary.warnings]
+    assert any("rate trace" in m and f"{mean:.3g} Mbit/s" in m for m in said), said
