@@ -39,6 +39,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _interruptible() -> None:
+    # A background job of a script (`make test &`, setsid) inherits SIGINT ignored and Python then installs no
+    # KeyboardInterrupt handler: the session ignored the SIGINT below and was SIGKILLed with its topology up.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @contextmanager
 def serving(tmp_path: Path):
     """`pddlab serve pdd-smoke` up (process runtime); whatever the test did, SIGINT at the end (SIGKILL past
@@ -46,7 +52,9 @@ def serving(tmp_path: Path):
     port, log = _free_port(), tmp_path / "serve.log"
     out = open(log, "w")
     argv = [sys.executable, "-m", "experiments.cli", "serve", "pdd-smoke", "--port", str(port)]
-    proc = subprocess.Popen([*argv, "--set", "runtime=process"], cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [*argv, "--set", "runtime=process"], cwd=REPO, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_interruptible
+    )
     try:
         deadline = time.monotonic() + 180
         while "Ctrl-C stops" not in log.read_text():
