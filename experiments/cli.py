@@ -314,9 +314,13 @@ def _serve(args) -> int:
 def _net(args) -> int:
     from experiments.serve import netshell
 
-    load_profile(args.profile)  # a bad profile is bad input, whatever the machine
+    if args.profile:
+        load_profile(args.profile)  # a bad profile is bad input, whatever the machine
+    if args.topo:
+        load_topology(args.topo)  # so is a bad topology file
+    profile = args.profile or (None if args.topo else DEFAULT_PROFILE)
     _check_environment()
-    return netshell.run(args.profile, args.backend, args.cross_hosts, tuple(args.exec))
+    return netshell.run(profile, args.backend, args.cross_hosts, tuple(args.exec), topo=args.topo)
 
 
 def _experiments(_args) -> int:
@@ -478,7 +482,14 @@ def parser() -> argparse.ArgumentParser:
     )
     sv.set_defaults(func=_serve)
     net = sub.add_parser("net", help="bring the topology up alone, with Mininet's CLI (like mn)")
-    net.add_argument("--profile", default=DEFAULT_PROFILE, help="profile name or YAML path")
+    net.add_argument(
+        "--profile",
+        default=None,
+        help=f"profile name or YAML path: the first line's (default: {DEFAULT_PROFILE}; with --topo, each line's own)",
+    )
+    net.add_argument(
+        "--topo", default=None, metavar="FILE", help="a topology file, name or path (default: two-clusters)"
+    )
     net.add_argument("--backend", default="auto", choices=BACKENDS)
     net.add_argument("--cross-hosts", action="store_true", help="add the cross-traffic hosts xa and xb")
     net.add_argument(

@@ -1,9 +1,12 @@
-"""The two-cluster Mininet topology: bring-up, live use and guaranteed teardown.
+"""The emulated network of a topology file (default: two clusters, one WAN line): bring-up, live use and
+guaranteed teardown.
 
-Responsible for: building the hosts, switches and links of `topology.naming`
-with Mininet's Python API (Linux-bridge switches, no controller, no OVS),
-addressing and routing, shaping the links through a backend, captures, and
-removing everything it made — on normal exit, exceptions, Ctrl-C and SIGTERM.
+Responsible for: building the sites, hosts, switches and lines of a topology
+(topology.topofile; the default `two-clusters` is `topology.naming`'s network to
+the address) with Mininet's Python API (Linux-bridge switches, no controller, no
+OVS), addressing and routing (topology.routes), shaping every line through a
+backend of its own, captures (both ends of every line), and removing everything
+it made — on normal exit, exceptions, Ctrl-C and SIGTERM.
 Not responsible for: what runs on the hosts (experiments and workers do that,
 through `Testbed.popen` / `Testbed.run`).
 
@@ -26,11 +29,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from topology import capture, naming, tc
+from topology import capture, naming, routes, tc
 from topology.cleanup import WORKDIR_PREFIX, StateFile, prefixed_links
-from topology.proc import check_output, terminate
+from topology.proc import HeldDuringTeardown, SigtermAsInterrupt, check_output, terminate
 from topology.profiles import DIRECTIONS, Profile, ScheduleStep, load_profile
 from topology.runtime import HostRuntime, ProcessRuntime
+from topology.topofile import DEFAULT_TOPOLOGY, LineSpec, Topology, gateway_ip, host_specs, line_specs, load_topology
 from topology.shaping import (
     AppliedChange,
     Backend,
@@ -55,9 +59,11 @@ class TestbedError(RuntimeError):
 class TopologyConfig:
     """What to build.
 
-    wan_profile: the WAN link's profile
+    wan_profile: the profile of the topology's first line (the WAN of the default topology); None = the
+        line's own profile in the topology file
     lan_profile: every intra-cluster link's profile
-    n_p, n_rld, n_md: host counts per role (1..19)
+    n_p, n_rld, n_md: host counts per role (1..19); None = 1, or the topology file's counts for a pool
+        it splits across sites
     backend: auto | tc | userspace
     capture_dir: where WAN pcaps go; None = no capture
     snaplen_bytes: bytes kept per captured frame (headers only by default)
@@ -68,13 +74,14 @@ class TopologyConfig:
     play_schedule: play the WAN profile's schedule from the moment the link is up; False = the caller
         plays it (`Testbed.play_schedule`) on its own clock, e.g. each variant's window
     cross_hosts: add the cross-traffic hosts xa and xb (topology.naming)
+    topology: the topology (topology.topofile); None = the default, two-clusters
     """
 
-    wan_profile: Profile
+    wan_profile: Profile | None
     lan_profile: Profile = field(default_factory=lambda: load_profile("lan"))
-    n_p: int = 1
-    n_rld: int = 1
-    n_md: int = 1
+    n_p: int | None = None
+    n_rld: int | None = None
+    n_md: int | None = None
     backend: str = "auto"
     capture_dir: Path | None = None
     snaplen_bytes: int = 128
@@ -83,6 +90,23 @@ class TopologyConfig:
     runtime: HostRuntime = field(default_factory=ProcessRuntime)
     play_schedule: bool = True  # the link's clock: calibration and the fidelity tests rely on it
     cross_hosts: bool = False  # only experiments with cross traffic pay for two more namespaces
+    topology: Topology | None = None
+
+    def topo(self) -> Topology:
+        """The topology to build."""
+        return self.topology or load_topology(DEFAULT_TOPOLOGY)
+
+    def pools(self) -> dict[str, int]:
+        """The workers asked per pool (those given)."""
+        asked = {"p": self.n_p, "rld": self.n_rld, "md": self.n_md}
+        return {pool: n for pool, n in asked.items() if n is not None}
+
+    def lines(self) -> list[LineSpec]:
+        """The topology's lines as built; the first runs wan_profile where one is given."""
+        lines = line_specs(self.topo())
+        if self.wan_profile is not None:
+            lines[0] = dataclasses.replace(lines[0], profile=self.wan_profile)
+        return lines
 
 
 def preflight() -> None:
@@ -107,55 +131,9 @@ def preflight() -> None:
         )
 
 
-# SIGHUP too: a dropped ssh session must tear the run down like Ctrl-C, not leave it half made.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
-
-
-class _SigtermAsInterrupt:
-    """Turns SIGTERM and SIGHUP into KeyboardInterrupt while active, so `finally` blocks tear down."""
-
-    def __enter__(self):
-        self._old = {sig: signal.signal(sig, self._raise) for sig in STOP_SIGNALS}
-        return self
-
-    @staticmethod
-    def _raise(signum, frame):
-        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
-
-    def __exit__(self, *exc):
-        for sig, handler in self._old.items():
-            signal.signal(sig, handler)
-        return False
-
-
-class _HeldDuringTeardown:
-    """While tearing down, SIGINT, SIGTERM and SIGHUP are noted, not raised: a second Ctrl-C or a dropped
-    session used to cut the teardown short, and the next run refused with "prefix busy". Raised once the
-    teardown is done. Only the main thread can set handlers; elsewhere nothing changes."""
-
-    SIGNALS = (signal.SIGINT, *STOP_SIGNALS)
-
-    def __enter__(self):
-        self.caught: list[int] = []
-        self._old = {}
-        if threading.current_thread() is threading.main_thread():
-            self._old = {sig: signal.signal(sig, self._note) for sig in self.SIGNALS}
-        return self
-
-    def _note(self, signum, frame):
-        self.caught.append(signum)
-        log.warning("%s during teardown: the teardown finishes first", signal.Signals(signum).name)
-
-    def __exit__(self, *exc):
-        for sig, handler in self._old.items():
-            signal.signal(sig, handler)
-        if self.caught and exc[0] is None:
-            raise KeyboardInterrupt(f"signal {signal.Signals(self.caught[0]).name} during teardown")
-        return False
-
-
 class Testbed:
-    """A running two-cluster topology; use as a context manager."""
+    """A running topology; use as a context manager. `link` is the first line's live state (the WAN of the
+    default topology), `links` every line's by name."""
 
     __test__ = False  # not a pytest test class
 
@@ -163,9 +141,15 @@ class Testbed:
         self.config = config
         self.net: Any = None
         self.backend_choice: BackendChoice | None = None
-        self.backend: Backend | None = None  # the shaping backend: it says how the WAN is wired
+        self.topology: Topology = config.topo()
+        self.lines: list[LineSpec] = config.lines()
+        self._host_specs()  # a pool count the topology file disagrees with: refused before anything is built
+        self.backend: Backend | None = None  # the first line's shaping backend: it says how the WAN is wired
+        self.backends: dict[str, Backend] = {}  # line -> its backend (one shaper per line)
         self._steering: dict | None = None  # the backend's receive steering (steer_receive), for metadata
         self.link: LinkState | None = None
+        self.links: dict[str, LinkState] = {}
+        self._schedules: list[ScheduleRunner] = []  # the other lines' own profiles' schedules
         self._schedule: ScheduleRunner | None = None
         self._played: list[ScheduleRunner] = []  # schedules played on a caller's clock (play_schedule)
         self._captures: list[capture.Capture] = []
@@ -173,7 +157,7 @@ class Testbed:
         self._procs_lock = threading.Lock()  # popen may be called from several threads (cross-traffic timers)
         self._iptables_rules: list[list[str]] = []
         self._workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
-        self._sigterm = _SigtermAsInterrupt()
+        self._sigterm = SigtermAsInterrupt()
         self._state: StateFile | None = None
         self._owns_prefix = False  # set once preflight found the prefix free: only then is it ours to clean
         self.runtime: HostRuntime = config.runtime
@@ -203,9 +187,23 @@ class Testbed:
         self.backend_choice = choose_backend(self.config.backend)
         log_dir = self.config.log_dir or self._workdir
         log_dir.mkdir(parents=True, exist_ok=True)
-        self.backend = make_backend(
-            self.backend_choice, self.run, self.ns_prefix, self._workdir, self.config.seed, log_dir
-        )
+        self.backends = {
+            ln.name: make_backend(
+                self.backend_choice,
+                self.run,
+                self.ns_prefix,
+                self._workdir,
+                self.config.seed + k,  # each line its own random state
+                log_dir,
+                line=ln.name,
+                interfaces={
+                    "a_to_b": (ln.ends[0].gateway, ln.ends[0].interface),
+                    "b_to_a": (ln.ends[1].gateway, ln.ends[1].interface),
+                },
+            )
+            for k, ln in enumerate(self.lines)
+        }
+        self.backend = self.backends[self.lines[0].name]
         self._state = StateFile(workdir=self._workdir)
         self._start_runtime()
         self._build()
@@ -218,7 +216,12 @@ class Testbed:
         if self.config.capture_dir:
             self._start_captures(self.config.capture_dir)
         if self.config.play_schedule:
-            self._schedule = ScheduleRunner(self.link, self.config.wan_profile.schedule).start()
+            self._schedule = ScheduleRunner(self.link, self.lines[0].profile.schedule).start()
+        self._schedules = [  # the other lines play their own profiles' schedules on the link clock always
+            ScheduleRunner(self.links[ln.name], ln.profile.schedule).start()
+            for ln in self.lines[1:]
+            if ln.profile.schedule
+        ]
         self.runtime.up(self)
 
     def stop(self) -> None:
@@ -236,7 +239,7 @@ class Testbed:
             lambda: shutil.rmtree(self._workdir, ignore_errors=True),
         ]
         failed = False
-        with _HeldDuringTeardown():
+        with HeldDuringTeardown():
             for step in steps:
                 try:
                     step()
@@ -248,8 +251,7 @@ class Testbed:
 
     # ---- build -----------------------------------------------------------
     def _host_specs(self) -> list[naming.HostSpec]:
-        c = self.config
-        return naming.hosts(c.n_p, c.n_rld, c.n_md, cross=c.cross_hosts)
+        return host_specs(self.topology, self.config.pools(), cross=self.config.cross_hosts)
 
     def _build(self) -> None:
         from mininet.link import Link
@@ -266,56 +268,54 @@ class Testbed:
             autoStaticArp=False,
             waitConnected=False,
         )
-        sa = self.net.addSwitch(naming.SWITCH_A, dpid="1")
-        sb = self.net.addSwitch(naming.SWITCH_B, dpid="2")
-        switch = {"a": sa, "b": sb}
-        for cluster, gw in (("a", naming.GATEWAY_A), ("b", naming.GATEWAY_B)):
-            self.net.addLink(self.net.addHost(gw, ip=None), switch[cluster])  # gw-eth0: LAN
+        switch, gateway = {}, {}
+        for k, site in enumerate(self.topology.sites):
+            switch[site.name] = self.net.addSwitch(site.switch, dpid=str(k + 1))
+            gateway[site.name] = self.net.addHost(site.gateway, ip=None)
+            self.net.addLink(gateway[site.name], switch[site.name])  # gw<site>-eth0: LAN
         for spec in self._host_specs():
+            site = self.topology.site(spec.cluster)
             host = self.net.addHost(
                 spec.name,
-                ip=f"{spec.ip}/24",
-                defaultRoute=f"via {naming.gateway_lan_ip(spec.cluster)}",
+                ip=f"{spec.ip}/{site.subnet.prefixlen}",
+                defaultRoute=f"via {gateway_ip(site)}",
                 **self.runtime.host_params(spec.name, spec.role),
             )
             self.net.addLink(host, switch[spec.cluster])
-        gwa, gwb = self.net.get(naming.GATEWAY_A), self.net.get(naming.GATEWAY_B)
-        if self.backend.wire_host:  # a host of the backend's own on the wire (the userspace forwarder's)
-            wire = self.net.addHost(self.backend.wire_host, ip=None)
-            self.net.addLink(gwa, wire)  # gwa-eth1 <-> <wire>-eth0
-            self.net.addLink(wire, gwb)  # <wire>-eth1 <-> gwb-eth1
-        else:
-            self.net.addLink(gwa, gwb)  # gwa-eth1 <-> gwb-eth1
-        log.info("building topology: %d hosts", len(self.net.hosts))
+        for ln in self.lines:  # in file order: each gateway's eth1, eth2, ... (topofile.line_specs)
+            a, b = (gateway[end.site] for end in ln.ends)
+            wire_host = self.backends[ln.name].wire_host
+            if wire_host:  # a host of the backend's own on the line (the userspace forwarder's)
+                wire = self.net.addHost(wire_host, ip=None)
+                self.net.addLink(a, wire)  # gwa-eth1 <-> <wire>-eth0
+                self.net.addLink(wire, b)  # <wire>-eth1 <-> gwb-eth1
+            else:
+                self.net.addLink(a, b)  # gwa-eth1 <-> gwb-eth1
+        log.info("building topology %s: %d hosts", self.topology.name, len(self.net.hosts))
         self.net.build()
         self.net.start()
 
     def _address_and_route(self) -> None:
-        gwa, gwb = self.host(naming.GATEWAY_A), self.host(naming.GATEWAY_B)
-        prefix = naming.WAN_PREFIXLEN
-        for gw, lan_ip, wan_ip, remote_subnet, remote_wan in (
-            (gwa, naming.gateway_lan_ip("a"), naming.WAN_A_IP, naming.SUBNET_B, naming.WAN_B_IP),
-            (gwb, naming.gateway_lan_ip("b"), naming.WAN_B_IP, naming.SUBNET_A, naming.WAN_A_IP),
-        ):
-            name = gw.name
-            self.run(name, ["ip", "addr", "add", f"{lan_ip}/24", "dev", f"{name}-eth0"])
-            self.run(name, ["ip", "addr", "add", f"{wan_ip}/{prefix}", "dev", f"{name}-eth1"])
-            self.run(name, ["ip", "route", "add", remote_subnet, "via", remote_wan])
-            self.run(name, ["sysctl", "-qw", "net.ipv4.ip_forward=1"])  # namespace-local
+        for gw, cmds in routes.gateway_commands(self.topology, self._host_specs(), self.lines).items():
+            for argv in cmds:
+                self.run(gw, argv)
         for host in self.net.hosts:  # keep captures to the experiment's own IPv4 traffic
             self.run(host.name, ["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1"])
-        self.backend.wire_up()
+        for backend in self.backends.values():
+            backend.wire_up()
 
     def _check_connectivity(self) -> None:
-        """Readiness by a real check: every host reaches its gateway and the gateways each other.
+        """Readiness by a real check: every host reaches its gateway, every gateway its lines' far ends and
+        every other site's gateway (each route once).
 
         This also resolves every ARP entry, so the first measured packet is not delayed by it.
         """
-        pairs = [(s.name, naming.gateway_lan_ip(s.cluster)) for s in self._host_specs()]
-        pairs += [(naming.GATEWAY_A, naming.WAN_B_IP), (naming.GATEWAY_B, naming.WAN_A_IP)]
-        for host, ip in pairs:
+        sites = {s.name: s for s in self.topology.sites}
+        pairs = [(s.name, [gateway_ip(sites[s.cluster])]) for s in self._host_specs()]
+        pairs += routes.readiness_pairs(self.topology, self.lines)
+        for host, target in pairs:
             # Several tries: a lossy profile may drop a ping; one answer is enough.
-            self.run(host, ["ping", "-n", "-q", "-c", "5", "-i", "0.2", "-W", "2", "-w", "10", "-A", ip])
+            self.run(host, ["ping", "-n", "-q", "-c", "5", "-i", "0.2", "-W", "2", "-w", "10", "-A", *target])
 
     def _allow_bridged_forwarding(self) -> None:
         """With br_netfilter loaded, bridged frames meet iptables FORWARD (Docker sets it to DROP).
@@ -324,20 +324,22 @@ class Testbed:
         """
         if not Path("/proc/sys/net/bridge/bridge-nf-call-iptables").exists():
             return
-        for bridge in (naming.SWITCH_A, naming.SWITCH_B):
+        for bridge in (s.switch for s in self.topology.sites):
             rule = ["FORWARD", "-i", bridge, "-o", bridge, "-m", "comment", "--comment", "pddlab", "-j", "ACCEPT"]
             _check_call(["iptables", "-I", *rule])
             self._iptables_rules.append(rule)
 
     def _shape(self) -> None:
-        wan, backend = self.config.wan_profile, self.backend
-        backend.shape_lan(self._lan_ends(), self.config.lan_profile.a_to_b)
+        self.backend.shape_lan(self._lan_ends(), self.config.lan_profile.a_to_b)
         self._offloads_off()
-        self._steering = backend.steer_receive(self._all_ends())
-        backend.start(wan.a_to_b, wan.b_to_a)
-        if backend.pid:
-            self._state.add(backend.pid, f"{backend.name} shaper")
-        self.link = LinkState(backend=backend, current={d: wan.direction(d) for d in DIRECTIONS})
+        self._steering = self.backend.steer_receive(self._all_ends())
+        for ln in self.lines:
+            backend, profile = self.backends[ln.name], ln.profile
+            backend.start(profile.a_to_b, profile.b_to_a)
+            if backend.pid:
+                self._state.add(backend.pid, f"{backend.name} shaper of line {ln.name}")
+            self.links[ln.name] = LinkState(backend=backend, current={d: profile.direction(d) for d in DIRECTIONS})
+        self.link = self.links[self.lines[0].name]
 
     def _all_ends(self) -> list[tuple[str | None, str]]:
         """(host, interface) of both ends of every link (a switch's end: host None)."""
@@ -357,17 +359,20 @@ class Testbed:
         return [
             (None if _is_switch(end.node) else end.node.name, end.name)
             for link in self.net.links
-            if any(_is_switch(e.node) for e in (link.intf1, link.intf2))  # else the WAN link
+            if any(_is_switch(e.node) for e in (link.intf1, link.intf2))  # else a line
             for end in (link.intf1, link.intf2)
         ]
 
     def _start_captures(self, directory: Path) -> None:
+        """Both ends of every line: <line>-<site>.pcap (wan-a.pcap, wan-b.pcap for the default topology)."""
         directory.mkdir(parents=True, exist_ok=True)
-        for side, (host, dev) in zip("ab", naming.wan_interfaces().values()):
-            cap = capture.Capture(self.ns_prefix(host), dev, directory / f"wan-{side}.pcap", self.config.snaplen_bytes)
-            cap.start()
-            self._captures.append(cap)
-            self._state.add(cap.proc.pid, f"tcpdump {dev}")
+        for ln in self.lines:
+            for end in ln.ends:
+                path = directory / f"{ln.name}-{end.site}.pcap"
+                cap = capture.Capture(self.ns_prefix(end.gateway), end.interface, path, self.config.snaplen_bytes)
+                cap.start()
+                self._captures.append(cap)
+                self._state.add(cap.proc.pid, f"tcpdump {end.interface}")
 
     # ---- use -------------------------------------------------------------
     def host(self, name: str):
@@ -419,10 +424,14 @@ class Testbed:
         """Raise if a worker the runtime runs died (a container: names the role, shows its last log lines)."""
         self.runtime.check()
 
-    def swap_profile(self, profile: Profile) -> None:
-        """Replace the WAN profile on the live link; it is then the profile restore_profile and metadata mean."""
-        self.link.swap_profile(profile)
-        self.config = dataclasses.replace(self.config, wan_profile=profile)
+    def swap_profile(self, profile: Profile, line: str | None = None) -> None:
+        """Replace a line's profile on the live link (the first line's, the WAN's, by default); it is then the
+        profile restore_profile (first line) and metadata mean."""
+        k = next(i for i, ln in enumerate(self.lines) if ln.name == (line or self.lines[0].name))
+        self.links[self.lines[k].name].swap_profile(profile)
+        self.lines[k] = dataclasses.replace(self.lines[k], profile=profile)
+        if k == 0:
+            self.config = dataclasses.replace(self.config, wan_profile=profile)
 
     def capture_to(self, directory: Path | None) -> None:
         """End the WAN captures (their pcaps complete) and, unless directory is None, start new ones there:
@@ -441,20 +450,24 @@ class Testbed:
         return runner.start()
 
     def restore_profile(self, cause: str = "restore profile base") -> list[AppliedChange]:
-        """Both directions back to the WAN profile's base parameters (those that differ); the changes made."""
-        wan = self.config.wan_profile
+        """Both directions of the first line back to its profile's base parameters (those that differ); the
+        changes made."""
+        wan = self.lines[0].profile
         return self.link.restore({d: wan.direction(d) for d in DIRECTIONS}, cause)
 
     def check(self) -> None:
         """Raise TestbedError if a schedule failed to change the link (each played schedule's failure is
         raised once; the link clock's, every time: that schedule stopped for good) or the userspace
         emulator died."""
-        failed = [r for r in ([self._schedule] if self._schedule else []) + self._played if r.error]
+        failed = [r for r in ([self._schedule] if self._schedule else []) + self._schedules + self._played if r.error]
         self._played = [r for r in self._played if not r.error and r.running]
         problems = [f"schedule failed: {r.error}" for r in failed]
-        code = self.link.backend.exit_code if self.link else None
-        if code is not None:
-            problems.append(f"the {self.link.backend.name} shaper exited (status {code}): the WAN no longer forwards")
+        for name, link in self.links.items():
+            code = link.backend.exit_code
+            if code is not None:
+                problems.append(
+                    f"the {link.backend.name} shaper of line {name} exited (status {code}): it no longer forwards"
+                )
         if problems:
             raise TestbedError("; ".join(problems))
 
@@ -466,7 +479,7 @@ class Testbed:
             "backend_requested": c.backend,
             "backend_reason": self.backend_choice.reason if self.backend_choice else None,
             "lan_shaping": self.backend.lan_shaping if self.backend else None,
-            "wan_profile": c.wan_profile.to_dict(),
+            "wan_profile": self.lines[0].profile.to_dict(),
             "lan_profile": c.lan_profile.to_dict(),
             "hosts": [h.__dict__ for h in self._host_specs()],
             "seed": c.seed,
@@ -475,13 +488,37 @@ class Testbed:
             "runtime_metadata": self.runtime.metadata(),
             "link_changes": [ch.__dict__ for ch in self.link.changes] if self.link else [],
             "receive_steering": self._steering,
+            "topology": self._topology_metadata(),
+        }
+
+    def _topology_metadata(self) -> dict:
+        """The topology's name and file, its sites and every line (ends, profile, route choice, changes)."""
+        t = self.topology
+        return {
+            "name": t.name,
+            "path": str(t.path) if t.path else None,
+            "sites": [{"name": s.name, "subnet": str(s.subnet), "gateway": s.gateway} for s in t.sites],
+            "lines": [
+                {
+                    "name": ln.name,
+                    "ends": [e.__dict__ for e in ln.ends],
+                    "profile": ln.profile.to_dict(),
+                    "route": ln.route,
+                    "choose": ln.choose,
+                    "link_changes": [ch.__dict__ for ch in self.links[ln.name].changes]
+                    if ln.name in self.links
+                    else [],
+                }
+                for ln in self.lines
+            ],
         }
 
     # ---- teardown steps --------------------------------------------------
     def _stop_schedule(self) -> None:
-        for runner in ([self._schedule] if self._schedule else []) + self._played:
+        for runner in ([self._schedule] if self._schedule else []) + self._schedules + self._played:
             runner.stop()
         self._played.clear()
+        self._schedules.clear()
 
     def _stop_procs(self) -> None:
         for proc in reversed(self._procs):
@@ -494,8 +531,8 @@ class Testbed:
         self._captures.clear()
 
     def _stop_backend(self) -> None:
-        if self.link:
-            self.link.backend.stop()
+        for backend in self.backends.values():  # stopping one never started does nothing
+            backend.stop()
 
     def _stop_net(self) -> None:
         if self.net is not None:
@@ -532,7 +569,9 @@ def _bridge_class():
 
 
 def _is_switch(node) -> bool:
-    return node.name in (naming.SWITCH_A, naming.SWITCH_B)
+    from mininet.node import Switch
+
+    return isinstance(node, Switch)
 
 
 def _check_call(argv: list[str], timeout_s: float = 60) -> str:

@@ -1,9 +1,11 @@
 """Processes the project starts: run a command and raise with its stderr, end one by its PID, wait until
-a server listens.
+a server listens; and the stop signals a teardown must survive.
 
 Responsible for: the three process chores every part of the testbed needs
 (the topology, the userspace emulator, the calibration, the test helpers), so
-that each is done one way: by the PID we started, never by name.
+that each is done one way: by the PID we started, never by name; SIGTERM and
+SIGHUP turned into KeyboardInterrupt while a topology runs, and held while it
+tears down (topology.net's Testbed).
 Not responsible for: where a command runs (callers prefix `ip netns exec` or
 `mnexec` themselves).
 """
@@ -11,7 +13,9 @@ Not responsible for: where a command runs (callers prefix `ip netns exec` or
 from __future__ import annotations
 
 import logging
+import signal
 import subprocess
+import threading
 import time
 from typing import Callable, Sequence
 
@@ -65,3 +69,50 @@ def wait_listening(
         if time.monotonic() > deadline:
             raise RuntimeError(f"{what}: nothing listens on port {port} after {timeout_s} s")
         time.sleep(0.02)
+
+
+# SIGHUP too: a dropped ssh session must tear the run down like Ctrl-C, not leave it half made.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+class SigtermAsInterrupt:
+    """Turns SIGTERM and SIGHUP into KeyboardInterrupt while active, so `finally` blocks tear down."""
+
+    def __enter__(self):
+        self._old = {sig: signal.signal(sig, self._raise) for sig in STOP_SIGNALS}
+        return self
+
+    @staticmethod
+    def _raise(signum, frame):
+        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+    def __exit__(self, *exc):
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
+        return False
+
+
+class HeldDuringTeardown:
+    """While tearing down, SIGINT, SIGTERM and SIGHUP are noted, not raised: a second Ctrl-C or a dropped
+    session used to cut the teardown short, and the next run refused with "prefix busy". Raised once the
+    teardown is done. Only the main thread can set handlers; elsewhere nothing changes."""
+
+    SIGNALS = (signal.SIGINT, *STOP_SIGNALS)
+
+    def __enter__(self):
+        self.caught: list[int] = []
+        self._old = {}
+        if threading.current_thread() is threading.main_thread():
+            self._old = {sig: signal.signal(sig, self._note) for sig in self.SIGNALS}
+        return self
+
+    def _note(self, signum, frame):
+        self.caught.append(signum)
+        log.warning("%s during teardown: the teardown finishes first", signal.Signals(signum).name)
+
+    def __exit__(self, *exc):
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
+        if self.caught and exc[0] is None:
+            raise KeyboardInterrupt(f"signal {signal.Signals(self.caught[0]).name} during teardown")
+        return False

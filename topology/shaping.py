@@ -105,13 +105,15 @@ class TcBackend:
     def steer_receive(self, ends: list[tuple[str | None, str]]) -> None:
         """The kernel shapes in the senders' own context: no core of a shaper's to keep free."""
 
-    def __init__(self, run: HostRunner):
+    def __init__(self, run: HostRunner, interfaces: dict[str, tuple[str, str]] | None = None):
         self._run = run
+        # direction (a_to_b: the line's forward) -> (gateway, interface) whose egress shapes it
+        self._interfaces = interfaces or naming.wan_interfaces()
         self._installed: set[str] = set()
         self._players: dict[str, TracePlayer] = {}  # directions with a rate trace (topology.trace_player)
 
     def _install(self, direction: str, params: LinkParams, verb: str) -> None:
-        host, dev = naming.wan_interfaces()[direction]
+        host, dev = self._interfaces[direction]
         old = self._players.pop(direction, None)
         if old:
             old.stop()
@@ -147,10 +149,7 @@ class TcBackend:
 
     def stats(self) -> dict:
         """`tc -s qdisc` output per direction."""
-        return {
-            d: self._run(h, ["tc", "-s", "qdisc", "show", "dev", dev])
-            for d, (h, dev) in naming.wan_interfaces().items()
-        }
+        return {d: self._run(h, ["tc", "-s", "qdisc", "show", "dev", dev]) for d, (h, dev) in self._interfaces.items()}
 
     def stop(self) -> None:
         """Remove the qdiscs this backend installed."""
@@ -158,7 +157,7 @@ class TcBackend:
             player.stop()
         self._players.clear()
         for direction in sorted(self._installed):
-            host, dev = naming.wan_interfaces()[direction]
+            host, dev = self._interfaces[direction]
             try:
                 self._run(host, tc.delete_root_cmd(dev))
             except Exception as exc:  # the host may already be gone; log, keep tearing down
@@ -176,14 +175,24 @@ def rps_cmd(dev: str, mask: int) -> list[str]:
 
 
 class UserspaceBackend:
-    """The userspace emulator forwarding frames between wan-eth0 and wan-eth1."""
+    """The userspace emulator forwarding frames between a line's wire host's two interfaces (wan-eth0 and
+    wan-eth1 for the default topology's one line)."""
 
     name = "userspace"
     wire_host = naming.WIRE
     lan_shaping = "none (kernel lacks netem; veth base latency applies)"
 
-    def __init__(self, run: HostRunner, prefix_of: PrefixOf, control_path: Path, seed: int, log_path: Path | None):
+    def __init__(
+        self,
+        run: HostRunner,
+        prefix_of: PrefixOf,
+        control_path: Path,
+        seed: int,
+        log_path: Path | None,
+        wire: str = naming.WIRE,
+    ):
         self._run, self._prefix_of = run, prefix_of
+        self.wire_host = wire
         self._control_path = control_path
         self._seed = seed
         self._log_path = log_path
@@ -192,7 +201,7 @@ class UserspaceBackend:
     def wire_up(self) -> None:
         """The wire host's two interfaces up and promiscuous: the forwarder sees every frame."""
         for dev in ("eth0", "eth1"):
-            self._run(naming.WIRE, ["ip", "link", "set", f"{naming.WIRE}-{dev}", "promisc", "on", "up"])
+            self._run(self.wire_host, ["ip", "link", "set", f"{self.wire_host}-{dev}", "promisc", "on", "up"])
 
     def shape_lan(self, ends: list[tuple[str | None, str]], params: LinkParams) -> None:
         """The forwarder sits on the WAN only: the LAN links stay as veth makes them."""
@@ -233,13 +242,13 @@ class UserspaceBackend:
 
         cpu = forwarder_cpu()
         self._emulator = UserspaceEmulator(
-            if_a=f"{naming.WIRE}-eth0",
-            if_b=f"{naming.WIRE}-eth1",
+            if_a=f"{self.wire_host}-eth0",
+            if_b=f"{self.wire_host}-eth1",
             a_to_b=a_to_b,
             b_to_a=b_to_a,
             control_path=self._control_path,
             seed=self._seed,
-            prefix=self._prefix_of(naming.WIRE),
+            prefix=self._prefix_of(self.wire_host),
             log_path=self._log_path,
             cpu=cpu,
         )
@@ -276,13 +285,22 @@ class UserspaceBackend:
 
 
 def make_backend(
-    choice: BackendChoice, run: HostRunner, prefix_of: PrefixOf, workdir: Path, seed: int, log_dir: Path
+    choice: BackendChoice,
+    run: HostRunner,
+    prefix_of: PrefixOf,
+    workdir: Path,
+    seed: int,
+    log_dir: Path,
+    line: str = naming.WIRE,
+    interfaces: dict[str, tuple[str, str]] | None = None,
 ) -> Backend:
-    """The backend choice names, for a topology whose hosts run and prefix_of reach (workdir: its control
-    socket; log_dir: its log)."""
+    """The backend choice names, for one line (its wire host's name; interfaces: direction -> the gateway
+    interface tc shapes) of a topology whose hosts run and prefix_of reach (workdir: its control socket;
+    log_dir: its log, emulator.log for the default line `wan`, emulator-<line>.log for others)."""
     if choice.name == "tc":
-        return TcBackend(run)
-    return UserspaceBackend(run, prefix_of, workdir / "emulator.sock", seed, log_dir / "emulator.log")
+        return TcBackend(run, interfaces)
+    stem = "emulator" if line == naming.WIRE else f"emulator-{line}"
+    return UserspaceBackend(run, prefix_of, workdir / f"{stem}.sock", seed, log_dir / f"{stem}.log", wire=line)
 
 
 @dataclass

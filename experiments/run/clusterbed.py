@@ -129,7 +129,7 @@ class ClusterBed:
 
     def _stop_signals_raise(self) -> None:
         """SIGTERM and SIGHUP raise KeyboardInterrupt (the run tears down and exits 130), as in a local run."""
-        from topology.net import STOP_SIGNALS
+        from topology.proc import STOP_SIGNALS
 
         if threading.current_thread() is not threading.main_thread():
             return

@@ -1,11 +1,13 @@
-"""`pddlab net`: the two clusters and the WAN alone, with Mininet's CLI on them, as Mininet's `mn` gives.
+"""`pddlab net`: a topology's network alone (the default: two clusters and the WAN; `--topo FILE` any
+topology file), with Mininet's CLI on it, as Mininet's `mn` gives.
 
 Responsible for: bringing the topology up for a profile (no roles, no workload; cross-traffic hosts on
-request), printing its hosts and addresses, and Mininet's own CLI on it — `p1 ping -c 3 md1` (a host
-name after the first word becomes its address), `p1 iperf3 ...`, `dump`, `net`, `nodes`, `pingall`,
-`py`, `help` — plus the testbed's commands: `link` (the WAN's parameters now, per direction), `swap
-PROFILE` (a live profile swap, as the experiments make), `capture start [DIR]` / `capture stop` (the
-WAN's pcaps), `hosts`; and `--exec LINE` (repeatable) to run lines and leave, for scripts.
+request), printing its hosts, addresses and lines, and Mininet's own CLI on it — `p1 ping -c 3 md1` (a
+host name after the first word becomes its address), `p1 iperf3 ...`, `dump`, `net`, `nodes`, `pingall`,
+`py`, `help` — plus the testbed's commands: `link` (every line's parameters now, per direction), `swap
+PROFILE [LINE]` (a live profile swap, as the experiments make; the first line by default), `capture
+start [DIR]` / `capture stop` (pcaps at both ends of every line), `hosts`; and `--exec LINE`
+(repeatable) to run lines and leave, for scripts.
 Teardown (the Testbed's) on `exit`/`quit`, EOF, SIGTERM, SIGHUP, and Ctrl-C at the prompt; a Ctrl-C
 while a command runs interrupts that command only, as in Mininet.
 Not responsible for: building, shaping or tearing down the network (topology.Testbed).
@@ -21,35 +23,45 @@ import time
 from pathlib import Path
 
 from experiments.rundir.files import RESULTS
-from topology import naming
-from topology.net import STOP_SIGNALS, Testbed, TopologyConfig
+from topology.net import Testbed, TopologyConfig
+from topology.proc import STOP_SIGNALS
 from topology.profiles import ProfileError, load_profile
 from topology.shaping import DIRECTIONS
+from topology.topofile import gateway_ip, load_topology
 
 log = logging.getLogger(__name__)
 MININET_OUTPUT = 25  # mininet.log's `output` level: what its CLI prints (a node's output among it)
 
 
 def describe(tb: Testbed) -> str:
-    """Hosts with their cluster and address, the gateways, the backend and the link."""
-    lines = [f"backend {tb.backend_choice.name} ({tb.backend_choice.reason}); profile {tb.config.wan_profile.name}"]
+    """Hosts with their site and address, the gateways, the lines, the backend and each line's parameters."""
+    out = [
+        f"backend {tb.backend_choice.name} ({tb.backend_choice.reason}); topology {tb.topology.name}; "
+        f"profile {tb.lines[0].profile.name}"
+    ]
     for h in tb.metadata()["hosts"]:
-        lines.append(f"  {h['name']:<8} cluster {h['cluster'].upper()}  {h['ip']:<12} {h['role']}")
-    lines.append(
-        f"  gateways gwa {naming.gateway_lan_ip('a')} (WAN {naming.WAN_A_IP}), "
-        f"gwb {naming.gateway_lan_ip('b')} (WAN {naming.WAN_B_IP}): the WAN between them"
-    )
-    return "\n".join(lines + [link_text(tb)])
+        out.append(f"  {h['name']:<8} cluster {h['cluster'].upper()}  {h['ip']:<12} {h['role']}")
+    out.append("  gateways " + ", ".join(f"{s.gateway} {gateway_ip(s)}" for s in tb.topology.sites))
+    for ln in tb.lines:
+        a, b = ln.ends
+        out.append(
+            f"  line {ln.name} ({a.site.upper()}-{b.site.upper()}): {a.interface} {a.ip} <-> {b.interface} {b.ip}, "
+            f"profile {ln.profile.name}" + (f", route {ln.route}" if ln.route else "")
+        )
+    return "\n".join(out + [link_text(tb)])
 
 
 def link_text(tb: Testbed) -> str:
+    """Every line's parameters now, per direction (a_to_b: the line's first site to its second)."""
     out = []
-    for d in DIRECTIONS:
-        p = tb.link.current[d].to_dict()
-        shown = ", ".join(
-            f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in p.items() if v not in (0, None, "")
-        )
-        out.append(f"  {d}: {shown or 'unshaped'}")
+    for ln in tb.lines:
+        head = f"{ln.name} " if len(tb.lines) > 1 else ""
+        for d in DIRECTIONS:
+            p = tb.links[ln.name].current[d].to_dict()
+            shown = ", ".join(
+                f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in p.items() if v not in (0, None, "")
+            )
+            out.append(f"  {head}{d}: {shown or 'unshaped'}")
     return "\n".join(out)
 
 
@@ -101,7 +113,7 @@ def _cli_class():
                     print("\nInterrupt")
 
         def do_link(self, _line):
-            "Show the WAN's parameters now, per direction."
+            "Show every line's parameters now, per direction."
             print(link_text(self.tb))
 
         def do_hosts(self, _line):
@@ -109,21 +121,23 @@ def _cli_class():
             print(describe(self.tb))
 
         def do_swap(self, line):
-            "swap PROFILE: change the WAN to a profile (name or YAML path), live."
-            name = line.strip()
-            if not name:
-                print("usage: swap PROFILE")
+            "swap PROFILE [LINE]: change a line (the first by default) to a profile (name or YAML path), live."
+            words = line.split()
+            lines = [ln.name for ln in self.tb.lines]
+            if not 1 <= len(words) <= 2 or (len(words) == 2 and words[1] not in lines):
+                print(f"usage: swap PROFILE [LINE]; lines: {', '.join(lines)}")
                 return
+            name = words[0]
             try:
                 profile = load_profile(name)
             except ProfileError as err:
                 print(f"*** {err}")
                 return
-            self.tb.swap_profile(profile)
+            self.tb.swap_profile(profile, words[1] if len(words) == 2 else None)
             print(f"profile {profile.name}:\n{link_text(self.tb)}")
 
         def do_capture(self, line):
-            "capture start [DIR] | capture stop: the WAN's pcaps (gwa-eth1 and gwb-eth1) into DIR."
+            "capture start [DIR] | capture stop: pcaps at both ends of every line (<line>-<site>.pcap) into DIR."
             words = line.split()
             if words[:1] == ["stop"] and len(words) == 1:
                 self.tb.capture_to(None)
@@ -144,12 +158,24 @@ def _cli_class():
     return NetCLI
 
 
-def run(profile: str, backend: str = "auto", cross_hosts: bool = False, execute: tuple[str, ...] = ()) -> int:
-    """Bring the network up, run the CLI (or the lines of `execute`), tear it down; the exit status."""
+def run(
+    profile: str | None,
+    backend: str = "auto",
+    cross_hosts: bool = False,
+    execute: tuple[str, ...] = (),
+    topo: str | None = None,
+) -> int:
+    """Bring the network up, run the CLI (or the lines of `execute`), tear it down; the exit status.
+    topo: a topology file (name or path; None = two-clusters); profile: the first line's (None = its own)."""
     mn_log = logging.getLogger("mininet")
     mn_log.setLevel(MININET_OUTPUT)
     mn_log.propagate = False  # Mininet's own handler prints it; the root's would print it twice
-    cfg = TopologyConfig(wan_profile=load_profile(profile), backend=backend, cross_hosts=cross_hosts)
+    cfg = TopologyConfig(
+        wan_profile=load_profile(profile) if profile else None,
+        backend=backend,
+        cross_hosts=cross_hosts,
+        topology=load_topology(topo) if topo else None,
+    )
     with Testbed(cfg) as tb:
         print(describe(tb), flush=True)
         cli = _cli_class()

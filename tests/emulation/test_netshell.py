@@ -41,6 +41,28 @@ def test_exec_pings_across_the_wan_and_a_live_swap_shows_in_the_next_ping():
     assert "<Host md1: md1-eth0:10.2.0.61" in out  # Mininet's own dump
 
 
+def test_topo_opens_a_topology_file_and_swap_names_a_line():
+    lines = ["md1 ping -c 3 -i 0.2 md4", "swap wan-regional wanc", "md1 ping -c 3 -i 0.2 md4", "swap x nowhere"]
+    proc = pddlab("--topo", "three-sites", *(a for line in lines for a in ("--exec", line)))
+    out, _ = proc.communicate(timeout=180)
+    print(out)
+    assert proc.returncode == 0, out
+    assert "topology three-sites" in out and "md3      cluster C  10.3.0.63" in out
+    assert "line wanc (A-C): gwa-eth2 10.0.0.5 <-> gwc-eth1 10.0.0.6, profile wan-cross-country" in out
+    # b -> a -> c: regional (5 ms) then cross-country (30 ms) each way; then both lines regional
+    before, after = (float(x) for x in RTT.findall(out))
+    assert 60 < before < 100 and 15 < after < 35, (before, after)
+    assert "usage: swap PROFILE [LINE]; lines: wanb, wanc" in out
+
+
+def test_a_bad_topology_file_is_refused_before_anything_starts(tmp_path):
+    bad = tmp_path / "mine.yaml"
+    bad.write_text("name: mine\nsites: []\nlines: []\n")
+    proc = pddlab("--topo", str(bad), "--exec", "nodes")
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and f"pddlab: error: {bad}: client: placed in no site" in out, out
+
+
 def test_a_bad_profile_is_refused_before_anything_starts():
     proc = pddlab("--profile", "wan-nowhere", "--exec", "nodes")
     out, _ = proc.communicate(timeout=60)
