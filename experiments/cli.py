@@ -252,6 +252,14 @@ def _compare(args) -> int:
     return 0
 
 
+def _default_topology_only(spec, what: str) -> None:
+    """Refuse a spec whose topology file is not the default where `what` knows the two-cluster network only."""
+    from experiments.spec import sites
+
+    if not sites.is_default(spec):
+        raise UsageError(f"topology={spec.topology!r}: {what} runs the default topology (two-clusters) only, for now")
+
+
 def _simulate(args) -> int:
     from experiments.sim import config as sim_config, simulate, wan
 
@@ -261,6 +269,7 @@ def _simulate(args) -> int:
         return _simulate_sweep(args)
     try:
         loaded = sim_config.load_for_simulation(args.experiment, args.set)
+        _default_topology_only(loaded.spec, "the simulator (one WAN line)")
         run = simulate.simulate(loaded, requests=args.requests, seed=args.seed)
     except (sim_config.SimError, wan.CalibrationError) as err:
         raise UsageError(str(err)) from None
@@ -300,6 +309,7 @@ def _serve(args) -> int:
     s = spec.load_spec(
         args.experiment, args.set, profile=args.profile, backend=None if args.backend == "auto" else args.backend
     )
+    _default_topology_only(s, "pddlab serve")
     _check_environment()
     try:
         out = serve.run(s, mode=args.mode, port=args.port, max_in_flight=args.max_in_flight)

@@ -379,6 +379,10 @@ class Testbed:
         """The Mininet host object by name."""
         return self.net.get(name)
 
+    def address(self, host: str) -> str:
+        """A host's address in this topology (its site's subnet)."""
+        return next(h.ip for h in self._host_specs() if h.name == host)
+
     def ns_prefix(self, host: str | None) -> list[str]:
         """argv prefix that runs a command inside a host's namespaces (root namespace for None)."""
         return [] if host is None else ["mnexec", "-a", str(self.host(host).pid)]
@@ -492,26 +496,12 @@ class Testbed:
         }
 
     def _topology_metadata(self) -> dict:
-        """The topology's name and file, its sites and every line (ends, profile, route choice, changes)."""
-        t = self.topology
-        return {
-            "name": t.name,
-            "path": str(t.path) if t.path else None,
-            "sites": [{"name": s.name, "subnet": str(s.subnet), "gateway": s.gateway} for s in t.sites],
-            "lines": [
-                {
-                    "name": ln.name,
-                    "ends": [e.__dict__ for e in ln.ends],
-                    "profile": ln.profile.to_dict(),
-                    "route": ln.route,
-                    "choose": ln.choose,
-                    "link_changes": [ch.__dict__ for ch in self.links[ln.name].changes]
-                    if ln.name in self.links
-                    else [],
-                }
-                for ln in self.lines
-            ],
-        }
+        """The topology's record (topology.routes.record) with every line's link changes."""
+        out = routes.record(self.topology, self._host_specs(), self.lines)
+        for line in out["lines"]:
+            link = self.links.get(line["name"])
+            line["link_changes"] = [ch.__dict__ for ch in link.changes] if link else []
+        return out
 
     # ---- teardown steps --------------------------------------------------
     def _stop_schedule(self) -> None:

@@ -17,8 +17,9 @@ pair, by the pair's route choice:
 
 A site no line joins to this one directly is reached through the neighbour on the fewest-lines path
 (breadth first, ties to the site listed first): three-sites' B reaches C through A.
-Also the readiness pairs: which address each gateway must reach (its lines' far ends, every other site's
-gateway from its own LAN address, so that every route is exercised once before a run).
+Also the readiness pairs (which address each gateway must reach (its lines' far ends, every other site's
+gateway from its own LAN address, so that every route is exercised once before a run), and the topology's
+record in a run's metadata (sites, lines, the lines each host is reached over, each line's sides).
 Not responsible for: running the commands or building the links (topology.net's Testbed), the file's
 format and its rules (topology.topofile).
 """
@@ -193,3 +194,75 @@ def readiness_pairs(topo: Topology, lines: list[LineSpec]) -> list[tuple[str, li
             if other.name != site.name:
                 out.append((site.gateway, ["-I", gateway_ip(site), gateway_ip(other)]))
     return out
+
+
+def host_paths(topo: Topology, specs: list[naming.HostSpec], lines: list[LineSpec]) -> dict[str, dict[str, list[str]]]:
+    """site -> {host: the lines its traffic to that host crosses, in order} (hosts of the site itself: []): the
+    route choice of each pair on the way (per-destination: the host's own line where it stands in the pair's
+    second site; per-flow: the pair's lines joined by '|', any of them; else the pair's only or first line).
+    A host under a per-destination source rule sends across its pair on its own line whatever the path says."""
+    hops = next_hops(topo)
+    by_line = line_of_host(topo, specs, lines)
+    out: dict[str, dict[str, list[str]]] = {}
+    for start in topo.sites:
+        paths: dict[str, list[str]] = {}
+        for host in specs:
+            here, crossed = start.name, []
+            while here != host.cluster:
+                hop = hops[here][host.cluster]
+                joined = [ln for _, ln in pair_lines(lines, here, hop)]
+                if len(joined) > 1 and joined[0].route == "per-flow":
+                    crossed.append("|".join(ln.name for ln in joined))
+                elif hop == host.cluster and host.name in by_line:
+                    crossed.append(by_line[host.name])
+                else:
+                    crossed.append(joined[0].name)
+                here = hop
+            paths[host.name] = crossed
+        out[start.name] = paths
+    return out
+
+
+def line_sides(topo: Topology, lines: list[LineSpec]) -> dict[str, list[str]]:
+    """line -> the sites on its first end's side (those that reach the line's second site across it: the
+    sites reached from its first site without crossing the pair it joins); a frame from one of them crosses
+    the line forward (a_to_b)."""
+    near = _neighbours(topo)
+    out = {}
+    for ln in lines:
+        a, b = ln.ends[0].site, ln.ends[1].site
+        seen, todo = set(), [a]
+        while todo:
+            here = todo.pop()
+            if here in seen:
+                continue
+            seen.add(here)
+            todo += [n for n in near[here] if {here, n} != {a, b} and n not in seen]
+        out[ln.name] = [s.name for s in topo.sites if s.name in seen]
+    return out
+
+
+def record(topo: Topology, specs: list[naming.HostSpec], lines: list[LineSpec]) -> dict:
+    """The topology as a run's metadata.json keeps it (topology.topology): name and file, sites, `paths` (site
+    -> host -> the lines crossed, host_paths), `sides` (line -> the sites whose frames cross it forward,
+    line_sides) and every line (ends, profile, route choice); what experiments.analysis.lines reads."""
+    return {
+        "name": topo.name,
+        "path": str(topo.path) if topo.path else None,
+        "sites": [
+            {"name": s.name, "subnet": str(s.subnet), "gateway": s.gateway, "gateway_ip": gateway_ip(s)}
+            for s in topo.sites
+        ],
+        "paths": host_paths(topo, specs, lines),
+        "sides": line_sides(topo, lines),
+        "lines": [
+            {
+                "name": ln.name,
+                "ends": [vars(e) for e in ln.ends],
+                "profile": ln.profile.to_dict(),
+                "route": ln.route,
+                "choose": ln.choose,
+            }
+            for ln in lines
+        ],
+    }

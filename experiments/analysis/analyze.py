@@ -20,6 +20,7 @@ from experiments.analysis import (
     flows,
     impairment,
     limits,
+    lines,
     metrics,
     occupancy,
     pcap,
@@ -259,6 +260,9 @@ def analyze(run_dir: Path) -> dict:
     # what analysed it (a run re-analysed by newer code says so): the commit, its dirty flag, the packages
     summary["analysed_by"] = {"git": rundir.git_state(), "packages": rundir.package_versions()}
     summary["cross_traffic"] = crosstraffic.summarize(run_dir, meta)
+    topo = meta.topology
+    hosts = [h.model_dump() for h in topo.hosts] if topo else []
+    summary["lines"] = lines.per_line(run_dir, topo.topology if topo else None, hosts, meta.variants, events)
     if (abl := ablation.summarize(recs, events, spec)) is not None:
         summary["ablation"] = abl
     similarity.add_to(summary, recs, variants, meta)

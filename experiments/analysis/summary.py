@@ -270,6 +270,7 @@ class Summary(Closed):
     warnings: list[dict[str, Any]] = []
     complete: bool | None = None
     cross_traffic: dict[str, Any] = {}
+    lines: dict[str, Any] = {}  # variant -> each line's bytes and KV transfers (experiments.analysis.lines)
     ablation: dict[str, Any] | None = None
     analysed_by: dict[str, Any] | None = None
     similarity: Similarity | None = None  # absent from summaries made before it (still version 2)

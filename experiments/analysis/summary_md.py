@@ -16,6 +16,7 @@ from experiments.analysis import limits
 from experiments.analysis.formats import num as _f, pct as _pct, ratio_end as _ratio_end, size as _mb
 from experiments.analysis.summary import Stats, Summary, VariantSummary, columns
 from experiments.analysis import cost, published, rolecpu
+from experiments.analysis import lines as per_line
 from experiments.analysis.summary_pdd import _handoff_section, _pdd_section, _settle_lines, similarity_section
 from experiments.rundir.metadata import RunMetadata
 from experiments.spec.workload import bucket_names
@@ -69,6 +70,7 @@ def markdown(summary: Summary, meta: RunMetadata) -> str:
     lines += similarity_section(summary.similarity)
     lines += cost.markdown_section(summary.cost)
     lines += published.markdown_section(summary.published)
+    lines += per_line.markdown(summary.lines)
     lines += _rest(per, summary, meta)
     return "\n".join(lines) + "\n"
 

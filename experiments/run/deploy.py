@@ -230,7 +230,7 @@ class Runtime:
 
     def address(self, worker: str) -> str:
         """host:port of a worker's gRPC (its topology host's address)."""
-        return grpc_address(worker)
+        return f"{self.testbed.address(worker)}:{PORTS[role_of(worker)]}"
 
     def dead(self) -> dict[str, int]:
         """Workers that exited: worker -> exit status."""

@@ -42,7 +42,7 @@ from experiments.run import deploy, window as winmod
 from experiments.run import faults as faultsmod
 from experiments.spec import faults as specfaults, experiment as specmod
 from experiments.rundir import metadata, files as rundir
-from experiments.spec import workload as wl
+from experiments.spec import sites, workload as wl
 from experiments.rundir.metadata import RunMetadata, Seeds, SharedTopologyRecord, VariantRecord
 from experiments.spec.deployment import pool_cpusets, role_of
 from experiments.run.loadgen import Settled
@@ -178,6 +178,7 @@ def topology_config(spec: ExperimentSpec, profile, out: Path, play_schedule: boo
         n_p=spec.pools.p.workers,
         n_rld=spec.pools.rld.workers,
         n_md=spec.pools.md.workers,
+        topology=sites.topology_of(spec),
         **deploy.topology_kwargs(spec, out),
     )
 

@@ -157,6 +157,9 @@ class TopologyRecord(Record):
     link_changes: list[AppliedChange]
     # the userspace shaper's receive steering: its core, the RPS mask, interfaces steered and refused (None: tc)
     receive_steering: dict[str, Any] | None = None
+    # the topology file's name, sites, lines (ends, profile, route), paths and sides (topology.net; older runs:
+    # None, the two-cluster network)
+    topology: dict[str, Any] | None = None
 
 
 class SharedTopologyRecord(Record):

@@ -36,10 +36,13 @@ def role_of(worker: str) -> str:
     return worker if worker == "router" else worker.rstrip("0123456789")
 
 
-def worker_ip(worker: str) -> str:
-    """The host address of a worker name (router, p1, md2, ...) or of a role's first worker (p = p1)."""
+def worker_ip(worker: str, addresses: dict[str, str] | None = None) -> str:
+    """The host address of a worker name (router, p1, md2, ...) or of a role's first worker (p = p1); addresses:
+    host -> address in a topology file's network (experiments.spec.sites.addresses; None: topology.naming's)."""
     role = role_of(worker)
     index = 0 if role == "router" else int(worker[len(role) :] or 1)
+    if addresses is not None:
+        return addresses["router" if role == "router" else naming.host_name(role, index)]
     return naming.host_ip(role, index)
 
 
@@ -58,6 +61,7 @@ def roles_config(
     threads: dict[str, int] | None = None,
     devices: dict[str, str] | None = None,
     sections: dict | None = None,
+    addresses: dict[str, str] | None = None,
     **more,
 ) -> dict:
     """The roles' deployment config (workers/roles/config.py) as data: every worker on its host of the
@@ -65,14 +69,15 @@ def roles_config(
     threads and devices (cpu | cuda) per role (else the config default); further sections (policy, kv,
     decode, ...: `sections`, then `more`) merged in (a role's section, e.g. md: {capacity_tokens: ...}, applies
     to each worker of its pool). A section named like an argument (a spec's deployment.pools) goes in
-    `sections`: the roles' validator refuses it by name."""
+    `sections`: the roles' validator refuses it by name. addresses: the hosts' addresses in a topology file's
+    network (None: the default topology's)."""
     cap, threads, devices = capacity_tokens or {}, threads or {}, devices or {}
     sections = {**(sections or {}), **more}
     data = {"model": model, "seed": seed, "block_size": block_size, "events_dir": events_dir}
     for role, names in worker_names(pools).items():
         workers = []
         for name in names:
-            w = {"name": name, "host": worker_ip(name), "grpc_port": PORTS[role]}
+            w = {"name": name, "host": worker_ip(name, addresses), "grpc_port": PORTS[role]}
             if role in KV_PORTS:
                 w["kv_port"] = KV_PORTS[role]
             if role in cap:
@@ -102,6 +107,7 @@ def deployment_dict(
     then the variant's own overrides (spec.variant_defs). wan: the WAN Profile the link runs (the route
     decision's rate comes from it; None: spec.profile, loaded, its rates / compute.kv_scale as the run applies
     it); pools: the variant's workers per role (None: the spec's pools)."""
+    from experiments.spec import sites
     from experiments.spec.scaling import applied_profile
 
     policy = {"mode": mode, "handoff": spec.handoff, "wan_rate_mbit": _wan_rate_mbit(wan or applied_profile(spec))}
@@ -116,6 +122,7 @@ def deployment_dict(
         {role: getattr(spec.pools, role).threads for role in ("p", "rld", "md")},
         {role: getattr(spec.pools, role).device for role in ("p", "rld", "md")},
         sections,
+        sites.addresses(spec),
     )
 
 

@@ -23,7 +23,7 @@ from pydantic import BeforeValidator, StringConstraints
 
 import yaml
 
-from experiments.spec import faults, placement, workload
+from experiments.spec import faults, placement, sites, workload
 from experiments.spec.crosstraffic import CrossFlow
 from experiments.spec.deployment import pool_sizes, worker_names
 from experiments.spec.faults import Fault
@@ -188,7 +188,8 @@ class Pools:
 class ExperimentSpec:
     name: Str
     description: Str = ""
-    profile: Str = "wan-cross-country"  # netem profile name or YAML path (the WAN link)
+    profile: Str = "wan-cross-country"  # netem profile name or YAML path (the WAN link: the topology's first line)
+    topology: Str = "two-clusters"  # topology file name or YAML path (topology.topofile; experiments.spec.sites)
     backend: Literal["auto", "tc", "userspace"] = "auto"
     runtime: Runtime = "process"  # how roles run in the hosts; docker: see runtime.py
     variants: tuple[Str, ...] = VARIANTS  # compared on the same topology and workload (the tables' order):
@@ -312,6 +313,7 @@ def validate(spec: ExperimentSpec, profile: Profile | None = None, *, check_mach
             f"variants={list(spec.variants)}: each once, from {list(known)} (modes, or names defined in variant_defs)"
         )
     profile = parse_profile(spec) if profile is None else profile
+    _refuse(sites.topology_problem(spec))  # before the deployment: the workers' addresses come from it
     for role in ("p", "rld", "md"):
         _range(f"capacity_tokens.{role}", getattr(spec.capacity_tokens, role), spec.block_size, 1 << 22)
     _validate_variant_defs(spec, profile)
@@ -321,7 +323,7 @@ def validate(spec: ExperimentSpec, profile: Profile | None = None, *, check_mach
     _validate_pools(spec, profile, check_machine)
     if check_machine:
         _validate_devices(spec)
-    _validate_placement(spec)
+    _refuse(placement.placement_problem(spec))  # labels, sites, the cluster's address
     _validate_impairment(spec, profile)
     _refuse(placement.cluster_problem(spec, profile))
     try:
@@ -470,11 +472,6 @@ def _validate_pools(spec: ExperimentSpec, profile: Profile | None = None, check_
 def _validate_devices(spec: ExperimentSpec, cuda_here: bool | None = None, gpus_here: int | None = None) -> None:
     """A pool on cuda needs a GPU where its workers run (experiments.spec.placement.device_problem)."""
     _refuse(placement.device_problem(spec, cuda_here, gpus_here))
-
-
-def _validate_placement(spec: ExperimentSpec) -> None:
-    """Where the roles run: labels, sites, the cluster's address (experiments.spec.placement.placement_problem)."""
-    _refuse(placement.placement_problem(spec))
 
 
 def _refuse(problem: str | None) -> None:

@@ -96,3 +96,19 @@ def test_two_lines_per_flow_is_a_multipath_route_hashed_on_ports():
     ]  # fmt: skip
     assert ["sysctl", "-qw", "net.ipv4.fib_multipath_hash_policy=1"] in cmds["gwb"]
     assert not [c for c in cmds["gwb"] if c[:2] == ["ip", "rule"]]
+
+
+def test_paths_name_the_lines_each_host_is_reached_over():
+    from topology.routes import host_paths, line_sides
+
+    topo = load_topology("three-sites")
+    specs, lines = host_specs(topo, {"md": 4}), line_specs(topo)
+    paths = host_paths(topo, specs, lines)
+    assert paths["a"]["md1"] == ["wanb"] and paths["a"]["md3"] == ["wanc"] and paths["a"]["p1"] == []
+    assert paths["b"]["md4"] == ["wanb", "wanc"] and paths["c"]["client"] == ["wanc"]
+    assert line_sides(topo, lines) == {"wanb": ["a", "c"], "wanc": ["a", "b"]}
+    two = load_topology("two-lines")
+    specs, lines = host_specs(two, {"md": 2}), line_specs(two)
+    paths = host_paths(two, specs, lines)
+    assert paths["a"]["md1"] == ["fast"] and paths["a"]["md2"] == ["cheap"] and paths["b"]["p1"] == ["fast"]
+    assert line_sides(two, lines) == {"fast": ["a"], "cheap": ["a"]}
