@@ -52,9 +52,9 @@ TBF_HANDLE = "1:"
 FIFO_HANDLE = "10:"
 
 
-def burst_bytes(rate_mbit: float) -> int:
-    """The bucket's size (bytes): BURST_S at the rate, at least MIN_BURST_FRAMES full frames."""
-    return max(MIN_BURST_FRAMES * FRAME_BYTES, math.ceil(rate_mbit * 1e6 / 8 * BURST_S))
+def burst_bytes(rate_mbit: float, burst_s: float = BURST_S) -> int:
+    """The bucket's size (bytes): burst_s at the rate, at least MIN_BURST_FRAMES full frames."""
+    return max(MIN_BURST_FRAMES * FRAME_BYTES, math.ceil(rate_mbit * 1e6 / 8 * burst_s))
 
 
 def _why_not(p: LinkParams) -> list[str]:
@@ -86,13 +86,14 @@ def refusal(p: LinkParams) -> str | None:
     )
 
 
-def tbf_cmds(dev: str, p: LinkParams) -> list[list[str]]:
-    """argvs that shape dev's egress to p's rate and queue (run in order, in dev's host); [] without a rate."""
+def tbf_cmds(dev: str, p: LinkParams, burst_s: float = BURST_S) -> list[list[str]]:
+    """argvs that shape dev's egress to p's rate and queue (run in order, in dev's host); [] without a rate.
+    burst_s: the bucket in seconds at the rate (another than BURST_S only to measure the choice)."""
     if not p.rate_mbit:
         return []
     limit_pkts = p.effective_limit_pkts
     overhead = ["overhead", str(p.rate_packet_overhead_bytes)] if p.rate_packet_overhead_bytes else []
-    tbf = ["tbf", "rate", f"{round(p.rate_mbit * 1e6)}bit", "burst", str(burst_bytes(p.rate_mbit))]
+    tbf = ["tbf", "rate", f"{round(p.rate_mbit * 1e6)}bit", "burst", str(burst_bytes(p.rate_mbit, burst_s))]
     # tbf's own limit (bytes) holds until the pfifo replaces its queue: the same packets, full-sized.
     tbf += ["limit", str(limit_pkts * FRAME_BYTES), *overhead]
     return [

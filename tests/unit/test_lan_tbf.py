@@ -79,3 +79,8 @@ def test_every_field_is_applied_or_refused():
     """A field netem gains is refused until a token bucket is taught it: none slips through unapplied."""
     names = {f.name for f in dataclasses.fields(LinkParams)}
     assert set(lan_tbf.APPLIED) <= names == set(PACKET_IMPAIRMENTS) | set(TIMING)
+
+
+def test_a_benchmark_may_size_the_bucket_in_seconds():
+    assert lan_tbf.burst_bytes(1000, burst_s=0.004) == 500_000
+    assert lan_tbf.tbf_cmds("a0", LinkParams(rate_mbit=1000), burst_s=0.0)[0][11:13] == ["burst", "3028"]
