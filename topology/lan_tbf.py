@@ -11,18 +11,19 @@ How close it stays to the tc backend's LAN (netem with the same LinkParams):
   TCP between two hosts of one site on a 50 Mbit/s LAN: 47.8 Mbit/s, the payload ceiling 50 x 1448/1514.
 - burst: netem paces every frame at the rate; a token bucket lets a full bucket leave at the veth's own
   speed, so a transfer after a pause ends up to BURST_S sooner than under netem. The bucket must hold
-  what the rate earns while the qdisc waits for its timer, or the rate is not reached: one frame's
-  worth gave 44.3 of 47.8 Mbit/s at 50 Mbit/s, two frames (24 us) 680 of 956 at 1 Gbit/s, 1 ms of the
-  rate the full 47.8 and 955 (iperf3 TCP, two namespaces through a bridge, this kernel: HZ 250, high-res
-  timers). tc-tbf(8)'s rule, rate/HZ, dates from jiffy timers: 4 ms here.
+  what the rate earns while the qdisc waits for its timer, or the rate is not reached. TCP at 1 Gbit/s
+  (payload ceiling 956): two frames 636, 0.25 ms 866, 1 ms 926-952, 4 ms (tc-tbf(8)'s rate/HZ, a rule
+  from jiffy timers; HZ 250 here) 947-956; at 50 Mbit/s two frames already give the full 47.8
+  (benchmarks/bench_lan.py, two namespaces through a bridge, a busy two-core VM). 1 ms keeps the rate
+  within a few percent at a quarter of rate/HZ's head start.
 - queue: netem's limit counts packets (LinkParams.effective_limit_pkts, 1000 for the `lan` profile);
   tbf's own queue counts bytes, so a pfifo with that many packets takes its place.
 - delay: a token bucket adds none. The path a LAN frame takes, host veth -> Linux bridge -> host veth,
   has a one-way latency of its own: 5 us (median) with a datagram every 200 us, 9-13 us every 1 ms,
-  25-52 us every 10 ms, 55-62 us every 100 ms (topology.udp_probe between two namespaces through a bridge,
-  kernel arrival timestamps, offloads off, the dev machine: docs/network.md). A LAN delay up to
-  VETH_BASE_ONE_WAY_MS is recorded as met by that path, not added; a larger one is refused. (The tc
-  backend adds it on each end a frame leaves through: host to host, twice the delay on top of the path.)
+  25-52 us every 10 ms, 55-62 us every 100 ms (benchmarks/bench_lan.py and ad hoc runs of the same
+  probe on the dev machine: docs/network.md). A LAN delay up to VETH_BASE_ONE_WAY_MS is recorded as met
+  by that path, not added; a larger one is refused. (The tc backend adds it on each end a frame leaves
+  through: host to host, twice the delay on top of the path.)
 Everything else netem does (loss, duplicates, corruption, reordering, jitter, slots, cells, rate traces)
 has no mechanism in this kernel (no netem, gact, fq or etf; an eBPF classifier could drop, none is
 written): a LAN profile that asks for it is refused, naming the field; the tc backend applies it (a stock
