@@ -2,9 +2,10 @@
 
 Responsible for: measuring, on the path a LAN frame takes in the testbed (host veth -> Linux bridge -> host
 veth, offloads off), (1) the one-way delay of small datagrams at several send intervals (topology.udp_probe:
-one monotonic clock across namespaces, the kernel's arrival timestamp), and (2) TCP goodput A -> B with
-topology.lan_tbf's token bucket on both egress ends, at a few rates and bucket sizes, and unshaped. Prints
-what it measured. The figures behind topology/lan_tbf.py's constants and docs/network.md's LAN section.
+one monotonic clock across namespaces, the kernel's arrival timestamp), without and with the `lan`
+profile's token bucket, and (2) TCP goodput A -> B with topology.lan_tbf's token bucket on both egress
+ends, at a few rates and bucket sizes, and unshaped. Prints what it measured: the figures behind
+topology/lan_tbf.py's constants and docs/network.md's LAN section.
 Not responsible for: the Mininet topology (tests/emulation/test_lan_shaping.py checks the bucket there).
 
     sudo .venv/bin/python -m benchmarks.bench_lan [--prefix pddl] [--tcp-seconds 4]
@@ -21,7 +22,7 @@ import sys
 
 from experiments.analysis.linkstats import TCP_PAYLOAD_SHARE
 from topology import iperf, lan_tbf
-from topology.profiles import LinkParams
+from topology.profiles import LinkParams, load_profile
 from topology.wire_netns import NetnsWire, WireNames, in_ns, run
 
 BRIDGE = "br0"
@@ -74,11 +75,16 @@ def main() -> int:
     names = WireNames(prefix=args.prefix)
     with NetnsWire(names) as wire:
         bridge_the_wire(names)
-        print("| send interval | datagrams | one-way min us | p10 | p50 | p90 | p99 |\n|---|---|---|---|---|---|---|")
-        for interval_us, count in PROBE_PLANS:
-            d = one_way_us(wire, interval_us, count)
-            q = [d[min(len(d) - 1, int(f * len(d)))] for f in (0.1, 0.5, 0.9, 0.99)]
-            print(f"| {interval_us} us | {len(d)} | {d[0]:.1f} | " + " | ".join(f"{x:.1f}" for x in q) + " |")
+        print("| path | send interval | datagrams | one-way min us | p10 | p50 | p90 | p99 |")
+        print("|---|---|---|---|---|---|---|---|")
+        for path, params in (("veth", None), ("veth + the lan bucket", load_profile("lan").a_to_b)):
+            if params:
+                shape(names, params, lan_tbf.BURST_S)
+            for interval_us, count in PROBE_PLANS:
+                d = one_way_us(wire, interval_us, count)
+                q = [d[min(len(d) - 1, int(f * len(d)))] for f in (0.1, 0.5, 0.9, 0.99)]
+                cells = [f"{x:.1f}" for x in (d[0], *q)]
+                print(f"| {path} | {interval_us} us | {len(d)} | " + " | ".join(cells) + " |")
         print("\n| rate Mbit/s | bucket | TCP goodput Mbit/s | payload ceiling |\n|---|---|---|---|")
         for rate, burst_s in TBF_PLANS:
             shape(names, LinkParams(rate_mbit=rate), burst_s)

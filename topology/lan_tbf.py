@@ -12,10 +12,10 @@ How close it stays to the tc backend's LAN (netem with the same LinkParams):
 - burst: netem paces every frame at the rate; a token bucket lets a full bucket leave at the veth's own
   speed, so a transfer after a pause ends up to BURST_S sooner than under netem. The bucket must hold
   what the rate earns while the qdisc waits for its timer, or the rate is not reached. TCP at 1 Gbit/s
-  (payload ceiling 956): two frames 636, 0.25 ms 866, 1 ms 926-952, 4 ms (tc-tbf(8)'s rate/HZ, a rule
-  from jiffy timers; HZ 250 here) 947-956; at 50 Mbit/s two frames already give the full 47.8
-  (benchmarks/bench_lan.py, two namespaces through a bridge, a busy two-core VM). 1 ms keeps the rate
-  within a few percent at a quarter of rate/HZ's head start.
+  (payload ceiling 956): two frames 561-636, 0.25 ms 627-866, 1 ms 919-952, 4 ms (tc-tbf(8)'s rate/HZ, a
+  rule from jiffy timers; HZ 250 here) 947-956, the lower figures at a load average of 10; at 50 Mbit/s
+  two frames already give the full 47.8 (benchmarks/bench_lan.py, two namespaces through a bridge, a
+  two-core VM). 1 ms keeps the rate within 4% at a quarter of rate/HZ's head start.
 - queue: netem's limit counts packets (LinkParams.effective_limit_pkts, 1000 for the `lan` profile);
   tbf's own queue counts bytes, so a pfifo with that many packets takes its place.
 - delay: a token bucket adds none. The path a LAN frame takes, host veth -> Linux bridge -> host veth,
