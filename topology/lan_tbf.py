@@ -80,16 +80,16 @@ def refusal(p: LinkParams) -> str | None:
     if not reasons:
         return None
     return (
-        f"the LAN profile asks for {', '.join(reasons)}, which only netem applies, and this kernel lacks netem. "
-        f"The userspace backend shapes the LAN with a token bucket: rate_mbit, rate_packet_overhead_bytes, "
-        f"limit_pkts, and a delay_ms up to {VETH_BASE_ONE_WAY_MS:g} (the veth path's own). The tc backend applies "
-        f"every field: run on a stock kernel with netem (`make vm-test` runs one under qemu)."
+        f"the LAN profile asks for {', '.join(reasons)}, which only netem applies. The userspace backend shapes "
+        f"the LAN with a token bucket: rate_mbit, rate_packet_overhead_bytes, limit_pkts, and a delay_ms up to "
+        f"{VETH_BASE_ONE_WAY_MS:g} (the veth path's own). The tc backend applies every field: run it on a kernel "
+        f"with netem (--backend tc; `make vm-test` runs a stock kernel under qemu)."
     )
 
 
 def tbf_cmds(dev: str, p: LinkParams, burst_s: float = BURST_S) -> list[list[str]]:
     """argvs that shape dev's egress to p's rate and queue (run in order, in dev's host); [] without a rate.
-    burst_s: the bucket in seconds at the rate (another than BURST_S only to measure the choice)."""
+    burst_s: the bucket in seconds at the rate (other than BURST_S only to measure it: benchmarks/bench_lan.py)."""
     if not p.rate_mbit:
         return []
     limit_pkts = p.effective_limit_pkts
