@@ -68,6 +68,7 @@ bench: setup ## benchmarks that print numbers (speed and accuracy targets)
 	$(PY) benchmarks/bench_roles.py
 	$(PY) benchmarks/bench_scale.py
 	$(PY) benchmarks/bench_shaper.py
+	$(PY) benchmarks/bench_lan.py
 	$(PY) benchmarks/bench_docker.py
 	$(PY) benchmarks/bench_experiment.py
 	$(PY) benchmarks/bench_sweep.py

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol
 
-from topology import naming, tc
+from topology import lan_tbf, naming, tc
 from topology.profiles import DIRECTIONS, LinkParams, Profile, ScheduleStep, schedule_end_s
 from topology.trace_player import TracePlayer
 
@@ -180,7 +180,6 @@ class UserspaceBackend:
 
     name = "userspace"
     wire_host = naming.WIRE
-    lan_shaping = "none (kernel lacks netem; veth base latency applies)"
 
     def __init__(
         self,
@@ -193,6 +192,7 @@ class UserspaceBackend:
     ):
         self._run, self._prefix_of = run, prefix_of
         self.wire_host = wire
+        self.lan_shaping = "none (the LAN not shaped yet)"
         self._control_path = control_path
         self._seed = seed
         self._log_path = log_path
@@ -204,7 +204,16 @@ class UserspaceBackend:
             self._run(self.wire_host, ["ip", "link", "set", f"{self.wire_host}-{dev}", "promisc", "on", "up"])
 
     def shape_lan(self, ends: list[tuple[str | None, str]], params: LinkParams) -> None:
-        """The forwarder sits on the WAN only: the LAN links stay as veth makes them."""
+        """A token bucket on both ends of every intra-cluster link (topology.lan_tbf): the forwarder sits on
+        the WAN only, and a Python hop on every LAN link would cost more than the LAN's delay. A profile that
+        needs netem is refused before anything is installed. The qdiscs go with their interfaces at teardown."""
+        reason = lan_tbf.refusal(params)
+        if reason:
+            raise ShapingError(reason)
+        for host, dev in ends:
+            for argv in lan_tbf.tbf_cmds(dev, params):
+                self._run(host, argv)
+        self.lan_shaping = lan_tbf.describe(params)
 
     @property
     def pid(self) -> int | None:
