@@ -61,7 +61,8 @@ test-faults: setup ## faults under load: every component SIGKILLed mid-run, the 
 
 vm-test: setup ## the tc backend on a real sch_netem: a stock Debian kernel under qemu TCG
 	$(PYTEST) tests/vm/test_vm.py
-	$(PY) -m vm.run --timeout 1500 --cpus 1 -- $(PY) -m pytest -q -rs -p no:cacheprovider tests/emulation/test_fidelity.py --backend tc
+	$(PY) -m vm.run --timeout 1500 --cpus 1 -- $(PY) -m pytest -q -rs -p no:cacheprovider tests/emulation/test_fidelity.py \
+		tests/emulation/test_topologies.py::test_three_sites_reach_each_other_over_their_own_lines --backend tc
 
 bench: setup ## benchmarks that print numbers (speed and accuracy targets)
 	$(PY) benchmarks/bench_engine.py
