@@ -93,15 +93,15 @@ def test_line_measured_without_its_context_is_a_programming_error():
 
 def test_the_route_decision_rests_on_the_chosen_lines_figures():
     policy = RouterPolicy(direct_max_transfer_ms=20, wan_rate_mbit=200)
-    # 20 uncached tokens: 10,240 B. The one WAN: serialisation at wan_rate_mbit only (0.41 ms)
+    # 20 uncached tokens: 10,240 B. The one WAN: serialisation at wan_rate_mbit (0.41 ms), so P->MD
     assert decide_route("pdd", 100, 16, 80, KV, policy).route == "p-md"
-    # the cheap line's static figures add its 30 ms one way: over 20 ms, so P->RLD->MD
-    d = decide_route("pdd", 100, 16, 80, KV, policy, None, CHEAP)
-    assert d.route == "p-rld-md" and math.isclose(d.wan_estimate_ms, 10_240 * 8 / 2e5 + 30)
-    assert decide_route("pdd", 100, 16, 80, KV, policy, None, FAST).route == "p-md"
+    # a 2 Mbit/s line's static rate instead: 41 ms > 20 ms, so P->RLD->MD (no delay term, as on one WAN)
+    d = decide_route("pdd", 100, 16, 80, KV, policy, None, LineView("slow", 2, 30))
+    assert d.route == "p-rld-md" and math.isclose(d.wan_estimate_ms, 10_240 * 8 / 2e3)
+    assert decide_route("pdd", 100, 16, 80, KV, policy, None, CHEAP).route == "p-md"
     measured = RouterPolicy(direct_max_transfer_ms=20, wan_estimate="measured")
     near = WanEstimate(rate_mbit=200, rtt_ms=2, min_rtt_ms=2, samples=4)
-    d = decide_route("pdd", 100, 16, 80, KV, measured, near, CHEAP)  # measured beats the static figures
+    d = decide_route("pdd", 100, 16, 80, KV, measured, near, LineView("slow", 2, 30))  # measured beats static
     assert d.route == "p-md" and d.wan_source == "measured"
 
 

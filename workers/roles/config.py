@@ -16,7 +16,9 @@ topology's host names) that tags its tokens, its event log
 (`<events_dir>/<name>.jsonl`) and its gRPC `Worker.Stats`. A worker listens
 on `host:grpc_port` (control) and, for decode roles, `host:kv_port` (KV data
 plane); `kv_connect` (host:port), when set, is where peers connect instead of
-`host:kv_port` (an emulated WAN or a proxy in front of the listener).
+`host:kv_port` (an emulated WAN or a proxy in front of the listener). Where
+several lines join the sites, each MD names the `line` it sits behind (the
+topology file's line names; `policy.pick_md: line_measured` picks by them).
 """
 
 from __future__ import annotations

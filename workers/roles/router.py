@@ -133,9 +133,8 @@ class RouterServicer(pdd_pb2_grpc.RouterServicer):
 
     def _serve(self, rid: str, prompt: list[int], max_tokens: int, mode: str, handoff: str, context):
         """Route one claimed request and stream it to its end."""
-        decision, chosen, line = self._decide(mode, prompt, max_tokens)
+        decision, chosen, line, figures = self._decide(mode, prompt, max_tokens)
         wan = self.pools.lines.estimate(line or "")
-        named = self.pools.lines.names
         self.events.emit(
             "route",
             rid,
@@ -151,9 +150,10 @@ class RouterServicer(pdd_pb2_grpc.RouterServicer):
             wan_rate_mbit=wan.rate_mbit if wan else None,
             wan_rtt_ms=wan.rtt_ms if wan else None,
             drc_estimate=self.cfg.policy.drc_estimate if mode == "pdd" else None,
-            # the line the request's KV crosses (its MD's; None: no KV crosses a line), and every line's figures
-            line=line if named else None,
-            lines=self.pools.lines.record() if named else None,
+            # the line the request's KV crosses (its MD's; None: none crosses, or one WAN), and every line's
+            # figures as the pick saw them
+            line=line if figures else None,
+            lines=figures,
         )
         if decision.singular:
             saved = (len(prompt) - decision.md_cached_tokens) * self.kv_bytes_per_token
@@ -191,12 +191,13 @@ class RouterServicer(pdd_pb2_grpc.RouterServicer):
 
     def _decide(
         self, mode: str, prompt: list[int], max_tokens: int
-    ) -> tuple[RouteDecision, dict[str, Choice], str | None]:
-        """The route, the worker of each pool it uses, and the line its KV crosses (the MD's; None where none
-        does): the MD first (pdd routes on the chosen MD's DRC hit, and on its line's estimate), then the RLD
-        and P the route needs."""
+    ) -> tuple[RouteDecision, dict[str, Choice], str | None, dict | None]:
+        """The route, the worker of each pool it uses, the line its KV crosses (the MD's; None where none does)
+        and the named lines' figures before the pick (None: one WAN): the MD first (pdd routes on the chosen
+        MD's DRC hit, and on its line's estimate), then the RLD and P the route needs."""
         chosen: dict[str, Choice] = {}
         hit, line = 0, ""
+        figures = self.pools.lines.record() if self.pools.lines.names else None
         if mode in ("pd-cross", "pdd"):
             hits = self._md_hits(prompt) if mode == "pdd" else {}
             kv = {md.name: (len(prompt) - hits.get(md.name, 0)) * self.kv_bytes_per_token for md in self.cfg.md}
@@ -219,7 +220,7 @@ class RouterServicer(pdd_pb2_grpc.RouterServicer):
             chosen["rld"] = self.pools.choose("rld")
         if decision.route != Route.COLOCATED:
             chosen["p"] = self.pools.choose("p")
-        return decision, chosen, line if "md" in chosen else None
+        return decision, chosen, line if "md" in chosen else None, figures
 
     def _md_hits(self, prompt: list[int]) -> dict[str, int]:
         """MD name -> its expected DRC hit for prompt: the router's mirrors, or (drc_estimate: lookup) each MD

@@ -69,27 +69,24 @@ class LineView:
     def measured(self) -> bool:
         return self.estimate is not None and self.estimate.measured
 
-    def static_ms(self, kv_bytes: int) -> float:
-        """kv_bytes serialised at the static rate, plus the static one-way delay."""
-        return kv_bytes * 8 / (self.rate_mbit * 1e3) + self.delay_ms
-
     def transfer_ms(self, kv_bytes: int) -> tuple[float, str]:
         """The expected transfer time of kv_bytes on this line and what it rests on: measured once P has
-        measured the line (its rate and half its smoothed RTT, a queue included), static before."""
+        measured the line (its rate and half its smoothed RTT, a queue included), else static (serialisation
+        at rate_mbit plus delay_ms)."""
         if self.measured:
             return self.estimate.transfer_ms(kv_bytes), "measured"
-        return self.static_ms(kv_bytes), "static"
+        return kv_bytes * 8 / (self.rate_mbit * 1e3) + self.delay_ms, "static"
 
 
 def wan_transfer_ms(kv_bytes: int, policy, wan: WanEstimate | None, line: LineView | None = None) -> tuple[float, str]:
     """The estimated WAN transfer time of kv_bytes and what it rests on (pure). measured: P's TCP_INFO
-    figures once it has any (a congested line: inf, so the request goes P->RLD->MD); static otherwise: the
-    line's static figures where the MD sits behind a named line, else policy.wan_rate_mbit."""
+    figures once it has any (a congested line: inf, so the request goes P->RLD->MD); static otherwise:
+    serialisation at policy.wan_rate_mbit, or at the line's static rate where the MD sits behind a named
+    line (no delay term either way, so a route decision means the same on one WAN and on several lines)."""
     if policy.wan_estimate == "measured" and wan is not None and wan.measured:
         return (math.inf if wan.congested else wan.transfer_ms(kv_bytes)), "measured"
-    if line is not None:
-        return line.static_ms(kv_bytes), "static"
-    return kv_bytes * 8 / (policy.wan_rate_mbit * 1e3), "static"
+    rate_mbit = policy.wan_rate_mbit if line is None else line.rate_mbit
+    return kv_bytes * 8 / (rate_mbit * 1e3), "static"
 
 
 def decide_route(
