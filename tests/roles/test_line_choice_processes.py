@@ -110,3 +110,9 @@ def test_a_measurement_overturns_the_static_guess(deploy):
     # and it stays there (the cheap line's transfers, application-limited on loopback, leave it static)
     again = _serve(dep, "measured-after")
     assert (again["workers"]["md"], again["lines"]["fast"]["source"]) == ("md2", "measured"), again
+    # P keys its estimates by line: the transfers to md2 add no sample to md1's line
+    later = _serve(dep, "measured-later")
+    assert later["workers"]["md"] == "md2" and later["lines"]["fast"] == {
+        **again["lines"]["fast"],
+        "idle_s": later["lines"]["fast"]["idle_s"],
+    }, (again["lines"], later["lines"])
