@@ -134,7 +134,7 @@ class RouterServicer(pdd_pb2_grpc.RouterServicer):
     def _serve(self, rid: str, prompt: list[int], max_tokens: int, mode: str, handoff: str, context):
         """Route one claimed request and stream it to its end."""
         decision, chosen, line, figures = self._decide(mode, prompt, max_tokens)
-        wan = self.pools.lines.estimate(line or "")
+        wan = self.pools.lines.estimate(line)  # the estimate of the line the decision rested on
         self.events.emit(
             "route",
             rid,
@@ -152,7 +152,7 @@ class RouterServicer(pdd_pb2_grpc.RouterServicer):
             drc_estimate=self.cfg.policy.drc_estimate if mode == "pdd" else None,
             # the line the request's KV crosses (its MD's; None: none crosses, or one WAN), and every line's
             # figures as the pick saw them
-            line=line if figures else None,
+            line=line if figures and "md" in chosen else None,
             lines=figures,
         )
         if decision.singular:
@@ -191,10 +191,10 @@ class RouterServicer(pdd_pb2_grpc.RouterServicer):
 
     def _decide(
         self, mode: str, prompt: list[int], max_tokens: int
-    ) -> tuple[RouteDecision, dict[str, Choice], str | None, dict | None]:
-        """The route, the worker of each pool it uses, the line its KV crosses (the MD's; None where none does)
-        and the named lines' figures before the pick (None: one WAN): the MD first (pdd routes on the chosen
-        MD's DRC hit, and on its line's estimate), then the RLD and P the route needs."""
+    ) -> tuple[RouteDecision, dict[str, Choice], str, dict | None]:
+        """The route, the worker of each pool it uses, the line the decision rested on (the chosen MD's; "": the
+        one WAN) and the named lines' figures before the pick (None: one WAN): the MD first (pdd routes on the
+        chosen MD's DRC hit, and on its line's estimate), then the RLD and P the route needs."""
         chosen: dict[str, Choice] = {}
         hit, line = 0, ""
         figures = self.pools.lines.record() if self.pools.lines.names else None
@@ -220,7 +220,7 @@ class RouterServicer(pdd_pb2_grpc.RouterServicer):
             chosen["rld"] = self.pools.choose("rld")
         if decision.route != Route.COLOCATED:
             chosen["p"] = self.pools.choose("p")
-        return decision, chosen, line if "md" in chosen else None, figures
+        return decision, chosen, line, figures
 
     def _md_hits(self, prompt: list[int]) -> dict[str, int]:
         """MD name -> its expected DRC hit for prompt: the router's mirrors, or (drc_estimate: lookup) each MD
