@@ -138,6 +138,8 @@ def _resolve(cls: Any, loc: tuple) -> tuple[Any, list]:
             if part not in hints:
                 return None, []
             tp, meta = _unwrap(hints[part])
+        elif get_origin(tp) is dict and isinstance(part, str):  # a mapping's value at its key
+            tp, meta = _unwrap(get_args(tp)[1])
         elif get_origin(tp) is tuple and isinstance(part, int):
             args = get_args(tp)
             tp, meta = _unwrap(args[0] if len(args) == 2 and args[1] is Ellipsis else args[min(part, len(args) - 1)])

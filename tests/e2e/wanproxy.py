@@ -45,6 +45,12 @@ class WanProxy:
         self._accept = threading.Thread(target=self._accept_loop, daemon=True)
         self._accept.start()
 
+    def set_receive_buffer(self, nbytes: int) -> None:
+        """Connections accepted from now on read into a receive buffer of about nbytes (the kernel doubles it):
+        with a rate limit, the sender's window then follows this proxy's rate, so its TCP_INFO delivery rate
+        measures the limit instead of loopback's speed (a large buffer would absorb a small transfer whole)."""
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, nbytes)
+
     def reset_counters(self) -> None:
         with self._lock:
             self.bytes_forwarded = 0

@@ -123,9 +123,8 @@ def test_requests_that_arrive_together_see_each_others_picks():
 
 
 def test_pool_config_errors_name_the_field():
-    with pytest.raises(
-        ConfigError, match=r"policy.pick_md='nearest'; allowed: \['cache_aware', 'least_load', 'round_robin'\]"
-    ):
+    allowed = r"\['cache_aware', 'least_load', 'round_robin', 'line_measured'\]"
+    with pytest.raises(ConfigError, match=rf"policy.pick_md='nearest'; allowed: {allowed}"):
         _cfg(pick_md="nearest")
     with pytest.raises(ConfigError, match=r"md\[1\].kv_port=0 out of range"):
         parse_config(

@@ -102,20 +102,29 @@ class PrefillRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., prompt_tokens: _Optional[_Iterable[int]] = ..., targets: _Optional[_Iterable[_Union[KVTarget, _Mapping]]] = ..., use_prefix_cache: _Optional[bool] = ...) -> None: ...
 
 class PrefillReply(_message.Message):
-    __slots__ = ("first_token", "t_ns", "cached_tokens", "computed_tokens", "sent_from_tokens", "wan")
+    __slots__ = ("first_token", "t_ns", "cached_tokens", "computed_tokens", "sent_from_tokens", "wan", "lines")
+    class LinesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: WanEstimate
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[WanEstimate, _Mapping]] = ...) -> None: ...
     FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
     T_NS_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SENT_FROM_TOKENS_FIELD_NUMBER: _ClassVar[int]
     WAN_FIELD_NUMBER: _ClassVar[int]
+    LINES_FIELD_NUMBER: _ClassVar[int]
     first_token: int
     t_ns: int
     cached_tokens: int
     computed_tokens: int
     sent_from_tokens: _containers.RepeatedScalarFieldContainer[int]
     wan: WanEstimate
-    def __init__(self, first_token: _Optional[int] = ..., t_ns: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., computed_tokens: _Optional[int] = ..., sent_from_tokens: _Optional[_Iterable[int]] = ..., wan: _Optional[_Union[WanEstimate, _Mapping]] = ...) -> None: ...
+    lines: _containers.MessageMap[str, WanEstimate]
+    def __init__(self, first_token: _Optional[int] = ..., t_ns: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., computed_tokens: _Optional[int] = ..., sent_from_tokens: _Optional[_Iterable[int]] = ..., wan: _Optional[_Union[WanEstimate, _Mapping]] = ..., lines: _Optional[_Mapping[str, WanEstimate]] = ...) -> None: ...
 
 class WanEstimate(_message.Message):
     __slots__ = ("rate_mbit", "rtt_ms", "min_rtt_ms", "retrans_pct", "samples")

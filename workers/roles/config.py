@@ -16,7 +16,9 @@ topology's host names) that tags its tokens, its event log
 (`<events_dir>/<name>.jsonl`) and its gRPC `Worker.Stats`. A worker listens
 on `host:grpc_port` (control) and, for decode roles, `host:kv_port` (KV data
 plane); `kv_connect` (host:port), when set, is where peers connect instead of
-`host:kv_port` (an emulated WAN or a proxy in front of the listener).
+`host:kv_port` (an emulated WAN or a proxy in front of the listener). Where
+several lines join the sites, each MD names the `line` it sits behind (the
+topology file's line names; `policy.pick_md: line_measured` picks by them).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
 import yaml
-from pydantic import BeforeValidator
+from pydantic import BeforeValidator, Field, StringConstraints
 
 from schema import Bool, Float, Int, Range, Str, build, check_choice, check_range, literal_values, schema
 
@@ -45,7 +47,13 @@ MAX_POOL = 19  # workers per pool at most (topology.naming: 19 hosts per role)
 # in turn, or (MD) by where the prompt's prefix already lives, bounded by load (routing.pick_md).
 PickP = Literal["least_load", "round_robin"]
 PickRLD = Literal["least_load", "round_robin"]
-PickMD = Literal["cache_aware", "least_load", "round_robin"]
+# line_measured is a value of pick_md rather than a knob of its own: each MD sits behind one line (the
+# topology's per-destination route), so choosing a request's line is choosing its MD; a separate knob would
+# have to say how it combines with cache_aware, where line_measured folds the MD's DRC hit into the bytes its
+# line must carry (routing.pick_md_by_line).
+PickMD = Literal["cache_aware", "least_load", "round_robin", "line_measured"]
+# A line's name, as the topology file names it (topology.topofile's line names); "" = the one WAN.
+LineName = Annotated[Str, StringConstraints(pattern=r"^([a-z][a-z0-9]{0,9})?$")]
 Ms = Annotated[Int, Range(10, 3_600_000)]
 Device = Literal["cpu", "cuda"]
 DEVICES = literal_values(Device)
@@ -70,6 +78,9 @@ class WorkerConfig:
     # compute.catalogue's) and how many of them (tensor parallel: their peaks and memory add up)
     accelerator: Str = "this-machine"
     devices: Annotated[Int, Range(1, 1024)] = 1
+    # MD: the line between the sites its KV crosses (a topology with several lines routes each MD over one);
+    # "" = the one WAN. Keys P's per-line WAN estimates and the router's pick_md: line_measured
+    line: LineName = ""
 
     @property
     def grpc_address(self) -> str:
@@ -121,6 +132,14 @@ class KVConfig:
 
 
 @schema
+class LineStatic:
+    """A line's figures before it is measured (the runner passes its profile's): rate_mbit, delay_ms one way."""
+
+    rate_mbit: Annotated[Float, Range(0.001, 1e7)]
+    delay_ms: Annotated[Float, Range(0.0, 1e6)] = 0.0
+
+
+@schema
 class RouterPolicy:
     mode: Mode = "pdd"  # default mode; GenerateRequest.mode overrides per request
     handoff: Handoff = "oneshot"  # default handoff; GenerateRequest.handoff overrides
@@ -147,6 +166,14 @@ class RouterPolicy:
     # many sessions more than the idlest AND more than md_balance_rel times as many (SGLang's router's rule)
     md_balance_abs: Annotated[Int, Range(0, 100_000)] = 4
     md_balance_rel: Annotated[Float, Range(1.0, 1000.0)] = 1.5
+    # line_measured: each line's static figures (name -> rate_mbit, delay_ms), its estimate until P has
+    # measured it; and the static figures of the route decision on that line (instead of wan_rate_mbit)
+    lines: dict[LineName, LineStatic] = Field(default_factory=dict)
+    # line_measured: an MD's load as time (ms per open session): the decode batch it joins slows each step
+    line_ms_per_session: Annotated[Float, Range(0.0, 1e6)] = 5.0
+    # line_measured: a line not measured afresh for this long gets the next request it can take, so its
+    # estimate does not go stale (0: never)
+    line_explore_s: Annotated[Float, Range(0.0, 1e6)] = 10.0
 
 
 @schema
@@ -287,6 +314,7 @@ def validate(cfg: DeploymentConfig) -> DeploymentConfig:
             "decode tokens come first, and a prefill's or an extend's chunks need room beside them"
         )
     check_compute(cfg)
+    check_lines(cfg)
     if cfg.grpc_threads < cfg.decode.max_sessions + GRPC_SPARE_THREADS:
         raise ConfigError(
             f"grpc_threads={cfg.grpc_threads} must be at least decode.max_sessions ({cfg.decode.max_sessions}) "
@@ -294,6 +322,35 @@ def validate(cfg: DeploymentConfig) -> DeploymentConfig:
             "query must not queue behind them"
         )
     return cfg
+
+
+def check_lines(cfg: DeploymentConfig) -> None:
+    """Only MDs name lines, all of them or none; policy.lines names those lines; pick_md: line_measured needs
+    two lines or more, each with its static figures. ConfigError naming the field."""
+    for role in ("router", "p", "rld"):
+        for path, w in _paths(cfg, role):
+            if w.line:
+                raise ConfigError(f"{path}.line={w.line!r}: only an MD sits behind a line (its KV crosses it)")
+    mds = _paths(cfg, "md")
+    named = {w.line for _, w in mds if w.line}
+    unnamed = [path for path, w in mds if not w.line]
+    if named and unnamed:
+        raise ConfigError(f"{unnamed[0]}.line: empty while other MDs name lines {sorted(named)}: name every MD's line")
+    for name in cfg.policy.lines:
+        if name not in named:
+            raise ConfigError(f"policy.lines.{name}: no MD sits behind line {name!r}; the MDs' lines: {sorted(named)}")
+    if cfg.policy.pick_md != "line_measured":
+        return
+    if len(named) < 2:
+        raise ConfigError(
+            f"policy.pick_md=line_measured needs MDs behind two lines or more (md.line); named: {sorted(named)}"
+        )
+    for path, w in mds:
+        if w.line not in cfg.policy.lines:
+            raise ConfigError(
+                f"policy.lines.{w.line}: required by pick_md line_measured ({path}.line={w.line!r}): the line's "
+                "rate_mbit and delay_ms, its estimate until it is measured"
+            )
 
 
 def check_compute(cfg: DeploymentConfig) -> None:

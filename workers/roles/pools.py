@@ -6,6 +6,8 @@ a prefill and given back when it ends; a pick counts as a session on its worker 
 until that session is taken, so requests that arrive together do not all see the same idle worker), marking a
 worker that failed as down for a while (DOWN_S) so new requests go to the others, one DRC mirror per MD, and
 turning those into the `WorkerLoad`s the pure picks of routing.py decide on.
+With pick_md: line_measured, also what each line measures (`LineBook`: P's latest estimate per line, and
+how long each has gone without a fresh one).
 Not responsible for: the picks themselves (routing.pick_p / pick_rld / pick_md), the route (routing.decide_route)
 or carrying a request out (router.py).
 
@@ -22,7 +24,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from workers.roles.config import DeploymentConfig, WorkerConfig
-from workers.roles.routing import DRCMirror, Pick, WorkerLoad, pick_md, pick_p, pick_rld
+from workers.roles.routing import DRCMirror, LineContext, LineView, Pick, WorkerLoad, pick_md, pick_p, pick_rld
+from workers.roles.wanestimate import WanEstimate
 
 DOWN_S = 5.0  # a worker whose call failed gets no new request for this long (then it is tried again)
 # A pick not followed by its session within this long (the request failed before opening it) stops counting.
@@ -45,14 +48,82 @@ class Choice:
     loads: tuple[WorkerLoad, ...]
 
     def record(self) -> dict:
-        """For the route event: the worker, the reason, and [name, sessions, tokens, hit] per candidate."""
-        return {
+        """For the route event: the worker, the reason, [name, sessions, tokens, hit] per candidate, and
+        (line_measured) each candidate's expected cost (ms)."""
+        out = {
             "worker": self.worker.name,
             "reason": self.pick.reason,
             "loads": [
                 [w.name, w.sessions, w.tokens, w.hit_tokens] + ([] if w.healthy else ["down"]) for w in self.loads
             ],
         }
+        if self.pick.costs_ms:
+            out["costs_ms"] = {name: round(ms, 3) for name, ms in self.pick.costs_ms}
+        return out
+
+
+class LineBook:
+    """What each line measures, as P's replies report it (PrefillReply.wan: the one WAN, line ""; .lines: each
+    named line): the latest estimate per line, from whichever P sent it; and when each named line was last
+    measured afresh (a P's sample count of it moved) or given a request to explore it. Thread-safe."""
+
+    def __init__(self, cfg: DeploymentConfig, clock=time.monotonic):
+        self.cfg, self.clock = cfg, clock
+        self._lock = threading.Lock()
+        self._estimates: dict[str, WanEstimate] = {}
+        self._samples: dict[tuple[str, str], int] = {}  # (P, line) -> its sample count last reported
+        start = clock()
+        self._seen = {md.line: start for md in cfg.md if md.line}  # line -> last fresh measurement or explore
+
+    @property
+    def names(self) -> list[str]:
+        """The named lines, in the MDs' order ([] for the one WAN)."""
+        return list(self._seen)
+
+    def report(self, p: str, line: str, estimate: WanEstimate) -> None:
+        """P's estimate of a line, from one of its replies."""
+        with self._lock:
+            self._estimates[line] = estimate
+            if self._samples.get((p, line)) != estimate.samples:
+                self._samples[(p, line)] = estimate.samples
+                if line in self._seen:
+                    self._seen[line] = self.clock()
+
+    def estimate(self, line: str) -> WanEstimate | None:
+        with self._lock:
+            return self._estimates.get(line)
+
+    def view(self, line: str) -> LineView | None:
+        """A named line as the picks see it (its static figures: policy.lines, else policy.wan_rate_mbit with no
+        delay); None for the one WAN."""
+        if line not in self._seen:
+            return None
+        static = self.cfg.policy.lines.get(line)
+        rate, delay = (static.rate_mbit, static.delay_ms) if static else (self.cfg.policy.wan_rate_mbit, 0.0)
+        with self._lock:
+            return LineView(line, rate, delay, self._estimates.get(line), self.clock() - self._seen[line])
+
+    def explored(self, line: str) -> None:
+        """A request was sent to explore the line: its next exploration waits another policy.line_explore_s."""
+        with self._lock:
+            if line in self._seen:
+                self._seen[line] = self.clock()
+
+    def record(self) -> dict:
+        """For the route event: each named line's figures the pick rested on."""
+        out = {}
+        for name in self.names:
+            v = self.view(name)
+            e = v.estimate if v.measured else None
+            out[name] = {
+                "source": "measured" if e else "static",
+                "rate_mbit": round(e.rate_mbit if e else v.rate_mbit, 3),
+                "delay_ms": round(e.rtt_ms / 2 if e else v.delay_ms, 3),  # one way
+                "congested": bool(e and e.congested),
+                "samples": e.samples if e else 0,
+                "idle_s": round(v.idle_s, 3),
+            }
+        return out
 
 
 class Pools:
@@ -66,12 +137,15 @@ class Pools:
         self._picked = {w.name: deque() for w in cfg.workers}  # pick times not yet taken up by a session
         self._turns = {role: 0 for role in ("p", "rld", "md")}
         self.mirrors = {w.name: DRCMirror(cfg.block_size, w.capacity_tokens // cfg.block_size) for w in cfg.md}
+        self.lines = LineBook(cfg, clock)
 
     # ------------------------------------------------------------ picks
 
-    def choose(self, role: str, hits: dict[str, int] | None = None) -> Choice:
-        """Pick a worker of a pool by the deployment's policy (hits: MD name -> expected DRC hit)."""
+    def choose(self, role: str, hits: dict[str, int] | None = None, kv_bytes: dict[str, int] | None = None) -> Choice:
+        """Pick a worker of a pool by the deployment's policy (hits: MD name -> expected DRC hit; kv_bytes: MD
+        name -> the KV the request would send it, for line_measured)."""
         policy = self.cfg.policy
+        lines = self._line_context(kv_bytes or {}) if role == "md" and policy.pick_md == "line_measured" else None
         with self._lock:  # look and pick at once: the next request sees this one's pick
             loads = tuple(self._load(w, (hits or {}).get(w.name, 0)) for w in self.cfg.pool(role))
             turn = self._turns[role]
@@ -82,9 +156,24 @@ class Pools:
                 pick = pick_rld(list(loads), policy.pick_rld, turn)
             else:
                 cap = policy.md_load_cap or self.cfg.decode.max_sessions
-                pick = pick_md(list(loads), policy.pick_md, turn, cap, policy.md_balance_abs, policy.md_balance_rel)
+                pick = pick_md(
+                    list(loads), policy.pick_md, turn, cap, policy.md_balance_abs, policy.md_balance_rel, lines
+                )
             self._picked[pick.worker].append(self.clock())
-        return Choice(self.cfg.worker(pick.worker), pick, loads)
+        worker = self.cfg.worker(pick.worker)
+        if pick.reason == "explore":
+            self.lines.explored(worker.line)
+        return Choice(worker, pick, loads)
+
+    def _line_context(self, kv_bytes: dict[str, int]) -> LineContext:
+        policy = self.cfg.policy
+        return LineContext(
+            {name: self.lines.view(name) for name in self.lines.names},
+            {md.name: md.line for md in self.cfg.md},
+            kv_bytes,
+            policy.line_ms_per_session,
+            policy.line_explore_s,
+        )
 
     def release(self, choice: Choice) -> None:
         """A pick the request will not use (its route did not need that pool after all)."""

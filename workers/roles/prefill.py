@@ -14,7 +14,9 @@ Prefill returns once the first token is sampled; the transfers finish in the
 background and are recorded in the event log (kv_send_start/progress/end).
 Every reply carries what P's WAN KV connections have measured of the line
 so far (TCP_INFO: delivery rate, RTT, retransmissions; wanestimate.py), for
-the router's `policy.wan_estimate: measured`.
+the router's `policy.wan_estimate: measured`; where the MDs sit behind named
+lines (`md[i].line`), one estimate per line, each fed only by the transfers to
+the MDs behind it (`PrefillReply.lines`, for `policy.pick_md: line_measured`).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from workers.roles.server import (
     role_main,
     status_of,
 )
-from workers.roles.wanestimate import WanEstimator
+from workers.roles.wanestimate import WanEstimate, WanEstimator
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +78,12 @@ def _put(plan: _Target, layer: int, start: int, rows: np.ndarray) -> None:
         plan.sender.put_rows(layer, lo - plan.start, rows[:, lo - start :])
 
 
+def _wire(e: WanEstimate) -> pdd_pb2.WanEstimate:
+    return pdd_pb2.WanEstimate(
+        rate_mbit=e.rate_mbit, rtt_ms=e.rtt_ms, min_rtt_ms=e.min_rtt_ms, retrans_pct=e.retrans_pct, samples=e.samples
+    )
+
+
 class PrefillServicer(pdd_pb2_grpc.PrefillServicer):
     """engine: P's engine (with its prefix cache); paths: PathConfig by path name; events: P's log"""
 
@@ -93,7 +101,9 @@ class PrefillServicer(pdd_pb2_grpc.PrefillServicer):
         self._cancelled: dict[str, float] = {}  # request -> when it was cancelled (CANCEL_MEMORY_S)
         self._senders_lock = threading.Lock()
         self.channels = Channels(cfg)
-        self.wan = WanEstimator()
+        # one estimate per line ("": the one WAN), fed by the WAN transfers to the MDs behind it
+        self.lines = {"": WanEstimator(), **{md.line: WanEstimator() for md in cfg.md if md.line}}
+        self._line_of = {md.kv_address: md.line for md in cfg.md}  # an MD's KV address -> its line
         # prompts that find the cache full for now wait here, in order, for earlier ones' blocks
         self.room = RoomQueue(cfg.prefill.max_waiting, cfg.prefill.room_wait_ms / 1000, "prefill")
 
@@ -138,20 +148,14 @@ class PrefillServicer(pdd_pb2_grpc.PrefillServicer):
             computed_tokens=opened[1],
             first_token=first,
         )
-        w = self.wan.estimate()
         return pdd_pb2.PrefillReply(
             first_token=first,
             t_ns=t_first,
             cached_tokens=opened[0],
             computed_tokens=opened[1],
             sent_from_tokens=[p.start for p in sent],
-            wan=pdd_pb2.WanEstimate(
-                rate_mbit=w.rate_mbit,
-                rtt_ms=w.rtt_ms,
-                min_rtt_ms=w.min_rtt_ms,
-                retrans_pct=w.retrans_pct,
-                samples=w.samples,
-            ),
+            wan=_wire(self.lines[""].estimate()),
+            lines={name: _wire(e) for name, est in self.lines.items() if name and (e := est.estimate()).samples},
         )
 
     def Cancel(self, request, context):
@@ -334,7 +338,7 @@ class PrefillServicer(pdd_pb2_grpc.PrefillServicer):
     def _sender(self, rid: str, target, start: int, prompt: tuple[int, ...]) -> KVSender:
         path_cfg: PathConfig = getattr(self.cfg.kv, target.path)
         meta = meta_for(self.engine, rid, "prompt", start, len(prompt), prompt[start:])
-        wan = target.path == "wan"
+        wan = self.lines[self._line_of.get(target.kv_address, "")] if target.path == "wan" else None
         sender = KVSender(
             target.kv_address,
             meta,
@@ -342,15 +346,15 @@ class PrefillServicer(pdd_pb2_grpc.PrefillServicer):
             target.path,
             self.events,
             on_done=lambda result, rid=rid: self._forget(rid, result, wan),
-            observe=self.wan.observe if wan else None,
+            observe=wan.observe if wan else None,
         )
         with self._senders_lock:
             self._senders.setdefault(rid, []).append(sender)
         return sender.start()
 
-    def _forget(self, rid: str, result: SendResult, wan: bool) -> None:
-        if wan and result.ok:
-            self.wan.observe_transfer(result.segs_out, result.retrans_segs)
+    def _forget(self, rid: str, result: SendResult, wan: WanEstimator | None) -> None:
+        if wan is not None and result.ok:
+            wan.observe_transfer(result.segs_out, result.retrans_segs)
         with self._senders_lock:
             live = [s for s in self._senders.get(rid, []) if not s.done]
             if live:

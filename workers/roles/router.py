@@ -99,8 +99,9 @@ class RouterServicer(pdd_pb2_grpc.RouterServicer):
         self.channels = Channels(cfg)  # not warmed at start: peers may still be starting (refused, backoff)
         self._lock = threading.Lock()
         self._rids: set[str] = set()  # request ids in flight (their count: Stats' sessions)
-        self.pools = Pools(cfg)  # each pool's load, failures, and each MD's DRC mirror
-        self.wan: WanEstimate | None = None  # the latest of P's WAN measurements (PrefillReply.wan)
+        # each pool's load, failures, each MD's DRC mirror, and each line's latest measurement (pools.lines:
+        # P's PrefillReply.wan for the one WAN, .lines per named line)
+        self.pools = Pools(cfg)
 
     def _stub(self, cls, worker: WorkerConfig):
         return cls(self.channels.get(worker.grpc_address))
@@ -132,8 +133,8 @@ class RouterServicer(pdd_pb2_grpc.RouterServicer):
 
     def _serve(self, rid: str, prompt: list[int], max_tokens: int, mode: str, handoff: str, context):
         """Route one claimed request and stream it to its end."""
-        decision, chosen = self._decide(mode, prompt, max_tokens)
-        wan = self.wan
+        decision, chosen, line, figures = self._decide(mode, prompt, max_tokens)
+        wan = self.pools.lines.estimate(line)  # the estimate of the line the decision rested on
         self.events.emit(
             "route",
             rid,
@@ -149,6 +150,10 @@ class RouterServicer(pdd_pb2_grpc.RouterServicer):
             wan_rate_mbit=wan.rate_mbit if wan else None,
             wan_rtt_ms=wan.rtt_ms if wan else None,
             drc_estimate=self.cfg.policy.drc_estimate if mode == "pdd" else None,
+            # the line the request's KV crosses (its MD's; None: none crosses, or one WAN), and every line's
+            # figures as the pick saw them
+            line=line if figures and "md" in chosen else None,
+            lines=figures,
         )
         if decision.singular:
             saved = (len(prompt) - decision.md_cached_tokens) * self.kv_bytes_per_token
@@ -184,23 +189,38 @@ class RouterServicer(pdd_pb2_grpc.RouterServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "; ".join(problems))
         return mode, handoff
 
-    def _decide(self, mode: str, prompt: list[int], max_tokens: int) -> tuple[RouteDecision, dict[str, Choice]]:
-        """The route, and the worker of each pool it uses: the MD first (pdd routes on the chosen MD's DRC
-        hit), then the RLD and P the route needs."""
+    def _decide(
+        self, mode: str, prompt: list[int], max_tokens: int
+    ) -> tuple[RouteDecision, dict[str, Choice], str, dict | None]:
+        """The route, the worker of each pool it uses, the line the decision rested on (the chosen MD's; "": the
+        one WAN) and the named lines' figures before the pick (None: one WAN): the MD first (pdd routes on the
+        chosen MD's DRC hit, and on its line's estimate), then the RLD and P the route needs."""
         chosen: dict[str, Choice] = {}
-        hit = 0
+        hit, line = 0, ""
+        figures = self.pools.lines.record() if self.pools.lines.names else None
         if mode in ("pd-cross", "pdd"):
             hits = self._md_hits(prompt) if mode == "pdd" else {}
-            chosen["md"] = self.pools.choose("md", hits)
-            hit = hits.get(chosen["md"].worker.name, 0)
-        decision = decide_route(mode, len(prompt), max_tokens, hit, self.kv_bytes_per_token, self.cfg.policy, self.wan)
+            kv = {md.name: (len(prompt) - hits.get(md.name, 0)) * self.kv_bytes_per_token for md in self.cfg.md}
+            chosen["md"] = self.pools.choose("md", hits, kv)
+            hit, line = hits.get(chosen["md"].worker.name, 0), chosen["md"].worker.line
+        lines = self.pools.lines
+        decision = decide_route(
+            mode,
+            len(prompt),
+            max_tokens,
+            hit,
+            self.kv_bytes_per_token,
+            self.cfg.policy,
+            lines.estimate(line),
+            lines.view(line) if line in self.cfg.policy.lines else None,
+        )
         if decision.route not in ENDS_AT_MD and "md" in chosen:
             self.pools.release(chosen.pop("md"))
         if decision.route != Route.P_MD:
             chosen["rld"] = self.pools.choose("rld")
         if decision.route != Route.COLOCATED:
             chosen["p"] = self.pools.choose("p")
-        return decision, chosen
+        return decision, chosen, line, figures
 
     def _md_hits(self, prompt: list[int]) -> dict[str, int]:
         """MD name -> its expected DRC hit for prompt: the router's mirrors, or (drc_estimate: lookup) each MD
@@ -439,9 +459,11 @@ class _RequestRun:
             self._fail(err.code(), f"{p.name}: {err.details()}")
         # Token 0 (reply.first_token) reaches the client from the decode side once it holds the KV.
         self.s.events.emit("prefill_reply", self.rid, first_token=reply.first_token, t_ns_p=reply.t_ns)
-        w = reply.wan
-        if w.samples:
-            self.s.wan = WanEstimate(w.rate_mbit, w.rtt_ms, w.min_rtt_ms, w.retrans_pct, w.samples)
+        for line, w in [("", reply.wan), *reply.lines.items()]:
+            if w.samples:
+                self.s.pools.lines.report(
+                    p.name, line, WanEstimate(w.rate_mbit, w.rtt_ms, w.min_rtt_ms, w.retrans_pct, w.samples)
+                )
 
     def _can_fall_back(self) -> bool:
         """A pdd P->MD request with no token yet may still be served from cluster A."""

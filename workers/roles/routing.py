@@ -4,6 +4,9 @@ Responsible for: the route names (`Route`), `decide_route` (mode, prompt, the MD
 expected DRC hit, the WAN estimate -> a `RouteDecision`), the WAN transfer-time
 estimate it rests on (static or measured), and `DRCMirror`, the router's own
 estimate of what the MD's DRC holds.
+Also the picks of a worker within a pool (pick_p, pick_rld, pick_md), among them
+pick_md's line_measured: where each MD sits behind a line of its own, the MD whose
+line delivers the request's KV soonest (`LineView`, `LineContext`).
 Not responsible for: carrying a decision out (router.py) or measuring the WAN
 (wanestimate.py).
 
@@ -50,12 +53,40 @@ class RouteDecision:
     wan_source: str = "static"
 
 
-def wan_transfer_ms(kv_bytes: int, policy, wan: WanEstimate | None) -> tuple[float, str]:
+@dataclass(frozen=True)
+class LineView:
+    """What the router knows of one line when it picks (pick_md: line_measured): name; rate_mbit, delay_ms: its
+    static figures (policy.lines; delay one way); estimate: P's latest measurement of it (None: none yet);
+    idle_s: since its last fresh measurement, or since a request was sent to explore it."""
+
+    name: str
+    rate_mbit: float
+    delay_ms: float = 0.0
+    estimate: WanEstimate | None = None
+    idle_s: float = 0.0
+
+    @property
+    def measured(self) -> bool:
+        return self.estimate is not None and self.estimate.measured
+
+    def transfer_ms(self, kv_bytes: int) -> tuple[float, str]:
+        """The expected transfer time of kv_bytes on this line and what it rests on: measured once P has
+        measured the line (its rate and half its smoothed RTT, a queue included), else static (serialisation
+        at rate_mbit plus delay_ms)."""
+        if self.measured:
+            return self.estimate.transfer_ms(kv_bytes), "measured"
+        return kv_bytes * 8 / (self.rate_mbit * 1e3) + self.delay_ms, "static"
+
+
+def wan_transfer_ms(kv_bytes: int, policy, wan: WanEstimate | None, line: LineView | None = None) -> tuple[float, str]:
     """The estimated WAN transfer time of kv_bytes and what it rests on (pure). measured: P's TCP_INFO
-    figures once it has any (a congested line: inf, so the request goes P->RLD->MD); static otherwise."""
+    figures once it has any (a congested line: inf, so the request goes P->RLD->MD); static otherwise:
+    serialisation at policy.wan_rate_mbit, or at the line's static rate where the MD sits behind a named
+    line (no delay term either way, so a route decision means the same on one WAN and on several lines)."""
     if policy.wan_estimate == "measured" and wan is not None and wan.measured:
         return (math.inf if wan.congested else wan.transfer_ms(kv_bytes)), "measured"
-    return kv_bytes * 8 / (policy.wan_rate_mbit * 1e3), "static"
+    rate_mbit = policy.wan_rate_mbit if line is None else line.rate_mbit
+    return kv_bytes * 8 / (rate_mbit * 1e3), "static"
 
 
 def decide_route(
@@ -66,14 +97,16 @@ def decide_route(
     kv_bytes_per_token: int,
     policy,
     wan: WanEstimate | None = None,
+    line: LineView | None = None,
 ) -> RouteDecision:
-    """Pure route decision for one request."""
+    """Pure route decision for one request (wan: the chosen MD's line as P measured it; line: its static
+    figures, where it is a named line of policy.lines)."""
     if mode == "colocated":
         return RouteDecision(Route.COLOCATED, 0, 0.0, False)
     if mode == "pd-intra":
         return RouteDecision(Route.P_RLD, 0, 0.0, False)
     uncached = prompt_tokens - (md_cached_tokens if mode == "pdd" else 0)
-    est_ms, source = wan_transfer_ms(uncached * kv_bytes_per_token, policy, wan)
+    est_ms, source = wan_transfer_ms(uncached * kv_bytes_per_token, policy, wan, line)
     if mode == "pd-cross":
         return RouteDecision(Route.P_MD, 0, est_ms, False, use_drc=False)
     singular = uncached >= policy.singular_min_uncached_tokens and max_tokens <= policy.singular_max_output_tokens
@@ -150,10 +183,13 @@ class WorkerLoad:
 class Pick:
     """The worker picked and why: only (a pool of one, or one candidate), least_load, round_robin, affinity
     (the longest cached prefix), balance (the pool out of balance: the least loaded), cap (the affine worker
-    at its load cap: the least loaded below it), unhealthy (every worker failed lately: the least loaded)."""
+    at its load cap: the least loaded below it), unhealthy (every worker failed lately: the least loaded),
+    line (line_measured: the least expected cost), explore (line_measured: a line gone stale). costs_ms:
+    line_measured, (MD, expected cost) per candidate."""
 
     worker: str
     reason: str
+    costs_ms: tuple[tuple[str, float], ...] = ()
 
 
 def _candidates(loads: list[WorkerLoad]) -> tuple[list[WorkerLoad], bool]:
@@ -196,7 +232,9 @@ def _md_least_load(cands: list[WorkerLoad], turn: int, **_) -> Pick:
     return Pick(_least(cands, lambda w: (w.sessions, w.tokens)).name, "least_load")
 
 
-def _md_cache_aware(cands: list[WorkerLoad], turn: int, load_cap: int, balance_abs: int, balance_rel: float) -> Pick:
+def _md_cache_aware(
+    cands: list[WorkerLoad], turn: int, load_cap: int, balance_abs: int, balance_rel: float, **_
+) -> Pick:
     """As SGLang's cache-aware router and llm-d's prefix scorer: the longest expected DRC hit, ties to the least
     loaded; but the least loaded while the pool is out of balance (the busiest has more than balance_abs
     sessions more than the idlest and more than balance_rel times as many), and never an MD at load_cap
@@ -211,11 +249,57 @@ def _md_cache_aware(cands: list[WorkerLoad], turn: int, load_cap: int, balance_a
     return Pick(best.name, "affinity" if best.hit_tokens > 0 else "least_load")
 
 
+@dataclass(frozen=True)
+class LineContext:
+    """What line_measured picks on beyond the loads: views: line name -> LineView; line_of: MD name -> its line;
+    kv_bytes: MD name -> the KV this request would send it (the prompt less that MD's expected DRC hit);
+    ms_per_session: an MD's load as time (policy.line_ms_per_session); explore_s: policy.line_explore_s."""
+
+    views: dict[str, LineView]
+    line_of: dict[str, str]
+    kv_bytes: dict[str, int]
+    ms_per_session: float = 0.0
+    explore_s: float = 0.0
+
+    def view(self, md: str) -> LineView:
+        return self.views[self.line_of[md]]
+
+    def cost_ms(self, w: WorkerLoad) -> float:
+        """The request's expected KV transfer on w's line plus w's load (ms)."""
+        return self.view(w.name).transfer_ms(self.kv_bytes.get(w.name, 0))[0] + self.ms_per_session * w.sessions
+
+    def stale(self, w: WorkerLoad) -> bool:
+        return self.explore_s > 0 and self.view(w.name).idle_s > self.explore_s
+
+
+def _md_line_measured(cands: list[WorkerLoad], turn: int, load_cap: int, lines: LineContext | None = None, **_) -> Pick:
+    """The MD whose line delivers this request's KV soonest, its load counted as time: the least
+    LineContext.cost_ms, never an MD at load_cap while another is below it (the balance rule does not apply:
+    it would undo the line's preference). Except: an MD below the cap behind a line gone stale (idle longer
+    than explore_s) takes the request, the stalest line first, so every line keeps a fresh estimate."""
+    if lines is None:
+        raise ValueError("pick_md line_measured needs the lines' context")
+    below = [w for w in cands if w.sessions < load_cap] or cands
+    costs = tuple((w.name, lines.cost_ms(w)) for w in cands)
+    stale = [w for w in below if lines.stale(w)]
+    if stale:
+        w = _least(stale, lambda w: (-lines.view(w.name).idle_s, w.sessions, w.tokens))
+        return Pick(w.name, "explore", costs)
+    best = _least(below, lambda w: (lines.cost_ms(w), w.sessions))
+    overall = _least(cands, lambda w: (lines.cost_ms(w), w.sessions))
+    return Pick(best.name, "line" if best is overall else "cap", costs)
+
+
 # The pick policies of each pool (workers.roles.config's PickP, PickRLD, PickMD), by name: the one place a
 # policy's name becomes its function.
 P_PICKS = {"least_load": _p_least_load, "round_robin": _round_robin}
 RLD_PICKS = {"least_load": _rld_least_load, "round_robin": _round_robin}
-MD_PICKS = {"cache_aware": _md_cache_aware, "least_load": _md_least_load, "round_robin": _round_robin}
+MD_PICKS = {
+    "cache_aware": _md_cache_aware,
+    "least_load": _md_least_load,
+    "round_robin": _round_robin,
+    "line_measured": _md_line_measured,
+}
 
 
 def pick_p(loads: list[WorkerLoad], policy: str, turn: int) -> Pick:
@@ -231,10 +315,19 @@ def pick_rld(loads: list[WorkerLoad], policy: str, turn: int) -> Pick:
 
 
 def pick_md(
-    loads: list[WorkerLoad], policy: str, turn: int, load_cap: int, balance_abs: int, balance_rel: float
+    loads: list[WorkerLoad],
+    policy: str,
+    turn: int,
+    load_cap: int,
+    balance_abs: int,
+    balance_rel: float,
+    lines: LineContext | None = None,
 ) -> Pick:
-    """The MD a request ends at (MD_PICKS[policy]: cache_aware, least_load or round_robin)."""
+    """The MD a request ends at (MD_PICKS[policy]: cache_aware, least_load, round_robin or line_measured, which
+    needs lines)."""
     cands, pick = _first_pass(loads)
     if pick is not None:
         return pick
-    return MD_PICKS[policy](cands, turn, load_cap=load_cap, balance_abs=balance_abs, balance_rel=balance_rel)
+    return MD_PICKS[policy](
+        cands, turn, load_cap=load_cap, balance_abs=balance_abs, balance_rel=balance_rel, lines=lines
+    )
