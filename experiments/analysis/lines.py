@@ -7,7 +7,8 @@ first side: forward), counting the wire bytes the line delivered per direction i
 experiments.analysis.pcap.delivered does for the one WAN: forward seen at the second end, after the
 shaper), and grouping the variant's WAN KV transfers (experiments.analysis.transfers) by the line their
 target's host is reached over from their sender's site (metadata.json's topology.paths): count, KV bytes,
-transfer time p50/p90 with their 95% intervals (experiments.analysis.metrics.stats).
+transfer time p50/p90 with their 95% intervals (experiments.analysis.metrics.stats); and the router's line
+per request (its route events' `line`, by the MD pick's reason: line, explore, cap, ...).
 Not responsible for: building the lines or their routes (topology.net, topology.routes), the WAN figures of
 the default topology (experiments.analysis.analyze), rendering (experiments.analysis.summary_md).
 """
@@ -91,8 +92,21 @@ def _count(names) -> dict[str, int]:
     return dict(sorted(out.items(), key=lambda kv: (role_of(kv[0]), kv[0])))
 
 
+def choices(events: list[dict]) -> dict[str, dict[str, int]]:
+    """The router's per-request line choice: line -> {the MD pick's reason (line, explore, cap, cache, ...):
+    requests} over the route events that name a line (pick_md line_measured, or MDs behind lines)."""
+    out: dict[str, dict[str, int]] = {}
+    for e in events:
+        if e.get("event") == "route" and e.get("line"):
+            reason = ((e.get("picks") or {}).get("md") or {}).get("reason") or "only"
+            row = out.setdefault(e["line"], {})
+            row[reason] = row.get(reason, 0) + 1
+    return dict(sorted(out.items()))
+
+
 def per_line(run_dir: Path, topo: dict | None, hosts: list[dict], windows: dict, events: list[dict]) -> dict:
-    """variant -> {"bytes": {line: {direction name: wire bytes delivered in its window}}, "kv": kv_by_line};
+    """variant -> {"bytes": {line: {direction name: wire bytes delivered in its window}}, "kv": kv_by_line,
+    "routed": choices};
     {} for a run without a topology record (older runs, the default network's one WAN is in the WAN figures)."""
     if not topo or not topo.get("paths"):
         return {}
@@ -113,7 +127,8 @@ def per_line(run_dir: Path, topo: dict | None, hosts: list[dict], windows: dict,
         for line, fs in frames.items():
             counted = pcap.bytes_between(fs, w.wall_start, end)
             got[line] = {names[line][0]: counted.get("a_to_b", 0), names[line][1]: counted.get("b_to_a", 0)}
-        out[v] = {"bytes": got, "kv": kv_by_line([e for e in events if e.get("variant") == v], topo, hosts)}
+        mine = [e for e in events if e.get("variant") == v]
+        out[v] = {"bytes": got, "kv": kv_by_line(mine, topo, hosts), "routed": choices(mine)}
     return out
 
 
@@ -143,6 +158,16 @@ def markdown(lines: dict) -> list[str]:
                 f"| {v} | {line} | {shown} | {k.get('transfers', 0)} ({k.get('ok', 0)}) | "
                 f"{k.get('kv_bytes', 0) / 1e6:,.1f} | {_p(t, 'p50')} | {_p(t, 'p90')} | {targets or '–'} |"
             )
+    routed = {v: got["routed"] for v, got in lines.items() if got.get("routed")}
+    if routed:
+        out += ["", "The router's line per request (route events; by the MD pick's reason):", ""]
+        out += [
+            f"- {v}: "
+            + "; ".join(
+                f"{ln} {sum(r.values())} ({', '.join(f'{k} {n}' for k, n in r.items())})" for ln, r in rs.items()
+            )
+            for v, rs in routed.items()
+        ]
     return out + [""]
 
 

@@ -62,6 +62,7 @@ def roles_config(
     devices: dict[str, str] | None = None,
     sections: dict | None = None,
     addresses: dict[str, str] | None = None,
+    worker_lines: dict[str, str] | None = None,
     **more,
 ) -> dict:
     """The roles' deployment config (workers/roles/config.py) as data: every worker on its host of the
@@ -70,7 +71,7 @@ def roles_config(
     decode, ...: `sections`, then `more`) merged in (a role's section, e.g. md: {capacity_tokens: ...}, applies
     to each worker of its pool). A section named like an argument (a spec's deployment.pools) goes in
     `sections`: the roles' validator refuses it by name. addresses: the hosts' addresses in a topology file's
-    network (None: the default topology's)."""
+    network (None: the default topology's); worker_lines: MD -> the topology line it sits behind (its `line`)."""
     cap, threads, devices = capacity_tokens or {}, threads or {}, devices or {}
     sections = {**(sections or {}), **more}
     data = {"model": model, "seed": seed, "block_size": block_size, "events_dir": events_dir}
@@ -86,6 +87,8 @@ def roles_config(
                 w["threads"] = threads[role]
             if role in devices:
                 w["device"] = devices[role]
+            if name in (worker_lines or {}):
+                w["line"] = worker_lines[name]
             workers.append(w)
         data[role] = workers[0] if role == "router" else workers
     for role in ("p", "rld", "md"):  # a role's overrides reach every worker of its pool
@@ -110,8 +113,10 @@ def deployment_dict(
     from experiments.spec import sites
     from experiments.spec.scaling import applied_profile
 
-    policy = {"mode": mode, "handoff": spec.handoff, "wan_rate_mbit": _wan_rate_mbit(wan or applied_profile(spec))}
-    sections = _merge(_merge({"policy": policy}, spec.deployment), overrides or {})
+    wan = wan or applied_profile(spec)
+    policy = {"mode": mode, "handoff": spec.handoff, "wan_rate_mbit": _wan_rate_mbit(wan)}
+    worker_lines, line_policy = sites.line_policy(spec, wan)  # a topology file's lines ({} for the default)
+    sections = _merge(_merge({"policy": {**policy, **line_policy}}, spec.deployment), overrides or {})
     return roles_config(
         events_dir,
         spec.model,
@@ -123,6 +128,7 @@ def deployment_dict(
         {role: getattr(spec.pools, role).device for role in ("p", "rld", "md")},
         sections,
         sites.addresses(spec),
+        worker_lines,
     )
 
 

@@ -11,9 +11,11 @@ Not responsible for: the file's format (topology.topofile), building it (topolog
 
 from __future__ import annotations
 
+import dataclasses
 from functools import lru_cache
 
 from experiments.spec.runtimes import kind_of
+from experiments.spec.scaling import spec_kv_scale
 
 from topology import routes
 from topology.topofile import DEFAULT_TOPOLOGY, Topology, TopologyError, host_specs, line_specs, load_topology
@@ -58,11 +60,34 @@ def md_lines(spec) -> dict[str, str]:
     return {h.name: paths[h.name][-1] for h in specs if h.role == "md" and paths[h.name]}
 
 
+def line_policy(spec, wan) -> tuple[dict[str, str], dict]:
+    """(MD -> its line, the policy the roles need for it) for the spec's topology; ({}, {}) for the default, or
+    where an MD sits behind no line (in the P site). The policy: each MD line's static figures (`policy.lines`:
+    its forward rate and one-way delay; the first line runs `wan`, the spec's profile as applied) and, where the
+    topology file says `choose: measured`, `pick_md: line_measured` (the router's per-request line choice)."""
+    lines = md_lines(spec)
+    if not lines or len(lines) != sum(1 for h in host_specs(topology_of(spec), pool_counts(spec)) if h.role == "md"):
+        return {}, {}
+    specs = line_specs(topology_of(spec))
+    specs[0] = dataclasses.replace(specs[0], profile=wan)
+    used = [ln for ln in specs if ln.name in set(lines.values())]
+    policy: dict = {
+        "lines": {
+            ln.name: {"rate_mbit": float(ln.profile.a_to_b.rate_mbit or 200.0), "delay_ms": ln.profile.a_to_b.delay_ms}
+            for ln in used
+        }
+    }
+    if any(ln.choose == "measured" for ln in used) and len(used) > 1:
+        policy["pick_md"] = "line_measured"
+    return lines, policy
+
+
 NOT_YET = (
     # (what, whether the spec asks for it): the testbed runs these on the two-cluster network only
     ("a real cluster (cluster.address)", lambda s: bool(s.cluster.address)),
     ("the Ray runtime", lambda s: kind_of(s).ray_nodes),
     ("cross traffic (its hosts xa, xb are the two-cluster network's)", lambda s: bool(s.cross_traffic)),
+    ("compute.kv_scale (only the first line would be scaled)", lambda s: spec_kv_scale(s) != 1),
 )
 
 

@@ -74,3 +74,15 @@ def test_kv_transfers_are_grouped_by_the_line_their_target_is_behind():
 
 def test_a_run_without_a_topology_record_has_no_line_figures(tmp_path):
     assert lines.per_line(tmp_path, None, [], {}, []) == {} and lines.markdown({}) == []
+
+
+def test_the_routers_line_per_request_is_counted_by_reason():
+    route = [
+        {"event": "route", "line": "fast", "picks": {"md": {"reason": "line"}}},
+        {"event": "route", "line": "fast", "picks": {"md": {"reason": "line"}}},
+        {"event": "route", "line": "cheap", "picks": {"md": {"reason": "explore"}}},
+        {"event": "route", "line": None},  # colocated, pd-intra, singular: no line crossed
+    ]
+    assert lines.choices(route) == {"cheap": {"explore": 1}, "fast": {"line": 2}}
+    md = "\n".join(lines.markdown({"pdd": {"bytes": {}, "kv": {}, "routed": lines.choices(route)}}))
+    assert "- pdd: cheap 1 (explore 1); fast 2 (line 2)" in md

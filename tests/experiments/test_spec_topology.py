@@ -60,3 +60,26 @@ def test_simulate_and_serve_refuse_a_topology_file(command):
     )
     assert proc.returncode == 2, proc.stderr
     assert "topology='three-sites':" in proc.stderr and "default topology (two-clusters) only" in proc.stderr
+
+
+def test_each_md_names_its_line_and_two_lines_turns_on_the_routers_line_choice():
+    spec = load_spec("pdd-two-lines")
+    cfg = deployment_dict(spec, "/tmp/events")
+    assert [(w["name"], w["line"]) for w in cfg["md"]] == [("md1", "fast"), ("md2", "cheap")]
+    assert cfg["policy"]["lines"] == {
+        "fast": {"rate_mbit": 1000.0, "delay_ms": 10.0},  # the spec's profile: the topology's first line
+        "cheap": {"rate_mbit": 200.0, "delay_ms": 30.0},  # the file's own wan-cross-country
+    }
+    assert cfg["policy"]["pick_md"] == "line_measured"  # two-lines.yaml says choose: measured
+    blind = deployment_dict(spec, "/tmp/events", overrides={"policy": {"pick_md": "cache_aware"}})
+    assert blind["policy"]["pick_md"] == "cache_aware" and blind["md"][1]["line"] == "cheap"
+    three = deployment_dict(load_spec("pdd-three-sites"), "/tmp/events")
+    assert "pick_md" not in three["policy"] and three["md"][3]["line"] == "wanc"
+    assert "line" not in deployment_dict(load_spec("pdd-vs-baselines"), "/tmp/events")["md"][0]
+
+
+def test_kv_scale_is_refused_on_a_topology_file():
+    with pytest.raises(
+        SpecError, match=r"compute.kv_scale \(only the first line would be scaled\) runs on the default"
+    ):
+        load_spec("pdd-two-lines", ["deployment.compute={mode: modelled, arch: default, kv_scale: 10}"])
