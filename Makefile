@@ -114,8 +114,9 @@ PORT    ?= 8000
 serve: setup ## the roles behind an OpenAI-compatible API on 127.0.0.1:PORT until Ctrl-C
 	$(PDDLAB) serve $(EXP) --port $(PORT) --backend $(BACKEND) $(PROFILE_ARG) $(foreach s,$(SET),--set $(s))
 
-net: setup ## the topology alone with Mininet's CLI [PROFILE=name]
-	$(PDDLAB) net $(PROFILE_ARG) --backend $(BACKEND)
+TOPO    ?=
+net: setup ## the topology alone with Mininet's CLI [PROFILE=name] [TOPO=topology file]
+	$(PDDLAB) net $(PROFILE_ARG) $(if $(TOPO),--topo $(TOPO)) --backend $(BACKEND)
 
 clean: ## remove what crashed runs left, by their own names and ids
 	@if [ -x $(PDDLAB) ]; then $(PDDLAB) clean; fi
