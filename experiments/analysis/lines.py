@@ -107,8 +107,9 @@ def choices(events: list[dict]) -> dict[str, dict[str, int]]:
 def per_line(run_dir: Path, topo: dict | None, hosts: list[dict], windows: dict, events: list[dict]) -> dict:
     """variant -> {"bytes": {line: {direction name: wire bytes delivered in its window}}, "kv": kv_by_line,
     "routed": choices};
-    {} for a run without a topology record (older runs, the default network's one WAN is in the WAN figures)."""
-    if not topo or not topo.get("paths"):
+    {} for a run without a topology record (older runs) or with one line (the default network's WAN: the WAN
+    figures hold it)."""
+    if not topo or not topo.get("paths") or len(topo["lines"]) < 2:  # one line: the WAN figures hold it
         return {}
     frames = {ln["name"]: line_frames(run_dir / "pcap", topo, hosts, ln) for ln in topo["lines"]}
     names = {

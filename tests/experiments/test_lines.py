@@ -72,8 +72,13 @@ def test_kv_transfers_are_grouped_by_the_line_their_target_is_behind():
     assert "| pdd | wanc | – | 2 (1) | 1.0 |" in md and "md3 1, md4 1" in md
 
 
-def test_a_run_without_a_topology_record_has_no_line_figures(tmp_path):
+def test_a_run_without_a_topology_record_or_with_one_line_has_no_line_figures(tmp_path):
     assert lines.per_line(tmp_path, None, [], {}, []) == {} and lines.markdown({}) == []
+    topo = load_topology("two-clusters")
+    specs = host_specs(topo)
+    record = routes.record(topo, specs, line_specs(topo))
+    windows = {"pdd": SimpleNamespace(wall_start=T0, wall_end=T0 + 10)}
+    assert lines.per_line(tmp_path, record, [vars(h) for h in specs], windows, []) == {}
 
 
 def test_the_routers_line_per_request_is_counted_by_reason():
