@@ -22,8 +22,7 @@ import math
 from collections import OrderedDict, deque
 from collections.abc import Callable
 
-import simpy
-
+from experiments.sim import clock
 from experiments.sim.config import WorkerModel
 from experiments.sim.realcompute import MeasuredRoofline
 from workers.errors import CapacityExceeded
@@ -40,14 +39,14 @@ def kv_capacity_tokens(model: WorkerModel) -> int:
 class _Waiter:
     __slots__ = ("blocks", "session", "event")
 
-    def __init__(self, blocks: int, session: str | None, event: simpy.Event):
+    def __init__(self, blocks: int, session: str | None, event: clock.Event):
         self.blocks, self.session, self.event = blocks, session, event
 
 
 class KVRoom:
     """One worker's KV blocks. env: the simulation; capacity_tokens: its KV slots; block_size: tokens a block."""
 
-    def __init__(self, env: simpy.Environment, capacity_tokens: int, block_size: int):
+    def __init__(self, env: clock.Environment, capacity_tokens: int, block_size: int):
         self.env, self.block = env, block_size
         self.capacity = capacity_tokens // block_size  # blocks
         self.reserved = 0  # blocks held by open requests
@@ -80,14 +79,14 @@ class KVRoom:
         self._take(blocks, session)
         return True
 
-    def wait(self, blocks: int, deadline_s: float, session: str | None = None) -> simpy.Event:
+    def wait(self, blocks: int, deadline_s: float, session: str | None = None) -> clock.Event:
         """An event whose value is True once blocks are reserved (in turn, first come first served), or False at
         deadline_s (the request gave up; it leaves the queue)."""
         w = _Waiter(blocks, session, self.env.event())
         self.waiting.append(w)
         self._serve()
         if not w.event.triggered:
-            self.env.timeout(max(0.0, deadline_s - self.env.now)).callbacks.append(lambda _e: self._expire(w))
+            self.env.call_in(max(0.0, deadline_s - self.env.now), self._expire, w)
         return w.event
 
     def release(self, blocks: int, keep: tuple[str, int, int] | None = None) -> None:
@@ -136,15 +135,15 @@ class Deadlines:
     kv_wait_ms); one that has not is told so at its deadline. One timer for all, armed at the earliest deadline
     pending: one that ends in time costs no event (the timer drops every entry done before it)."""
 
-    def __init__(self, env: simpy.Environment):
+    def __init__(self, env: clock.Environment):
         self.env, self.heap, self.armed_at, self._seq = env, [], math.inf, 0
 
     def watch(self, deadline_s: float, done: Callable[[], bool], late: Callable[[], None]) -> None:
         """Call late() at deadline_s unless done() says it happened by then."""
         self._push(deadline_s, done, late)
 
-    def interrupt_unless(self, event: simpy.Event, deadline_s: float) -> None:
-        """Interrupt the active process (simpy.Interrupt), which waits for event, at deadline_s unless it fired."""
+    def interrupt_unless(self, event: clock.Event, deadline_s: float) -> None:
+        """Interrupt the active process (clock.Interrupt), which waits for event, at deadline_s unless it fired."""
         self._push(deadline_s, event, self.env.active_process)
 
     def _push(self, deadline_s: float, done, late) -> None:
@@ -156,7 +155,7 @@ class Deadlines:
 
     def _arm(self, at_s: float) -> None:
         self.armed_at = at_s
-        self.env.timeout(max(0.0, at_s - self.env.now)).callbacks.append(self._fire)
+        self.env.call_in(max(0.0, at_s - self.env.now), self._fire)
 
     def _fire(self, _e) -> None:
         heap, now = self.heap, self.env.now
@@ -165,7 +164,7 @@ class Deadlines:
             _, _, done, late = heapq.heappop(heap)
             if _done(done):
                 continue
-            if isinstance(late, simpy.Process):
+            if isinstance(late, clock.Process):
                 if late.is_alive:
                     late.interrupt("deadline")
             else:
@@ -175,4 +174,4 @@ class Deadlines:
 
 
 def _done(done) -> bool:
-    return done.processed if isinstance(done, simpy.Event) else done()
+    return done.processed if isinstance(done, clock.Event) else done()

@@ -1,4 +1,4 @@
-"""The simulated roles' engines as SimPy processes: a prefill worker (FIFO) and a decode worker (continuous batching).
+"""The simulated roles' engines in the event loop: a prefill worker (FIFO) and a decode worker (continuous batching).
 
 Responsible for: `PrefillWorker` (first come first served: steps of prefill.step_budget_tokens in which chunks
 of every prompt in flight share a step, as the emulated P's workers/chunked.py, each taking the roofline's time
@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import bisect
 
-import simpy
-
+from experiments.sim import clock
 from experiments.sim.config import WorkerModel
 from workers.chunked import plan_step
 from workers.errors import CapacityExceeded
@@ -34,7 +33,7 @@ class _Prompt:
 
     __slots__ = ("left", "pos", "done")
 
-    def __init__(self, left: int, pos: int, done: simpy.Event):
+    def __init__(self, left: int, pos: int, done: clock.Event):
         self.left, self.pos, self.done = left, pos, done
 
 
@@ -48,14 +47,14 @@ class PrefillWorker:
     of the prompts in flight under the budget, first come first served (`plan_step`), a prompt's tail chunk
     sharing its step with the next prompt's first chunk; a step takes the roofline's time of its chunks
     together; a prompt ends (its first token, its KV whole) with the step of its last chunk. The steps are
-    planned at once up to the first prompt's end (one SimPy wait); a prompt that arrives meanwhile joins from
+    planned at once up to the first prompt's end (one wait); a prompt that arrives meanwhile joins from
     the step after the one under way. Whole: a prompt ends at max(now, the previous one's end) + its prefill
-    time, one SimPy wait per prompt. A prompt holds its KV blocks from its admission to its prefill's end (then
+    time, one wait per prompt. A prompt holds its KV blocks from its admission to its prefill's end (then
     they are P's prefix cache: evictable, so free here)."""
 
     def __init__(
         self,
-        env: simpy.Environment,
+        env: clock.Environment,
         model: WorkerModel,
         room=None,
         max_waiting: int = 0,
@@ -76,7 +75,7 @@ class PrefillWorker:
         self._plan_start, self._replan, self._timer = 0.0, False, 0
 
     def prefill(self, new_tokens: int, cached_tokens: int, blocks: int = 0, request_id: str = ""):
-        """A SimPy generator: KV room for `blocks` (the roomqueue's rules), then its turn, then the prefill of
+        """A process (generator): KV room for `blocks` (the roomqueue's rules), then its turn, then the prefill of
         new_tokens on top of cached_tokens. Returns '' or why P refused it (RESOURCE_EXHAUSTED's text)."""
         room = self.room
         if room is not None and (problem := room.refusal(request_id, new_tokens + cached_tokens + 1)):
@@ -131,11 +130,13 @@ class PrefillWorker:
     def _arm(self, delay_s: float) -> None:
         """The plan's timer: a callback (no process) at now + delay_s; an earlier timer of this worker lapses."""
         self._timer += 1
-        timer = self._timer
-        self.env.timeout(max(0.0, delay_s)).callbacks.append(lambda _e: timer == self._timer and self._tick())
+        self.env.call_in(max(0.0, delay_s), self._tick, self._timer)
 
-    def _tick(self) -> None:
-        """The plan's steps up to now ran: account them; plan again while prompts are in flight."""
+    def _tick(self, timer: int) -> None:
+        """The plan's steps up to now ran: account them; plan again while prompts are in flight (timer: the
+        timer's number: a later one stands, this one lapsed)."""
+        if timer != self._timer:
+            return
         ends = self._plan_ends
         done = bisect.bisect_right(ends, self.env.now - self._plan_start + 1e-12)
         self._commit(self._plan_steps[:done], ends[done - 1] if done else 0.0)
@@ -192,7 +193,7 @@ class Session:
 
     __slots__ = ("left", "context", "times", "steps", "batch_sum", "stop", "released")
 
-    def __init__(self, env: simpy.Environment, left: int, context: int):
+    def __init__(self, env: clock.Environment, left: int, context: int):
         self.left, self.context, self.times = left, context, []
         self.steps, self.batch_sum, self.stop = 0, 0, False
         self.released = env.event()
@@ -207,7 +208,7 @@ class _Job:
 
     __slots__ = ("part", "done")
 
-    def __init__(self, part: Part, done: simpy.Event):
+    def __init__(self, part: Part, done: clock.Event):
         self.part, self.done = part, done
 
 
@@ -250,20 +251,26 @@ class DecodeCost:
         return line
 
 
+def _wake_up(wake: clock.Event) -> None:
+    """A run of steps' end: wakes its worker unless a change woke it first."""
+    if not wake.triggered:
+        wake.succeed()
+
+
 class DecodeWorker:
     """An RLD or MD worker: continuous batching over its sessions; sessions: how many it holds (its load)."""
 
-    def __init__(self, env: simpy.Environment, model: WorkerModel):
+    def __init__(self, env: clock.Environment, model: WorkerModel):
         self.env, self.model, self.name = env, model, model.name
         self.active: list[Session] = []
         self.jobs: list[_Job] = []
         self.cost = DecodeCost(model.roofline)
         self._plan = RUN_STEPS  # steps the next run plans (halved after an interruption, doubled after none)
-        self._wake: simpy.Event | None = None
+        self._wake: clock.Event | None = None
         self._running: tuple | None = None  # the run of steps under way: (its sessions, start, step ends)
         self.busy_s = 0.0
         self.tokens = 0
-        env.process(self._run())
+        env.start(self._run())
 
     @property
     def sessions(self) -> int:
@@ -287,7 +294,7 @@ class DecodeWorker:
         done = bisect.bisect_right(ends, self.env.now - start + 1e-12)
         return session.times + [start + e for e in ends[:done]]
 
-    def step_job(self, new_tokens: int, cached_tokens: int, logit_rows: int = 1) -> simpy.Event:
+    def step_job(self, new_tokens: int, cached_tokens: int, logit_rows: int = 1) -> clock.Event:
         """An extend or a prefill of new_tokens on cached_tokens in the next step; the event fires at its end."""
         done = self.env.event()
         self.jobs.append(_Job(Part(new_tokens, cached_tokens, logit_rows), done))
@@ -334,7 +341,7 @@ class DecodeWorker:
 
     def _run_of_steps(self):
         """Every session in every step, until the first of them is done or something changes (a session joins
-        or is stopped, a job arrives: the step under way ends, then the worker plans again). One SimPy wait for
+        or is stopped, a job arrives: the step under way ends, then the worker plans again). One wait for
         the whole run instead of one per step; the same step times."""
         env, batch = self.env, list(self.active)
         n, ctx = len(batch), sum(s.context for s in batch)
@@ -342,7 +349,7 @@ class DecodeWorker:
         ends, t = self.cost.ends(n, ctx, k)
         start = env.now
         wake = self._wake = env.event()  # the run's end or a change, whichever comes first
-        env.timeout(t).callbacks.append(lambda _e: wake.triggered or wake.succeed())
+        env.call_in(t, _wake_up, wake)
         self._running = (batch, start, ends)
         yield wake
         self._wake = None

@@ -4,8 +4,8 @@ equals the roofline's, and continuous batching shares a worker's steps among its
 import random
 
 import pytest
-import simpy
 
+from experiments.sim import clock
 from experiments.sim.config import WorkerModel
 from experiments.sim.workers import DecodeCost, DecodeWorker, PrefillWorker, Session
 from workers.modelled.catalogue import load_catalogue
@@ -39,7 +39,7 @@ def test_a_run_of_steps_ends_where_its_steps_summed_one_by_one_end():
 def test_sessions_on_one_worker_share_its_steps():
     cat = load_catalogue()
     roof = Roofline(cat.accelerator("h20"), cat.model("kimi-k2"), 16)
-    env = simpy.Environment()
+    env = clock.Environment()
     w = DecodeWorker(env, WorkerModel("md1", "md", roof, 32, 65536))
     a, b = w.join(Session(env, 10, 1000)), w.join(Session(env, 5, 3000))
     env.run()
@@ -69,7 +69,7 @@ def prefill_at(env, worker, at_s, new, cached, ends, key):
 def test_a_prompts_tail_chunk_shares_its_step_with_the_next_prompts_first_chunk():
     # budget 256: a (300 new on 100 cached) then b (300 new): [a 256] [a 44 + b 212] [b 88], three steps, each the
     # roofline's time of its chunks together (logits at a prompt's last chunk only), as workers/chunked.py plans them
-    env, ends = simpy.Environment(), {}
+    env, ends = clock.Environment(), {}
     p = p_worker(env, 256)
     prefill_at(env, p, 0, 300, 100, ends, "a")
     prefill_at(env, p, 0, 300, 0, ends, "b")
@@ -92,7 +92,7 @@ def test_a_prompts_tail_chunk_shares_its_step_with_the_next_prompts_first_chunk(
 
 
 def test_a_prompt_arriving_mid_step_joins_from_the_next_step():
-    env, ends = simpy.Environment(), {}
+    env, ends = clock.Environment(), {}
     p = p_worker(env, 256)
     roof = p.model.roofline
     t1 = roof.step([Part(256, 0, 0)]).seconds
@@ -107,7 +107,7 @@ def test_a_prompt_arriving_mid_step_joins_from_the_next_step():
 
 
 def test_a_budget_of_0_prefills_whole_prompts_one_at_a_time():
-    env, ends = simpy.Environment(), {}
+    env, ends = clock.Environment(), {}
     p = p_worker(env, 0)
     prefill_at(env, p, 0, 300, 100, ends, "a")
     prefill_at(env, p, 0, 300, 0, ends, "b")
