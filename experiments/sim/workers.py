@@ -21,10 +21,46 @@ from experiments.sim import clock
 from experiments.sim.config import WorkerModel
 from workers.chunked import plan_step
 from workers.errors import CapacityExceeded
-from workers.modelled.roofline import Part
+from workers.modelled.roofline import Part, Roofline
 
 
 RUN_STEPS = 64  # steps planned at once at most (an interruption wastes the rest of the plan)
+
+
+class StepSeconds:
+    """The roofline's time of a step of parts given as (new tokens, cached tokens, logit rows) tuples: equal to
+    `roofline.step([Part(*p) for p in parts]).seconds` (tested), the same floating-point operations in the same
+    order, without the Part and StepCost objects or the catalogue's properties per step (a published-scale P plans
+    ~1 step a prompt: Roofline.step was ~6% of a run). A roofline of another kind (real compute's measured one)
+    goes through its own step."""
+
+    def __init__(self, roofline: Roofline):
+        self.roofline, self.exact = roofline, type(roofline) is Roofline
+        m, e = roofline.model, roofline.efficiency
+        share = m.experts_per_token / m.experts if m.experts else 0.0  # roofline._routed_share
+        self._body2 = 2 * (m.dense_body_params + m.routed_params * share)
+        self._head2, self._pair = 2 * m.lm_head_params, m.attention_flops_per_pair
+        self._experts, self._unrouted = m.experts, 1 - share
+        self._dense, self._routed, self._head = m.dense_body_params, m.routed_params, m.lm_head_params
+        self._weight_bytes, self._kv = m.weight_bytes, m.kv_bytes_per_token
+        self._step_s, self._part_s, self._ramp = e.step_overhead_s, e.part_overhead_s, e.ramp_tokens
+        self._flops_per_s, self._bytes_per_s = roofline.flops_per_s, roofline.bytes_per_s
+
+    def __call__(self, parts: list[tuple[int, int, int]]) -> float:
+        if not self.exact:
+            return self.roofline.step([Part(*p) for p in parts]).seconds
+        tokens = sum(n for n, _c, _r in parts)  # Roofline.flops, .bytes and .step, inlined
+        rows = sum(r for _n, _c, r in parts)
+        pairs = sum(n * c + n * (n + 1) / 2 for n, c, _r in parts)
+        flops = self._body2 * tokens + self._head2 * rows + self._pair * pairs
+        touched = 1 - self._unrouted**tokens if self._experts else 0.0
+        head = self._head if any(r for _n, _c, r in parts) else 0
+        nbytes = (self._dense + self._routed * touched + head) * self._weight_bytes + sum(
+            c + 2 * n for n, c, _r in parts
+        ) * self._kv
+        compute_s = flops / (self._flops_per_s * tokens / (tokens + self._ramp))
+        memory_s = nbytes / self._bytes_per_s
+        return max(compute_s, memory_s) + (self._step_s + self._part_s * len(parts))
 
 
 class _Prompt:
@@ -64,6 +100,7 @@ class PrefillWorker:
         self.env, self.model, self.name = env, model, model.name
         self.room, self.max_waiting, self.wait_s = room, max_waiting, wait_s
         self.budget = budget_tokens
+        self.cost = StepSeconds(model.roofline)
         self.free_at = 0.0  # whole prompts: when the last prompt queued ends (s)
         self.queued_tokens = 0
         self.busy_s = 0.0
@@ -147,7 +184,7 @@ class PrefillWorker:
     def _plan(self) -> tuple[list[list[tuple[int, int]]], list[float]]:
         """The steps from now to the end of the oldest prompt's last chunk: each step's (prompt index, tokens)
         chunks (workers.chunked.plan_step over the prompts in order), and each step's end from now (s)."""
-        queue, roofline, budget = self._queue, self.model.roofline, self.budget
+        queue, seconds, budget = self._queue, self.cost, self.budget
         left = [p.left for p in queue]
         pos = [p.pos for p in queue]
         plan, ends, t, head = [], [], 0.0, 0
@@ -157,10 +194,10 @@ class PrefillWorker:
             chunks = plan_step([(i, left[i]) for i in range(head, len(queue))], (), budget)
             parts = []
             for i, n in chunks:
-                parts.append(Part(n, pos[i], 1 if n == left[i] else 0))
+                parts.append((n, pos[i], 1 if n == left[i] else 0))
                 left[i] -= n
                 pos[i] += n
-            t += roofline.step(parts).seconds
+            t += seconds(parts)
             plan.append(chunks)
             ends.append(t)
         return plan, ends

@@ -7,7 +7,7 @@ import pytest
 
 from experiments.sim import clock
 from experiments.sim.config import WorkerModel
-from experiments.sim.workers import DecodeCost, DecodeWorker, PrefillWorker, Session
+from experiments.sim.workers import DecodeCost, DecodeWorker, PrefillWorker, Session, StepSeconds
 from workers.modelled.catalogue import load_catalogue
 from workers.modelled.roofline import Part, Roofline
 
@@ -25,7 +25,7 @@ def test_a_decode_step_costs_what_the_roofline_says(arch, accel, devices):
 
 
 def test_a_run_of_steps_ends_where_its_steps_summed_one_by_one_end():
-    # DecodeCost.ends inlines seconds() for a run of steps (one SimPy wait): the same floats, not close ones.
+    # DecodeCost.ends inlines seconds() for a run of steps (one wait): the same floats, not close ones.
     cat = load_catalogue()
     cost = DecodeCost(Roofline(cat.accelerator("h20"), cat.model("kimi-k2"), 16))
     for batch, context_sum, steps in ((1, 0, 1), (3, 9_000, 64), (40, 1_234_567, 17)):
@@ -34,6 +34,18 @@ def test_a_run_of_steps_ends_where_its_steps_summed_one_by_one_end():
             t += cost.seconds(batch, context_sum + i * batch)
             ends.append(t)
         assert cost.ends(batch, context_sum, steps) == (ends, t)
+
+
+@pytest.mark.parametrize("arch, accel, devices", [("kimi-k2", "h800", 16), ("llama-3-70b", "h100-sxm", 4),
+                                                  ("default", "this-machine", 1)])  # fmt: skip
+def test_a_prefill_step_costs_exactly_what_the_roofline_says(arch, accel, devices):
+    # StepSeconds inlines Roofline.step for P's planned steps: the same floats, not close ones
+    cat = load_catalogue()
+    roof, rng = Roofline(cat.accelerator(accel), cat.model(arch), devices), random.Random(5)
+    seconds = StepSeconds(roof)
+    for _ in range(300):
+        parts = [(rng.randint(1, 700), rng.randrange(0, 90_000), rng.choice((0, 1))) for _ in range(rng.randint(1, 4))]
+        assert seconds(parts) == roof.step([Part(*p) for p in parts]).seconds
 
 
 def test_sessions_on_one_worker_share_its_steps():
