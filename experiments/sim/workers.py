@@ -16,6 +16,7 @@ worker's sessions hold theirs through the pipeline, which opens them before P's 
 from __future__ import annotations
 
 import bisect
+from itertools import accumulate
 
 from experiments.sim import clock
 from experiments.sim.config import WorkerModel
@@ -24,6 +25,7 @@ from workers.errors import CapacityExceeded
 from workers.modelled.roofline import Part, Roofline
 
 
+_MARGIN = 1 + 1e-9  # one roof's time over the other's past which float rounding cannot swap them
 RUN_STEPS = 64  # steps planned at once at most (an interruption wastes the rest of the plan)
 
 
@@ -268,10 +270,23 @@ class DecodeCost:
 
     def ends(self, batch: int, context_sum: int, steps: int) -> tuple[list[float], float]:
         """The ends (s from the first's start) of `steps` consecutive steps of the same B sessions, each step's
-        contexts one token longer than the last's, and the last end: `seconds` summed step by step, inlined."""
+        contexts one token longer than the last's, and the last end: `seconds` summed step by step, inlined (the
+        same floats: the same sum in the same order, itertools.accumulate's; a run under one roof, the usual case,
+        computes only that roof's time of each step)."""
         f0, df, b0, db, flops_per_s, overhead = self._lines.get(batch) or self._line(batch)
-        bytes_per_s, ends, t = self._bytes_per_s, [], 0.0
-        for c in range(context_sum, context_sum + steps * batch, batch):
+        bytes_per_s, contexts = self._bytes_per_s, range(context_sum, context_sum + steps * batch, batch)
+        if steps > 0:  # one roof at both ends, by a margin past rounding: that roof throughout (both are linear)
+            last = contexts[-1]
+            compute, memory = (f0 + df * context_sum) / flops_per_s, (b0 + db * context_sum) / bytes_per_s
+            compute_last, memory_last = (f0 + df * last) / flops_per_s, (b0 + db * last) / bytes_per_s
+            if memory > compute * _MARGIN and memory_last > compute_last * _MARGIN:
+                ends = list(accumulate([(b0 + db * c) / bytes_per_s + overhead for c in contexts]))
+                return ends, ends[-1]
+            if compute > memory * _MARGIN and compute_last > memory_last * _MARGIN:
+                ends = list(accumulate([(f0 + df * c) / flops_per_s + overhead for c in contexts]))
+                return ends, ends[-1]
+        ends, t = [], 0.0
+        for c in contexts:
             compute, memory = (f0 + df * c) / flops_per_s, (b0 + db * c) / bytes_per_s
             t += (memory if memory > compute else compute) + overhead
             ends.append(t)

@@ -24,11 +24,19 @@ def test_a_decode_step_costs_what_the_roofline_says(arch, accel, devices):
         assert cost.seconds(batch, sum(contexts)) == pytest.approx(expected, rel=1e-9)
 
 
-def test_a_run_of_steps_ends_where_its_steps_summed_one_by_one_end():
-    # DecodeCost.ends inlines seconds() for a run of steps (one wait): the same floats, not close ones.
+@pytest.mark.parametrize("arch, accel, devices", [("kimi-k2", "h20", 16), ("llama-3-70b", "h100-sxm", 4),
+                                                  ("default", "this-machine", 1)])  # fmt: skip
+def test_a_run_of_steps_ends_where_its_steps_summed_one_by_one_end(arch, accel, devices):
+    # DecodeCost.ends inlines seconds() for a run of steps (one wait): the same floats, not close ones, whichever
+    # roof the steps are under (compute, memory, or one then the other: the rng's contexts cross over)
     cat = load_catalogue()
-    cost = DecodeCost(Roofline(cat.accelerator("h20"), cat.model("kimi-k2"), 16))
-    for batch, context_sum, steps in ((1, 0, 1), (3, 9_000, 64), (40, 1_234_567, 17)):
+    cost, rng = DecodeCost(Roofline(cat.accelerator(accel), cat.model(arch), devices)), random.Random(7)
+    runs = [(rng.choice((1, 2, 3, 8, 32, 128)), rng.randrange(0, 3_000_000), rng.randint(1, 64)) for _ in range(200)]
+    for batch in (1, 2, 3, 8, 32, 128):  # runs across the context sum where the roofs cross
+        f0, df, b0, db, flops_per_s, _ = cost._line(batch)
+        cross = (f0 / flops_per_s - b0 / cost._bytes_per_s) / (db / cost._bytes_per_s - df / flops_per_s)
+        runs += [(batch, max(0, int(cross) - k * batch), 64) for k in (0, 1, 5, 30, 63)] if cross > 0 else []
+    for batch, context_sum, steps in ((1, 0, 1), (3, 9_000, 64), (40, 1_234_567, 17), *runs):
         ends, t = [], 0.0
         for i in range(steps):
             t += cost.seconds(batch, context_sum + i * batch)
