@@ -245,6 +245,9 @@ class Line:
         self._t, self._gen, self._seq = 0.0, 0, 0
         self._n, self._demand = 0, 0.0  # transfers on the line, the sum of their caps (bit/s)
         self.bytes_sent = 0
+        self._rate, self._line_bps = params.rate_bps, 2 * params.rate_bps  # an uncapped flow counts as twice the line
+        self._calibrated = calibration is not None and bool(calibration.points)  # else its factor is 1 everywhere
+        self._caps: dict[int, float] = {}  # connections -> cap_bps
 
     @property
     def flows(self) -> int:
@@ -262,7 +265,7 @@ class Line:
         it takes and gives back (None: new ones, not kept)."""
         p, done = self.params, self.env.event()
         self.bytes_sent += int(nbytes)
-        cap = self.cap_bps(connections)
+        cap = self._caps.get(connections) or self._caps.setdefault(connections, self.cap_bps(connections))
         delay = max(0.0, p.one_way_s + (self.rng.gauss(0.0, p.jitter_s) if p.jitter_s else 0.0))
         start = self._take(peer)
         full = min(cap, p.rate_bps) / 8 * p.rtt_s  # bytes per RTT at the cap: slow start ends there
@@ -327,7 +330,7 @@ class Line:
         self._seq += 1
         heapq.heappush(g.heap, (g.served + nbytes, self._seq, then))
         self._n += 1
-        self._demand += min(cap, 2 * self.params.rate_bps)  # an uncapped flow: more than the line, not inf
+        self._demand += cap if cap < self._line_bps else self._line_bps  # an uncapped flow: more than the line
 
     def _advance(self) -> None:
         now = self.env.now
@@ -342,8 +345,8 @@ class Line:
         if not self.groups:
             self._n, self._demand = 0, 0.0  # no float drift carried over
             return
-        n, rate = self._n, self.params.rate_bps
-        factor = self.calibration.factor(self.params, n) if self.calibration else 1.0
+        n, rate = self._n, self._rate
+        factor = self.calibration.factor(self.params, n) if self._calibrated else 1.0
         wait = math.inf
         if self._demand <= rate:  # the line is not full: every flow at its cap
             for g in self.groups.values():
@@ -372,7 +375,7 @@ class Line:
             return  # a transfer joined or left since: a newer timer stands
         now = self.env.now
         dt, self._t = now - self._t, now
-        due, gone, line_bps = [], [], 2 * self.params.rate_bps
+        due, gone, line_bps = [], [], self._line_bps
         for cap, g in self.groups.items():  # _advance and the ends due, in one pass
             served = g.served
             if dt:
