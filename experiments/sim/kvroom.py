@@ -133,10 +133,12 @@ class KVRoom:
 class Deadlines:
     """Things that must happen by a deadline (a request's answer by timeouts.request_s, the prompt's KV at an MD by
     kv_wait_ms); one that has not is told so at its deadline. One timer for all, armed at the earliest deadline
-    pending: one that ends in time costs no event (the timer drops every entry done before it)."""
+    pending: one that ends in time costs no event (the timer drops every entry done before it). The entries wait
+    in (deadline, order watched) order: those watched in deadline order (a request's, now + request_s) in a FIFO,
+    the others in a heap; the timer takes the earlier head of the two."""
 
     def __init__(self, env: clock.Environment):
-        self.env, self.heap, self.armed_at, self._seq = env, [], math.inf, 0
+        self.env, self.heap, self.fifo, self.armed_at, self._seq = env, [], deque(), math.inf, 0
 
     def watch(self, deadline_s: float, done: Callable[[], bool], late: Callable[[], None]) -> None:
         """Call late() at deadline_s unless done() says it happened by then."""
@@ -149,7 +151,11 @@ class Deadlines:
     def _push(self, deadline_s: float, done, late) -> None:
         """done: a callable, or an event (done once processed); late: a callable, or the process to interrupt."""
         self._seq += 1
-        heapq.heappush(self.heap, (deadline_s, self._seq, done, late))
+        entry = (deadline_s, self._seq, done, late)
+        if not self.fifo or self.fifo[-1][0] <= deadline_s:
+            self.fifo.append(entry)
+        else:
+            heapq.heappush(self.heap, entry)
         if deadline_s < self.armed_at:
             self._arm(deadline_s)
 
@@ -157,21 +163,25 @@ class Deadlines:
         self.armed_at = at_s
         self.env.call_in(max(0.0, at_s - self.env.now), self._fire)
 
-    def _fire(self, _e) -> None:
-        heap, now = self.heap, self.env.now
+    def _fire(self, _arg) -> None:
+        heap, fifo, now = self.heap, self.fifo, self.env.now
         self.armed_at = math.inf
-        while heap and (heap[0][0] <= now or _done(heap[0][2])):
-            _, _, done, late = heapq.heappop(heap)
-            if _done(done):
+        while fifo or heap:
+            from_fifo = bool(fifo) and not (heap and heap[0] < fifo[0])  # (deadline, order): never equal
+            deadline, _, done, late = fifo[0] if from_fifo else heap[0]
+            finished = done.callbacks is None if isinstance(done, clock.Event) else done()
+            if deadline > now and not finished:
+                break
+            if from_fifo:
+                fifo.popleft()
+            else:
+                heapq.heappop(heap)
+            if finished:
                 continue
             if isinstance(late, clock.Process):
                 if late.is_alive:
                     late.interrupt("deadline")
             else:
                 late()
-        if heap:
-            self._arm(heap[0][0])
-
-
-def _done(done) -> bool:
-    return done.processed if isinstance(done, clock.Event) else done()
+        if fifo or heap:
+            self._arm(min(fifo[0][0] if fifo else math.inf, heap[0][0] if heap else math.inf))

@@ -1,6 +1,8 @@
 """A simulated worker's KV memory (experiments/sim/kvroom.py): its size from the roofline, first come first served
 admission, deadlines, the MD's DRC evicted least recently used, and the engine's refusal of what never fits."""
 
+import random
+
 from experiments.sim import clock
 from experiments.sim.config import WorkerModel
 from experiments.sim.kvroom import Deadlines, KVRoom, kv_capacity_tokens
@@ -77,3 +79,26 @@ def test_a_wait_past_its_deadline_is_interrupted_at_the_deadline_and_one_in_time
     env.process(waiter("late", 5.0, 4.0))
     env.run()
     assert ends == {"early": ("landed", 1.0), "late": ("gave up", 4.0)}
+
+
+def test_deadlines_watched_in_and_out_of_order_are_told_at_their_deadline_in_deadline_then_watch_order():
+    # most are watched in deadline order (a FIFO), some not (a heap): the late ones come out merged, ties in the
+    # order they were watched, the ones done in time never
+    env, rng = clock.Environment(), random.Random(11)
+    deadlines, told, expected = Deadlines(env), [], []
+    finished: set[int] = set()
+
+    def watcher(i: int, at_s: float, deadline_s: float, done_s: float):
+        yield env.timeout(at_s)
+        deadlines.watch(env.now + deadline_s, lambda: i in finished, lambda: told.append((env.now, i)))
+        env.call_in(done_s, finished.add, i)
+
+    for i in range(300):
+        at_s, deadline_s = rng.choice((0.0, 1.0, 2.0)), rng.choice((3.0, 3.0, 4.0, 1.0))
+        done_s = deadline_s + rng.choice((-0.5, 0.5))
+        env.process(watcher(i, at_s, deadline_s, done_s))
+        if done_s > deadline_s:
+            expected.append((at_s + deadline_s, at_s, i))
+    env.run()
+    assert told == [(t, i) for t, _at, i in sorted(expected)]
+    assert deadlines.heap == [] and not deadlines.fifo
