@@ -4,9 +4,9 @@ Responsible for: `Environment` (the clock, `now`, and the queue of what happens 
 then urgent before normal, then the order they were scheduled in), `Event` (succeed; callbacks, run in the order
 they were added; triggered, processed, value; `a | b`), `Timeout`, `Process` (a generator that yields events and
 is resumed with their values, started by an urgent event as SimPy starts one; `interrupt` throws `Interrupt` into
-it), and two things SimPy has no word for: `Environment.call_in` (fn(arg) at now + delay: a timer that is no
-event, where SimPy needs a Timeout whose callback calls fn) and `Environment.start` (a process whose end nobody
-waits for: no event at its end).
+it), and three things SimPy has no word for: `Environment.call_in` (fn(arg) at now + delay: a timer that is no
+event, where SimPy needs a Timeout whose callback calls fn), `Environment.start` (a process whose end nobody
+waits for: no event at its end) and a process's `yield delay` (a Timeout's wait without the Timeout).
 Not responsible for: what is simulated (experiments.sim.pipeline, .workers, .wan, .kvroom).
 
 Why not SimPy (issue 30: the published deployment at >= 10,000 requests simulated per second). A published-scale
@@ -128,7 +128,9 @@ class AnyOf(Event):
 class Process(Event):
     """A generator run as SimPy runs one: started by an urgent event now; each event it yields resumes it with
     the event's value once processed (at once if it already was; a failed event's exception is thrown into it);
-    the process is itself an event that happens when the generator returns (its value: the return value)."""
+    the process is itself an event that happens when the generator returns (its value: the return value). It may
+    also yield a delay (s, a number): resumed after it with None, as after `yield env.timeout(delay)`, the same
+    queue entry without the Timeout (it cannot be interrupted meanwhile)."""
 
     __slots__ = ("_generator", "_target", "_waited")
 
@@ -153,6 +155,8 @@ class Process(Event):
     def _interrupted(self, interrupt: Interrupt) -> None:
         if self._value is not PENDING:  # it ended since
             return
+        if self._target is _ASLEEP:
+            raise RuntimeError(f"{self!r} waits for a delay it yielded and cannot be interrupted: yield a Timeout")
         self._target.callbacks.remove(self._resume)
         failed = Event(self.env)
         failed._ok, failed._value = False, interrupt
@@ -180,6 +184,12 @@ class Process(Event):
                 self._ok, self._value, event = False, err, None
                 heappush(env._queue, (env.now, NORMAL, next(env._seq), env._process, self))
                 break
+            if event.__class__ is float or event.__class__ is int:  # a delay: resumed after it, as by a Timeout
+                if event < 0:
+                    raise ValueError(f"negative delay {event}")
+                heappush(env._queue, (env.now + event, NORMAL, next(env._seq), resume, _STARTED))
+                event = _ASLEEP
+                break
             callbacks = event.callbacks
             if callbacks is not None:
                 callbacks.append(resume)
@@ -196,6 +206,7 @@ class _Started:
 
 
 _STARTED = _Started()
+_ASLEEP = _Started()  # what a process that yielded a delay waits for
 
 
 class _Stop(Exception):

@@ -141,7 +141,7 @@ class Simulation:
             self._not_issued(req, f"not issued: due past the variant's issue deadline ({issue_s:g} s)")
             return
         if at_s > self.env.now:
-            yield self.env.timeout(at_s - self.env.now)
+            yield at_s - self.env.now  # a delay (s): the process waits it (experiments.sim.clock)
         rec = Rec(req, self.env.now, self.cfg)
         if self.request_s:
             self.deadlines.watch(
@@ -323,7 +323,7 @@ class Simulation:
         p = yield from self._prefill(req, rec, cached)
         if p is None or rec.error:
             return
-        yield self.env.timeout(self._fast_path_s(p, rld, req.prompt_len))
+        yield self._fast_path_s(p, rld, req.prompt_len)
         if rec.error:
             return
         ready = self._room_ready(rec, "rld")
@@ -344,8 +344,8 @@ class Simulation:
         """P's KV of `tokens` tokens into the MD: export, the line, room, import (a process's generator). True
         when the MD holds it; False when the line or the room took past decode.kv_wait_ms (its session's end:
         kv_timeout; the copy still crosses the line)."""
-        env, deadline = self.env, rec.t0 + self.kv_wait_s
-        yield env.timeout(kv_export_s(p.model.roofline, tokens))
+        deadline = rec.t0 + self.kv_wait_s
+        yield kv_export_s(p.model.roofline, tokens)
         sent = self.line.transfer(
             tokens * self.cfg.kv_bytes_per_token, self.cfg.wan_connections, self._peer(p.name, md.name)
         )
@@ -357,7 +357,7 @@ class Simulation:
         ready = self._room_ready(rec, "md")
         if not (ready if ready.__class__ is bool else (yield ready)):
             return False
-        yield env.timeout(kv_import_s(md.model.roofline, tokens))
+        yield kv_import_s(md.model.roofline, tokens)
         return True
 
     def _p_md(self, req: WorkloadRequest, rec: Rec, md: DecodeWorker, fallback: bool):
@@ -412,7 +412,7 @@ class Simulation:
         tokens = req.prompt_len - rec.md_cached
         wan = env.process(self._wan_in(rec, p, md, tokens)) if md_open else None
         rec.wan_kv = tokens * cfg.kv_bytes_per_token if md_open else 0
-        yield env.timeout(self._fast_path_s(p, rld, req.prompt_len))
+        yield self._fast_path_s(p, rld, req.prompt_len)
         if rec.error:
             return
         ready = self._room_ready(rec, "rld")
@@ -464,7 +464,7 @@ class Simulation:
         yield self.line.transfer(payload, *((cfg.wan_connections, self._peer(rld, md.name)) if by_kv else (1, None)))
         t_ready = env.now
         if by_kv:
-            yield env.timeout(kv_import_s(md.model.roofline, made))
+            yield kv_import_s(md.model.roofline, made)
         else:
             yield md.step_job(made, req.prompt_len, 1)
         if rec.error:

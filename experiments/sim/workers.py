@@ -139,7 +139,7 @@ class PrefillWorker:
             self.busy_s += seconds
             self.steps += 1
             self.free_at = max(self.env.now, self.free_at) + seconds
-            yield self.env.timeout(self.free_at - self.env.now)
+            yield self.free_at - self.env.now  # a delay (s): the process waits it (experiments.sim.clock)
         self.queued_tokens -= new_tokens
         if room is not None:
             room.release(blocks)
@@ -385,7 +385,7 @@ class DecodeWorker:
         else:
             seconds = self.cost.seconds(len(batch), sum(s.context for s in batch))
         self.busy_s += seconds
-        yield self.env.timeout(seconds)
+        yield seconds
         start = self.env.now - seconds
         self._account(batch, [seconds], 1, start)
         for j in jobs:
@@ -407,7 +407,7 @@ class DecodeWorker:
         self._wake = None
         done = bisect.bisect_right(ends, env.now - start + 1e-12)
         if done < k:  # interrupted: the step under way runs to its end
-            yield env.timeout(start + ends[done] - env.now)
+            yield start + ends[done] - env.now
             done += 1
             self._plan = max(2, self._plan // 2)  # plan fewer steps: their times would be wasted again
         else:

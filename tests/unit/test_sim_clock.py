@@ -1,6 +1,7 @@
 """The simulator's event loop (experiments/sim/clock.py) against SimPy 4.1.2, which it replaces: the same random
 processes (timeouts, events one process triggers for another, `a | b`, interrupts, processes started and waited
-for, timers) on both give the same trace, same-time events in the same order."""
+for, timers; a delay yielded where SimPy yields its Timeout) on both give the same trace, same-time events in the
+same order."""
 
 import random
 
@@ -12,8 +13,9 @@ from experiments.sim import clock
 DELAYS = (0.0, 0.0, 0.5, 1.0, 1.5)  # few distinct times: many events fall on the same instant
 
 
-def scenario(env, interrupt_cls, call_in, start, seed: int) -> list:
-    """Processes that wait, trigger, interrupt and spawn each other at random; the trace of what ran when."""
+def scenario(env, interrupt_cls, call_in, start, sleep, seed: int) -> list:
+    """Processes that wait, trigger, interrupt and spawn each other at random, and sleepers that wait delays and
+    trigger events (never interrupted); the trace of what ran when."""
     rng, trace, events, procs = random.Random(seed), [], [], []
 
     def timer(tag):
@@ -60,8 +62,15 @@ def scenario(env, interrupt_cls, call_in, start, seed: int) -> list:
         trace.append((env.now, "end", name))
         return name
 
+    def sleeper(name: str, steps: int):
+        for i in range(steps):
+            trace.append((env.now, name, "woke", (yield sleep(rng.choice(DELAYS)))))
+            if events and rng.random() < 0.3 and not events[0].triggered:
+                events[0].succeed(f"{name}.{i}")
+
     for k in range(6):
         procs.append(env.process(worker(f"p{k}", rng.randint(3, 12))))
+        env.process(sleeper(f"s{k}", rng.randint(1, 8)))
     env.run()
     return trace
 
@@ -72,12 +81,12 @@ def on_simpy(seed: int) -> list:
     def call_in(delay, fn, arg):
         env.timeout(delay).callbacks.append(lambda _e: fn(arg))
 
-    return scenario(env, simpy.Interrupt, call_in, lambda env, gen: env.process(gen), seed)
+    return scenario(env, simpy.Interrupt, call_in, lambda env, gen: env.process(gen), env.timeout, seed)
 
 
 def on_clock(seed: int) -> list:
     env = clock.Environment()
-    return scenario(env, clock.Interrupt, env.call_in, lambda env, gen: env.start(gen), seed)
+    return scenario(env, clock.Interrupt, env.call_in, lambda env, gen: env.start(gen), lambda delay: delay, seed)
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -106,4 +115,19 @@ def test_a_failed_process_crashes_the_run_as_in_simpy():
 
     env.process(bad())
     with pytest.raises(KeyError, match="boom"):
+        env.run()
+
+
+def test_a_process_waiting_for_a_delay_it_yielded_cannot_be_interrupted():
+    env = clock.Environment()
+
+    def sleeper():
+        yield 2.0
+
+    def interrupter(proc):
+        yield 1.0
+        proc.interrupt("now")
+
+    env.process(interrupter(env.process(sleeper())))
+    with pytest.raises(RuntimeError, match="cannot be interrupted"):
         env.run()
