@@ -303,12 +303,6 @@ class DecodeCost:
         return line
 
 
-def _wake_up(wake: clock.Event) -> None:
-    """A run of steps' end: wakes its worker unless a change woke it first."""
-    if not wake.triggered:
-        wake.succeed()
-
-
 class DecodeWorker:
     """An RLD or MD worker: continuous batching over its sessions; sessions: how many it holds (its load)."""
 
@@ -318,11 +312,12 @@ class DecodeWorker:
         self.jobs: list[_Job] = []
         self.cost = DecodeCost(model.roofline)
         self._plan = RUN_STEPS  # steps the next run plans (halved after an interruption, doubled after none)
-        self._wake: clock.Event | None = None
+        self._wait = 0  # the number of the worker's wait under way or last (idle, or a run of steps)
+        self._woken = None  # while it waits: what a change schedules now (a change during a step: nothing)
         self._running: tuple | None = None  # the run of steps under way: (its sessions, start, step ends)
         self.busy_s = 0.0
         self.tokens = 0
-        env.start(self._run())
+        env.start(self._begin())
 
     @property
     def sessions(self) -> int:
@@ -359,22 +354,36 @@ class DecodeWorker:
         self._poke()
 
     def _poke(self) -> None:
-        if self._wake is not None and not self._wake.triggered:
-            self._wake.succeed()
+        woken = self._woken
+        if woken is not None:
+            self._woken = None
+            self.env.call_in(0.0, woken)
 
-    def _run(self):
-        env, cap = self.env, self.model.max_batch
-        while True:
-            if not self.active and not self.jobs:
-                self._wake = env.event()
-                yield self._wake
-                self._wake = None
-            if self.jobs or len(self.active) > cap or any(s.stop for s in self.active):
-                yield from self._one_step(cap)
-            else:
-                yield from self._run_of_steps()
+    # The worker's loop, as callbacks: while it has nothing it waits (a change wakes it); else one step (a job
+    # waits, more sessions than max_batch, or a stop) or a run of steps (one timer to its end; a change wakes it
+    # early and the step under way runs to its end); then again. Each queue entry is where a process looping over
+    # the same steps (its start, `yield wake`, `yield seconds`) has its own, so the order of events is the same;
+    # only no Event, callback list and generator resume per wake.
 
-    def _one_step(self, cap: int):
+    def _begin(self):
+        """The worker's start: an urgent queue entry, as a process's."""
+        self._next()
+        yield from ()
+
+    def _next(self, _arg=None) -> None:
+        if self.active or self.jobs:
+            return self._go()
+        self._wait += 1
+        self._woken = self._go
+
+    def _go(self, _arg=None) -> None:
+        cap = self.model.max_batch
+        if self.jobs or len(self.active) > cap or any(s.stop for s in self.active):
+            self._one_step(cap)
+        else:
+            self._run_of_steps()
+
+    def _one_step(self, cap: int) -> None:
         batch = self.active[:cap]
         if len(self.active) > cap:  # in turn: those that waited go first next step
             self.active = self.active[cap:] + batch
@@ -385,36 +394,53 @@ class DecodeWorker:
         else:
             seconds = self.cost.seconds(len(batch), sum(s.context for s in batch))
         self.busy_s += seconds
-        yield seconds
-        start = self.env.now - seconds
-        self._account(batch, [seconds], 1, start)
+        self.env.call_in(seconds, self._one_step_end, (batch, jobs, seconds))
+
+    def _one_step_end(self, step: tuple[list[Session], list[_Job], float]) -> None:
+        batch, jobs, seconds = step
+        self._account(batch, [seconds], 1, self.env.now - seconds)
         for j in jobs:
             j.done.succeed()
+        self._next()
 
-    def _run_of_steps(self):
+    def _run_of_steps(self) -> None:
         """Every session in every step, until the first of them is done or something changes (a session joins
-        or is stopped, a job arrives: the step under way ends, then the worker plans again). One wait for
+        or is stopped, a job arrives: the step under way ends, then the worker plans again). One timer for
         the whole run instead of one per step; the same step times."""
         env, batch = self.env, list(self.active)
         n, ctx = len(batch), sum(s.context for s in batch)
         k = min(self._plan, min(s.left for s in batch))
         ends, t = self.cost.ends(n, ctx, k)
-        start = env.now
-        wake = self._wake = env.event()  # the run's end or a change, whichever comes first
-        env.call_in(t, _wake_up, wake)
-        self._running = (batch, start, ends)
-        yield wake
-        self._wake = None
-        done = bisect.bisect_right(ends, env.now - start + 1e-12)
-        if done < k:  # interrupted: the step under way runs to its end
-            yield start + ends[done] - env.now
-            done += 1
+        self._wait += 1
+        env.call_in(t, self._run_timer, self._wait)
+        self._woken = self._run_woken  # the run's end or a change, whichever comes first
+        self._running = (batch, env.now, ends)
+
+    def _run_timer(self, wait: int) -> None:
+        """A run of steps' end: wakes the worker unless a change woke it first."""
+        if wait == self._wait and self._woken is not None:
+            self._woken = None
+            self.env.call_in(0.0, self._run_woken)
+
+    def _run_woken(self, _arg=None) -> None:
+        _batch, start, ends = self._running
+        done = bisect.bisect_right(ends, self.env.now - start + 1e-12)
+        if done < len(ends):  # interrupted: the step under way runs to its end
+            self.env.call_in(start + ends[done] - self.env.now, self._run_end, (done + 1, True))
+        else:
+            self._run_end((done, False))
+
+    def _run_end(self, end: tuple[int, bool]) -> None:
+        done, interrupted = end
+        if interrupted:
             self._plan = max(2, self._plan // 2)  # plan fewer steps: their times would be wasted again
         else:
             self._plan = min(RUN_STEPS, self._plan * 2)
+        batch, start, ends = self._running
         self.busy_s += ends[done - 1]
         self._running = None
         self._account(batch, ends, done, start)
+        self._next()
 
     def _account(self, batch: list[Session], ends: list[float], done: int, start: float) -> None:
         """done steps of batch ended at start + ends[i]: their tokens, and the sessions that leave."""
