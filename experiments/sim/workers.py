@@ -51,15 +51,18 @@ class StepSeconds:
     def __call__(self, parts: list[tuple[int, int, int]]) -> float:
         if not self.exact:
             return self.roofline.step([Part(*p) for p in parts]).seconds
-        tokens = sum(n for n, _c, _r in parts)  # Roofline.flops, .bytes and .step, inlined
-        rows = sum(r for _n, _c, r in parts)
-        pairs = sum(n * c + n * (n + 1) / 2 for n, c, _r in parts)
+        if len(parts) == 1:  # the usual step: the sums of one term are the term (0 + x is x)
+            ((tokens, c, rows),) = parts
+            pairs, kv_tokens, logits = tokens * c + tokens * (tokens + 1) / 2, c + 2 * tokens, rows
+        else:  # Roofline.flops, .bytes and .step, inlined
+            tokens = sum(n for n, _c, _r in parts)
+            rows = sum(r for _n, _c, r in parts)
+            pairs = sum(n * c + n * (n + 1) / 2 for n, c, _r in parts)
+            kv_tokens, logits = sum(c + 2 * n for n, c, _r in parts), any(r for _n, _c, r in parts)
         flops = self._body2 * tokens + self._head2 * rows + self._pair * pairs
         touched = 1 - self._unrouted**tokens if self._experts else 0.0
-        head = self._head if any(r for _n, _c, r in parts) else 0
-        nbytes = (self._dense + self._routed * touched + head) * self._weight_bytes + sum(
-            c + 2 * n for n, c, _r in parts
-        ) * self._kv
+        head = self._head if logits else 0
+        nbytes = (self._dense + self._routed * touched + head) * self._weight_bytes + kv_tokens * self._kv
         compute_s = flops / (self._flops_per_s * tokens / (tokens + self._ramp))
         memory_s = nbytes / self._bytes_per_s
         return max(compute_s, memory_s) + (self._step_s + self._part_s * len(parts))
