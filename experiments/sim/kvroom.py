@@ -130,12 +130,16 @@ class KVRoom:
         self._serve()  # the head may have changed
 
 
+DROP_AT_ONCE = 32  # entries found done in a row at a deadline past which the rest done are dropped in one pass
+
+
 class Deadlines:
     """Things that must happen by a deadline (a request's answer by timeouts.request_s, the prompt's KV at an MD by
     kv_wait_ms); one that has not is told so at its deadline. One timer for all, armed at the earliest deadline
     pending: one that ends in time costs no event (the timer drops every entry done before it). The entries wait
     in (deadline, order watched) order: those watched in deadline order (a request's, now + request_s) in a FIFO,
-    the others in a heap; the timer takes the earlier head of the two."""
+    the others in a heap; the timer takes the earlier head of the two. Once every entry due is told, a long run of
+    entries found done drops every one done in one pass."""
 
     def __init__(self, env: clock.Environment):
         self.env, self.heap, self.fifo, self.armed_at, self._seq = env, [], deque(), math.inf, 0
@@ -159,6 +163,14 @@ class Deadlines:
         if deadline_s < self.armed_at:
             self._arm(deadline_s)
 
+    def _drop_done(self) -> tuple[list, deque]:
+        """Every entry done, dropped in one pass (its turn would drop it: done stays done), not one by one as
+        it comes to the head (the run's first deadline finds nearly all of its ~20,000 done: ~4% of a run)."""
+        self.fifo = deque(e for e in self.fifo if not _done(e[2]))
+        self.heap = [e for e in self.heap if not _done(e[2])]
+        heapq.heapify(self.heap)
+        return self.heap, self.fifo
+
     def _arm(self, at_s: float) -> None:
         self.armed_at = at_s
         self.env.call_in(max(0.0, at_s - self.env.now), self._fire)
@@ -166,10 +178,11 @@ class Deadlines:
     def _fire(self, _arg) -> None:
         heap, fifo, now = self.heap, self.fifo, self.env.now
         self.armed_at = math.inf
+        dropped = 0
         while fifo or heap:
             from_fifo = bool(fifo) and not (heap and heap[0] < fifo[0])  # (deadline, order): never equal
             deadline, _, done, late = fifo[0] if from_fifo else heap[0]
-            finished = done.callbacks is None if isinstance(done, clock.Event) else done()
+            finished = _done(done)
             if deadline > now and not finished:
                 break
             if from_fifo:
@@ -177,6 +190,9 @@ class Deadlines:
             else:
                 heapq.heappop(heap)
             if finished:
+                dropped += 1
+                if dropped >= DROP_AT_ONCE and deadline > now:  # every one due is told: drop the rest done at once
+                    heap, fifo = self._drop_done()
                 continue
             if isinstance(late, clock.Process):
                 if late.is_alive:
@@ -185,3 +201,7 @@ class Deadlines:
                 late()
         if fifo or heap:
             self._arm(min(fifo[0][0] if fifo else math.inf, heap[0][0] if heap else math.inf))
+
+
+def _done(done) -> bool:
+    return done.callbacks is None if isinstance(done, clock.Event) else done()

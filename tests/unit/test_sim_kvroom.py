@@ -3,6 +3,8 @@ admission, deadlines, the MD's DRC evicted least recently used, and the engine's
 
 import random
 
+import pytest
+
 from experiments.sim import clock
 from experiments.sim.config import WorkerModel
 from experiments.sim.kvroom import Deadlines, KVRoom, kv_capacity_tokens
@@ -81,9 +83,12 @@ def test_a_wait_past_its_deadline_is_interrupted_at_the_deadline_and_one_in_time
     assert ends == {"early": ("landed", 1.0), "late": ("gave up", 4.0)}
 
 
-def test_deadlines_watched_in_and_out_of_order_are_told_at_their_deadline_in_deadline_then_watch_order():
+@pytest.mark.parametrize("watches, in_time", [(300, 0.5), (3000, 0.97)])
+def test_deadlines_watched_in_and_out_of_order_are_told_at_their_deadline_in_deadline_then_watch_order(
+    watches, in_time
+):
     # most are watched in deadline order (a FIFO), some not (a heap): the late ones come out merged, ties in the
-    # order they were watched, the ones done in time never
+    # order they were watched, the ones done in time never (3000: long runs of them, dropped at once)
     env, rng = clock.Environment(), random.Random(11)
     deadlines, told, expected = Deadlines(env), [], []
     finished: set[int] = set()
@@ -93,9 +98,9 @@ def test_deadlines_watched_in_and_out_of_order_are_told_at_their_deadline_in_dea
         deadlines.watch(env.now + deadline_s, lambda: i in finished, lambda: told.append((env.now, i)))
         env.call_in(done_s, finished.add, i)
 
-    for i in range(300):
-        at_s, deadline_s = rng.choice((0.0, 1.0, 2.0)), rng.choice((3.0, 3.0, 4.0, 1.0))
-        done_s = deadline_s + rng.choice((-0.5, 0.5))
+    for i in range(watches):
+        at_s, deadline_s = rng.choice((0.0, 1.0, 2.0)), rng.choice((3.0, 3.0, 4.0, 1.0, 9.0))
+        done_s = rng.choice((0.1, deadline_s - 0.5)) if rng.random() < in_time else deadline_s + 0.5
         env.process(watcher(i, at_s, deadline_s, done_s))
         if done_s > deadline_s:
             expected.append((at_s + deadline_s, at_s, i))
