@@ -190,6 +190,9 @@ class PrefillWorker:
         """The steps from now to the end of the oldest prompt's last chunk: each step's (prompt index, tokens)
         chunks (workers.chunked.plan_step over the prompts in order), and each step's end from now (s)."""
         queue, seconds, budget = self._queue, self.cost, self.budget
+        if len(queue) == 1 and queue[0].left <= budget:  # the usual plan: one prompt, one step (what the loop gives)
+            p = queue[0]
+            return [[(0, p.left)]], [seconds([(p.left, p.pos, 1)])]
         left = [p.left for p in queue]
         pos = [p.pos for p in queue]
         plan, ends, t, head = [], [], 0.0, 0

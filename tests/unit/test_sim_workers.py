@@ -111,6 +111,17 @@ def test_a_prompts_tail_chunk_shares_its_step_with_the_next_prompts_first_chunk(
     assert ends["b"] < alone
 
 
+def test_a_prompt_alone_within_the_budget_is_one_step_of_the_roofline_s_time():
+    env, ends = clock.Environment(), {}
+    p = p_worker(env, 256)
+    roof = p.model.roofline
+    prefill_at(env, p, 0, 256, 100, ends, "a")  # the whole budget
+    prefill_at(env, p, 5.0, 17, 900, ends, "b")  # P idle again
+    env.run()
+    assert ends == {"a": roof.step([Part(256, 100, 1)]).seconds, "b": 5.0 + roof.step([Part(17, 900, 1)]).seconds}
+    assert (p.steps, p.lone_tail_steps) == (2, 1)  # b: its only chunk, shorter than the budget
+
+
 def test_a_prompt_arriving_mid_step_joins_from_the_next_step():
     env, ends = clock.Environment(), {}
     p = p_worker(env, 256)
