@@ -3,8 +3,8 @@
 Responsible for: a direction's parameters (`LineParams`: rate, RTT, loss, jitter, from a netem profile), the
 throughput one TCP connection can reach on it (`mathis_bps`: MSS/RTT x 1.22/sqrt(p), Mathis et al. 1997), the
 rounds slow start takes before a transfer reaches that rate (`slow_start`), max-min fair sharing of the rate
-among concurrent transfers (`fair_share`: processor sharing, each capped), and `Line`, the process that
-carries transfers (`Line.transfer(nbytes)` -> an event that fires when the last byte arrived). An optional
+among concurrent transfers (`fair_share`: processor sharing, each capped), and `Line`, which carries transfers
+on timers of the event loop (`Line.transfer(nbytes)` -> an event that fires when the last byte arrived). An optional
 calibration table (`Calibration`, experiments/sim/calibration.yaml's format) corrects the formula's per-flow
 throughput by what the emulator measured.
 Not responsible for: what is sent or when (experiments.sim.pipeline); queue build-up, packet-level loss
