@@ -1,1 +1,2 @@
-"""A discrete-event simulator of the PDD pipeline (SimPy): the emulated run's specs, roles and summary, simulated."""
+"""A discrete-event simulator of the PDD pipeline (experiments.sim.clock: SimPy's order of events, a cheaper loop):
+the emulated run's specs, roles and summary, simulated."""

@@ -1,4 +1,4 @@
-"""The simulated PDD pipeline: each request routed as the router routes it and carried through the roles in SimPy.
+"""The simulated PDD pipeline: each request routed as the router routes it and carried through the roles (processes).
 
 Responsible for: `Simulation` (one variant: its P, RLD and MD pools, the A->B line, the MDs' prefix caches) and,
 per request, its path: the route decision (workers.roles.routing.decide_route, the emulated router's own pure
@@ -42,9 +42,8 @@ import zlib
 from collections import defaultdict
 from dataclasses import replace
 
-import simpy
-
 from experiments.analysis.records import fallback_cause
+from experiments.sim import clock
 from experiments.sim.config import HANDOFF_ID_BYTES, SimConfig
 from experiments.sim.kvroom import Deadlines, KVRoom, kv_capacity_tokens
 from experiments.sim.realcompute import kv_export_s, kv_import_s
@@ -96,7 +95,7 @@ class Simulation:
         calibration: Calibration | None = None,
         request_s: float = 0.0,
     ):
-        self.cfg, self.env = cfg, simpy.Environment()
+        self.cfg, self.env = cfg, clock.Environment()
         env, dep = self.env, cfg.deployment
         self.request_s, self.kv_wait_s = request_s, dep.decode.kv_wait_ms / 1000
         self._block = dep.block_size  # tokens a KV block
@@ -129,7 +128,7 @@ class Simulation:
                     self.next_turns[r.after].append(r)
                 else:
                     self.base.setdefault(r.session, r.cached_tokens)
-                    self.env.process(self._client(r, r.arrival_s))
+                    self.env.start(self._client(r, r.arrival_s))
             self.env.run()
         order = {r.request_id: i for i, r in enumerate(self.requests)}
         return sorted(self.records, key=lambda rec: order[rec.request_id])
@@ -142,7 +141,7 @@ class Simulation:
             self._not_issued(req, f"not issued: due past the variant's issue deadline ({issue_s:g} s)")
             return
         if at_s > self.env.now:
-            yield self.env.timeout(at_s - self.env.now)
+            yield at_s - self.env.now  # a delay (s): the process waits it (experiments.sim.clock)
         rec = Rec(req, self.env.now, self.cfg)
         if self.request_s:
             self.deadlines.watch(
@@ -165,7 +164,7 @@ class Simulation:
         if rec.final is None:
             self.records.append(rec.record(self.env.now))
             for nxt in self.next_turns.get(rec.req.request_id, ()):
-                self.env.process(self._client(nxt, self.env.now + nxt.think_s))
+                self.env.start(self._client(nxt, self.env.now + nxt.think_s))
         if rec.error is not None:
             for worker, s in live:
                 worker.stop(s)
@@ -289,7 +288,7 @@ class Simulation:
         return p
 
     def _decode(self, rec: Rec, worker: DecodeWorker, role: str, session: Session):
-        """A SimPy generator: session decodes on worker to its end (or its stop); its tokens join the record."""
+        """A process (generator): session decodes on worker to its end (or its stop); its tokens join the record."""
         rec.live.append((worker, worker.join(session)))
         yield session.released
         if rec.error is None:  # else the failure's record took the tokens it had
@@ -324,7 +323,7 @@ class Simulation:
         p = yield from self._prefill(req, rec, cached)
         if p is None or rec.error:
             return
-        yield self.env.timeout(self._fast_path_s(p, rld, req.prompt_len))
+        yield self._fast_path_s(p, rld, req.prompt_len)
         if rec.error:
             return
         ready = self._room_ready(rec, "rld")
@@ -342,23 +341,23 @@ class Simulation:
         return (sender, receiver) if self.cfg.deployment.kv.wan.persistent else None
 
     def _wan_in(self, rec: Rec, p: PrefillWorker, md: DecodeWorker, tokens: int):
-        """P's KV of `tokens` tokens into the MD: export, the line, room, import (a SimPy generator). True when
-        the MD holds it; False when the line or the room took past decode.kv_wait_ms (its session's end:
+        """P's KV of `tokens` tokens into the MD: export, the line, room, import (a process's generator). True
+        when the MD holds it; False when the line or the room took past decode.kv_wait_ms (its session's end:
         kv_timeout; the copy still crosses the line)."""
-        env, deadline = self.env, rec.t0 + self.kv_wait_s
-        yield env.timeout(kv_export_s(p.model.roofline, tokens))
+        deadline = rec.t0 + self.kv_wait_s
+        yield kv_export_s(p.model.roofline, tokens)
         sent = self.line.transfer(
             tokens * self.cfg.kv_bytes_per_token, self.cfg.wan_connections, self._peer(p.name, md.name)
         )
         self.deadlines.interrupt_unless(sent, deadline)
         try:
             yield sent
-        except simpy.Interrupt:  # past kv_wait_ms: the MD gives up now (the copy still crosses the line)
+        except clock.Interrupt:  # past kv_wait_ms: the MD gives up now (the copy still crosses the line)
             return False
         ready = self._room_ready(rec, "md")
         if not (ready if ready.__class__ is bool else (yield ready)):
             return False
-        yield env.timeout(kv_import_s(md.model.roofline, tokens))
+        yield kv_import_s(md.model.roofline, tokens)
         return True
 
     def _p_md(self, req: WorkloadRequest, rec: Rec, md: DecodeWorker, fallback: bool):
@@ -413,7 +412,7 @@ class Simulation:
         tokens = req.prompt_len - rec.md_cached
         wan = env.process(self._wan_in(rec, p, md, tokens)) if md_open else None
         rec.wan_kv = tokens * cfg.kv_bytes_per_token if md_open else 0
-        yield env.timeout(self._fast_path_s(p, rld, req.prompt_len))
+        yield self._fast_path_s(p, rld, req.prompt_len)
         if rec.error:
             return
         ready = self._room_ready(rec, "rld")
@@ -465,7 +464,7 @@ class Simulation:
         yield self.line.transfer(payload, *((cfg.wan_connections, self._peer(rld, md.name)) if by_kv else (1, None)))
         t_ready = env.now
         if by_kv:
-            yield env.timeout(kv_import_s(md.model.roofline, made))
+            yield kv_import_s(md.model.roofline, made)
         else:
             yield md.step_job(made, req.prompt_len, 1)
         if rec.error:

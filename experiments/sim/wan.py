@@ -3,8 +3,8 @@
 Responsible for: a direction's parameters (`LineParams`: rate, RTT, loss, jitter, from a netem profile), the
 throughput one TCP connection can reach on it (`mathis_bps`: MSS/RTT x 1.22/sqrt(p), Mathis et al. 1997), the
 rounds slow start takes before a transfer reaches that rate (`slow_start`), max-min fair sharing of the rate
-among concurrent transfers (`fair_share`: processor sharing, each capped), and `Line`, the SimPy process that
-carries transfers (`Line.transfer(nbytes)` -> an event that fires when the last byte arrived). An optional
+among concurrent transfers (`fair_share`: processor sharing, each capped), and `Line`, which carries transfers
+on timers of the event loop (`Line.transfer(nbytes)` -> an event that fires when the last byte arrived). An optional
 calibration table (`Calibration`, experiments/sim/calibration.yaml's format) corrects the formula's per-flow
 throughput by what the emulator measured.
 Not responsible for: what is sent or when (experiments.sim.pipeline); queue build-up, packet-level loss
@@ -38,9 +38,9 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-import simpy
 import yaml
 
+from experiments.sim import clock
 from topology.rate_trace import load_trace
 
 MSS_BYTES = 1448  # TCP payload of a 1500-byte Ethernet frame with timestamps
@@ -220,7 +220,7 @@ class _Group:
 
 
 class Line:
-    """One direction of the WAN in a SimPy environment: transfers share its rate fairly, each capped by TCP.
+    """One direction of the WAN in the event loop: transfers share its rate fairly, each capped by TCP.
 
     env: the simulation; params: the direction; calibration: measured corrections (None: formula only);
     rng: draws the jitter; slow_start: model each transfer's slow-start rounds (a new or idle connection);
@@ -230,7 +230,7 @@ class Line:
 
     def __init__(
         self,
-        env: simpy.Environment,
+        env: clock.Environment,
         params: LineParams,
         calibration: Calibration | None = None,
         rng: random.Random | None = None,
@@ -245,6 +245,9 @@ class Line:
         self._t, self._gen, self._seq = 0.0, 0, 0
         self._n, self._demand = 0, 0.0  # transfers on the line, the sum of their caps (bit/s)
         self.bytes_sent = 0
+        self._rate, self._line_bps = params.rate_bps, 2 * params.rate_bps  # an uncapped flow counts as twice the line
+        self._calibrated = calibration is not None and bool(calibration.points)  # else its factor is 1 everywhere
+        self._caps: dict[int, float] = {}  # connections -> cap_bps
 
     @property
     def flows(self) -> int:
@@ -257,12 +260,12 @@ class Line:
             return self.params.rate_bps * (1 - self.params.loss)
         return mathis_bps(self.params.rtt_s, self.params.loss) * connections
 
-    def transfer(self, nbytes: float, connections: int = 1, peer: object = None) -> simpy.Event:
+    def transfer(self, nbytes: float, connections: int = 1, peer: object = None) -> clock.Event:
         """An event that fires when nbytes sent now have arrived at the far end. peer: whose kept connections
         it takes and gives back (None: new ones, not kept)."""
         p, done = self.params, self.env.event()
         self.bytes_sent += int(nbytes)
-        cap = self.cap_bps(connections)
+        cap = self._caps.get(connections) or self._caps.setdefault(connections, self.cap_bps(connections))
         delay = max(0.0, p.one_way_s + (self.rng.gauss(0.0, p.jitter_s) if p.jitter_s else 0.0))
         start = self._take(peer)
         full = min(cap, p.rate_bps) / 8 * p.rtt_s  # bytes per RTT at the cap: slow start ends there
@@ -273,14 +276,12 @@ class Line:
             ramp_s, ramp_bytes = slow_start(nbytes, cap, p.rtt_s, window_bytes=start) if self.slow_start else (0, 0)
             left = nbytes - ramp_bytes
             if left <= _DONE_BYTES or math.isinf(cap):  # within slow start, or no loss: with the ramp
-                self.env.timeout(delay + ramp_s).callbacks.append(lambda _e: done.succeed())
+                self.env.call_in(delay + ramp_s, done.succeed)
             else:
-                self.env.timeout(delay + ramp_s).callbacks.append(
-                    lambda _e: self._join(left, math.inf, full, cap, done)
-                )
+                self.env.call_in(delay + ramp_s, self._join, (left, math.inf, full, cap, done))
             return done
         first = (start or INITIAL_WINDOW_SEGMENTS * MSS_BYTES) if self.slow_start and p.rtt_s > 0 else math.inf
-        self.env.timeout(delay).callbacks.append(lambda _e: self._join(nbytes, first, full, cap, done))
+        self.env.call_in(delay, self._join, (nbytes, first, full, cap, done))
         return done
 
     def _take(self, peer: object) -> float | None:
@@ -303,13 +304,15 @@ class Line:
         if (len(pool) + 1) * connections <= KEPT_CONNECTIONS:
             pool.append(_Kept(window, self.env.now - delay, self.env.now + self.params.one_way_s))
 
-    def _join(self, left: float, window: float, full: float, cap: float, done: simpy.Event) -> None:
-        """A transfer starts sharing the line now: its slow-start rounds from window (inf: none), then the rest."""
+    def _join(self, transfer: tuple[float, float, float, float, clock.Event]) -> None:
+        """A transfer starts sharing the line now: (bytes left, its slow-start rounds from window (inf: none), the
+        window at its cap, its cap, its event), then the rest."""
+        left, window, full, cap, done = transfer
         self._advance()
         self._round(left, window, full, cap, done)
         self._reschedule()
 
-    def _round(self, left: float, window: float, full: float, cap: float, done: simpy.Event) -> None:
+    def _round(self, left: float, window: float, full: float, cap: float, done: clock.Event) -> None:
         """A transfer's next slow-start round (window bytes capped at window / RTT, then the next round at twice
         the window), or, past its slow start or within this window, the rest at its cap."""
         if window >= full or left <= window + _DONE_BYTES:
@@ -327,7 +330,7 @@ class Line:
         self._seq += 1
         heapq.heappush(g.heap, (g.served + nbytes, self._seq, then))
         self._n += 1
-        self._demand += min(cap, 2 * self.params.rate_bps)  # an uncapped flow: more than the line, not inf
+        self._demand += cap if cap < self._line_bps else self._line_bps  # an uncapped flow: more than the line
 
     def _advance(self) -> None:
         now = self.env.now
@@ -342,8 +345,8 @@ class Line:
         if not self.groups:
             self._n, self._demand = 0, 0.0  # no float drift carried over
             return
-        n, rate = self._n, self.params.rate_bps
-        factor = self.calibration.factor(self.params, n) if self.calibration else 1.0
+        n, rate = self._n, self._rate
+        factor = self.calibration.factor(self.params, n) if self._calibrated else 1.0
         wait = math.inf
         if self._demand <= rate:  # the line is not full: every flow at its cap
             for g in self.groups.values():
@@ -365,14 +368,14 @@ class Line:
                 if w < wait:
                     wait = w
         gen = self._gen
-        self.env.timeout(wait if wait > 0.0 else 0.0).callbacks.append(lambda _e: self._fire(gen))
+        self.env.call_in(wait if wait > 0.0 else 0.0, self._fire, gen)
 
     def _fire(self, gen: int) -> None:
         if gen != self._gen:
             return  # a transfer joined or left since: a newer timer stands
         now = self.env.now
         dt, self._t = now - self._t, now
-        due, gone, line_bps = [], [], 2 * self.params.rate_bps
+        due, gone, line_bps = [], [], self._line_bps
         for cap, g in self.groups.items():  # _advance and the ends due, in one pass
             served = g.served
             if dt:

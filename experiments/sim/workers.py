@@ -1,4 +1,4 @@
-"""The simulated roles' engines as SimPy processes: a prefill worker (FIFO) and a decode worker (continuous batching).
+"""The simulated roles' engines in the event loop: a prefill worker (FIFO) and a decode worker (continuous batching).
 
 Responsible for: `PrefillWorker` (first come first served: steps of prefill.step_budget_tokens in which chunks
 of every prompt in flight share a step, as the emulated P's workers/chunked.py, each taking the roofline's time
@@ -16,16 +16,56 @@ worker's sessions hold theirs through the pipeline, which opens them before P's 
 from __future__ import annotations
 
 import bisect
+from itertools import accumulate
 
-import simpy
-
+from experiments.sim import clock
 from experiments.sim.config import WorkerModel
 from workers.chunked import plan_step
 from workers.errors import CapacityExceeded
-from workers.modelled.roofline import Part
+from workers.modelled.roofline import Part, Roofline
 
 
+_MARGIN = 1 + 1e-9  # one roof's time over the other's past which float rounding cannot swap them
 RUN_STEPS = 64  # steps planned at once at most (an interruption wastes the rest of the plan)
+
+
+class StepSeconds:
+    """The roofline's time of a step of parts given as (new tokens, cached tokens, logit rows) tuples: equal to
+    `roofline.step([Part(*p) for p in parts]).seconds` (tested), the same floating-point operations in the same
+    order, without the Part and StepCost objects or the catalogue's properties per step (a published-scale P plans
+    ~1 step a prompt: Roofline.step was ~6% of a run). A roofline of another kind (real compute's measured one)
+    goes through its own step."""
+
+    def __init__(self, roofline: Roofline):
+        self.roofline, self.exact = roofline, type(roofline) is Roofline
+        m, e = roofline.model, roofline.efficiency
+        share = m.experts_per_token / m.experts if m.experts else 0.0  # roofline._routed_share
+        self._body2 = 2 * (m.dense_body_params + m.routed_params * share)
+        self._head2, self._pair = 2 * m.lm_head_params, m.attention_flops_per_pair
+        self._experts, self._unrouted = m.experts, 1 - share
+        self._dense, self._routed, self._head = m.dense_body_params, m.routed_params, m.lm_head_params
+        self._weight_bytes, self._kv = m.weight_bytes, m.kv_bytes_per_token
+        self._step_s, self._part_s, self._ramp = e.step_overhead_s, e.part_overhead_s, e.ramp_tokens
+        self._flops_per_s, self._bytes_per_s = roofline.flops_per_s, roofline.bytes_per_s
+
+    def __call__(self, parts: list[tuple[int, int, int]]) -> float:
+        if not self.exact:
+            return self.roofline.step([Part(*p) for p in parts]).seconds
+        if len(parts) == 1:  # the usual step: the sums of one term are the term (0 + x is x)
+            ((tokens, c, rows),) = parts
+            pairs, kv_tokens, logits = tokens * c + tokens * (tokens + 1) / 2, c + 2 * tokens, rows
+        else:  # Roofline.flops, .bytes and .step, inlined
+            tokens = sum(n for n, _c, _r in parts)
+            rows = sum(r for _n, _c, r in parts)
+            pairs = sum(n * c + n * (n + 1) / 2 for n, c, _r in parts)
+            kv_tokens, logits = sum(c + 2 * n for n, c, _r in parts), any(r for _n, _c, r in parts)
+        flops = self._body2 * tokens + self._head2 * rows + self._pair * pairs
+        touched = 1 - self._unrouted**tokens if self._experts else 0.0
+        head = self._head if logits else 0
+        nbytes = (self._dense + self._routed * touched + head) * self._weight_bytes + kv_tokens * self._kv
+        compute_s = flops / (self._flops_per_s * tokens / (tokens + self._ramp))
+        memory_s = nbytes / self._bytes_per_s
+        return max(compute_s, memory_s) + (self._step_s + self._part_s * len(parts))
 
 
 class _Prompt:
@@ -34,7 +74,7 @@ class _Prompt:
 
     __slots__ = ("left", "pos", "done")
 
-    def __init__(self, left: int, pos: int, done: simpy.Event):
+    def __init__(self, left: int, pos: int, done: clock.Event):
         self.left, self.pos, self.done = left, pos, done
 
 
@@ -48,14 +88,14 @@ class PrefillWorker:
     of the prompts in flight under the budget, first come first served (`plan_step`), a prompt's tail chunk
     sharing its step with the next prompt's first chunk; a step takes the roofline's time of its chunks
     together; a prompt ends (its first token, its KV whole) with the step of its last chunk. The steps are
-    planned at once up to the first prompt's end (one SimPy wait); a prompt that arrives meanwhile joins from
+    planned at once up to the first prompt's end (one wait); a prompt that arrives meanwhile joins from
     the step after the one under way. Whole: a prompt ends at max(now, the previous one's end) + its prefill
-    time, one SimPy wait per prompt. A prompt holds its KV blocks from its admission to its prefill's end (then
+    time, one wait per prompt. A prompt holds its KV blocks from its admission to its prefill's end (then
     they are P's prefix cache: evictable, so free here)."""
 
     def __init__(
         self,
-        env: simpy.Environment,
+        env: clock.Environment,
         model: WorkerModel,
         room=None,
         max_waiting: int = 0,
@@ -65,6 +105,7 @@ class PrefillWorker:
         self.env, self.model, self.name = env, model, model.name
         self.room, self.max_waiting, self.wait_s = room, max_waiting, wait_s
         self.budget = budget_tokens
+        self.cost = StepSeconds(model.roofline)
         self.free_at = 0.0  # whole prompts: when the last prompt queued ends (s)
         self.queued_tokens = 0
         self.busy_s = 0.0
@@ -76,7 +117,7 @@ class PrefillWorker:
         self._plan_start, self._replan, self._timer = 0.0, False, 0
 
     def prefill(self, new_tokens: int, cached_tokens: int, blocks: int = 0, request_id: str = ""):
-        """A SimPy generator: KV room for `blocks` (the roomqueue's rules), then its turn, then the prefill of
+        """A process (generator): KV room for `blocks` (the roomqueue's rules), then its turn, then the prefill of
         new_tokens on top of cached_tokens. Returns '' or why P refused it (RESOURCE_EXHAUSTED's text)."""
         room = self.room
         if room is not None and (problem := room.refusal(request_id, new_tokens + cached_tokens + 1)):
@@ -101,7 +142,7 @@ class PrefillWorker:
             self.busy_s += seconds
             self.steps += 1
             self.free_at = max(self.env.now, self.free_at) + seconds
-            yield self.env.timeout(self.free_at - self.env.now)
+            yield self.free_at - self.env.now  # a delay (s): the process waits it (experiments.sim.clock)
         self.queued_tokens -= new_tokens
         if room is not None:
             room.release(blocks)
@@ -131,11 +172,13 @@ class PrefillWorker:
     def _arm(self, delay_s: float) -> None:
         """The plan's timer: a callback (no process) at now + delay_s; an earlier timer of this worker lapses."""
         self._timer += 1
-        timer = self._timer
-        self.env.timeout(max(0.0, delay_s)).callbacks.append(lambda _e: timer == self._timer and self._tick())
+        self.env.call_in(max(0.0, delay_s), self._tick, self._timer)
 
-    def _tick(self) -> None:
-        """The plan's steps up to now ran: account them; plan again while prompts are in flight."""
+    def _tick(self, timer: int) -> None:
+        """The plan's steps up to now ran: account them; plan again while prompts are in flight (timer: the
+        timer's number: a later one stands, this one lapsed)."""
+        if timer != self._timer:
+            return
         ends = self._plan_ends
         done = bisect.bisect_right(ends, self.env.now - self._plan_start + 1e-12)
         self._commit(self._plan_steps[:done], ends[done - 1] if done else 0.0)
@@ -146,7 +189,10 @@ class PrefillWorker:
     def _plan(self) -> tuple[list[list[tuple[int, int]]], list[float]]:
         """The steps from now to the end of the oldest prompt's last chunk: each step's (prompt index, tokens)
         chunks (workers.chunked.plan_step over the prompts in order), and each step's end from now (s)."""
-        queue, roofline, budget = self._queue, self.model.roofline, self.budget
+        queue, seconds, budget = self._queue, self.cost, self.budget
+        if len(queue) == 1 and queue[0].left <= budget:  # the usual plan: one prompt, one step (what the loop gives)
+            p = queue[0]
+            return [[(0, p.left)]], [seconds([(p.left, p.pos, 1)])]
         left = [p.left for p in queue]
         pos = [p.pos for p in queue]
         plan, ends, t, head = [], [], 0.0, 0
@@ -156,10 +202,10 @@ class PrefillWorker:
             chunks = plan_step([(i, left[i]) for i in range(head, len(queue))], (), budget)
             parts = []
             for i, n in chunks:
-                parts.append(Part(n, pos[i], 1 if n == left[i] else 0))
+                parts.append((n, pos[i], 1 if n == left[i] else 0))
                 left[i] -= n
                 pos[i] += n
-            t += roofline.step(parts).seconds
+            t += seconds(parts)
             plan.append(chunks)
             ends.append(t)
         return plan, ends
@@ -192,7 +238,7 @@ class Session:
 
     __slots__ = ("left", "context", "times", "steps", "batch_sum", "stop", "released")
 
-    def __init__(self, env: simpy.Environment, left: int, context: int):
+    def __init__(self, env: clock.Environment, left: int, context: int):
         self.left, self.context, self.times = left, context, []
         self.steps, self.batch_sum, self.stop = 0, 0, False
         self.released = env.event()
@@ -207,7 +253,7 @@ class _Job:
 
     __slots__ = ("part", "done")
 
-    def __init__(self, part: Part, done: simpy.Event):
+    def __init__(self, part: Part, done: clock.Event):
         self.part, self.done = part, done
 
 
@@ -230,10 +276,23 @@ class DecodeCost:
 
     def ends(self, batch: int, context_sum: int, steps: int) -> tuple[list[float], float]:
         """The ends (s from the first's start) of `steps` consecutive steps of the same B sessions, each step's
-        contexts one token longer than the last's, and the last end: `seconds` summed step by step, inlined."""
+        contexts one token longer than the last's, and the last end: `seconds` summed step by step, inlined (the
+        same floats: the same sum in the same order, itertools.accumulate's; a run under one roof, the usual case,
+        computes only that roof's time of each step)."""
         f0, df, b0, db, flops_per_s, overhead = self._lines.get(batch) or self._line(batch)
-        bytes_per_s, ends, t = self._bytes_per_s, [], 0.0
-        for c in range(context_sum, context_sum + steps * batch, batch):
+        bytes_per_s, contexts = self._bytes_per_s, range(context_sum, context_sum + steps * batch, batch)
+        if steps > 0:  # one roof at both ends, by a margin past rounding: that roof throughout (both are linear)
+            last = contexts[-1]
+            compute, memory = (f0 + df * context_sum) / flops_per_s, (b0 + db * context_sum) / bytes_per_s
+            compute_last, memory_last = (f0 + df * last) / flops_per_s, (b0 + db * last) / bytes_per_s
+            if memory > compute * _MARGIN and memory_last > compute_last * _MARGIN:
+                ends = list(accumulate([(b0 + db * c) / bytes_per_s + overhead for c in contexts]))
+                return ends, ends[-1]
+            if compute > memory * _MARGIN and compute_last > memory_last * _MARGIN:
+                ends = list(accumulate([(f0 + df * c) / flops_per_s + overhead for c in contexts]))
+                return ends, ends[-1]
+        ends, t = [], 0.0
+        for c in contexts:
             compute, memory = (f0 + df * c) / flops_per_s, (b0 + db * c) / bytes_per_s
             t += (memory if memory > compute else compute) + overhead
             ends.append(t)
@@ -253,17 +312,18 @@ class DecodeCost:
 class DecodeWorker:
     """An RLD or MD worker: continuous batching over its sessions; sessions: how many it holds (its load)."""
 
-    def __init__(self, env: simpy.Environment, model: WorkerModel):
+    def __init__(self, env: clock.Environment, model: WorkerModel):
         self.env, self.model, self.name = env, model, model.name
         self.active: list[Session] = []
         self.jobs: list[_Job] = []
         self.cost = DecodeCost(model.roofline)
         self._plan = RUN_STEPS  # steps the next run plans (halved after an interruption, doubled after none)
-        self._wake: simpy.Event | None = None
+        self._wait = 0  # the number of the worker's wait under way or last (idle, or a run of steps)
+        self._woken = None  # while it waits: what a change schedules now (a change during a step: nothing)
         self._running: tuple | None = None  # the run of steps under way: (its sessions, start, step ends)
         self.busy_s = 0.0
         self.tokens = 0
-        env.process(self._run())
+        env.start(self._begin())
 
     @property
     def sessions(self) -> int:
@@ -287,7 +347,7 @@ class DecodeWorker:
         done = bisect.bisect_right(ends, self.env.now - start + 1e-12)
         return session.times + [start + e for e in ends[:done]]
 
-    def step_job(self, new_tokens: int, cached_tokens: int, logit_rows: int = 1) -> simpy.Event:
+    def step_job(self, new_tokens: int, cached_tokens: int, logit_rows: int = 1) -> clock.Event:
         """An extend or a prefill of new_tokens on cached_tokens in the next step; the event fires at its end."""
         done = self.env.event()
         self.jobs.append(_Job(Part(new_tokens, cached_tokens, logit_rows), done))
@@ -300,22 +360,36 @@ class DecodeWorker:
         self._poke()
 
     def _poke(self) -> None:
-        if self._wake is not None and not self._wake.triggered:
-            self._wake.succeed()
+        woken = self._woken
+        if woken is not None:
+            self._woken = None
+            self.env.call_in(0.0, woken)
 
-    def _run(self):
-        env, cap = self.env, self.model.max_batch
-        while True:
-            if not self.active and not self.jobs:
-                self._wake = env.event()
-                yield self._wake
-                self._wake = None
-            if self.jobs or len(self.active) > cap or any(s.stop for s in self.active):
-                yield from self._one_step(cap)
-            else:
-                yield from self._run_of_steps()
+    # The worker's loop, as callbacks: while it has nothing it waits (a change wakes it); else one step (a job
+    # waits, more sessions than max_batch, or a stop) or a run of steps (one timer to its end; a change wakes it
+    # early and the step under way runs to its end); then again. Each queue entry is where a process looping over
+    # the same steps (its start, `yield wake`, `yield seconds`) has its own, so the order of events is the same;
+    # only no Event, callback list and generator resume per wake.
 
-    def _one_step(self, cap: int):
+    def _begin(self):
+        """The worker's start: an urgent queue entry, as a process's."""
+        self._next()
+        yield from ()
+
+    def _next(self, _arg=None) -> None:
+        if self.active or self.jobs:
+            return self._go()
+        self._wait += 1
+        self._woken = self._go
+
+    def _go(self, _arg=None) -> None:
+        cap = self.model.max_batch
+        if self.jobs or len(self.active) > cap or any(s.stop for s in self.active):
+            self._one_step(cap)
+        else:
+            self._run_of_steps()
+
+    def _one_step(self, cap: int) -> None:
         batch = self.active[:cap]
         if len(self.active) > cap:  # in turn: those that waited go first next step
             self.active = self.active[cap:] + batch
@@ -326,36 +400,53 @@ class DecodeWorker:
         else:
             seconds = self.cost.seconds(len(batch), sum(s.context for s in batch))
         self.busy_s += seconds
-        yield self.env.timeout(seconds)
-        start = self.env.now - seconds
-        self._account(batch, [seconds], 1, start)
+        self.env.call_in(seconds, self._one_step_end, (batch, jobs, seconds))
+
+    def _one_step_end(self, step: tuple[list[Session], list[_Job], float]) -> None:
+        batch, jobs, seconds = step
+        self._account(batch, [seconds], 1, self.env.now - seconds)
         for j in jobs:
             j.done.succeed()
+        self._next()
 
-    def _run_of_steps(self):
+    def _run_of_steps(self) -> None:
         """Every session in every step, until the first of them is done or something changes (a session joins
-        or is stopped, a job arrives: the step under way ends, then the worker plans again). One SimPy wait for
+        or is stopped, a job arrives: the step under way ends, then the worker plans again). One timer for
         the whole run instead of one per step; the same step times."""
         env, batch = self.env, list(self.active)
         n, ctx = len(batch), sum(s.context for s in batch)
         k = min(self._plan, min(s.left for s in batch))
         ends, t = self.cost.ends(n, ctx, k)
-        start = env.now
-        wake = self._wake = env.event()  # the run's end or a change, whichever comes first
-        env.timeout(t).callbacks.append(lambda _e: wake.triggered or wake.succeed())
-        self._running = (batch, start, ends)
-        yield wake
-        self._wake = None
-        done = bisect.bisect_right(ends, env.now - start + 1e-12)
-        if done < k:  # interrupted: the step under way runs to its end
-            yield env.timeout(start + ends[done] - env.now)
-            done += 1
+        self._wait += 1
+        env.call_in(t, self._run_timer, self._wait)
+        self._woken = self._run_woken  # the run's end or a change, whichever comes first
+        self._running = (batch, env.now, ends)
+
+    def _run_timer(self, wait: int) -> None:
+        """A run of steps' end: wakes the worker unless a change woke it first."""
+        if wait == self._wait and self._woken is not None:
+            self._woken = None
+            self.env.call_in(0.0, self._run_woken)
+
+    def _run_woken(self, _arg=None) -> None:
+        _batch, start, ends = self._running
+        done = bisect.bisect_right(ends, self.env.now - start + 1e-12)
+        if done < len(ends):  # interrupted: the step under way runs to its end
+            self.env.call_in(start + ends[done] - self.env.now, self._run_end, (done + 1, True))
+        else:
+            self._run_end((done, False))
+
+    def _run_end(self, end: tuple[int, bool]) -> None:
+        done, interrupted = end
+        if interrupted:
             self._plan = max(2, self._plan // 2)  # plan fewer steps: their times would be wasted again
         else:
             self._plan = min(RUN_STEPS, self._plan * 2)
+        batch, start, ends = self._running
         self.busy_s += ends[done - 1]
         self._running = None
         self._account(batch, ends, done, start)
+        self._next()
 
     def _account(self, batch: list[Session], ends: list[float], done: int, start: float) -> None:
         """done steps of batch ended at start + ends[i]: their tokens, and the sessions that leave."""

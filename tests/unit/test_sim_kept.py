@@ -3,8 +3,8 @@
 starts at the window the last one left, restarted only after an idle RTO (not under bbr)."""
 
 import pytest
-import simpy
 
+from experiments.sim import clock
 from experiments.sim.wan import INITIAL_WINDOW_SEGMENTS, MSS_BYTES, Line, LineParams, restart_window
 
 MB = 1_000_000
@@ -14,7 +14,7 @@ IW = INITIAL_WINDOW_SEGMENTS * MSS_BYTES
 
 def second_transfer_s(gap_s: float, congestion: str = "cubic", peer=("p0", "md0")) -> float:
     """Seconds the second of two transfers to one peer takes (100 MB, then 10 MB gap_s after the first's ACK)."""
-    env = simpy.Environment()
+    env = clock.Environment()
     line = Line(env, FAT, congestion=congestion)
     took = []
 

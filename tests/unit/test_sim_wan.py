@@ -5,8 +5,8 @@ import math
 import random
 
 import pytest
-import simpy
 
+from experiments.sim import clock
 from experiments.sim.wan import (
     CALIBRATION_FILE,
     Calibration,
@@ -25,7 +25,7 @@ MB = 1_000_000
 
 def arrivals(params: LineParams, sizes: list[float], **line_kw) -> list[float]:
     """Arrival time (s) of transfers of these sizes (bytes) all started at 0 on one line."""
-    env = simpy.Environment()
+    env = clock.Environment()
     line = Line(env, params, **line_kw)
     done = [None] * len(sizes)
 
@@ -100,7 +100,7 @@ def test_staggered_transfers_share_the_line_max_min_and_all_arrive():
     # Transfers joining while others are in their rounds: a round's cap empties and comes again (the line keeps
     # its flows by cap, lowest first, as the max-min order), and every one of them still arrives.
     params, rng = LineParams(rate_bps=100e6, rtt_s=0.1, loss=0.0001), random.Random(5)
-    env = simpy.Environment()
+    env = clock.Environment()
     line, done = Line(env, params, congestion="bbr"), []
 
     def go(start_s, n):

@@ -4,10 +4,10 @@ equals the roofline's, and continuous batching shares a worker's steps among its
 import random
 
 import pytest
-import simpy
 
+from experiments.sim import clock
 from experiments.sim.config import WorkerModel
-from experiments.sim.workers import DecodeCost, DecodeWorker, PrefillWorker, Session
+from experiments.sim.workers import DecodeCost, DecodeWorker, PrefillWorker, Session, StepSeconds
 from workers.modelled.catalogue import load_catalogue
 from workers.modelled.roofline import Part, Roofline
 
@@ -24,11 +24,19 @@ def test_a_decode_step_costs_what_the_roofline_says(arch, accel, devices):
         assert cost.seconds(batch, sum(contexts)) == pytest.approx(expected, rel=1e-9)
 
 
-def test_a_run_of_steps_ends_where_its_steps_summed_one_by_one_end():
-    # DecodeCost.ends inlines seconds() for a run of steps (one SimPy wait): the same floats, not close ones.
+@pytest.mark.parametrize("arch, accel, devices", [("kimi-k2", "h20", 16), ("llama-3-70b", "h100-sxm", 4),
+                                                  ("default", "this-machine", 1)])  # fmt: skip
+def test_a_run_of_steps_ends_where_its_steps_summed_one_by_one_end(arch, accel, devices):
+    # DecodeCost.ends inlines seconds() for a run of steps (one wait): the same floats, not close ones, whichever
+    # roof the steps are under (compute, memory, or one then the other: the rng's contexts cross over)
     cat = load_catalogue()
-    cost = DecodeCost(Roofline(cat.accelerator("h20"), cat.model("kimi-k2"), 16))
-    for batch, context_sum, steps in ((1, 0, 1), (3, 9_000, 64), (40, 1_234_567, 17)):
+    cost, rng = DecodeCost(Roofline(cat.accelerator(accel), cat.model(arch), devices)), random.Random(7)
+    runs = [(rng.choice((1, 2, 3, 8, 32, 128)), rng.randrange(0, 3_000_000), rng.randint(1, 64)) for _ in range(200)]
+    for batch in (1, 2, 3, 8, 32, 128):  # runs across the context sum where the roofs cross
+        f0, df, b0, db, flops_per_s, _ = cost._line(batch)
+        cross = (f0 / flops_per_s - b0 / cost._bytes_per_s) / (db / cost._bytes_per_s - df / flops_per_s)
+        runs += [(batch, max(0, int(cross) - k * batch), 64) for k in (0, 1, 5, 30, 63)] if cross > 0 else []
+    for batch, context_sum, steps in ((1, 0, 1), (3, 9_000, 64), (40, 1_234_567, 17), *runs):
         ends, t = [], 0.0
         for i in range(steps):
             t += cost.seconds(batch, context_sum + i * batch)
@@ -36,10 +44,22 @@ def test_a_run_of_steps_ends_where_its_steps_summed_one_by_one_end():
         assert cost.ends(batch, context_sum, steps) == (ends, t)
 
 
+@pytest.mark.parametrize("arch, accel, devices", [("kimi-k2", "h800", 16), ("llama-3-70b", "h100-sxm", 4),
+                                                  ("default", "this-machine", 1)])  # fmt: skip
+def test_a_prefill_step_costs_exactly_what_the_roofline_says(arch, accel, devices):
+    # StepSeconds inlines Roofline.step for P's planned steps: the same floats, not close ones
+    cat = load_catalogue()
+    roof, rng = Roofline(cat.accelerator(accel), cat.model(arch), devices), random.Random(5)
+    seconds = StepSeconds(roof)
+    for _ in range(300):
+        parts = [(rng.randint(1, 700), rng.randrange(0, 90_000), rng.choice((0, 1))) for _ in range(rng.randint(1, 4))]
+        assert seconds(parts) == roof.step([Part(*p) for p in parts]).seconds
+
+
 def test_sessions_on_one_worker_share_its_steps():
     cat = load_catalogue()
     roof = Roofline(cat.accelerator("h20"), cat.model("kimi-k2"), 16)
-    env = simpy.Environment()
+    env = clock.Environment()
     w = DecodeWorker(env, WorkerModel("md1", "md", roof, 32, 65536))
     a, b = w.join(Session(env, 10, 1000)), w.join(Session(env, 5, 3000))
     env.run()
@@ -69,7 +89,7 @@ def prefill_at(env, worker, at_s, new, cached, ends, key):
 def test_a_prompts_tail_chunk_shares_its_step_with_the_next_prompts_first_chunk():
     # budget 256: a (300 new on 100 cached) then b (300 new): [a 256] [a 44 + b 212] [b 88], three steps, each the
     # roofline's time of its chunks together (logits at a prompt's last chunk only), as workers/chunked.py plans them
-    env, ends = simpy.Environment(), {}
+    env, ends = clock.Environment(), {}
     p = p_worker(env, 256)
     prefill_at(env, p, 0, 300, 100, ends, "a")
     prefill_at(env, p, 0, 300, 0, ends, "b")
@@ -91,8 +111,19 @@ def test_a_prompts_tail_chunk_shares_its_step_with_the_next_prompts_first_chunk(
     assert ends["b"] < alone
 
 
+def test_a_prompt_alone_within_the_budget_is_one_step_of_the_roofline_s_time():
+    env, ends = clock.Environment(), {}
+    p = p_worker(env, 256)
+    roof = p.model.roofline
+    prefill_at(env, p, 0, 256, 100, ends, "a")  # the whole budget
+    prefill_at(env, p, 5.0, 17, 900, ends, "b")  # P idle again
+    env.run()
+    assert ends == {"a": roof.step([Part(256, 100, 1)]).seconds, "b": 5.0 + roof.step([Part(17, 900, 1)]).seconds}
+    assert (p.steps, p.lone_tail_steps) == (2, 1)  # b: its only chunk, shorter than the budget
+
+
 def test_a_prompt_arriving_mid_step_joins_from_the_next_step():
-    env, ends = simpy.Environment(), {}
+    env, ends = clock.Environment(), {}
     p = p_worker(env, 256)
     roof = p.model.roofline
     t1 = roof.step([Part(256, 0, 0)]).seconds
@@ -107,7 +138,7 @@ def test_a_prompt_arriving_mid_step_joins_from_the_next_step():
 
 
 def test_a_budget_of_0_prefills_whole_prompts_one_at_a_time():
-    env, ends = simpy.Environment(), {}
+    env, ends = clock.Environment(), {}
     p = p_worker(env, 0)
     prefill_at(env, p, 0, 300, 100, ends, "a")
     prefill_at(env, p, 0, 300, 0, ends, "b")
