@@ -10,7 +10,7 @@ PYTEST  := $(PY) -m pytest -q -rs --durations=10 --durations-min=20
 # --profile only when PROFILE is given: otherwise the spec's own `profile:` holds.
 PROFILE_ARG = $(if $(PROFILE),--profile $(PROFILE))
 
-.PHONY: help setup docker image lint test test-unit test-roles test-ray test-emulation test-extended test-faults test-docker vm-test \
+.PHONY: help setup docker image lint test test-unit test-roles test-ray test-emulation test-extended test-faults test-docker vm-test vm-test-wire \
 	bench run-experiment sweep analyze compare docs-figures clean profiles net serve
 
 help: ## this list
@@ -63,6 +63,9 @@ vm-test: setup ## the tc backend on a real sch_netem: a stock Debian kernel unde
 	$(PYTEST) tests/vm/test_vm.py
 	$(PY) -m vm.run --timeout 1500 --cpus 1 -- $(PY) -m pytest -q -rs -p no:cacheprovider tests/emulation/test_fidelity.py \
 		tests/emulation/test_topologies.py::test_three_sites_reach_each_other_over_their_own_lines --backend tc
+
+vm-test-wire: setup ## netem's options on the live wire under tc (duplicate, corrupt, reorder, slot, a rate trace) in the VM (not in make test: CI's time)
+	$(PY) -m vm.run --timeout 1500 --cpus 1 -- $(PY) -m pytest -q -rs -p no:cacheprovider tests/emulation/test_netem_options_wire.py -k tc
 
 bench: setup ## benchmarks that print numbers (speed and accuracy targets)
 	$(PY) benchmarks/bench_engine.py
