@@ -101,9 +101,9 @@ class TopologyConfig:
         asked = {"p": self.n_p, "rld": self.n_rld, "md": self.n_md}
         return {pool: n for pool, n in asked.items() if n is not None}
 
-    def lines(self) -> list[LineSpec]:
-        """The topology's lines as built; the first runs wan_profile where one is given."""
-        lines = line_specs(self.topo())
+    def lines(self, topo: Topology) -> list[LineSpec]:
+        """The lines of topo (this config's, topo()) as built; the first runs wan_profile where one is given."""
+        lines = line_specs(topo)
         if self.wan_profile is not None:
             lines[0] = dataclasses.replace(lines[0], profile=self.wan_profile)
         return lines
@@ -142,8 +142,9 @@ class Testbed:
         self.net: Any = None
         self.backend_choice: BackendChoice | None = None
         self.topology: Topology = config.topo()
-        self.lines: list[LineSpec] = config.lines()
-        self._host_specs()  # a pool count the topology file disagrees with: refused before anything is built
+        self.lines: list[LineSpec] = config.lines(self.topology)
+        # every end host, once: a pool count the topology file disagrees with is refused before anything is built
+        self._hosts: list[naming.HostSpec] = host_specs(self.topology, config.pools(), cross=config.cross_hosts)
         self.backend: Backend | None = None  # the first line's shaping backend: it says how the WAN is wired
         self.backends: dict[str, Backend] = {}  # line -> its backend (one shaper per line)
         self._steering: dict | None = None  # the backend's receive steering (steer_receive), for metadata
@@ -196,10 +197,7 @@ class Testbed:
                 self.config.seed + k,  # each line its own random state
                 log_dir,
                 line=ln.name,
-                interfaces={
-                    "a_to_b": (ln.ends[0].gateway, ln.ends[0].interface),
-                    "b_to_a": (ln.ends[1].gateway, ln.ends[1].interface),
-                },
+                interfaces=dict(zip(DIRECTIONS, ln.directions().values())),  # forward, reverse
             )
             for k, ln in enumerate(self.lines)
         }
@@ -251,7 +249,7 @@ class Testbed:
 
     # ---- build -----------------------------------------------------------
     def _host_specs(self) -> list[naming.HostSpec]:
-        return host_specs(self.topology, self.config.pools(), cross=self.config.cross_hosts)
+        return self._hosts
 
     def _build(self) -> None:
         from mininet.link import Link
@@ -310,8 +308,7 @@ class Testbed:
 
         This also resolves every ARP entry, so the first measured packet is not delayed by it.
         """
-        sites = {s.name: s for s in self.topology.sites}
-        pairs = [(s.name, [gateway_ip(sites[s.cluster])]) for s in self._host_specs()]
+        pairs = [(s.name, [gateway_ip(self.topology.site(s.cluster))]) for s in self._host_specs()]
         pairs += routes.readiness_pairs(self.topology, self.lines)
         for host, target in pairs:
             # Several tries: a lossy profile may drop a ping; one answer is enough.

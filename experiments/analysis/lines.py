@@ -18,6 +18,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import math
+from collections import Counter
 from pathlib import Path
 
 from experiments.analysis import pcap
@@ -86,10 +87,7 @@ def kv_by_line(events: list[dict], topo: dict, hosts: list[dict]) -> dict[str, d
 
 
 def _count(names) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for n in names:
-        out[n] = out.get(n, 0) + 1
-    return dict(sorted(out.items(), key=lambda kv: (role_of(kv[0]), kv[0])))
+    return dict(sorted(Counter(names).items(), key=lambda kv: (role_of(kv[0]), kv[0])))
 
 
 def choices(events: list[dict]) -> dict[str, dict[str, int]]:

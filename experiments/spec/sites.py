@@ -66,13 +66,14 @@ def line_policy(spec, wan) -> tuple[dict[str, str], dict]:
     its forward rate and one-way delay; the first line runs `wan`, the spec's profile as applied) and, where the
     topology file says `choose: measured`, `pick_md: line_measured` (the router's per-request line choice)."""
     lines = md_lines(spec)
-    if not lines or len(lines) != sum(1 for h in host_specs(topology_of(spec), pool_counts(spec)) if h.role == "md"):
+    if not lines or len(lines) != pool_counts(spec)["md"]:
         return {}, {}
     specs = line_specs(topology_of(spec))
     specs[0] = dataclasses.replace(specs[0], profile=wan)
     used = [ln for ln in specs if ln.name in set(lines.values())]
     policy: dict = {
         "lines": {
+            # 200 if unlimited, as deployment._wan_rate_mbit (not imported: deployment imports this module)
             ln.name: {"rate_mbit": float(ln.profile.a_to_b.rate_mbit or 200.0), "delay_ms": ln.profile.a_to_b.delay_ms}
             for ln in used
         }
