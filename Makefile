@@ -62,6 +62,7 @@ test-faults: setup ## faults under load: every component SIGKILLed mid-run, the 
 vm-test: setup ## the tc backend on a real sch_netem: a stock Debian kernel under qemu TCG
 	$(PYTEST) tests/vm/test_vm.py
 	$(PY) -m vm.run --timeout 1500 --cpus 1 -- $(PY) -m pytest -q -rs -p no:cacheprovider tests/emulation/test_fidelity.py \
+		tests/emulation/test_netem_applied.py \
 		tests/emulation/test_topologies.py::test_three_sites_reach_each_other_over_their_own_lines --backend tc
 
 vm-test-wire: setup ## netem's options on the live wire under tc (duplicate, corrupt, reorder, slot, a rate trace) in the VM (not in make test: CI's time)

@@ -111,12 +111,21 @@ class TcBackend:
         self._interfaces = interfaces or naming.wan_interfaces()
         self._installed: set[str] = set()
         self._players: dict[str, TracePlayer] = {}  # directions with a rate trace (topology.trace_player)
+        self._tables: dict[str, frozenset[str]] = {}  # direction -> the distribution tables loaded in its netem
 
     def _install(self, direction: str, params: LinkParams, verb: str) -> None:
         host, dev = self._interfaces[direction]
         old = self._players.pop(direction, None)
         if old:
             old.stop()
+        loaded = self._tables.get(direction, frozenset())
+        if verb == "change" and tc.keeps_a_stale_table(loaded, params):
+            # Reinstalled: the kernel cannot drop a table on a change. Its queued packets are lost (logged).
+            tables = "/".join(sorted(loaded))
+            log.warning("%s: netem reinstalled to drop its %s table (queued packets lost)", dev, tables)
+            self._run(host, tc.delete_root_cmd(dev))
+            verb, loaded = "replace", frozenset()
+        self._tables[direction] = (loaded if verb == "change" else frozenset()) | tc.tables_of(params)
         if not params.rate_trace:
             self._run(host, tc.netem_cmd(dev, params, verb))
             return

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 A user's distribution table (a .dist file path in LinkParams) is named to tc as iproute2 finds tables:
 `distribution STEM` with TC_LIB_DIR set to the file's folder (the argv starts with `env TC_LIB_DIR=...`);
-otherwise the argv carries LinkParams.netem_line() word for word. A rate trace (LinkParams.rate_trace) is
+otherwise the argv carries LinkParams.netem_line() word for word, but for one zero that tc needs to pass on a
+duplicate correlation (netem_args). A rate trace (LinkParams.rate_trace) is
 not netem's: the line carries no rate, and topology.shaping changes the rate per window
 (topology.rate_trace.rate_schedule).
 """
@@ -40,11 +41,84 @@ def _table_dir(p: LinkParams) -> Path | None:
     return dirs.pop() if dirs else None
 
 
-def netem_args(p: LinkParams) -> list[str]:
+def _sends_correlations(p: LinkParams) -> bool:
+    """Whether iproute2's tc sends netem's correlation attribute (TCA_NETEM_CORR) for p's line.
+
+    tc sends it only when the line gives a correlation to delay, random loss, reorder or corrupt: `duplicate P C`
+    parses C into the attribute but does not mark it present (tc/q_netem.c, from the first release to today's), so
+    `netem duplicate 50% 90%` alone reaches the kernel uncorrelated and `tc qdisc show` prints `duplicate 50%`.
+    Seen on Debian's 6.1 kernel (docs/real-kernel.md): runs of doubled packets 2.02 long, what no correlation gives.
+    """
+    random_loss = not p.loss_state and not p.loss_ge and p.loss_pct
+    return bool(
+        (p.jitter_ms and p.delay_correlation_pct)
+        or (random_loss and p.loss_correlation_pct)
+        or (p.reorder_pct and p.reorder_correlation_pct)
+        or (p.corrupt_pct and p.corrupt_correlation_pct)
+    )
+
+
+def _with_correlations_sent(args: list[str], p: LinkParams) -> list[str]:
+    """args with a zero delay correlation added, which makes tc send netem's correlations (see _sends_correlations).
+
+    The zero (`delay D 0us 0%`, or `0%` after the jitter: no delay correlation either way) changes nothing in the
+    kernel's model; it only carries the attribute, with the duplicate's correlation in it (or zeros, which a live
+    change needs: below). `tc qdisc show` then prints the line as LinkParams.netem_line() does (a zero jitter and a
+    zero correlation are not printed).
+    """
+    if _sends_correlations(p):
+        return args
+    if "delay" not in args:
+        at = 2 if args[:1] == ["limit"] else 0
+        return [*args[:at], "delay", "0us", "0us", "0%", *args[at:]]
+    at = args.index("delay") + 2  # past the delay; a jitter here has no correlation, or one would be sent already
+    if p.jitter_ms:
+        return [*args[: at + 1], "0%", *args[at + 1 :]]
+    return [*args[:at], "0us", "0%", *args[at:]]
+
+
+def _zeros_for_change(p: LinkParams) -> list[str]:
+    """What a live change must say to turn off what p does not use.
+
+    The kernel's netem_change keeps the correlations, reorder, corrupt, rate and slot of the qdisc it changes
+    unless the message carries them again, and tc sends each only when its line names it: `tc qdisc change ...
+    delay 30ms` after `... corrupt 5% rate 100mbit` would keep corrupting at 100 Mbit/s. The userspace backend
+    replaces every parameter on a change; these zeros give the kernel the same (the correlations by
+    _with_correlations_sent). A delay or slot distribution table cannot be taken back so: TcBackend reinstalls.
+    """
+    zeros = [] if p.reorder_pct else ["reorder", "0%"]
+    zeros += [] if p.corrupt_pct else ["corrupt", "0%"]
+    zeros += [] if p.rate_mbit else ["rate", "0bit"]
+    return zeros + ([] if p.slot else ["slot", "0us"])
+
+
+def netem_args(p: LinkParams, change: bool = False) -> list[str]:
     """The `netem ...` part of a qdisc command for one direction: the line LinkParams.netem_line() shows (a user's
-    table by its stem, see the module docstring)."""
+    table by its stem, see the module docstring), with a zero delay correlation where tc needs it to pass on the
+    duplicate's, and for a live change (`change`) the zeros that turn off what p does not use (_zeros_for_change)."""
     args = render_netem(p, p.effective_limit_pkts)
+    if change or (p.duplicate_pct and p.duplicate_correlation_pct):
+        args = _with_correlations_sent(args, p)
+    if change:
+        args += _zeros_for_change(p)
     return ["netem", *(Path(a).name.removesuffix(".dist") if is_table_file(a) else a for a in args)]
+
+
+def tables_of(p: LinkParams) -> frozenset[str]:
+    """The distribution tables p loads into the kernel: "delay", "slot" (a shipped or a user's table)."""
+    delay = {"delay"} if p.jitter_ms and p.delay_distribution != "uniform" else set()
+    return frozenset(delay | ({"slot"} if p.slot and p.slot.distribution else set()))
+
+
+def keeps_a_stale_table(loaded: frozenset[str], p: LinkParams) -> bool:
+    """Whether `tc qdisc change` to p would leave a loaded table in use that p does not name.
+
+    The kernel replaces a delay or slot table only when the message carries one, and cannot drop it: a uniform
+    jitter after a pareto one would still draw from pareto's table, a slot without a distribution after one with
+    would draw its gaps from the old table. (A table without a jitter or a slot to use it does no harm.)
+    """
+    delay = "delay" in loaded and bool(p.jitter_ms) and p.delay_distribution == "uniform"
+    return delay or ("slot" in loaded and p.slot is not None and not p.slot.distribution)
 
 
 def netem_cmd(dev: str, p: LinkParams, verb: str = "replace") -> list[str]:
@@ -53,7 +127,7 @@ def netem_cmd(dev: str, p: LinkParams, verb: str = "replace") -> list[str]:
         raise ValueError(f"verb must be replace, change or add, got {verb!r}")
     table_dir = _table_dir(p)
     env = ["env", f"TC_LIB_DIR={table_dir}"] if table_dir else []
-    return [*env, "tc", "qdisc", verb, "dev", dev, "root", *netem_args(p)]
+    return [*env, "tc", "qdisc", verb, "dev", dev, "root", *netem_args(p, change=verb == "change")]
 
 
 def delete_root_cmd(dev: str) -> list[str]:

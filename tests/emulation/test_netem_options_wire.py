@@ -131,6 +131,21 @@ def test_correlated_duplicates_come_in_longer_runs(wire, link, backend):
             runs.append(length)
             length = 0
     assert 0.4 < len(doubled) / 4000 < 0.6 and sum(runs) / len(runs) > 4  # uncorrelated: 2
+    if backend == "tc":  # the kernel got the correlation (tc alone would drop it: topology.tc._sends_correlations)
+        assert "duplicate 50% 90%" in run(in_ns(NAMES.ns_w, ["tc", "qdisc", "show", "dev", NAMES.wire_b]))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_live_change_keeps_nothing_of_the_line_before(wire, link, backend):
+    emu = link(backend, params("delay 2ms corrupt 30% slot 20ms packets 2"))
+    plain = params("delay 2ms")
+    if emu:
+        emu.set_params("a_to_b", plain)
+    else:  # what TcBackend.apply runs: netem_change keeps corrupt and slot unless told (topology.tc._zeros_for_change)
+        run(in_ns(NAMES.ns_w, tc.netem_cmd(NAMES.wire_b, plain, "change")))
+    probe = wire.udp_probe(count=2000, interval_us=500)
+    assert probe.received == 2000, probe.received  # no corruption left
+    assert max(probe.delays_ns) < 10_000_000, max(probe.delays_ns)  # no 20 ms slots left
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -145,7 +145,7 @@ def test_the_tc_backend_changes_the_rate_every_window_and_stops(tmp_path):
     assert first[1][-2:] == ["rate", "12000000bit"]
     time.sleep(0.45)  # windows at 100 ms (8 bit/s), 200 ms (6 Mbit/s), 300 ms (the period again: 12 Mbit/s)
     backend.stop()
-    changes = [argv[-1] for h, argv in ran if h == host and argv[2] == "change"]
+    changes = [argv[argv.index("rate") + 1] for h, argv in ran if h == host and argv[2] == "change"]
     assert changes[:3] == ["8bit", "6000000bit", "12000000bit"]
     count = len(ran)
     time.sleep(0.25)

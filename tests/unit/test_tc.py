@@ -3,7 +3,7 @@
 import pytest
 
 from topology.profiles import GilbertElliott, LinkParams, load_profile
-from topology.tc import netem_cmd
+from topology.tc import keeps_a_stale_table, netem_cmd, tables_of
 
 
 def test_cross_country_command():
@@ -34,7 +34,7 @@ def test_cross_country_command():
 def test_uniform_jitter_has_no_distribution_and_keeps_correlation():
     args = netem_cmd("x", LinkParams(delay_ms=10, jitter_ms=2, delay_correlation_pct=25), "change")
     assert args[2] == "change"
-    assert args[args.index("delay") :] == ["delay", "10000us", "2000us", "25%"]
+    assert args[args.index("delay") : args.index("delay") + 4] == ["delay", "10000us", "2000us", "25%"]
 
 
 def test_gilbert_elliott_duplicate_corrupt_reorder():
@@ -96,11 +96,13 @@ SHIPPED_ARGV = {
     ("wan-regional", "a_to_b"): "limit 1000 delay 5000us 500us distribution normal loss random 0.01% rate 400000000bit",
     ("wan-regional", "b_to_a"): "limit 1000 delay 5000us 500us distribution normal loss random 0.01% rate 400000000bit",
 }
+# A live change also says 0% delay correlation, reorder, corrupt and no slot (netem_change keeps what it is not told).
 FLAKY_STEPS_ARGV = [
-    "limit 2560 delay 25000us 3000us distribution normal loss random 5% rate 200000000bit",
-    "limit 7101 delay 80000us 3000us distribution normal loss random 0.1% rate 200000000bit",
-    "limit 2560 delay 25000us 3000us distribution normal loss random 20% rate 200000000bit",
+    "limit 2560 delay 25000us 3000us 0% distribution normal loss random 5% rate 200000000bit",
+    "limit 7101 delay 80000us 3000us 0% distribution normal loss random 0.1% rate 200000000bit",
+    "limit 2560 delay 25000us 3000us 0% distribution normal loss random 20% rate 200000000bit",
 ]
+CHANGE_ZEROS = "reorder 0% corrupt 0% slot 0us"
 
 
 @pytest.mark.parametrize("name, direction", sorted(SHIPPED_ARGV))
@@ -124,4 +126,73 @@ def test_schedule_steps_argv_unchanged():
             "root",
             "netem",
             *line.split(),
+            *CHANGE_ZEROS.split(),
         ]
+
+
+# ---- what iproute2 and the kernel need to be told (tc/q_netem.c, sch_netem.c's netem_change) ----
+
+
+def test_a_duplicate_correlation_alone_rides_on_a_zero_delay_correlation():
+    # tc sends the correlations only when delay, loss, reorder or corrupt names one: the duplicate's would be lost.
+    args = netem_cmd("x", LinkParams(delay_ms=2, duplicate_pct=50, duplicate_correlation_pct=90))
+    assert args[6:] == ["netem", "limit", "1000", "delay", "2000us", "0us", "0%", "duplicate", "50%", "90%"]
+    with_jitter = netem_cmd("x", LinkParams(delay_ms=2, jitter_ms=1, duplicate_pct=50, duplicate_correlation_pct=90))
+    assert with_jitter[9:13] == ["delay", "2000us", "1000us", "0%"]
+    no_delay = netem_cmd("x", LinkParams(limit_pkts=50, duplicate_pct=50, duplicate_correlation_pct=90))
+    assert no_delay[6:] == ["netem", "limit", "50", "delay", "0us", "0us", "0%", "duplicate", "50%", "90%"]
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"delay_ms": 2, "jitter_ms": 1, "delay_correlation_pct": 25},
+        {"loss_pct": 1, "loss_correlation_pct": 25},
+        {"delay_ms": 5, "reorder_pct": 10, "reorder_correlation_pct": 25},
+        {"corrupt_pct": 1, "corrupt_correlation_pct": 25},
+    ],
+)
+def test_no_zero_is_added_where_another_correlation_carries_the_duplicates(fields):
+    p = LinkParams(duplicate_pct=50, duplicate_correlation_pct=90, **fields)
+    assert netem_cmd("x", p)[7:] == p.netem_line().split()
+
+
+def test_an_uncorrelated_install_is_the_printed_line_word_for_word():
+    p = LinkParams(delay_ms=2, duplicate_pct=50, corrupt_pct=1)
+    assert netem_cmd("x", p)[7:] == p.netem_line().split()
+
+
+def test_a_live_change_turns_off_what_the_new_line_does_not_use():
+    # netem_change keeps correlations, reorder, corrupt, rate and slot unless told again.
+    args = netem_cmd("x", LinkParams(delay_ms=30), "change")
+    assert args[7:] == ["limit", "1000", "delay", "30000us", "0us", "0%", "reorder", "0%", "corrupt", "0%", "rate",
+                        "0bit", "slot", "0us"]  # fmt: skip
+    full = LinkParams(delay_ms=30, jitter_ms=5, delay_correlation_pct=10, reorder_pct=5, corrupt_pct=1, rate_mbit=100)
+    assert netem_cmd("x", full, "change")[7:] == [*full.netem_line().split(), "slot", "0us"]
+
+
+def test_a_table_the_new_line_does_not_name_is_stale_only_where_it_would_be_used():
+    pareto = LinkParams(delay_ms=30, jitter_ms=5, delay_distribution="pareto")
+    assert tables_of(pareto) == {"delay"} and tables_of(LinkParams(delay_ms=30, jitter_ms=5)) == set()
+    assert keeps_a_stale_table(frozenset({"delay"}), LinkParams(delay_ms=30, jitter_ms=5))
+    assert not keeps_a_stale_table(frozenset({"delay"}), LinkParams(delay_ms=30))  # no jitter: the table is unused
+    assert not keeps_a_stale_table(frozenset({"delay"}), pareto.replace(delay_distribution="normal"))  # sent anew
+    assert not keeps_a_stale_table(frozenset(), LinkParams(delay_ms=30, jitter_ms=5))
+
+
+def test_the_tc_backend_reinstalls_netem_to_drop_a_table_a_change_would_keep():
+    from topology import naming
+    from topology.shaping import TcBackend
+
+    ran: list[list[str]] = []
+    backend = TcBackend(lambda host, argv: ran.append(argv) or "")  # the commands, not root's tc
+    pareto = LinkParams(delay_ms=30, jitter_ms=5, delay_distribution="pareto")
+    backend.start(pareto, LinkParams())
+    dev = naming.wan_interfaces()["a_to_b"][1]
+    verbs = lambda: [(argv[2], argv[4]) for argv in ran[2:]]  # noqa: E731  (after start's two installs)
+    backend.apply("a_to_b", LinkParams(delay_ms=30))  # no jitter: the table is kept, unused
+    assert verbs() == [("change", dev)]
+    backend.apply("a_to_b", LinkParams(delay_ms=30, jitter_ms=5))  # uniform jitter: pareto's table would be drawn
+    assert verbs()[1:] == [("del", dev), ("replace", dev)]
+    backend.apply("a_to_b", LinkParams(delay_ms=30, jitter_ms=8))  # nothing loaded any more: a plain change
+    assert verbs()[3:] == [("change", dev)]
