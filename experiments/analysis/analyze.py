@@ -143,26 +143,34 @@ def add_workers(summary: dict, recs: list[records.RequestRecord], events: list[d
 
 def emulator_health(variant: str, s: dict, h: EmulatorHealth | None) -> list[dict]:
     """The userspace emulator's health in the variant's window (its record's `emulator`, from
-    topology.emulator.health_between; None: the tc backend) into the variant's summary; a warning where its
-    p99 lateness passed the limit or it dropped frames for lack of CPU: there the machinery, not the link,
-    was measured."""
+    experiments.run.window.lines_health; None: the tc backend) into the variant's summary; a warning for each
+    line whose forwarder's p99 lateness passed the limit or that dropped frames for lack of CPU: there the
+    machinery, not the link, was measured."""
     s["emulator"] = h.model_dump(mode="json") if h else None
+    for key in ("line", "lines"):  # a topology file's several lines only
+        if s["emulator"] and s["emulator"][key] is None:
+            del s["emulator"][key]
     late_us = [d.p99_us for d in (h.a_to_b, h.b_to_a) if d.p99_us is not None] if h else []
     s["emulator_p99_late_ms"] = max(late_us) / 1000 if late_us else None
-    if not h or not (h.late or h.dropped()):
+    if not h:
         return []
-    worst = max((h.a_to_b, h.b_to_a), key=lambda x: x.p99_us or 0)
-    return [
-        {
-            "variant": variant,
-            "path": "wan",
-            "kind": "emulator_late",
-            "count": h.dropped(),
-            "message": f"{variant}: the userspace emulator fell behind (p99 lateness {worst.p99_us} us, "
-            f"max {worst.max_us} us, {h.dropped()} frames dropped, CPU share {h.cpu_share}): "
-            "part of what was measured is the machinery, not the link",
-        }
-    ]
+    out = []
+    for line, x in (h.lines or {h.line: h}).items():
+        if not (x.late or x.dropped()):
+            continue
+        worst = max((x.a_to_b, x.b_to_a), key=lambda d: d.p99_us or 0)
+        out.append(
+            {
+                "variant": variant,
+                "path": "wan",
+                "kind": "emulator_late",
+                "count": x.dropped(),
+                "message": f"{variant}: the userspace emulator{f' (line {line})' if line else ''} fell behind "
+                f"(p99 lateness {worst.p99_us} us, max {worst.max_us} us, {x.dropped()} frames dropped, CPU share "
+                f"{x.cpu_share}): part of what was measured is the machinery, not the link",
+            }
+        )
+    return out
 
 
 MAX_JUDGED = 12  # divergences whose near-tie margin is recomputed (a reference forward pass each)

@@ -27,7 +27,7 @@ from pathlib import Path
 from experiments.spec import crosstraffic as ct
 from experiments.rundir.metadata import CrossTrafficEntry, LinkChange, VariantRecord
 from topology.proc import reap, terminate, wait_listening
-from topology.profiles import Profile, ScheduleStep, schedule_end_s
+from topology.profiles import DIRECTIONS, Profile, ScheduleStep, schedule_end_s
 from topology.shaping import AppliedChange, merge_schedules
 from topology.emulator import health_between
 
@@ -99,6 +99,25 @@ def variant_link_changes(changes: list[AppliedChange], start_ns: int, end_ns: in
     ]
 
 
+def lines_health(before: dict[str, dict | None] | None, after: dict[str, dict | None]) -> dict | None:
+    """The userspace emulator's health over a window, every line's forwarder (pure; topology.emulator.health_between
+    per line): the worst line's figures (the highest p99 lateness, then the most frames dropped), `late` where any
+    line was, and with several lines `line` (the worst's name) and `lines` (each line's). None: the tc backend."""
+    before = before or {}
+    per = {name: health_between(before.get(name), h) for name, h in after.items() if h is not None}
+    if not per:
+        return None
+
+    def badness(h: dict) -> tuple[float, int]:
+        late = max((h[d]["p99_us"] or 0) for d in DIRECTIONS)
+        return late, sum(h[d]["rx_drops"] + h[d]["tx_errors"] for d in DIRECTIONS)
+
+    name, worst = max(per.items(), key=lambda kv: badness(kv[1]))
+    if len(per) == 1:
+        return worst
+    return {**worst, "late": any(h["late"] for h in per.values()), "line": name, "lines": per}
+
+
 class VariantWindow:
     """One variant's window on a running testbed.
 
@@ -116,7 +135,7 @@ class VariantWindow:
     def open(self, start_ns: int) -> None:
         """The window opens at start_ns (time.monotonic_ns(), the load generator's t0)."""
         self.start_ns = start_ns
-        self._health0 = self.tb.link.backend.health()
+        self._health0 = {name: link.backend.health() for name, link in self.tb.links.items()}
         if self.imp.restore:
             self.tb.restore_profile("restore profile base (window opens)")
         if self.imp.steps:
@@ -166,9 +185,7 @@ class VariantWindow:
         end_ns = time.monotonic_ns()
         rec.window_start_ns, rec.window_end_ns = self.start_ns, end_ns
         rec.link_changes = variant_link_changes(self.tb.link.changes, self.start_ns, end_ns)
-        health = self.tb.link.backend.health()
-        if health is not None:  # the userspace emulator: how late its frames left in this window
-            rec.emulator = health_between(self._health0, health)
+        rec.emulator = lines_health(self._health0, {name: link.backend.health() for name, link in self.tb.links.items()})
         return rec
 
     def check(self) -> None:

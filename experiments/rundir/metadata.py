@@ -212,8 +212,11 @@ class EmulatorHealth(Record):
     a_to_b: EmulatorDirection
     b_to_a: EmulatorDirection
     cpu_share: float | None
-    late: bool  # some direction's p99 above topology.emulator.LATE_P99_US
+    late: bool  # some direction's p99 above topology.emulator.LATE_P99_US (with several lines: some line's)
     scheduling: str | None = None  # the forwarder's: "fifo:<priority>" (real-time) or "other"; None: older runs
+    # Several lines (a topology file): the figures above are the worst line's (experiments.run.window.lines_health)
+    line: str | None = None  # that line's name (None: the only line)
+    lines: dict[str, "EmulatorHealth"] | None = None  # every line's forwarder, by line
 
     def dropped(self) -> int:
         """Frames lost for lack of CPU, both directions."""

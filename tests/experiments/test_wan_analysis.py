@@ -282,3 +282,30 @@ def test_the_in_flight_drc_and_recomputed_relay_outputs_are_counted_per_request(
     assert "30 requests" in inflight and "18000 prompt tokens" in inflight and "2 lost" in inflight
     assert absorbed.endswith(": 35")
     assert _md_cache_lines({}) == []  # a summary made before the in-flight DRC existed
+
+
+def test_with_several_lines_the_worst_line_is_the_figure_and_each_late_line_a_warning():
+    from experiments.analysis.analyze import emulator_health
+    from experiments.run.window import lines_health
+    from topology.netem_model import Lateness
+
+    def snapshot(late_us: int, drops: int) -> dict:
+        """A forwarder's health() after 100 frames, each late_us late (its lateness histogram, its drops)."""
+        lat = Lateness()
+        for _ in range(100):
+            lat.add(late_us * 1000)
+        drop = {"rx_drops": drops, "tx_errors": 0, "tx_retries": 0}
+        return {"lateness": {d: lat.to_dict() for d in ("a_to_b", "b_to_a")}, "drops": {d: drop for d in
+                ("a_to_b", "b_to_a")}, "t_ns": 10**9, "cpu_s": 0.5, "scheduling": "other"}  # fmt: skip
+
+    one = lines_health(None, {"wan": snapshot(60, 0)})
+    assert "lines" not in one and "line" not in one  # one line: the record as before
+    h = lines_health(None, {"fast": snapshot(60, 2), "cheap": snapshot(5400, 0), "tc": None})
+    assert h["line"] == "cheap" and h["late"] and h["a_to_b"]["p99_us"] == 5410 and set(h["lines"]) == {"fast", "cheap"}
+    s = {}
+    warnings = emulator_health("pdd", s, EmulatorHealth.model_validate(h))
+    assert [w["message"].split(" fell")[0] for w in warnings] == [
+        "pdd: the userspace emulator (line fast)",  # dropped 4 frames, on time
+        "pdd: the userspace emulator (line cheap)",  # late
+    ]
+    assert s["emulator_p99_late_ms"] == pytest.approx(5.41) and s["emulator"]["line"] == "cheap"
