@@ -185,7 +185,8 @@ class VariantWindow:
         end_ns = time.monotonic_ns()
         rec.window_start_ns, rec.window_end_ns = self.start_ns, end_ns
         rec.link_changes = variant_link_changes(self.tb.link.changes, self.start_ns, end_ns)
-        rec.emulator = lines_health(self._health0, {name: link.backend.health() for name, link in self.tb.links.items()})
+        health = {name: link.backend.health() for name, link in self.tb.links.items()}
+        rec.emulator = lines_health(self._health0, health)
         return rec
 
     def check(self) -> None:
