@@ -3,9 +3,13 @@ two lines between two sites with each MD on one line both ways, captures on both
 line's own shaper, and teardown leaving nothing behind."""
 
 import re
+import time
+from pathlib import Path
 
 import pytest
 
+from experiments.rundir.metadata import VariantRecord
+from experiments.run.window import Impairment, VariantWindow
 from topology.net import Testbed, TopologyConfig
 from topology.profiles import load_profile
 from topology.topofile import host_specs, load_topology
@@ -54,8 +58,14 @@ def test_two_lines_put_each_md_on_one_line_both_ways(backend):
         if backend != "userspace":
             return
         before = {name: tb.links[name].backend.stats() for name in ("fast", "cheap")}
+        win = VariantWindow(tb, Impairment((), ()), Path("/nonexistent"), Path("/nonexistent"))
+        win.open(time.monotonic_ns())
         _rtt_ms(tb, "md2", _ip(tb, "p1"), count=10)  # started on B's side: replies come back on cheap too
+        health = win.close(VariantRecord(status="running")).emulator
         after = {name: tb.links[name].backend.stats() for name in ("fast", "cheap")}
+        # The window's emulator health is every line's forwarder's: cheap carried the pings, fast nothing.
+        assert set(health.lines) == {"fast", "cheap"} and health.line in ("fast", "cheap")
+        assert health.lines["cheap"].a_to_b.frames >= 10 and health.lines["fast"].a_to_b.frames == 0
         moved = {
             name: {d: after[name][d]["received"] - before[name][d]["received"] for d in ("a_to_b", "b_to_a")}
             for name in after
