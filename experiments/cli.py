@@ -326,11 +326,26 @@ def _net(args) -> int:
 
     if args.profile:
         load_profile(args.profile)  # a bad profile is bad input, whatever the machine
-    if args.topo:
-        load_topology(args.topo)  # so is a bad topology file
-    profile = args.profile or (None if args.topo else DEFAULT_PROFILE)
+    topology = _net_topology(args)  # so is a bad topology file or class
+    profile = args.profile or (None if topology else DEFAULT_PROFILE)
     _check_environment()
-    return netshell.run(profile, args.backend, args.cross_hosts, tuple(args.exec), topo=args.topo)
+    return netshell.run(profile, args.backend, args.cross_hosts, tuple(args.exec), topology=topology)
+
+
+def _net_topology(args):
+    """`pddlab net`'s topology: --topo FILE, or with --custom FILE the Mininet topology class --topo NAME[,ARG,...]
+    (topology.customtopo); None = the default."""
+    if not args.custom:
+        return load_topology(args.topo) if args.topo else None
+    if not args.topo:
+        raise UsageError("--custom FILE needs --topo NAME[,ARG,...]: a name of the file's `topos` (as mn)")
+    try:
+        import mininet.topo  # noqa: F401
+    except ImportError:
+        raise EnvironmentProblem("--custom needs Mininet's Python library: run `make setup`") from None
+    from topology.customtopo import load_custom
+
+    return load_custom(args.custom, args.topo)
 
 
 def _experiments(_args) -> int:
@@ -498,7 +513,17 @@ def parser() -> argparse.ArgumentParser:
         help=f"profile name or YAML path: the first line's (default: {DEFAULT_PROFILE}; with --topo, each line's own)",
     )
     net.add_argument(
-        "--topo", default=None, metavar="FILE", help="a topology file, name or path (default: two-clusters)"
+        "--topo",
+        default=None,
+        metavar="FILE",
+        help="a topology file, name or path (default: two-clusters); with --custom: NAME[,ARG,...] of its topos",
+    )
+    net.add_argument(
+        "--custom",
+        default=None,
+        metavar="FILE",
+        help="a Mininet topology class as mn takes it: a Python file defining topos = {'name': constructor}, "
+        "NAME given by --topo (for pddlab net alone: run, sweep and serve take topology files)",
     )
     net.add_argument("--backend", default="auto", choices=BACKENDS)
     net.add_argument("--cross-hosts", action="store_true", help="add the cross-traffic hosts xa and xb")

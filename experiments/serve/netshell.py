@@ -1,5 +1,6 @@
 """`pddlab net`: a topology's network alone (the default: two clusters and the WAN; `--topo FILE` any
-topology file), with Mininet's CLI on it, as Mininet's `mn` gives.
+topology file; `--custom FILE --topo NAME` a Mininet topology class, topology.customtopo), with Mininet's
+CLI on it, as Mininet's `mn` gives.
 
 Responsible for: bringing the topology up for a profile (no roles, no workload; cross-traffic hosts on
 request), printing its hosts, addresses and lines, and Mininet's own CLI on it — `p1 ping -c 3 md1` (a
@@ -27,7 +28,7 @@ from topology.net import Testbed, TopologyConfig
 from topology.proc import STOP_SIGNALS
 from topology.profiles import ProfileError, load_profile
 from topology.shaping import DIRECTIONS
-from topology.topofile import gateway_ip, load_topology
+from topology.topofile import Topology, gateway_ip
 
 log = logging.getLogger(__name__)
 MININET_OUTPUT = 25  # mininet.log's `output` level: what its CLI prints (a node's output among it)
@@ -163,10 +164,11 @@ def run(
     backend: str = "auto",
     cross_hosts: bool = False,
     execute: tuple[str, ...] = (),
-    topo: str | None = None,
+    topology: Topology | None = None,
 ) -> int:
     """Bring the network up, run the CLI (or the lines of `execute`), tear it down; the exit status.
-    topo: a topology file (name or path; None = two-clusters); profile: the first line's (None = its own)."""
+    topology: the topology (a file's, or a Mininet topology class's; None = two-clusters); profile: the first
+    line's (None = its own)."""
     mn_log = logging.getLogger("mininet")
     mn_log.setLevel(MININET_OUTPUT)
     mn_log.propagate = False  # Mininet's own handler prints it; the root's would print it twice
@@ -174,7 +176,7 @@ def run(
         wan_profile=load_profile(profile) if profile else None,
         backend=backend,
         cross_hosts=cross_hosts,
-        topology=load_topology(topo) if topo else None,
+        topology=topology,
     )
     with Testbed(cfg) as tb:
         print(describe(tb), flush=True)
