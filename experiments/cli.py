@@ -323,29 +323,17 @@ def _serve(args) -> int:
 
 def _net(args) -> int:
     from experiments.serve import netshell
+    from topology.net import TestbedError
 
     if args.profile:
         load_profile(args.profile)  # a bad profile is bad input, whatever the machine
-    topology = _net_topology(args)  # so is a bad topology file or class
+    try:
+        topology = netshell.topology_of(args.topo, args.custom)  # so is a bad topology file or class
+    except TestbedError as err:  # no Mininet library to read a class with
+        raise EnvironmentProblem(str(err)) from None
     profile = args.profile or (None if topology else DEFAULT_PROFILE)
     _check_environment()
     return netshell.run(profile, args.backend, args.cross_hosts, tuple(args.exec), topology=topology)
-
-
-def _net_topology(args):
-    """`pddlab net`'s topology: --topo FILE, or with --custom FILE the Mininet topology class --topo NAME[,ARG,...]
-    (topology.customtopo); None = the default."""
-    if not args.custom:
-        return load_topology(args.topo) if args.topo else None
-    if not args.topo:
-        raise UsageError("--custom FILE needs --topo NAME[,ARG,...]: a name of the file's `topos` (as mn)")
-    try:
-        import mininet.topo  # noqa: F401
-    except ImportError:
-        raise EnvironmentProblem("--custom needs Mininet's Python library: run `make setup`") from None
-    from topology.customtopo import load_custom
-
-    return load_custom(args.custom, args.topo)
 
 
 def _experiments(_args) -> int:
@@ -513,17 +501,13 @@ def parser() -> argparse.ArgumentParser:
         help=f"profile name or YAML path: the first line's (default: {DEFAULT_PROFILE}; with --topo, each line's own)",
     )
     net.add_argument(
-        "--topo",
-        default=None,
-        metavar="FILE",
-        help="a topology file, name or path (default: two-clusters); with --custom: NAME[,ARG,...] of its topos",
+        "--topo", metavar="FILE", help="a topology file, name or path (default: two-clusters); with --custom: NAME"
     )
     net.add_argument(
         "--custom",
-        default=None,
         metavar="FILE",
-        help="a Mininet topology class as mn takes it: a Python file defining topos = {'name': constructor}, "
-        "NAME given by --topo (for pddlab net alone: run, sweep and serve take topology files)",
+        help="a Mininet topology class, as mn's --custom: a Python file defining topos = {'name': constructor}; "
+        "--topo NAME[,ARG,...] picks one (pddlab net only: run, sweep and serve take topology files)",
     )
     net.add_argument("--backend", default="auto", choices=BACKENDS)
     net.add_argument("--cross-hosts", action="store_true", help="add the cross-traffic hosts xa and xb")

@@ -24,11 +24,11 @@ import time
 from pathlib import Path
 
 from experiments.rundir.files import RESULTS
-from topology.net import Testbed, TopologyConfig
+from topology.net import Testbed, TestbedError, TopologyConfig
 from topology.proc import STOP_SIGNALS
 from topology.profiles import ProfileError, load_profile
 from topology.shaping import DIRECTIONS
-from topology.topofile import Topology, gateway_ip
+from topology.topofile import Topology, TopologyError, gateway_ip, load_topology
 
 log = logging.getLogger(__name__)
 MININET_OUTPUT = 25  # mininet.log's `output` level: what its CLI prints (a node's output among it)
@@ -157,6 +157,23 @@ def _cli_class():
             return True
 
     return NetCLI
+
+
+def topology_of(topo: str | None, custom: str | None) -> Topology | None:
+    """The shell's topology: --topo FILE, or --custom FILE's Mininet topology class --topo NAME[,ARG,...]
+    (topology.customtopo; as mn's --custom, and for the shell alone); None = two-clusters. TopologyError for
+    bad input, TestbedError where Mininet's library is missing."""
+    if not custom:
+        return load_topology(topo) if topo else None
+    if not topo:
+        raise TopologyError("--custom FILE needs --topo NAME[,ARG,...]: a name of the file's `topos` (as mn)")
+    try:
+        import mininet.topo  # noqa: F401
+    except ImportError:
+        raise TestbedError("--custom needs Mininet's Python library: run `make setup`") from None
+    from topology.customtopo import load_custom
+
+    return load_custom(custom, topo)
 
 
 def run(

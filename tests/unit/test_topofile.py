@@ -185,7 +185,10 @@ REFUSALS = {
         lambda t: t["sites"][1].update(pools={"md": "many"}),
         "sites[1].pools.md='many': expected 'all'",
     ),
-    "a line at least": (lambda t: t.update(lines=[]), "lines: none; a topology has at least one line"),
+    "a line at least": (
+        lambda t: (t["sites"].pop(), t["sites"][0]["pools"].update(md="all"), t.update(lines=[])),
+        "lines: none; a topology has at least one line",
+    ),
     "named hosts named": (lambda t: t["sites"][0].update(named=["h_1"]), "sites[0].named: 'h_1': a host's name"),
     "named hosts once": (
         lambda t: t["sites"][0].update(named=["h1", "h1"]),
