@@ -41,7 +41,7 @@ from topology.topofile import HOST_NAME, SITE_NAME, Topology, TopologyError, top
 
 # What the conversion takes of each kind of node or link; anything else is refused by name.
 HOST_PARAMS = ("ip",)
-SWITCH_PARAMS = ("isSwitch", "dpid")
+SWITCH_PARAMS = ("dpid",)
 LINK_SHAPING = ("bw", "delay", "jitter", "loss", "max_queue_size")
 _LINK_BOOKKEEPING = ("node1", "node2", "port1", "port2")  # Topo.addLink records these itself
 _SITE_NAME, _HOST_NAME = re.compile(SITE_NAME), re.compile(HOST_NAME)
@@ -90,7 +90,8 @@ def topology_dict(topo, name: str, description: str = "") -> dict[str, Any]:
     """A Topo as a topology file's mapping (see the module docstring); refuses what it cannot hold."""
     switches = topo.switches()
     for s in switches:
-        _check_params(topo.nodeInfo(s), SWITCH_PARAMS, f"switch {s!r}")
+        info = {k: v for k, v in topo.nodeInfo(s).items() if k != "isSwitch"}  # Topo.addSwitch's own mark
+        _check_params(info, SWITCH_PARAMS, f"switch {s!r}")
         if not _SITE_NAME.match(s):
             raise TopologyError(
                 f"switch {s!r}: a site's name is 1-4 of [a-z0-9], from a letter (its gateway gw<name>, its "
