@@ -119,8 +119,9 @@ serve: setup ## the roles behind an OpenAI-compatible API on 127.0.0.1:PORT unti
 	$(PDDLAB) serve $(EXP) --port $(PORT) --backend $(BACKEND) $(PROFILE_ARG) $(foreach s,$(SET),--set $(s))
 
 TOPO    ?=
-net: setup ## the topology alone with Mininet's CLI [PROFILE=name] [TOPO=topology file]
-	$(PDDLAB) net $(PROFILE_ARG) $(if $(TOPO),--topo $(TOPO)) --backend $(BACKEND)
+# CUSTOM=FILE: a Mininet topology class, as mn's --custom FILE --topo NAME (TOPO=NAME[,ARG,...] then).
+net: setup ## the topology alone with Mininet's CLI [PROFILE=name] [TOPO=topology file] [CUSTOM=file.py TOPO=name]
+	$(PDDLAB) net $(PROFILE_ARG) $(if $(CUSTOM),--custom $(CUSTOM)) $(if $(TOPO),--topo $(TOPO)) --backend $(BACKEND)
 
 clean: ## remove what crashed runs left, by their own names and ids
 	@if [ -x $(PDDLAB) ]; then $(PDDLAB) clean; fi

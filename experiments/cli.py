@@ -323,14 +323,17 @@ def _serve(args) -> int:
 
 def _net(args) -> int:
     from experiments.serve import netshell
+    from topology.net import TestbedError
 
     if args.profile:
         load_profile(args.profile)  # a bad profile is bad input, whatever the machine
-    if args.topo:
-        load_topology(args.topo)  # so is a bad topology file
-    profile = args.profile or (None if args.topo else DEFAULT_PROFILE)
+    try:
+        topology = netshell.topology_of(args.topo, args.custom)  # so is a bad topology file or class
+    except TestbedError as err:  # no Mininet library to read a class with
+        raise EnvironmentProblem(str(err)) from None
+    profile = args.profile or (None if topology else DEFAULT_PROFILE)
     _check_environment()
-    return netshell.run(profile, args.backend, args.cross_hosts, tuple(args.exec), topo=args.topo)
+    return netshell.run(profile, args.backend, args.cross_hosts, tuple(args.exec), topology=topology)
 
 
 def _experiments(_args) -> int:
@@ -498,7 +501,13 @@ def parser() -> argparse.ArgumentParser:
         help=f"profile name or YAML path: the first line's (default: {DEFAULT_PROFILE}; with --topo, each line's own)",
     )
     net.add_argument(
-        "--topo", default=None, metavar="FILE", help="a topology file, name or path (default: two-clusters)"
+        "--topo", metavar="FILE", help="a topology file, name or path (default: two-clusters); with --custom: NAME"
+    )
+    net.add_argument(
+        "--custom",
+        metavar="FILE",
+        help="a Mininet topology class, as mn's --custom: a Python file defining topos = {'name': constructor}; "
+        "--topo NAME[,ARG,...] picks one (pddlab net only: run, sweep and serve take topology files)",
     )
     net.add_argument("--backend", default="auto", choices=BACKENDS)
     net.add_argument("--cross-hosts", action="store_true", help="add the cross-traffic hosts xa and xb")

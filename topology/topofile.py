@@ -23,6 +23,7 @@ Format (`two-clusters.yaml` is today's topology written so):
         hosts: [client, router]      # the singletons placed here
         pools: {p: all, rld: all}    # a deployment pool: all its workers here, or a count here
         cross_host: xa               # the cross-traffic end host (made only with cross traffic)
+        named: [h1, h2]              # hosts with no role, by name (the network shell's: `pddlab net`)
     lines:
       - name: wan                    # 1-10 of [a-z0-9]: the userspace backend's wire host
         sites: [a, b]                # forward is a -> b (direction a_to_b), reverse b -> a
@@ -37,6 +38,12 @@ md: the spec's `pools`) is either `all` in exactly one site, or a count in each 
 that holds part of it (md: 2 in b and 2 in c: md1, md2 in b, md3, md4 in c). Workers
 are numbered across sites in site order; a host's address is its site's subnet plus
 naming's host number for its role and index (md3 in 10.3.0.0/24: 10.3.0.63).
+
+Named hosts: `named` lists hosts that play no role, by the name a user types (h1, h2), numbered from
+.100 in the order given (10.1.0.100, 10.1.0.101, ...), or `{h1: 5, h2: 7}` for their host numbers (2 and
+up: 1 is the gateway's; above 90 in a site that also holds roles, whose numbers are naming's).
+A topology whose sites place no role and no pool (only named hosts) is a network alone: `pddlab net`
+opens it (a Mininet topology class becomes one, topology.customtopo), an experiment refuses it.
 
 Route choices, for a site pair joined by several lines (each line of the pair must
 then have one, the same): `per-destination` reaches each host of the far site over
@@ -70,14 +77,19 @@ SINGLETONS = ("client", "router")
 POOLS = ("p", "rld", "md")  # the deployment's pools (experiments.spec.deployment.ROLES less the router)
 ALL = "all"  # a pool wholly in one site: as many workers as the spec's pool has
 # A site name makes gw<site>-eth<n> and pdd-s<site>-eth<n>: Linux interface names hold 15 characters.
-SiteName = Annotated[Str, StringConstraints(pattern=r"^[a-z][a-z0-9]{0,3}$")]
+SITE_NAME = r"^[a-z][a-z0-9]{0,3}$"
+SiteName = Annotated[Str, StringConstraints(pattern=SITE_NAME)]
 # A line name is the userspace wire's host name (<line>-eth1), as a cross host's name is a host's.
-HostName = Annotated[Str, StringConstraints(pattern=r"^[a-z][a-z0-9]{0,9}$")]
+HOST_NAME = r"^[a-z][a-z0-9]{0,9}$"
+HostName = Annotated[Str, StringConstraints(pattern=HOST_NAME)]
 # Names the topology derives itself; a line or cross host named so would clash with one.
 _DERIVED_NAME = re.compile(r"^(client|router|(p|rld|md)[0-9]+|gw[a-z0-9]*)$")
 # The highest host number naming gives inside a subnet (the cross host), and the transit's per-line prefix.
 _TOP_HOST = naming.host_number(naming.CROSS_HOSTS["a"])
 _LINE_PREFIXLEN = 30
+# Named hosts' first host number: above every number naming gives a role, so they share a site with roles.
+NAMED_FIRST = 100
+NAMED_ROLE = "host"  # the role a named host's HostSpec carries
 
 
 class TopologyError(ValueError):
@@ -91,6 +103,7 @@ class _SiteFile:
     hosts: tuple[Literal["client", "router"], ...] = ()
     pools: dict[Str, Any] = dataclasses.field(default_factory=dict)
     cross_host: HostName | Literal[""] = ""
+    named: Any = ()
 
 
 @schema
@@ -122,6 +135,7 @@ class Site:
 
     pools: pool -> workers here (None: all of the spec's pool)
     cross_host: its cross-traffic host's name ("" = none)
+    named: named host -> its host number in the subnet (hosts with no role, in the file's order)
     """
 
     name: str
@@ -129,6 +143,7 @@ class Site:
     hosts: tuple[str, ...]
     pools: dict[str, int | None]
     cross_host: str
+    named: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def gateway(self) -> str:
@@ -171,6 +186,11 @@ class Topology:
     def site(self, name: str) -> Site:
         """The site of that name."""
         return next(s for s in self.sites if s.name == name)
+
+    @property
+    def serves(self) -> bool:
+        """Whether it places the deployment's roles (else it is a network alone, of named hosts)."""
+        return any(s.hosts or s.pools for s in self.sites)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,7 +259,7 @@ def _topology(data: Any, path: Path | None) -> Topology:
     sites = tuple(_site(s, f"sites[{i}]") for i, s in enumerate(f.sites))
     lines = tuple(_line(ln, f, folder, f"lines[{i}]") for i, ln in enumerate(f.lines))
     topo = Topology(f.name, f.description, sites, lines, transit, path)
-    for check in (_check_names, _check_subnets, _check_lines, _check_routes, _check_placement):
+    for check in (_check_names, _check_subnets, _check_lines, _check_routes, _check_placement, _check_some_line):
         check(topo)
     return topo
 
@@ -263,7 +283,33 @@ def _site(f: _SiteFile, where: str) -> Site:
         )
     if len(set(f.hosts)) != len(f.hosts):
         raise TopologyError(f"{where}.hosts: {list(f.hosts)} names a host twice")
-    return Site(f.name, subnet, f.hosts, _pools(f.pools, f"{where}.pools"), f.cross_host)
+    named = _named(f.named, subnet, f"{where}.named")
+    if (f.hosts or f.pools or f.cross_host) and (low := [h for h, n in named.items() if n <= _TOP_HOST]):
+        raise TopologyError(
+            f"{where}.named: {low} take numbers naming gives the roles (up to {_TOP_HOST}) in a site with "
+            f"roles; from {_TOP_HOST + 1} on"
+        )
+    return Site(f.name, subnet, f.hosts, _pools(f.pools, f"{where}.pools"), f.cross_host, named)
+
+
+def _named(value: Any, subnet: ipaddress.IPv4Network, where: str) -> dict[str, int]:
+    """A site's named hosts: a list of names (numbered from NAMED_FIRST) or a mapping name -> host number."""
+    if isinstance(value, (list, tuple)):
+        if len(value) != len(set(value)):
+            raise TopologyError(f"{where}: {list(value)} names a host twice")
+        value = {name: NAMED_FIRST + k for k, name in enumerate(value)}
+    if not isinstance(value, dict):
+        raise TopologyError(f"{where}={value!r}: expected a list of host names or a mapping name -> host number")
+    out = dict(value)
+    top = subnet.num_addresses - 2  # the last host number before the broadcast address
+    for name, number in out.items():
+        if not isinstance(name, str) or not re.match(HOST_NAME, name):
+            raise TopologyError(f"{where}: {name!r}: a host's name is 1-10 of [a-z0-9], from a letter")
+        if not isinstance(number, int) or isinstance(number, bool) or not 2 <= number <= top:  # 1: the gateway
+            raise TopologyError(f"{where}.{name}={number}: host number out of range [2, {top}] in {subnet}")
+    if len(set(out.values())) != len(out):
+        raise TopologyError(f"{where}: {out} gives two hosts one number")
+    return out
 
 
 def _pools(data: dict[str, Any], where: str) -> dict[str, int | None]:
@@ -340,11 +386,14 @@ def _check_names(topo: Topology) -> None:
     seen: dict[str, str] = {}
     named = [(f"sites[{i}].name", s.name, False) for i, s in enumerate(topo.sites)]
     named += [(f"sites[{i}].cross_host", s.cross_host, True) for i, s in enumerate(topo.sites) if s.cross_host]
+    named += [(f"sites[{i}].named.{h}", h, True) for i, s in enumerate(topo.sites) for h in s.named]
     named += [(f"lines[{i}].name", ln.name, True) for i, ln in enumerate(topo.lines)]
     for field, name, is_host in named:
         key = ("host:" if is_host else "site:") + name
         if key in seen:
             raise TopologyError(f"{field}={name!r}: already the name of {seen[key]}")
+        if is_host and name.startswith(naming.PREFIX):
+            raise TopologyError(f"{field}={name!r}: starts with the testbed's prefix {naming.PREFIX!r} (its links)")
         if is_host and _DERIVED_NAME.match(name):
             raise TopologyError(
                 f"{field}={name!r}: a name the topology gives its own hosts (client, router, p<i>, "
@@ -384,6 +433,13 @@ def _check_lines(topo: Topology) -> None:
         raise TopologyError(f"sites {lost}: no line reaches them from site {names[0]!r}")
 
 
+def _check_some_line(topo: Topology) -> None:
+    if not topo.lines:  # the Testbed's backend and the shell's profile are its first line's
+        raise TopologyError(
+            "lines: none; a topology has at least one line between two sites (the testbed shapes lines)"
+        )
+
+
 def _pairs(topo: Topology) -> dict[frozenset, list[int]]:
     """site pair -> the indexes of the lines joining it."""
     out: dict[frozenset, list[int]] = {}
@@ -418,6 +474,8 @@ def _check_routes(topo: Topology) -> None:
 
 
 def _check_placement(topo: Topology) -> None:
+    if not topo.serves and any(s.named for s in topo.sites):
+        return  # a network alone (named hosts only): no roles to place
     for role in SINGLETONS:
         at = [f"sites[{i}].hosts" for i, s in enumerate(topo.sites) if role in s.hosts]
         if len(at) != 1:
@@ -448,6 +506,8 @@ def pool_sites(topo: Topology, pools: dict[str, int] | None = None) -> dict[str,
     default; a pool split by counts in the file has the file's, and must agree where given)."""
     asked = pools or {}
     out: dict[str, list[tuple[str, int]]] = {}
+    if not topo.serves:
+        return out
     for pool in POOLS:
         at = [(s.name, s.pools[pool]) for s in topo.sites if pool in s.pools]
         if at[0][1] is None:
@@ -468,9 +528,9 @@ def pool_sites(topo: Topology, pools: dict[str, int] | None = None) -> dict[str,
 
 def host_specs(topo: Topology, pools: dict[str, int] | None = None, cross: bool = False) -> list[naming.HostSpec]:
     """Every end host (gateways and wires excluded) in naming.hosts()'s order: client, router, the pools'
-    workers numbered across sites, then (cross) each site's cross host."""
+    workers numbered across sites, the named hosts in site order, then (cross) each site's cross host."""
     specs = []
-    for role in SINGLETONS:
+    for role in SINGLETONS if topo.serves else ():
         site = next(s for s in topo.sites if role in s.hosts)
         specs.append(naming.HostSpec(role, site.name, site.address(naming.host_number(role)), role))
     for pool, placed in pool_sites(topo, pools).items():
@@ -480,6 +540,7 @@ def host_specs(topo: Topology, pools: dict[str, int] | None = None, cross: bool 
             for index in range(index + 1, index + n + 1):
                 name = naming.host_name(pool, index)
                 specs.append(naming.HostSpec(name, site.name, site.address(naming.host_number(pool, index)), pool))
+    specs += [naming.HostSpec(h, s.name, s.address(n), NAMED_ROLE) for s in topo.sites for h, n in s.named.items()]
     if cross:
         specs += [
             naming.HostSpec(s.cross_host, s.name, s.address(_TOP_HOST), naming.CROSS_ROLE)

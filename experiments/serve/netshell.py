@@ -1,5 +1,6 @@
 """`pddlab net`: a topology's network alone (the default: two clusters and the WAN; `--topo FILE` any
-topology file), with Mininet's CLI on it, as Mininet's `mn` gives.
+topology file; `--custom FILE --topo NAME` a Mininet topology class, topology.customtopo), with Mininet's
+CLI on it, as Mininet's `mn` gives.
 
 Responsible for: bringing the topology up for a profile (no roles, no workload; cross-traffic hosts on
 request), printing its hosts, addresses and lines, and Mininet's own CLI on it — `p1 ping -c 3 md1` (a
@@ -23,11 +24,11 @@ import time
 from pathlib import Path
 
 from experiments.rundir.files import RESULTS
-from topology.net import Testbed, TopologyConfig
+from topology.net import Testbed, TestbedError, TopologyConfig
 from topology.proc import STOP_SIGNALS
 from topology.profiles import ProfileError, load_profile
 from topology.shaping import DIRECTIONS
-from topology.topofile import gateway_ip, load_topology
+from topology.topofile import Topology, TopologyError, gateway_ip, load_topology
 
 log = logging.getLogger(__name__)
 MININET_OUTPUT = 25  # mininet.log's `output` level: what its CLI prints (a node's output among it)
@@ -158,15 +159,33 @@ def _cli_class():
     return NetCLI
 
 
+def topology_of(topo: str | None, custom: str | None) -> Topology | None:
+    """The shell's topology: --topo FILE, or --custom FILE's Mininet topology class --topo NAME[,ARG,...]
+    (topology.customtopo; as mn's --custom, and for the shell alone); None = two-clusters. TopologyError for
+    bad input, TestbedError where Mininet's library is missing."""
+    if not custom:
+        return load_topology(topo) if topo else None
+    if not topo:
+        raise TopologyError("--custom FILE needs --topo NAME[,ARG,...]: a name of the file's `topos` (as mn)")
+    try:
+        import mininet.topo  # noqa: F401
+    except ImportError:
+        raise TestbedError("--custom needs Mininet's Python library: run `make setup`") from None
+    from topology.customtopo import load_custom
+
+    return load_custom(custom, topo)
+
+
 def run(
     profile: str | None,
     backend: str = "auto",
     cross_hosts: bool = False,
     execute: tuple[str, ...] = (),
-    topo: str | None = None,
+    topology: Topology | None = None,
 ) -> int:
     """Bring the network up, run the CLI (or the lines of `execute`), tear it down; the exit status.
-    topo: a topology file (name or path; None = two-clusters); profile: the first line's (None = its own)."""
+    topology: the topology (a file's, or a Mininet topology class's; None = two-clusters); profile: the first
+    line's (None = its own)."""
     mn_log = logging.getLogger("mininet")
     mn_log.setLevel(MININET_OUTPUT)
     mn_log.propagate = False  # Mininet's own handler prints it; the root's would print it twice
@@ -174,7 +193,7 @@ def run(
         wan_profile=load_profile(profile) if profile else None,
         backend=backend,
         cross_hosts=cross_hosts,
-        topology=load_topology(topo) if topo else None,
+        topology=topology,
     )
     with Testbed(cfg) as tb:
         print(describe(tb), flush=True)

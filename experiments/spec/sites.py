@@ -100,6 +100,8 @@ def topology_problem(spec) -> str | None:
         host_specs(topo, pool_counts(spec))
     except TopologyError as err:
         return f"topology={spec.topology!r}: {err}"
+    if not topo.serves:
+        return f"topology={spec.topology!r}: places no roles (named hosts only): a network for `pddlab net` alone"
     if is_default(spec):
         return None
     for what, asked in NOT_YET:

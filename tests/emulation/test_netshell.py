@@ -55,6 +55,32 @@ def test_topo_opens_a_topology_file_and_swap_names_a_line():
     assert "usage: swap PROFILE [LINE]; lines: wanb, wanc" in out
 
 
+def test_custom_brings_up_a_mininet_topology_class_and_swap_changes_its_line():
+    """mn's `--custom FILE --topo NAME,ARG`: the shipped two-switches class (h1, h2 on s1; h3, h4 on s2; a
+    TCLink of delay=20ms between the switches) converted and built by the Testbed, on the auto backend."""
+    example = REPO / "examples" / "two-switches.py"
+    lines = [
+        "h1 ping -c 4 -i 0.2 h3",
+        "h1 ping -c 4 -i 0.2 h2",
+        "link",
+        "swap wan-regional s1s2",
+        "h1 ping -c 4 -i 0.2 h3",
+    ]
+    proc = pddlab(
+        "--custom", str(example), "--topo", "twoswitches,20", *(a for line in lines for a in ("--exec", line))
+    )
+    out, _ = proc.communicate(timeout=180)
+    print(out)
+    assert proc.returncode == 0, out
+    assert "topology twoswitches" in out and "h3       cluster S2  10.2.0.100" in out
+    assert "line s1s2 (S1-S2): gws1-eth1 10.0.0.1 <-> gws2-eth1 10.0.0.2, profile s1s2" in out
+    assert "a_to_b: delay_ms 20" in out and "b_to_a: delay_ms 20" in out
+    across, lan, regional = (float(x) for x in RTT.findall(out))
+    # 20 ms each way across s1s2 (RTT 40 ms, plus the LANs' and the shaper's fraction of a ms); h2 is on h1's
+    # own switch, no line crossed; then wan-regional's 5 ms each way
+    assert 39 < across < 55 and lan < 5 and 8 < regional < 25, (across, lan, regional)
+
+
 def test_a_bad_topology_file_is_refused_before_anything_starts(tmp_path):
     bad = tmp_path / "mine.yaml"
     bad.write_text("name: mine\nsites: []\nlines: []\n")

@@ -83,6 +83,41 @@ def test_bad_input_exits_2_with_one_line_naming_it(capsys, tmp_path, nothing_sta
     assert not list(tmp_path.iterdir())  # nothing was started
 
 
+HOSTS_JOINED = """
+from mininet.topo import Topo
+
+class Joined(Topo):
+    def build(self):
+        self.addLink(self.addHost("h1"), self.addHost("h2"))
+
+topos = {"joined": Joined}
+"""
+
+
+def test_net_refuses_a_bad_mininet_topology_class_with_exit_2_before_it_needs_root(tmp_path):
+    pytest.importorskip("mininet.topo", reason="Mininet's Python library (make setup)")
+    bad = tmp_path / "mine.py"
+    bad.write_text(HOSTS_JOINED)
+    proc = pddlab("net", "--custom", str(bad), "--topo", "joined", "--exec", "nodes")  # as nobody: root would be 3
+    assert proc.returncode == cli.BAD_INPUT, proc.stderr
+    assert f"{bad} --topo joined: link h1-h2: joins two hosts" in one_error_line(proc.stderr)
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--topo", "ring"], "no topo 'ring'; its topos: joined"),
+        ([], "--custom FILE needs --topo NAME[,ARG,...]"),
+    ],
+)
+def test_net_refuses_a_custom_file_without_a_name_it_defines(capsys, tmp_path, nothing_starts, argv, needle):
+    pytest.importorskip("mininet.topo", reason="Mininet's Python library (make setup)")
+    bad = tmp_path / "mine.py"
+    bad.write_text(HOSTS_JOINED)
+    assert cli.main(["net", "--custom", str(bad), *argv]) == cli.BAD_INPUT
+    assert needle in one_error_line(capsys.readouterr().err)
+
+
 # ---- 3: the environment -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("argv", [["run", "pdd-smoke"], ["sweep", "pdd-smoke", "--over", "workload.seed=1,2"]])
 def test_not_root_exits_3_not_2(tmp_path, argv):

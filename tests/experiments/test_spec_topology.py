@@ -83,3 +83,14 @@ def test_kv_scale_is_refused_on_a_topology_file():
         SpecError, match=r"compute.kv_scale \(only the first line would be scaled\) runs on the default"
     ):
         load_spec("pdd-two-lines", ["deployment.compute={mode: modelled, arch: default, kv_scale: 10}"])
+
+
+def test_a_network_without_roles_is_refused_by_a_run(tmp_path):
+    net = tmp_path / "lan2.yaml"
+    net.write_text(
+        "name: lan2\nsites:\n  - {name: s1, subnet: 10.1.0.0/24, named: [h1]}\n"
+        "  - {name: s2, subnet: 10.2.0.0/24, named: [h2]}\nlines:\n  - {name: s1s2, sites: [s1, s2], profile: {}}\n"
+    )
+    with pytest.raises(SpecError) as err:
+        load_spec("pdd-three-sites", [f"topology={net}"])
+    assert "places no roles (named hosts only): a network for `pddlab net` alone" in str(err.value)

@@ -33,3 +33,8 @@ def test_setup_and_the_targets_that_need_no_docker_start_no_dockerd():
     for target in (["profiles"], ["analyze", "RUN=results/x"], ["setup"], ["lint"]):
         assert "docker_rt.engine" not in dry_run(*target), target
     assert "docker_rt.engine ensure" in dry_run("docker")
+
+
+def test_net_passes_a_mininet_topology_class_as_mn_takes_it():
+    assert "--custom" not in dry_run("net", "TOPO=three-sites")
+    assert "net  --custom mine.py --topo chain,3 --backend auto" in dry_run("net", "CUSTOM=mine.py", "TOPO=chain,3")

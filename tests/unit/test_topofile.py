@@ -185,6 +185,30 @@ REFUSALS = {
         lambda t: t["sites"][1].update(pools={"md": "many"}),
         "sites[1].pools.md='many': expected 'all'",
     ),
+    "a line at least": (
+        lambda t: (t["sites"].pop(), t["sites"][0]["pools"].update(md="all"), t.update(lines=[])),
+        "lines: none; a topology has at least one line",
+    ),
+    "named hosts named": (lambda t: t["sites"][0].update(named=["h_1"]), "sites[0].named: 'h_1': a host's name"),
+    "named hosts once": (
+        lambda t: t["sites"][0].update(named=["h1", "h1"]),
+        "sites[0].named: ['h1', 'h1'] names a host twice",
+    ),
+    "named host numbers": (
+        lambda t: t["sites"][1].update(named={"h1": 255}),
+        "sites[1].named.h1=255: host number out of range [2, 254]",
+    ),
+    "named numbers apart": (
+        lambda t: t["sites"][1].update(named={"h1": 120, "h2": 120}),
+        "sites[1].named: {'h1': 120, 'h2': 120} gives two hosts one number",
+    ),
+    "named above the roles": (
+        lambda t: t["sites"][0].update(named={"h1": 12}),
+        "sites[0].named: ['h1'] take numbers naming gives the roles (up to 90)",
+    ),
+    "named not derived": (lambda t: t["sites"][0].update(named=["gwz"]), "sites[0].named.gwz='gwz': a name the"),
+    "named not a line": (lambda t: t["sites"][0].update(named=["wan"]), "lines[0].name='wan': already the name of"),
+    "prefix kept": (lambda t: t["sites"][0].update(named=["pdd1"]), "'pdd1': starts with the testbed's prefix"),
     "split within MAX_PER_ROLE": (
         lambda t: (
             t["sites"][1].update(pools={"md": 10}),
@@ -272,3 +296,31 @@ def test_a_line_may_give_each_direction_its_own_profile_or_fields():
     forward, reverse = wan.direction_params().values()
     assert forward == load_profile("wan-regional").a_to_b
     assert (reverse.delay_ms, reverse.rate_mbit) == (20, 50)
+
+
+def test_named_hosts_stand_beside_the_roles_and_alone_make_a_network_without_roles():
+    t = base()
+    t["sites"][1]["named"] = ["h1", "h2"]
+    topo = topology_from_dict(t, "t.yaml")
+    assert topo.serves and [(h.name, h.ip, h.role) for h in host_specs(topo) if h.role == "host"] == [
+        ("h1", "10.2.0.100", "host"),
+        ("h2", "10.2.0.101", "host"),
+    ]
+    alone = {
+        "name": "lan2",
+        "sites": [
+            {"name": "s1", "subnet": "10.1.0.0/24", "named": {"h1": 5, "h2": 6}},
+            {"name": "s2", "subnet": "10.2.0.0/24", "named": ["h3"]},
+        ],
+        "lines": [{"name": "s1s2", "sites": ["s1", "s2"], "profile": {}}],
+    }
+    topo = topology_from_dict(alone, "lan2.yaml")
+    assert not topo.serves and [(h.name, h.ip) for h in host_specs(topo, cross=True)] == [
+        ("h1", "10.1.0.5"),
+        ("h2", "10.1.0.6"),
+        ("h3", "10.2.0.100"),
+    ]
+    assert topo.lines[0].profile.a_to_b.netem_line() == "limit 1000"  # an unshaped line: netem's default queue
+    alone["sites"][0]["named"] = alone["sites"][1]["named"] = []
+    with pytest.raises(TopologyError, match="client: placed in no site"):  # no role and no host: not a network
+        topology_from_dict(alone, "lan2.yaml")
