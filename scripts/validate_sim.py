@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/validate_sim.py fit RUN_DIR...        # experiments/sim/realcompute.py's constants
     .venv/bin/python scripts/validate_sim.py compare DIRS [--spec pdd-vs-baselines] [--out /tmp/simval]
+    .venv/bin/python scripts/validate_sim.py compare-repeats MATRIX... [--spec ...] [--out /tmp/simval-repeats]
 
 fit: every event but the warm-up's (request ids with ".w") of the runs' variants/*/events/*.jsonl, pooled: P's
 prefill_step against the lone roofline of its chunks (least absolute deviation: fixed + factor x roofline), the
@@ -11,6 +12,17 @@ compare: DIRS holds lines "PROFILE RUN_DIR [RC]" (a run directory or any directo
 profile is simulated once (`pddlab simulate SPEC --set profile=P`) and every variant's TTFT p50 (with both 95%
 intervals), p90 and WAN KV bytes are printed side by side as a markdown table, with the error and whether it is
 within issue 30's acceptance (+-15% on p50 and bytes, +-25% on p90).
+compare-repeats: every MATRIX (any number) holds runs of the spec, one a profile, as PROFILE/summary.json or
+*/PROFILE/summary.json (metadata.json beside it is read where kept). A run whose summary is not the simulated spec's
+experiment (variants, planned requests, SLO, KV bytes per token, the workload's mean hit; the metadata's experiment
+and profile) is refused and named, never pooled. Per profile, variant and metric (TTFT p50, p90, WAN KV bytes): the
+runs' mean, its Student's t 95% interval over runs (n >= 2), their coefficient of variation, the simulated figure
+(its own interval where the simulator gives one), the error against the mean and a verdict: within / outside the
+acceptance, or "not judgeable at this n" where the runs' interval is wider than the acceptance of their mean; and
+whether the simulated figure lies inside the runs' interval; the runs that would make it judgeable at the measured
+CV. Markdown table on stdout; repeats.json and repeats.md
+in --out, beside each profile's simulated run. --across-profiles colocated,pd-intra: those variants (which never
+cross the WAN, so the profile cannot move them) also pooled over every profile's runs, as rows "all profiles".
 """
 
 from __future__ import annotations
@@ -20,6 +32,7 @@ import json
 import statistics
 import subprocess
 import sys
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -109,23 +122,7 @@ def compare(dirs: Path, spec: str, out: Path) -> None:
             print(f"| {profile} | {Path(run).name} | (no summary.json: skipped) |", file=sys.stderr)
             continue
         if profile not in sims:
-            subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "experiments.cli",
-                    "simulate",
-                    spec,
-                    "--set",
-                    f"profile={profile}",
-                    "--out",
-                    str(out / profile),
-                ],
-                check=True,
-                capture_output=True,
-                cwd=ROOT,
-            )
-            sims[profile] = json.loads((out / profile / "summary.json").read_text())["variants"]
+            sims[profile] = _simulate(spec, profile, out)["variants"]
         for name, e in json.loads(summary.read_text())["variants"].items():
             s = sims[profile].get(name, {})
             te, ts = e.get("ttft_ms") or {}, s.get("ttft_ms") or {}
@@ -138,6 +135,324 @@ def compare(dirs: Path, spec: str, out: Path) -> None:
             )
 
 
+# --- compare-repeats: the simulator against the mean of repeated emulated runs ---------------------------------
+
+# issue 30's acceptance: the simulated figure within this share of the emulated one
+TOLERANCE = {"ttft_p50_ms": 0.15, "ttft_p90_ms": 0.25, "wan_kv_bytes": 0.15}
+# where each metric sits in a variant's summary; the last key also names its within-run interval (ci95), if any
+METRIC_PATHS = {
+    "ttft_p50_ms": ("ttft_ms", "p50"),
+    "ttft_p90_ms": ("ttft_ms", "p90"),
+    "wan_kv_bytes": ("wan_kv_bytes_total",),
+}
+
+
+@dataclass(frozen=True)
+class Run:
+    """One emulated run of the spec on one profile.
+
+    matrix: the directory it was found under; profile: its profile (the summary's folder name);
+    summary: its summary.json; metadata: its metadata.json where kept beside it (None otherwise)
+    """
+
+    matrix: str
+    profile: str
+    summary: dict
+    metadata: dict | None = None
+
+    @property
+    def commit(self) -> str:
+        """The code that analysed it (the run's own commit where its metadata is kept), short, '+' if dirty."""
+        git = (
+            ((self.metadata or {}).get("provenance") or {}).get("git")
+            or (self.summary.get("analysed_by") or {}).get("git")
+            or {}
+        )
+        return (git.get("commit") or "?")[:7] + ("+" if git.get("dirty") else "")
+
+
+def find_runs(matrices: list[Path]) -> list[Run]:
+    """Every summary.json one or two folders below each matrix directory (MATRIX/PROFILE/ or MATRIX/*/PROFILE/)."""
+    runs = []
+    for m in matrices:
+        for f in sorted([*m.glob("*/summary.json"), *m.glob("*/*/summary.json")]):
+            meta = f.parent / "metadata.json"
+            runs.append(
+                Run(
+                    str(m),
+                    f.parent.name,
+                    json.loads(f.read_text()),
+                    json.loads(meta.read_text()) if meta.exists() else None,
+                )
+            )
+    return runs
+
+
+def identity(summary: dict) -> dict:
+    """What makes two summaries the same experiment: variants, each one's planned requests, the SLO, the KV bytes
+    per token and the workload's mean expected hit (a fingerprint of its seed and shape). The profile's own
+    figures (line rate, RTT) and the code version are not in it."""
+    variants = summary.get("variants") or {}
+    hits = {round((v.get("hit_rate") or {}).get("expected_mean") or 0.0, 9) for v in variants.values()}
+    ref = summary.get("reference") or {}
+    return {
+        "variants": {name: v.get("requests") for name, v in sorted(variants.items())},
+        "slo": summary.get("slo"),
+        "kv_bytes_per_token": ref.get("kv_bytes_per_token"),
+        "median_uncached_tokens": ref.get("median_uncached_tokens"),
+        "expected_hit": sorted(hits),
+    }
+
+
+def mismatch(run: Run, reference: dict, spec: str) -> str | None:
+    """Why run is not the experiment of reference (the simulated spec's identity), or None if it is."""
+    ident = identity(run.summary)
+    diff = [f"{k} {ident[k]} != {reference[k]}" for k in reference if ident.get(k) != reference[k]]
+    meta = run.metadata or {}
+    if meta and meta.get("experiment") != spec:
+        diff.append(f"experiment {meta.get('experiment')} != {spec}")
+    if meta and (meta.get("spec") or {}).get("profile") not in (None, run.profile):
+        diff.append(f"metadata's profile {meta['spec']['profile']} != folder {run.profile}")
+    if run.summary.get("simulated"):
+        diff.append("a simulated summary, not an emulated run")
+    return "; ".join(diff) or None
+
+
+def metric(variant: dict, name: str) -> tuple[float | None, list | None]:
+    """A variant's value of a METRIC_PATHS metric and its within-run 95% interval (None where it has none)."""
+    *path, last = METRIC_PATHS[name]
+    node = variant
+    for k in path:
+        node = node.get(k) or {}
+    ci = (node.get("ci95") or {}).get(last) if path else None
+    return node.get(last), ci
+
+
+@dataclass(frozen=True)
+class Pooled:
+    """One figure over n runs: mean, Student's t 95% interval of the mean (None under two runs), the run-to-run
+    coefficient of variation (sample std / mean; None under two runs or at mean 0) and the values."""
+
+    n: int
+    mean: float
+    ci95: tuple[float, float] | None
+    cv: float | None
+    values: tuple[float, ...]
+
+
+def pool(values: list[float]) -> Pooled:
+    """values (one per run) pooled: their mean and its interval (confidence.repeats_mean_interval, scipy's t)."""
+    from experiments.analysis import confidence
+
+    mean = statistics.fmean(values)
+    cv = statistics.stdev(values) / mean if len(values) > 1 and mean else None
+    ci = confidence.repeats_mean_interval(values)
+    return Pooled(len(values), mean, (float(ci[0]), float(ci[1])) if ci else None, cv, tuple(values))
+
+
+def runs_needed(cv: float | None, tolerance: float, most: int = 1000) -> int | None:
+    """Runs for the mean's 95% t interval to fit within +-tolerance of it, if the run-to-run CV stays what it is:
+    the least n >= 2 with t(n-1) x cv / sqrt(n) <= tolerance (None without a CV; most + 1 past most)."""
+    from experiments.analysis import confidence
+
+    if cv is None:
+        return None
+    n = 2
+    while n <= most and confidence.t_quantile(n - 1) * cv / n**0.5 > tolerance:
+        n += 1
+    return n
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """The simulated figure against the pooled emulated one.
+
+    error: (simulated - mean) / mean (None at mean 0); verdict: 'within' / 'outside' the tolerance, 'not
+    judgeable at this n' (the emulated interval's half-width exceeds the tolerance of its mean: no figure could
+    pass or fail it), 'one run' (no interval), or 'exact' / 'off' where the runs measured 0;
+    consistent: the simulated figure lies inside the emulated interval (None without one)
+    """
+
+    error: float | None
+    verdict: str
+    consistent: bool | None
+
+
+def judge(p: Pooled, simulated: float, tolerance: float) -> Judgement:
+    """Verdict of simulated against the pooled runs p at a tolerance (a share of the emulated mean)."""
+    consistent = p.ci95[0] <= simulated <= p.ci95[1] if p.ci95 else None
+    if p.mean == 0:
+        return Judgement(None, "exact" if simulated == 0 else "off (the runs measured 0)", consistent)
+    error = (simulated - p.mean) / p.mean
+    if p.ci95 is None:
+        return Judgement(error, "one run: not judgeable", None)
+    if (p.ci95[1] - p.ci95[0]) / 2 > tolerance * abs(p.mean):
+        # the mean itself is unknown to more than the tolerance; say so, and whether even the interval's
+        # nearest edge is further than the tolerance from the simulated figure (off whatever the true mean)
+        lo, hi = simulated / (1 + tolerance), simulated / (1 - tolerance)
+        far = p.ci95[1] < lo or p.ci95[0] > hi
+        return Judgement(
+            error, "not judgeable at this n" + ("; off even at the interval's edge" if far else ""), consistent
+        )
+    return Judgement(error, f"{'within' if abs(error) <= tolerance else 'outside'} +-{tolerance:.0%}", consistent)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One profile, variant and metric: the pooled runs, the simulated figure and the verdict."""
+
+    profile: str
+    variant: str
+    metric: str
+    emulated: Pooled
+    simulated: float | None
+    simulated_ci95: list | None
+    judgement: Judgement | None
+    sent: tuple[int, int, int]  # the runs' fewest and most requests sent, of the planned
+    simulated_sent: int | None
+
+
+def rows_for(profile: str, runs: list[Run], sim: dict) -> list[Row]:
+    """Every variant and metric of one profile's pooled runs against the simulator's summary sim (its variants)."""
+    out = []
+    for name in runs[0].summary["variants"]:
+        vs = [r.summary["variants"][name] for r in runs]
+        issued = [v.get("issued", v.get("requests")) for v in vs]
+        s = sim.get(name) or {}
+        for m, tol in TOLERANCE.items():
+            vals = [metric(v, m)[0] for v in vs]
+            if any(x is None for x in vals):
+                continue
+            p = pool([float(x) for x in vals])
+            sv, sci = metric(s, m) if s else (None, None)
+            j = judge(p, float(sv), tol) if sv is not None else None
+            out.append(
+                Row(profile, name, m, p, sv, sci, j, (min(issued), max(issued), vs[0].get("requests")), s.get("issued"))
+            )
+    return out
+
+
+def rows_across(kept: dict[str, list[Run]], sims: dict[str, dict], variants: list[str]) -> list[Row]:
+    """variants that never cross the WAN pooled over every profile's runs (the profile cannot move their figures,
+    so each run is one more repeat) against the simulator's figure, which must then be the same on every profile
+    (ValueError where it is not)."""
+    figures = {json.dumps([metric(s.get(v) or {}, m)[0] for v in variants for m in TOLERANCE]) for s in sims.values()}
+    if len(figures) > 1:
+        raise ValueError(
+            f"the simulator's figures of {variants} differ between profiles: not one figure to pool against"
+        )
+    runs = [r for profile in sorted(kept) for r in kept[profile]]
+    rows = rows_for("all profiles", runs, next(iter(sims.values()))) if runs else []
+    return [r for r in rows if r.variant in variants]
+
+
+def _needed(p: Pooled, tolerance: float) -> str:
+    n = runs_needed(p.cv, tolerance)
+    return "–" if n is None else ("> 1000" if n > 1000 else str(n))
+
+
+def _err_pct(j: Judgement | None) -> str:
+    return "–" if j is None or j.error is None else f"{j.error:+.0%}"
+
+
+def _band(p: Pooled, digits: int = 0) -> str:
+    ci = f" [{p.ci95[0]:,.{digits}f}, {p.ci95[1]:,.{digits}f}]" if p.ci95 else ""
+    return f"{p.mean:,.{digits}f}{ci}"
+
+
+def markdown_rows(rows: list[Row]) -> list[str]:
+    """The table: one line a profile, variant and metric (WAN bytes left out where runs and simulator carry 0)."""
+    out = [
+        "| profile | variant | metric | n | emulated mean [95% t] | CV | runs | simulated [95%] | error | verdict "
+        "| consistent with the runs | runs needed | sent (runs; sim) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if r.metric == "wan_kv_bytes" and r.emulated.mean == 0 and not r.simulated:
+            continue
+        j, p = r.judgement, r.emulated
+        sim = _num(r.simulated) + (
+            f" [{r.simulated_ci95[0]:,.0f}, {r.simulated_ci95[1]:,.0f}]" if r.simulated_ci95 else ""
+        )
+        cons = "–" if j is None or j.consistent is None else ("yes" if j.consistent else "no")
+        if j is not None and j.consistent is False and len(set(p.values)) == 1:
+            cons = "no (the runs agree exactly)"
+        lo, hi, planned = r.sent
+        sent = (
+            f"{lo}" if lo == hi else f"{lo}-{hi}"
+        ) + f"/{planned}; {r.simulated_sent if r.simulated_sent is not None else '–'}"
+        out.append(
+            f"| {r.profile} | {r.variant} | {r.metric} | {p.n} | {_band(p)} | {'–' if p.cv is None else f'{p.cv:.0%}'} "
+            f"| {', '.join(_num(v) for v in p.values)} | {sim} | {_err_pct(j)} "
+            f"| {j.verdict if j else 'not simulated'} | {cons} | {_needed(p, TOLERANCE[r.metric])} | {sent} |"
+        )
+    return out
+
+
+def _simulate(spec: str, profile: str, out: Path) -> dict:
+    """The simulator's summary of spec on profile (`pddlab simulate SPEC --set profile=P`), kept in out/profile."""
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "experiments.cli",
+            "simulate",
+            spec,
+            "--set",
+            f"profile={profile}",
+            "--out",
+            str(out / profile),
+        ],
+        check=True,
+        capture_output=True,
+        cwd=ROOT,
+    )
+    return json.loads((out / profile / "summary.json").read_text())
+
+
+def compare_repeats(matrices: list[Path], spec: str, out: Path, across: list[str] = ()) -> None:
+    """Pool each profile's runs found under the matrices, simulate the profile, print the table, write JSON; the
+    across variants (those that never cross the WAN) also pooled over every profile."""
+    by_profile: dict[str, list[Run]] = {}
+    for run in find_runs(matrices):
+        by_profile.setdefault(run.profile, []).append(run)
+    rows, refused, pooled_runs, kept_by, sims = [], [], {}, {}, {}
+    for profile, runs in sorted(by_profile.items()):
+        sim = sims[profile] = _simulate(spec, profile, out)
+        ref = identity(sim)
+        kept = []
+        for run in runs:
+            why = mismatch(run, ref, spec)
+            (refused.append({"profile": profile, "matrix": run.matrix, "reason": why}) if why else kept.append(run))
+        if kept:
+            pooled_runs[profile] = [{"matrix": r.matrix, "commit": r.commit} for r in kept]
+            kept_by[profile] = kept
+            rows += rows_for(profile, kept, sim["variants"])
+    if across:
+        rows += rows_across(kept_by, {p: sim["variants"] for p, sim in sims.items() if p in kept_by}, across)
+    print("\n".join(markdown_rows(rows)))
+    print("\nRuns pooled (the run's commit where its metadata is kept, else the one that analysed it; '+': dirty):")
+    for profile, runs in pooled_runs.items():
+        print(f"- {profile}: " + ", ".join(f"{r['matrix']} ({r['commit']})" for r in runs))
+    for r in refused:
+        print(f"- REFUSED {r['profile']} from {r['matrix']}: {r['reason']}")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "repeats.md").write_text("\n".join(markdown_rows(rows)) + "\n")
+    (out / "repeats.json").write_text(
+        json.dumps(
+            {
+                "spec": spec,
+                "tolerance": TOLERANCE,
+                "runs": pooled_runs,
+                "refused": refused,
+                "rows": [asdict(r) for r in rows],
+            },
+            indent=1,
+        )
+    )
+    print(f"\n{out / 'repeats.json'}, {out / 'repeats.md'}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -147,8 +462,22 @@ def main() -> None:
     c.add_argument("dirs", type=Path)
     c.add_argument("--spec", default="pdd-vs-baselines")
     c.add_argument("--out", type=Path, default=Path("/tmp/simval"))
+    r = sub.add_parser("compare-repeats")
+    r.add_argument("matrices", nargs="+", type=Path)
+    r.add_argument("--spec", default="pdd-vs-baselines")
+    r.add_argument("--out", type=Path, default=Path("/tmp/simval-repeats"))
+    r.add_argument(
+        "--across-profiles",
+        default="",
+        help="variants that never cross the WAN (e.g. colocated,pd-intra), also pooled over every profile's runs",
+    )
     a = ap.parse_args()
-    fit(a.runs) if a.cmd == "fit" else compare(a.dirs, a.spec, a.out)
+    if a.cmd == "fit":
+        fit(a.runs)
+    elif a.cmd == "compare":
+        compare(a.dirs, a.spec, a.out)
+    else:
+        compare_repeats(a.matrices, a.spec, a.out, [v for v in a.across_profiles.split(",") if v])
 
 
 if __name__ == "__main__":
