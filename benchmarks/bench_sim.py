@@ -5,10 +5,13 @@ Responsible for: a deployment of the published scale (PDD.md: hundreds of accele
 (512 accelerators), on a 100 Gbit/s line of 30 ms RTT and 0.01% loss, and >= 10k requests of the synthetic
 multi-turn agent workload; it simulates the spec's variants with experiments.sim.simulate (the code
 `pddlab simulate` runs) and prints, per variant, requests, wall time, requests simulated per second, and the
-headline figures. Goal: >= 10,000 requests simulated per second of wall time.
+headline figures, and which build ran (experiments.sim.compiled: compiled or pure Python); --hash: each variant's
+records' sha256, equal before and after a change that must keep the figures. Goal: >= 10,000 requests simulated
+per second of wall time.
 Not responsible for: whether the figures are right (the validation against the emulator, docs/simulator.md).
 
-    .venv/bin/python benchmarks/bench_sim.py [--requests 10000] [--variants pd-intra,pdd] [--analyse]
+    .venv/bin/python benchmarks/bench_sim.py [--requests 10000] [--variants pd-intra,pdd] [--analyse] [--hash]
+    PDDLAB_SIM_PURE=1 .venv/bin/python benchmarks/bench_sim.py   # as pure Python, whatever is built
 """
 
 from __future__ import annotations
