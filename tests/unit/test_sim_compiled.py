@@ -61,8 +61,9 @@ def test_sources_to_load_keeps_only_a_current_build():
     assert set(compiled.sources_to_load(sources, sources, pure=True)) == set(sources)
 
 
-def test_a_stale_build_is_not_loaded(tmp_path, monkeypatch):
-    """A module whose source changed since the build is found at its .py, the others as built."""
+def test_the_source_finder_serves_only_the_modules_it_names(tmp_path, monkeypatch):
+    """A module sources_to_load named (stale, not built, switched off) is found at its .py; the others are left to
+    the path finder (which takes a compiled file first)."""
     monkeypatch.setattr(compiled, "HERE", tmp_path)
     for m in ("clock", "wan"):
         (tmp_path / f"{m}.py").write_text(f"NAME = {m!r}\n")
