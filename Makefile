@@ -11,7 +11,7 @@ PYTEST  := $(PY) -m pytest -q -rs --durations=10 --durations-min=20
 PROFILE_ARG = $(if $(PROFILE),--profile $(PROFILE))
 
 .PHONY: help setup docker image lint test test-unit test-roles test-ray test-emulation test-extended test-faults test-docker vm-test vm-test-wire \
-	bench run-experiment sweep analyze compare docs-figures clean profiles net serve
+	bench sim-compiled run-experiment sweep analyze compare docs-figures clean profiles net serve
 
 help: ## this list
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-15s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -24,6 +24,9 @@ docker: setup ## the Docker engine: installed, and dockerd started when nothing 
 
 # `clean` first: a run that crashed (or a machine restarted mid-run) leaves state the topology tiers refuse.
 test: setup clean lint test-unit test-roles test-ray test-emulation test-faults test-docker vm-test ## every tier, as CI runs it
+
+sim-compiled: setup ## the simulator's hot modules compiled again (Cython; make setup does it when a source changed)
+	$(PY) -c 'import sys; from experiments.sim import compiled; sys.exit(compiled.main(sys.argv[1:]))' build
 
 lint: setup ## ruff check and format check (generated gRPC stubs excluded), and docs/architecture.md's modules section
 	.venv/bin/ruff check .

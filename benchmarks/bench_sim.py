@@ -5,15 +5,21 @@ Responsible for: a deployment of the published scale (PDD.md: hundreds of accele
 (512 accelerators), on a 100 Gbit/s line of 30 ms RTT and 0.01% loss, and >= 10k requests of the synthetic
 multi-turn agent workload; it simulates the spec's variants with experiments.sim.simulate (the code
 `pddlab simulate` runs) and prints, per variant, requests, wall time, requests simulated per second, and the
-headline figures. Goal: >= 10,000 requests simulated per second of wall time.
+headline figures, and which build ran (experiments.sim.compiled: compiled or pure Python); --hash: each variant's
+records' sha256, equal before and after a change that must keep the figures. Goal: >= 10,000 requests simulated
+per second of wall time.
 Not responsible for: whether the figures are right (the validation against the emulator, docs/simulator.md).
 
-    .venv/bin/python benchmarks/bench_sim.py [--requests 10000] [--variants pd-intra,pdd] [--analyse]
+    .venv/bin/python benchmarks/bench_sim.py [--requests 10000] [--variants pd-intra,pdd] [--analyse] [--hash]
+    PDDLAB_SIM_PURE=1 .venv/bin/python benchmarks/bench_sim.py   # as pure Python, whatever is built
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import hashlib
+import json
 import sys
 import tempfile
 import time
@@ -21,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from experiments.sim import compiled  # noqa: E402
 from experiments.sim.config import load_for_simulation, sim_config  # noqa: E402
 from experiments.sim.pipeline import Simulation  # noqa: E402
 from experiments.sim.simulate import summarize, workload_of  # noqa: E402
@@ -52,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=10_000)
     ap.add_argument("--variants", default="pd-intra,pd-cross,pdd")
     ap.add_argument("--analyse", action="store_true", help="also time the summary (the emulated analysis)")
+    ap.add_argument("--hash", action="store_true", help="also print each variant's records' sha256 (same figures?)")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         line = Path(tmp) / "published-line.yaml"
@@ -63,9 +71,12 @@ def main(argv: list[str] | None = None) -> int:
         configs = {v: sim_config(loaded, v) for v in loaded.spec.variants}
         print(f"spec and workload: {len(reqs)} requests in {time.perf_counter() - t0:.1f} s")
     cal, records = load_calibration(), []
+    built = compiled.loaded()
+    print(f"simulator: {'compiled (Cython): ' + ', '.join(built) if built else 'pure Python'}")
     for v, cfg in configs.items():
         t1, c1 = time.perf_counter(), time.process_time()
-        recs = Simulation(cfg, reqs, seed=1, calibration=cal, request_s=loaded.spec.timeouts.request_s).run()
+        sim = Simulation(cfg, reqs, seed=1, calibration=cal, request_s=loaded.spec.timeouts.request_s)
+        recs = sim.run()
         wall, cpu = time.perf_counter() - t1, time.process_time() - c1
         records += recs
         ttft = sorted(r.ttft_ms for r in recs)
@@ -77,11 +88,25 @@ def main(argv: list[str] | None = None) -> int:
             f"TTFT p50 {ttft[len(ttft) // 2]:.0f} ms, "
             f"p90 {ttft[int(len(ttft) * 0.9)]:.0f} ms; WAN {sum(r.wan_bytes for r in recs) / 1e9:.1f} GB"
         )
+        if args.hash:
+            print(f"{v:9s} records sha256 {records_sha256(sim, recs)}")
     if args.analyse:
         t2 = time.perf_counter()
         summarize(loaded, records, configs, cal, 1)
         print(f"analysis (summary.json's figures with intervals): {time.perf_counter() - t2:.1f} s")
     return 0
+
+
+def records_sha256(sim: Simulation, recs: list) -> str:
+    """Every field of every record (json.dumps, in order) and each worker's counters: equal hashes, same figures."""
+    h = hashlib.sha256()
+    for r in recs:
+        h.update(json.dumps(dataclasses.asdict(r)).encode())
+    for w in [*sim.p, *sim.rld, *sim.md]:
+        h.update(repr((w.name, w.busy_s, getattr(w, "steps", None), getattr(w, "tokens", None))).encode())
+    for name, room in sim.rooms.items():
+        h.update(repr((name, room.reserved, room.cached_blocks, room.evictions)).encode())
+    return h.hexdigest()
 
 
 if __name__ == "__main__":

@@ -28,10 +28,20 @@ fi
 stamp=.venv/.pddlab-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "setup: installing the project into .venv"
-  .venv/bin/pip install -q --disable-pip-version-check --find-links /opt/wheels -e '.[test,host,ray]'
+  .venv/bin/pip install -q --disable-pip-version-check --find-links /opt/wheels -e '.[test,host,ray,sim]'
   touch "$stamp"
 fi
 .venv/bin/python -c "import mininet.net, torch, yaml" || { echo "setup: venv is incomplete" >&2; exit 1; }
+# The simulator's hot modules compiled by Cython (experiments/sim/compiled.py), again whenever a source changed.
+# Optional: a build that fails leaves them as Python (pddlab simulate the same, ~1.5x slower), and setup goes on.
+SIM_BUILD=(.venv/bin/python -c 'import sys; from experiments.sim import compiled; sys.exit(compiled.main(sys.argv[1:]))')
+if ! "${SIM_BUILD[@]}" check >/dev/null 2>&1; then
+  echo "setup: compiling the simulator's hot modules (Cython, ~30 s)"
+  if ! "${SIM_BUILD[@]}" build >.venv/sim-compiled.log 2>&1; then
+    tail -n 5 .venv/sim-compiled.log >&2
+    echo "setup: the simulator's compiled build failed (.venv/sim-compiled.log): it runs as pure Python" >&2
+  fi
+fi
 # Docker is not started here: what needs it (a docker-runtime run, `make image`, the docker tier) starts it
 # itself (`make docker` does it alone), so `make profiles` or `make analyze` leaves the machine as it was.
 echo "setup: ok"

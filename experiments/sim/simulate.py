@@ -24,6 +24,7 @@ from experiments.analysis import records as request_records
 from experiments.analysis.records import RequestRecord
 from experiments.analysis.summary import Summary, write
 from experiments.rundir.files import git_state, new_run_dir, write_json
+from experiments.sim import compiled
 from experiments.sim.config import SimConfig, sim_config
 from experiments.sim.kvroom import kv_capacity_tokens
 from experiments.sim.pipeline import Simulation, few_collections
@@ -182,6 +183,7 @@ def write_run(run: SimRun, loaded: Loaded, out: Path | None = None) -> Path:
             "wall_s": run.wall_s,
             "simulation_wall_s": run.sim_wall_s,
             "requests_per_s": run.requests_per_s,
+            "compiled_modules": compiled.loaded(),  # those that ran compiled (experiments.sim.compiled): same records
             "variants": {v: _config_record(c) for v, c in run.configs.items()},
             "git": git_state(),
         },
