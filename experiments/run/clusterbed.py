@@ -80,6 +80,7 @@ class ClusterBed:
         self.config = _Config(profile)
         self.runtime = ClusterRuntime(spec.cluster.address)
         self.link = _Link()
+        self.links = {"wan": self.link}  # as topology.net.Testbed's: every line by name (one, unshaped)
         # on every node (the same path: the roles' config names it); unpredictable, made 0700, removed at the end
         self.work_dir = f"/tmp/pddlab-cluster-{secrets.token_hex(8)}"
         self.tools = None
