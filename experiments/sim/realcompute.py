@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from workers.modelled.catalogue import Accelerator, ModelArch
 from workers.modelled.roofline import Part, Roofline, StepCost
@@ -45,12 +45,35 @@ IMPORT_PER_TOKEN_S = 0.0000838
 # The export: P streams the KV while it computes (events p1: kv_send_start 20-25 ms after prefill_start,
 # the fast path's kv_send_end 2-5 ms after prefill_done), so nothing is added after the prefill.
 EXPORT_S = 0.0
+# Contention (to be fitted): the share each other busy engine / WAN sender adds to every step.
+ENGINE_SLOWDOWN = 0.0
+WAN_SENDER_SLOWDOWN = 0.0
+
+
+@dataclass(frozen=True)
+class Contention:
+    """What shares this machine's two cores with a worker's engine in one variant (derived from the spec by
+    experiments.sim.config: the pools its mode uses, and whether it sends KV over the WAN).
+
+    engines: the engine processes of the pools the variant's mode uses, the worker's own included (colocated: the
+    RLD pool; pd-intra: P and RLD; pd-cross: P and MD; pdd: P, RLD and MD); wan_senders: the P workers whose
+    processes send KV over the WAN (pd-cross, pdd: the P pool; their sender threads take cores and the GIL)"""
+
+    engines: int = 1
+    wan_senders: int = 0
+
+    @property
+    def slowdown(self) -> float:
+        """Every step and import of the variant's workers, against the constants' (fitted at one engine alone):
+        1 + ENGINE_SLOWDOWN per other engine + WAN_SENDER_SLOWDOWN per WAN sender."""
+        return 1 + ENGINE_SLOWDOWN * (self.engines - 1) + WAN_SENDER_SLOWDOWN * self.wan_senders
 
 
 class MeasuredRoofline(Roofline):
     """The roofline of `model` on `accelerator` (this-machine), its times scaled to the emulated runs' (module
     docstring). prefill_worker: True for a P worker (its steps are P's), False for an RLD or MD; chunk_tokens:
-    the engine's prefill.step_budget_tokens (a prompt's new tokens take ceil(n / chunk_tokens) steps)."""
+    the engine's prefill.step_budget_tokens (a prompt's new tokens take ceil(n / chunk_tokens) steps);
+    contention: what shares the cores with it in its variant (every time below x contention.slowdown)."""
 
     def __init__(
         self,
@@ -60,25 +83,28 @@ class MeasuredRoofline(Roofline):
         *,
         prefill_worker: bool,
         chunk_tokens: int = 256,
+        contention: Contention = Contention(),
     ):
         super().__init__(accelerator, model, devices)
         self.prefill_worker, self.chunk_tokens = prefill_worker, max(1, chunk_tokens)
+        self.contention, self.slowdown = contention, contention.slowdown
+        self.decode_factor = DECODE_FACTOR * self.slowdown
 
     @property
     def bytes_per_s(self) -> float:
-        """The lone engine's bandwidth / DECODE_FACTOR: a decode step (and experiments.sim.workers.DecodeCost,
-        which reads this) takes DECODE_FACTOR times the roofline's."""
-        return super().bytes_per_s / DECODE_FACTOR
+        """The lone engine's bandwidth / (DECODE_FACTOR x slowdown): a decode step (and
+        experiments.sim.workers.DecodeCost, which reads this) takes that many times the roofline's."""
+        return super().bytes_per_s / self.decode_factor
 
     def step_flops_per_s(self, tokens: int) -> float:
-        return super().step_flops_per_s(tokens) / DECODE_FACTOR
+        return super().step_flops_per_s(tokens) / self.decode_factor
 
     def step(self, parts: Sequence[Part]) -> StepCost:
-        """A decode step: DECODE_FACTOR x the roofline's (through the rates above, the overhead scaled too); a step
-        with a prefill or an extend in it: per chunk of chunk_tokens the measured fixed cost, plus the measured
-        factor x the lone roofline's time."""
+        """A decode step: DECODE_FACTOR x slowdown x the roofline's (through the rates above, the overhead scaled
+        too); a step with a prefill or an extend in it: per chunk of chunk_tokens the measured fixed cost, plus the
+        measured factor x the lone roofline's time, both x slowdown."""
         cost = super().step(parts)
-        cost = replace(cost, overhead_s=cost.overhead_s * DECODE_FACTOR)
+        cost = replace(cost, overhead_s=cost.overhead_s * self.decode_factor)
         # the fixed cost was fitted per engine step of chunk_tokens: parts sharing a step (one prompt's tail chunk
         # with the next one's first) pay it once, a whole prompt in one part once per chunk it would take
         chunks = math.ceil(sum(p.new_tokens for p in parts if p.new_tokens > 1) / self.chunk_tokens)
@@ -87,9 +113,13 @@ class MeasuredRoofline(Roofline):
         fixed, factor = (
             (P_STEP_FIXED_S, P_STEP_FACTOR) if self.prefill_worker else (MIXED_STEP_FIXED_S, MIXED_STEP_FACTOR)
         )
-        lone = factor / DECODE_FACTOR  # the rates above already carry DECODE_FACTOR
+        lone = factor / DECODE_FACTOR  # the rates above already carry DECODE_FACTOR x slowdown
         return StepCost(
-            cost.flops, cost.bytes, cost.compute_s * lone, cost.memory_s * lone, cost.overhead_s * lone + fixed * chunks
+            cost.flops,
+            cost.bytes,
+            cost.compute_s * lone,
+            cost.memory_s * lone,
+            cost.overhead_s * lone + fixed * chunks * self.slowdown,
         )
 
     def kv_export_s(self, n_tokens: int) -> float:
@@ -97,8 +127,8 @@ class MeasuredRoofline(Roofline):
         return EXPORT_S
 
     def kv_import_s(self, n_tokens: int) -> float:
-        """Importing n_tokens of KV on a decode worker (s): the measured fixed cost and per-token cost."""
-        return IMPORT_FIXED_S + IMPORT_PER_TOKEN_S * n_tokens
+        """Importing n_tokens of KV on a decode worker (s): the measured fixed cost and per-token cost x slowdown."""
+        return (IMPORT_FIXED_S + IMPORT_PER_TOKEN_S * n_tokens) * self.slowdown
 
 
 def kv_export_s(roofline: Roofline, n_tokens: int) -> float:
