@@ -99,11 +99,19 @@ def _decode_worker(events: list, lone, kv_bytes_per_token: int, s: Samples) -> N
     first = {e["request_id"]: e["t_ns"] for e in events if e["event"] == "first_token"}
     recv = {e["request_id"]: e["t_ns"] for e in events if e["event"] == "kv_recv_end"}
     mixed_ends = [(e["t_ns"], e["duration_ns"]) for e in events if e["event"] == "decode_step_mixed"]
+    context = {}  # request -> tokens with KV so far (its cached prefix at decode_open, then its chunks')
     for e in events:
         rid = e.get("request_id")
         warm = any(".w" in r for r in e.get("requests") or ())
-        if e["event"] == "decode_step_mixed" and e["chunk_tokens"] > 1 and not warm:
-            parts = [Part(1, 650, 1)] * e["decode_tokens"] + [Part(e["chunk_tokens"], 600, 1)]
+        if e["event"] == "decode_open":
+            context[rid] = e.get("cached_tokens") or 0
+        elif e["event"] == "decode_step_mixed" and e["chunk_tokens"] > 1 and not warm:
+            # the step's chunk tokens split evenly over its requests, each at its own context (600 if unknown)
+            share = e["chunk_tokens"] / len(e["requests"])
+            parts = [Part(1, 700, 1)] * e["decode_tokens"]
+            for r in e["requests"]:
+                parts.append(Part(max(1, round(share)), context.get(r, 600), 1))
+                context[r] = context.get(r, 600) + round(share)
             s.mixed.append((lone.step(parts).seconds, e["duration_ns"] / 1e9))
         elif e["event"] == "decode_done" and rid in first and e["steps"] > 1:
             # the worker's steps with a prefill chunk in them (mixed steps: colocated's RLD) between the request's
@@ -213,16 +221,20 @@ def _ratio(points: list[tuple[float, float]]) -> str:
     return f"{statistics.median(m / r for r, m in points):.2f}x" if points else "–"
 
 
-def _lad_text(points: list[tuple[float, float]], digits: int = 3) -> str:
+def _lad_text(points: list[tuple[float, float]], per: str = "x") -> str:
+    """A LAD fit's text: 'fixed + factor x' (s, of the roofline), or per token: 'fixed ms + factor ms/token'."""
     if len(points) < 3:
         return f"– (n={len(points)})"
     fixed, factor = _lad(points)
-    return f"{fixed:.{digits}f} + {factor:.{max(2, digits - 1)}f}x (n={len(points)})"
+    if per == "token":
+        return f"{fixed * 1e3:.1f} ms + {factor * 1e3:.4f} ms/token (n={len(points)})"
+    return f"{fixed:.3f} + {factor:.2f}x (n={len(points)})"
 
 
-def fit(runs: list[Path]) -> None:
+def fit(runs: list[Path], per_run: bool = False) -> None:
     """The pooled constants of experiments/sim/realcompute.py, then the same per variant (how far the contention
-    of each variant's processes on the machine's cores moves them) and each engine's CPU share per variant."""
+    of each variant's processes on the machine's cores moves them; per_run: also each run's own table, to see the
+    run-to-run spread) and the contention model's joint fit."""
     by_variant = samples(runs)
     pooled = Samples()
     for s in by_variant.values():
@@ -232,24 +244,39 @@ def fit(runs: list[Path]) -> None:
     print(f"MIXED_STEP_FIXED_S, MIXED_STEP_FACTOR = {_lad(pooled.mixed)}  (n={len(pooled.mixed)})")
     print(f"DECODE_FACTOR = {q[1]:.3f}  (quartiles {q[0]:.2f}, {q[2]:.2f}; n={len(pooled.decode)})")
     print(f"IMPORT_FIXED_S, IMPORT_PER_TOKEN_S = {_lad(pooled.imports)}  (n={len(pooled.imports)})")
-    print(
-        "\nPer variant (LAD fixed s + factor x roofline; median measured / roofline;"
-        " CPU: p1, rld1, md1 serving CPU s / wall s):\n"
-    )
-    print(
-        "| variant | contention | P step | P ratio | mixed step | mixed ratio | decode ratio [quartiles] (n) | import | CPU |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(f"\nPer variant, {len(runs)} runs pooled:\n")
+    print("\n".join(variant_table(by_variant)))
+    for run in runs if per_run else ():
+        print(f"\n{run.name}:\n")
+        print("\n".join(variant_table(samples([run]))))
+    print_contention(fit_contention(by_variant), by_variant)
+
+
+def variant_table(by_variant: dict[str, Samples]) -> list[str]:
+    """Markdown: per variant its contention, P's and the mixed steps' LAD fits (fixed s + factor x roofline) and
+    median measured / roofline ratios, the decode ratio's median and quartiles, the import's fit (fixed s + s per
+    token) and each engine's CPU share (p1, rld1, md1: serving CPU s / serving wall s)."""
+    out = [
+        "| variant | contention | P step | P ratio | mixed step | mixed ratio | decode ratio [quartiles] (n) | import "
+        "| CPU p1, rld1, md1 |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for variant, s in sorted(by_variant.items()):
         dq = statistics.quantiles(s.decode, n=4) if len(s.decode) > 1 else None
         dec = f"{dq[1]:.2f}x [{dq[0]:.2f}, {dq[2]:.2f}] ({len(s.decode)})" if dq else "–"
         cpu = ", ".join(f"{statistics.fmean(s.cpu[w]):.2f}" if w in s.cpu else "–" for w in ("p1", "rld1", "md1"))
-        print(
-            f"| {variant} | {s.contention.engines} engines, {s.contention.wan_senders} WAN | {_lad_text(s.p_steps)} | {_ratio(s.p_steps)} | {_lad_text(s.mixed)} | {_ratio(s.mixed)} "
-            f"| {dec} | {_lad_text(s.imports, 4)} | {cpu} |"
+        busy = f"{s.contention.engines} engines, {s.contention.wan_senders} WAN"
+        out.append(
+            f"| {variant} | {busy} | {_lad_text(s.p_steps)} | {_ratio(s.p_steps)} | {_lad_text(s.mixed)} "
+            f"| {_ratio(s.mixed)} | {dec} | {_lad_text(s.imports, 'token')} | {cpu} |"
         )
-    f = fit_contention(by_variant)
-    print("\nThe contention model (experiments/sim/realcompute.py; all variants at once):\n")
+    return out
+
+
+def print_contention(f: ContentionFit, by_variant: dict[str, Samples]) -> None:
+    """The contention model's constants and, per variant, its slowdown and the measured / modelled median ratio of
+    each kind of step (1.00x: the model carries that variant's contention)."""
+    print("\nThe contention model (experiments/sim/realcompute.py's names; every variant at once):\n")
     print(
         f"P_STEP_FIXED_S, P_STEP_FACTOR = {f.p_step_fixed_s:.4f}, {f.p_step_factor:.3f}\n"
         f"MIXED_STEP_FIXED_S, MIXED_STEP_FACTOR = {f.mixed_step_fixed_s:.4f}, {f.mixed_step_factor:.3f}\n"
@@ -257,14 +284,15 @@ def fit(runs: list[Path]) -> None:
         f"IMPORT_FIXED_S, IMPORT_PER_TOKEN_S = {f.import_fixed_s:.4f}, {f.import_per_token_s:.3g}\n"
         f"ENGINE_SLOWDOWN, WAN_SENDER_SLOWDOWN = {f.engine_slowdown:.3f}, {f.wan_sender_slowdown:.3f}"
     )
-    print("\n| variant | slowdown | P ratio measured / model | mixed | decode |")
-    print("|---|---|---|---|---|")
+    print("\n| variant | slowdown | P step measured / model | mixed | decode | import |")
+    print("|---|---|---|---|---|---|")
     for variant, s in sorted(by_variant.items()):
         slow = f.slowdown(s.contention)
         p = _ratio([(f.p_step_fixed_s + f.p_step_factor * r, m / slow) for r, m in s.p_steps])
         mx = _ratio([(f.mixed_step_fixed_s + f.mixed_step_factor * r, m / slow) for r, m in s.mixed])
         dec = _ratio([(f.decode_factor, r / slow) for r in s.decode])
-        print(f"| {variant} | {slow:.2f} | {p} | {mx} | {dec} |")
+        imp = _ratio([(f.import_fixed_s + f.import_per_token_s * n, m / slow) for n, m in s.imports])
+        print(f"| {variant} | {slow:.2f} | {p} | {mx} | {dec} | {imp} |")
 
 
 def _err(emulated, simulated) -> str:
@@ -633,6 +661,7 @@ def main() -> None:
     sub = ap.add_subparsers(dest="cmd", required=True)
     f = sub.add_parser("fit")
     f.add_argument("runs", nargs="+", type=Path)
+    f.add_argument("--per-run", action="store_true", help="also each run's own per-variant table")
     c = sub.add_parser("compare")
     c.add_argument("dirs", type=Path)
     c.add_argument("--spec", default="pdd-vs-baselines")
@@ -648,7 +677,7 @@ def main() -> None:
     )
     a = ap.parse_args()
     if a.cmd == "fit":
-        fit(a.runs)
+        fit(a.runs, a.per_run)
     elif a.cmd == "compare":
         compare(a.dirs, a.spec, a.out)
     else:
