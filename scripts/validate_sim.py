@@ -68,7 +68,8 @@ class Samples:
     decode: list = field(default_factory=list)
     imports: list = field(default_factory=list)
     cpu: dict = field(default_factory=dict)
-    contention: object = None  # experiments.sim.realcompute.Contention of the variant (run_contention)
+    mode: str = ""  # the variant's mode (run_mode)
+    contention: Contention | None = None  # the variant's engines and WAN senders (run_mode)
 
     def extend(self, other: Samples) -> None:
         self.p_steps += other.p_steps
@@ -125,14 +126,34 @@ def _decode_worker(events: list, lone, kv_bytes_per_token: int, s: Samples) -> N
             s.imports.append((e["kv_bytes"] / kv_bytes_per_token, (e["t_ns"] - recv[rid]) / 1e9))
 
 
-def run_contention(run: Path, variant: str):
-    """The variant's contention as the simulator derives it (experiments.sim.config.contention) from the run's
-    spec (metadata.json: the variant's mode, the pools' workers)."""
-    from experiments.sim.config import contention
+WAN_MODES = ("pd-cross", "pdd")  # the modes whose P sends KV over the WAN (to the MD)
 
+
+@dataclass(frozen=True)
+class Contention:
+    """The count hypothesis (tested by fit_contention, not used by the simulator): what shares the machine's two
+    cores with a variant's engines. engines: the workers of the pools its mode uses (colocated: RLD; pd-intra:
+    P, RLD; pd-cross: P, MD; pdd: all three); wan_senders: its P workers where its mode sends KV over the WAN."""
+
+    engines: int = 1
+    wan_senders: int = 0
+
+
+def contention(mode: str, pool_sizes: dict[str, int]) -> Contention:
+    """A mode's Contention with pool_sizes (role -> workers)."""
+    from experiments.sim.config import ROLES_USED
+
+    return Contention(
+        engines=sum(pool_sizes[role] for role in ROLES_USED[mode]),
+        wan_senders=pool_sizes["p"] if mode in WAN_MODES else 0,
+    )
+
+
+def run_mode(run: Path, variant: str) -> tuple[str, Contention]:
+    """A run's variant: its mode and its Contention, from the run's spec (metadata.json: variant_defs, pools)."""
     spec = json.loads((run / "metadata.json").read_text())["spec"]
     mode = ((spec.get("variant_defs") or {}).get(variant) or {}).get("mode", variant)
-    return contention(mode, {role: spec["pools"][role]["workers"] for role in ("p", "rld", "md")})
+    return mode, contention(mode, {role: spec["pools"][role]["workers"] for role in ("p", "rld", "md")})
 
 
 def samples(runs: list[Path]) -> dict[str, Samples]:
@@ -153,8 +174,8 @@ def samples(runs: list[Path]) -> dict[str, Samples]:
                 for e in ev.get(w, []):
                     if e["event"] == "role_cpu" and e.get("serving_wall_s"):
                         s.cpu.setdefault(w, []).append(e["serving_cpu_s"] / e["serving_wall_s"])
-            busy = run_contention(run, variant)
-            if out.setdefault(variant, Samples(contention=busy)).contention != busy:
+            mode, busy = run_mode(run, variant)
+            if out.setdefault(variant, Samples(mode=mode, contention=busy)).contention != busy:
                 raise ValueError(f"{run}: {variant} has contention {busy}, other runs {out[variant].contention}")
             out[variant].extend(s)
     return out
@@ -231,24 +252,63 @@ def _lad_text(points: list[tuple[float, float]], per: str = "x") -> str:
     return f"{fixed:.3f} + {factor:.2f}x (n={len(points)})"
 
 
+@dataclass(frozen=True)
+class PooledConstants:
+    """experiments/sim/realcompute.py's constants, pooled over every variant (LAD fits, the decode ratio's median)."""
+
+    p_step: tuple[float, float]  # fixed s, factor x roofline
+    mixed_step: tuple[float, float]  # fixed s, factor x roofline
+    decode_factor: float
+    import_: tuple[float, float]  # fixed s, s per token
+
+
+def pooled_constants(pooled: Samples) -> PooledConstants:
+    return PooledConstants(
+        _lad(pooled.p_steps), _lad(pooled.mixed), statistics.median(pooled.decode), _lad(pooled.imports)
+    )
+
+
+def slowdowns(by_variant: dict[str, Samples], c: PooledConstants) -> dict[str, tuple[float, float]]:
+    """mode -> (P, decode workers): the median of measured / the pooled constants' time, over its P's steps, and
+    over its decode workers' mixed steps, decode steps and imports together (realcompute.SLOWDOWN; 1.0 where the
+    variant has no such event)."""
+    out = {}
+    for s in by_variant.values():
+        p = [m / (c.p_step[0] + c.p_step[1] * x) for x, m in s.p_steps]
+        d = [m / (c.mixed_step[0] + c.mixed_step[1] * x) for x, m in s.mixed]
+        d += [r / c.decode_factor for r in s.decode]
+        d += [m / (c.import_[0] + c.import_[1] * n) for n, m in s.imports]
+        out[s.mode] = (statistics.median(p) if p else 1.0, statistics.median(d) if d else 1.0)
+    return out
+
+
+def _slowdown_text(slow: dict[str, tuple[float, float]]) -> str:
+    return "{" + ", ".join(f'"{m}": ({p:.2f}, {d:.2f})' for m, (p, d) in sorted(slow.items())) + "}"
+
+
 def fit(runs: list[Path], per_run: bool = False) -> None:
-    """The pooled constants of experiments/sim/realcompute.py, then the same per variant (how far the contention
-    of each variant's processes on the machine's cores moves them; per_run: also each run's own table, to see the
-    run-to-run spread) and the contention model's joint fit."""
+    """The pooled constants of experiments/sim/realcompute.py, each variant's own (per_run: also each run's, to
+    see the run-to-run spread) and its slowdowns against the pooled ones (realcompute.SLOWDOWN), then the count
+    hypothesis (a slowdown per other engine and WAN sender) fitted on every variant at once."""
     by_variant = samples(runs)
     pooled = Samples()
     for s in by_variant.values():
         pooled.extend(s)
+    c = pooled_constants(pooled)
     q = statistics.quantiles(pooled.decode, n=4)
-    print(f"P_STEP_FIXED_S, P_STEP_FACTOR = {_lad(pooled.p_steps)}  (n={len(pooled.p_steps)})")
-    print(f"MIXED_STEP_FIXED_S, MIXED_STEP_FACTOR = {_lad(pooled.mixed)}  (n={len(pooled.mixed)})")
-    print(f"DECODE_FACTOR = {q[1]:.3f}  (quartiles {q[0]:.2f}, {q[2]:.2f}; n={len(pooled.decode)})")
-    print(f"IMPORT_FIXED_S, IMPORT_PER_TOKEN_S = {_lad(pooled.imports)}  (n={len(pooled.imports)})")
+    print(f"P_STEP_FIXED_S, P_STEP_FACTOR = {c.p_step[0]:.4f}, {c.p_step[1]:.3f}  (n={len(pooled.p_steps)})")
+    print(
+        f"MIXED_STEP_FIXED_S, MIXED_STEP_FACTOR = {c.mixed_step[0]:.4f}, {c.mixed_step[1]:.3f}  (n={len(pooled.mixed)})"
+    )
+    print(f"DECODE_FACTOR = {c.decode_factor:.3f}  (quartiles {q[0]:.2f}, {q[2]:.2f}; n={len(pooled.decode)})")
+    print(f"IMPORT_FIXED_S, IMPORT_PER_TOKEN_S = {c.import_[0]:.4f}, {c.import_[1]:.3g}  (n={len(pooled.imports)})")
+    print(f"SLOWDOWN = {_slowdown_text(slowdowns(by_variant, c))}")
     print(f"\nPer variant, {len(runs)} runs pooled:\n")
     print("\n".join(variant_table(by_variant)))
     for run in runs if per_run else ():
-        print(f"\n{run.name}:\n")
-        print("\n".join(variant_table(samples([run]))))
+        one = samples([run])
+        print(f"\n{run.name}: SLOWDOWN against the pooled constants above = {_slowdown_text(slowdowns(one, c))}\n")
+        print("\n".join(variant_table(one)))
     print_contention(fit_contention(by_variant), by_variant)
 
 
@@ -276,7 +336,10 @@ def variant_table(by_variant: dict[str, Samples]) -> list[str]:
 def print_contention(f: ContentionFit, by_variant: dict[str, Samples]) -> None:
     """The contention model's constants and, per variant, its slowdown and the measured / modelled median ratio of
     each kind of step (1.00x: the model carries that variant's contention)."""
-    print("\nThe contention model (experiments/sim/realcompute.py's names; every variant at once):\n")
+    print(
+        "\nThe count hypothesis (every variant at once; not what the simulator uses): at one engine alone, and a"
+        " slowdown per other engine and per WAN sender:\n"
+    )
     print(
         f"P_STEP_FIXED_S, P_STEP_FACTOR = {f.p_step_fixed_s:.4f}, {f.p_step_factor:.3f}\n"
         f"MIXED_STEP_FIXED_S, MIXED_STEP_FACTOR = {f.mixed_step_fixed_s:.4f}, {f.mixed_step_factor:.3f}\n"

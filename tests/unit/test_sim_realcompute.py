@@ -5,10 +5,10 @@ import pytest
 
 from experiments.sim.config import load_for_simulation, sim_config
 from experiments.sim.pipeline import Simulation
-from experiments.sim.realcompute import P_STEP_FIXED_S
+from experiments.sim.realcompute import P_STEP_FIXED_S, SLOWDOWN, MeasuredRoofline
 from experiments.sim.simulate import simulate, workload_of
 from workers.model import get_config
-from workers.modelled.roofline import Part
+from workers.modelled.roofline import Part, Roofline
 
 SPEC = "pdd-vs-baselines"  # real compute: the default model on this machine's CPU
 PROFILE = "profile=wan-regional"
@@ -85,3 +85,25 @@ def test_nothing_is_sent_past_the_issue_deadline_and_a_late_turn_takes_the_rest_
 def test_without_an_issue_deadline_every_request_is_sent(variant):
     run = simulate(real("timeouts.issue_s=0", f"variants=[{variant}]"))
     assert all(r.issued and r.ok for r in run.records)
+
+
+@pytest.mark.parametrize("variant", ["colocated", "pd-intra", "pd-cross", "pdd"])
+def test_every_time_of_a_worker_is_its_variants_slowdown_times_the_pooled_constants(variant):
+    """P's steps take the mode's P slowdown, the RLD's and MD's steps and imports its decode workers' slowdown
+    (realcompute.SLOWDOWN: each variant's measured median against the constants pooled over every variant)."""
+    for role, pool in sim_config(real(), variant).workers.items():
+        r = pool[0].roofline
+        k = SLOWDOWN[variant][0 if role == "p" else 1]
+        pooled = MeasuredRoofline(r.accelerator, r.model, prefill_worker=role == "p", chunk_tokens=r.chunk_tokens)
+        assert r.slowdown == k
+        for parts in ([Part(100, 600, 1)], [Part(1, 700, 1)] * 3, [Part(1, 700, 1), Part(20, 680, 1)]):
+            assert r.step(parts).seconds == pytest.approx(k * pooled.step(parts).seconds, rel=1e-12)
+        assert r.decode_s([700, 650]) == pytest.approx(k * pooled.decode_s([700, 650]), rel=1e-12)
+        assert r.kv_import_s(600) == pytest.approx(k * pooled.kv_import_s(600), rel=1e-12)
+
+
+def test_modelled_compute_has_no_slowdown_it_is_the_catalogues_roofline():
+    spec = load_for_simulation("experiments/specs/sim/pdd-published-scale.yaml")
+    for variant in spec.spec.variants:
+        for pool in sim_config(spec, variant).workers.values():
+            assert all(type(w.roofline) is Roofline for w in pool)

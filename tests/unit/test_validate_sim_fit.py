@@ -11,7 +11,6 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import validate_sim as vs  # noqa: E402
-from experiments.sim.realcompute import Contention  # noqa: E402
 from workers.modelled.catalogue import load_catalogue  # noqa: E402
 from workers.modelled.roofline import Part, Roofline  # noqa: E402
 
@@ -56,30 +55,30 @@ def _run(tmp_path: Path, pools: dict, variant_defs: dict | None = None) -> Path:
 @pytest.mark.parametrize(
     ("variant", "expected"),
     [
-        ("colocated", Contention(1, 0)),
-        ("pd-intra", Contention(2, 0)),
-        ("pd-cross", Contention(2, 1)),
-        ("pdd", Contention(3, 1)),
+        ("colocated", vs.Contention(1, 0)),
+        ("pd-intra", vs.Contention(2, 0)),
+        ("pd-cross", vs.Contention(2, 1)),
+        ("pdd", vs.Contention(3, 1)),
     ],
 )
 def test_a_runs_variant_has_the_contention_the_simulator_derives_from_its_spec(tmp_path, variant, expected):
-    assert vs.run_contention(_run(tmp_path, {"p": 1, "rld": 1, "md": 1}), variant) == expected
+    assert vs.run_mode(_run(tmp_path, {"p": 1, "rld": 1, "md": 1}), variant) == (variant, expected)
 
 
 def test_pools_and_a_variant_defs_mode_count(tmp_path):
     run = _run(tmp_path, {"p": 2, "rld": 1, "md": 3}, {"pdd-wide": {"mode": "pdd"}, "near": {"mode": "pd-intra"}})
-    assert vs.run_contention(run, "pdd-wide") == Contention(engines=6, wan_senders=2)
-    assert vs.run_contention(run, "near") == Contention(engines=3, wan_senders=0)
+    assert vs.run_mode(run, "pdd-wide") == ("pdd", vs.Contention(engines=6, wan_senders=2))
+    assert vs.run_mode(run, "near") == ("pd-intra", vs.Contention(engines=3, wan_senders=0))
 
 
 def test_the_joint_fit_recovers_the_slowdowns_its_samples_were_made_with():
     truth = vs.ContentionFit(0.05, 1.5, 0.03, 0.9, 0.7, 0.004, 4e-5, engine_slowdown=0.3, wan_sender_slowdown=0.6)
     by_variant = {}
     for variant, busy in {
-        "colocated": Contention(1, 0),
-        "pd-intra": Contention(2, 0),
-        "pd-cross": Contention(2, 1),
-        "pdd": Contention(3, 1),
+        "colocated": vs.Contention(1, 0),
+        "pd-intra": vs.Contention(2, 0),
+        "pd-cross": vs.Contention(2, 1),
+        "pdd": vs.Contention(3, 1),
     }.items():
         slow = truth.slowdown(busy)
         xs = [0.05, 0.1, 0.2, 0.3, 0.45]
@@ -95,3 +94,14 @@ def test_the_joint_fit_recovers_the_slowdowns_its_samples_were_made_with():
     assert got.wan_sender_slowdown == pytest.approx(0.6, rel=0.02)
     assert got.decode_factor == pytest.approx(0.7, rel=0.02)
     assert got.p_step_factor == pytest.approx(1.5, rel=0.02)
+
+
+def test_a_variants_slowdowns_are_its_median_measured_over_the_pooled_constants_time():
+    c = vs.PooledConstants(p_step=(0.1, 1.0), mixed_step=(0.02, 1.0), decode_factor=0.5, import_=(0.004, 4e-5))
+    s = vs.Samples(
+        p_steps=[(0.1, 0.4), (0.2, 0.45), (0.3, 1.2)],  # 2.0x, 1.5x, 3.0x the pooled P step
+        decode=[0.5, 1.0],  # 1.0x, 2.0x
+        imports=[(100, 0.024)],  # 3.0x (0.008 s pooled)
+        mode="pd-intra",
+    )
+    assert vs.slowdowns({"near": s}, c) == {"pd-intra": (pytest.approx(2.0), pytest.approx(2.0))}
