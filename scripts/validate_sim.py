@@ -69,7 +69,7 @@ class Samples:
     imports: list = field(default_factory=list)
     cpu: dict = field(default_factory=dict)
     mode: str = ""  # the variant's mode (run_mode)
-    contention: Contention | None = None  # the variant's engines and WAN senders (run_mode)
+    contention: object = None  # the variant's experiments.sim.realcompute.Contention (run_mode)
 
     def extend(self, other: Samples) -> None:
         self.p_steps += other.p_steps
@@ -126,31 +126,11 @@ def _decode_worker(events: list, lone, kv_bytes_per_token: int, s: Samples) -> N
             s.imports.append((e["kv_bytes"] / kv_bytes_per_token, (e["t_ns"] - recv[rid]) / 1e9))
 
 
-WAN_MODES = ("pd-cross", "pdd")  # the modes whose P sends KV over the WAN (to the MD)
+def run_mode(run: Path, variant: str):
+    """A run's variant: its mode and its Contention as the simulator derives it (experiments.sim.config.contention),
+    from the run's spec (metadata.json: variant_defs, pools)."""
+    from experiments.sim.config import contention
 
-
-@dataclass(frozen=True)
-class Contention:
-    """The count hypothesis (tested by fit_contention, not used by the simulator): what shares the machine's two
-    cores with a variant's engines. engines: the workers of the pools its mode uses (colocated: RLD; pd-intra:
-    P, RLD; pd-cross: P, MD; pdd: all three); wan_senders: its P workers where its mode sends KV over the WAN."""
-
-    engines: int = 1
-    wan_senders: int = 0
-
-
-def contention(mode: str, pool_sizes: dict[str, int]) -> Contention:
-    """A mode's Contention with pool_sizes (role -> workers)."""
-    from experiments.sim.config import ROLES_USED
-
-    return Contention(
-        engines=sum(pool_sizes[role] for role in ROLES_USED[mode]),
-        wan_senders=pool_sizes["p"] if mode in WAN_MODES else 0,
-    )
-
-
-def run_mode(run: Path, variant: str) -> tuple[str, Contention]:
-    """A run's variant: its mode and its Contention, from the run's spec (metadata.json: variant_defs, pools)."""
     spec = json.loads((run / "metadata.json").read_text())["spec"]
     mode = ((spec.get("variant_defs") or {}).get(variant) or {}).get("mode", variant)
     return mode, contention(mode, {role: spec["pools"][role]["workers"] for role in ("p", "rld", "md")})
@@ -270,8 +250,8 @@ def pooled_constants(pooled: Samples) -> PooledConstants:
 
 def slowdowns(by_variant: dict[str, Samples], c: PooledConstants) -> dict[str, tuple[float, float]]:
     """mode -> (P, decode workers): the median of measured / the pooled constants' time, over its P's steps, and
-    over its decode workers' mixed steps, decode steps and imports together (realcompute.SLOWDOWN; 1.0 where the
-    variant has no such event)."""
+    over its decode workers' mixed steps, decode steps and imports together (1.0 where the variant has no such
+    event): each variant's own level, what free per-variant constants would be."""
     out = {}
     for s in by_variant.values():
         p = [m / (c.p_step[0] + c.p_step[1] * x) for x, m in s.p_steps]
@@ -288,8 +268,8 @@ def _slowdown_text(slow: dict[str, tuple[float, float]]) -> str:
 
 def fit(runs: list[Path], per_run: bool = False) -> None:
     """The pooled constants of experiments/sim/realcompute.py, each variant's own (per_run: also each run's, to
-    see the run-to-run spread) and its slowdowns against the pooled ones (realcompute.SLOWDOWN), then the count
-    hypothesis (a slowdown per other engine and WAN sender) fitted on every variant at once."""
+    see the run-to-run spread) and its level against the pooled ones, then the count model (realcompute's
+    Contention: a slowdown per other engine and per WAN sender) fitted on every variant at once."""
     by_variant = samples(runs)
     pooled = Samples()
     for s in by_variant.values():
@@ -302,12 +282,12 @@ def fit(runs: list[Path], per_run: bool = False) -> None:
     )
     print(f"DECODE_FACTOR = {c.decode_factor:.3f}  (quartiles {q[0]:.2f}, {q[2]:.2f}; n={len(pooled.decode)})")
     print(f"IMPORT_FIXED_S, IMPORT_PER_TOKEN_S = {c.import_[0]:.4f}, {c.import_[1]:.3g}  (n={len(pooled.imports)})")
-    print(f"SLOWDOWN = {_slowdown_text(slowdowns(by_variant, c))}")
+    print(f"per variant, measured / pooled (P, decode workers): {_slowdown_text(slowdowns(by_variant, c))}")
     print(f"\nPer variant, {len(runs)} runs pooled:\n")
     print("\n".join(variant_table(by_variant)))
     for run in runs if per_run else ():
         one = samples([run])
-        print(f"\n{run.name}: SLOWDOWN against the pooled constants above = {_slowdown_text(slowdowns(one, c))}\n")
+        print(f"\n{run.name}: measured / pooled (P, decode workers) = {_slowdown_text(slowdowns(one, c))}\n")
         print("\n".join(variant_table(one)))
     print_contention(fit_contention(by_variant), by_variant)
 
@@ -333,19 +313,30 @@ def variant_table(by_variant: dict[str, Samples]) -> list[str]:
     return out
 
 
+def pooled_slowdown(f: ContentionFit, by_variant: dict[str, Samples]) -> float:
+    """The count model's slowdown averaged over every event of the fit (each P step, mixed step, decode step and
+    import once): what constants pooled over these variants carry, so realcompute divides it out."""
+    weights = [
+        (len(s.p_steps) + len(s.mixed) + len(s.decode) + len(s.imports), f.slowdown(s.contention))
+        for s in by_variant.values()
+    ]
+    return sum(n * k for n, k in weights) / sum(n for n, _k in weights)
+
+
 def print_contention(f: ContentionFit, by_variant: dict[str, Samples]) -> None:
     """The contention model's constants and, per variant, its slowdown and the measured / modelled median ratio of
     each kind of step (1.00x: the model carries that variant's contention)."""
     print(
-        "\nThe count hypothesis (every variant at once; not what the simulator uses): at one engine alone, and a"
-        " slowdown per other engine and per WAN sender:\n"
+        "\nThe count model (every variant at once): the constants at one engine alone, the slowdown per other engine"
+        " and per WAN sender, and the slowdown the pooled constants carry (the mean over these events):\n"
     )
     print(
         f"P_STEP_FIXED_S, P_STEP_FACTOR = {f.p_step_fixed_s:.4f}, {f.p_step_factor:.3f}\n"
         f"MIXED_STEP_FIXED_S, MIXED_STEP_FACTOR = {f.mixed_step_fixed_s:.4f}, {f.mixed_step_factor:.3f}\n"
         f"DECODE_FACTOR = {f.decode_factor:.3f}\n"
         f"IMPORT_FIXED_S, IMPORT_PER_TOKEN_S = {f.import_fixed_s:.4f}, {f.import_per_token_s:.3g}\n"
-        f"ENGINE_SLOWDOWN, WAN_SENDER_SLOWDOWN = {f.engine_slowdown:.3f}, {f.wan_sender_slowdown:.3f}"
+        f"ENGINE_SLOWDOWN, WAN_SENDER_SLOWDOWN = {f.engine_slowdown:.3f}, {f.wan_sender_slowdown:.3f}\n"
+        f"POOLED_SLOWDOWN = {pooled_slowdown(f, by_variant):.3f}"
     )
     print("\n| variant | slowdown | P step measured / model | mixed | decode | import |")
     print("|---|---|---|---|---|---|")

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from workers.modelled.catalogue import Accelerator, ModelArch
 from workers.modelled.roofline import Part, Roofline, StepCost
@@ -45,21 +45,36 @@ IMPORT_PER_TOKEN_S = 0.0000838
 # The export: P streams the KV while it computes (events p1: kv_send_start 20-25 ms after prefill_start,
 # the fast path's kv_send_end 2-5 ms after prefill_done), so nothing is added after the prefill.
 EXPORT_S = 0.0
-# Per variant mode (to be fitted): how much slower than the pooled constants above its P's steps and its decode
-# workers' steps and imports run: mode -> (P, decode workers).
-SLOWDOWN = {"colocated": (1.0, 1.0), "pd-intra": (1.0, 1.0), "pd-cross": (1.0, 1.0), "pdd": (1.0, 1.0)}
+# Contention (to be fitted: validate_sim fit, "the count model").
+ENGINE_SLOWDOWN = 0.0  # each other engine of the variant's pools adds this share to every step and import
+WAN_SENDER_SLOWDOWN = 0.0  # each P worker sending KV over the WAN adds this share
+POOLED_SLOWDOWN = 1.0  # the slowdown the pooled constants above carry (the fit's events' mean): divided out
 
 
-def slowdown(mode: str, prefill_worker: bool) -> float:
-    """How much slower than the pooled constants a worker's steps and imports run in a variant of this mode."""
-    return SLOWDOWN[mode][0 if prefill_worker else 1]
+@dataclass(frozen=True)
+class Contention:
+    """What shares this machine's two cores with a worker's engine in one variant (experiments.sim.config derives
+    it from the spec: the pools its mode uses, and whether it sends KV over the WAN).
+
+    engines: the engine processes of the pools the variant's mode uses, the worker's own included (colocated: the
+    RLD pool; pd-intra: P and RLD; pd-cross: P and MD; pdd: P, RLD and MD); wan_senders: the P workers whose
+    processes send KV over the WAN (pd-cross, pdd: the P pool; their sender threads take cores and the GIL)"""
+
+    engines: int = 1
+    wan_senders: int = 0
+
+    @property
+    def slowdown(self) -> float:
+        """Every step and import of the variant's workers against the pooled constants': 1 + ENGINE_SLOWDOWN per
+        other engine + WAN_SENDER_SLOWDOWN per WAN sender, over the POOLED_SLOWDOWN the constants carry."""
+        return (1 + ENGINE_SLOWDOWN * (self.engines - 1) + WAN_SENDER_SLOWDOWN * self.wan_senders) / POOLED_SLOWDOWN
 
 
 class MeasuredRoofline(Roofline):
     """The roofline of `model` on `accelerator` (this-machine), its times scaled to the emulated runs' (module
     docstring). prefill_worker: True for a P worker (its steps are P's), False for an RLD or MD; chunk_tokens:
     the engine's prefill.step_budget_tokens (a prompt's new tokens take ceil(n / chunk_tokens) steps);
-    slowdown: its variant's (slowdown(mode, prefill_worker)): every time below x slowdown."""
+    contention: what shares the cores with it in its variant (every time below x contention.slowdown)."""
 
     def __init__(
         self,
@@ -69,11 +84,11 @@ class MeasuredRoofline(Roofline):
         *,
         prefill_worker: bool,
         chunk_tokens: int = 256,
-        slowdown: float = 1.0,
+        contention: Contention = Contention(),
     ):
         super().__init__(accelerator, model, devices)
         self.prefill_worker, self.chunk_tokens = prefill_worker, max(1, chunk_tokens)
-        self.slowdown = slowdown
+        self.contention, self.slowdown = contention, contention.slowdown
         self.decode_factor = DECODE_FACTOR * self.slowdown
 
     @property

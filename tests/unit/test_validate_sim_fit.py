@@ -11,6 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import validate_sim as vs  # noqa: E402
+from experiments.sim.realcompute import Contention  # noqa: E402
 from workers.modelled.catalogue import load_catalogue  # noqa: E402
 from workers.modelled.roofline import Part, Roofline  # noqa: E402
 
@@ -55,10 +56,10 @@ def _run(tmp_path: Path, pools: dict, variant_defs: dict | None = None) -> Path:
 @pytest.mark.parametrize(
     ("variant", "expected"),
     [
-        ("colocated", vs.Contention(1, 0)),
-        ("pd-intra", vs.Contention(2, 0)),
-        ("pd-cross", vs.Contention(2, 1)),
-        ("pdd", vs.Contention(3, 1)),
+        ("colocated", Contention(1, 0)),
+        ("pd-intra", Contention(2, 0)),
+        ("pd-cross", Contention(2, 1)),
+        ("pdd", Contention(3, 1)),
     ],
 )
 def test_a_runs_variant_has_the_contention_the_simulator_derives_from_its_spec(tmp_path, variant, expected):
@@ -67,18 +68,18 @@ def test_a_runs_variant_has_the_contention_the_simulator_derives_from_its_spec(t
 
 def test_pools_and_a_variant_defs_mode_count(tmp_path):
     run = _run(tmp_path, {"p": 2, "rld": 1, "md": 3}, {"pdd-wide": {"mode": "pdd"}, "near": {"mode": "pd-intra"}})
-    assert vs.run_mode(run, "pdd-wide") == ("pdd", vs.Contention(engines=6, wan_senders=2))
-    assert vs.run_mode(run, "near") == ("pd-intra", vs.Contention(engines=3, wan_senders=0))
+    assert vs.run_mode(run, "pdd-wide") == ("pdd", Contention(engines=6, wan_senders=2))
+    assert vs.run_mode(run, "near") == ("pd-intra", Contention(engines=3, wan_senders=0))
 
 
 def test_the_joint_fit_recovers_the_slowdowns_its_samples_were_made_with():
     truth = vs.ContentionFit(0.05, 1.5, 0.03, 0.9, 0.7, 0.004, 4e-5, engine_slowdown=0.3, wan_sender_slowdown=0.6)
     by_variant = {}
     for variant, busy in {
-        "colocated": vs.Contention(1, 0),
-        "pd-intra": vs.Contention(2, 0),
-        "pd-cross": vs.Contention(2, 1),
-        "pdd": vs.Contention(3, 1),
+        "colocated": Contention(1, 0),
+        "pd-intra": Contention(2, 0),
+        "pd-cross": Contention(2, 1),
+        "pdd": Contention(3, 1),
     }.items():
         slow = truth.slowdown(busy)
         xs = [0.05, 0.1, 0.2, 0.3, 0.45]
@@ -105,3 +106,10 @@ def test_a_variants_slowdowns_are_its_median_measured_over_the_pooled_constants_
         mode="pd-intra",
     )
     assert vs.slowdowns({"near": s}, c) == {"pd-intra": (pytest.approx(2.0), pytest.approx(2.0))}
+
+
+def test_the_pooled_slowdown_is_the_count_models_mean_over_the_fits_events():
+    f = vs.ContentionFit(0.05, 1.5, 0.03, 0.9, 0.7, 0.004, 4e-5, engine_slowdown=0.1, wan_sender_slowdown=0.5)
+    alone = vs.Samples(decode=[1.0] * 3, contention=Contention(1, 0))  # slowdown 1.0, 3 events
+    pdd = vs.Samples(p_steps=[(0.1, 0.2)], imports=[(10, 0.01)], contention=Contention(3, 1))  # 1.7, 2 events
+    assert vs.pooled_slowdown(f, {"colocated": alone, "pdd": pdd}) == pytest.approx((3 * 1.0 + 2 * 1.7) / 5)
