@@ -179,11 +179,11 @@ class ContentionFit:
         return 1 + self.engine_slowdown * (busy.engines - 1) + self.wan_sender_slowdown * busy.wan_senders
 
 
-def fit_contention(by_variant: dict[str, Samples]) -> ContentionFit:
+def fit_contention(by_variant: dict[str, Samples], nonnegative: bool = True) -> ContentionFit:
     """Every kind of event of every variant at once: measured = (fixed + factor x roofline) x slowdown(variant)
     (a decode step: decode_factor x roofline x slowdown), robust least squares on log(measured / predicted), each
     kind of event weighted alike whatever its count (so the 4 variants' differences, not the most numerous kind,
-    set the slowdown)."""
+    set the slowdown). nonnegative: the slowdowns bounded at 0 (else at -0.5, to see where the data alone put them)."""
     import numpy as np
     from scipy.optimize import least_squares
 
@@ -207,7 +207,9 @@ def fit_contention(by_variant: dict[str, Samples]) -> ContentionFit:
         return np.concatenate(out)
 
     start = [0.05, 1.0, 0.03, 0.8, 0.6, 0.004, 4e-5, 0.2, 0.5]
-    bounds = ([0, 0.01, 0, 0.01, 0.01, 0, 0, -0.5, -0.5], [2, 20, 2, 20, 20, 1, 1e-2, 5, 10])
+    # another process on the cores cannot make a step faster: both slowdowns >= 0
+    lower = [0, 0.01, 0, 0.01, 0.01, 0, 0, 0, 0] if nonnegative else [0, 0.01, 0, 0.01, 0.01, 0, 0, -0.5, -0.5]
+    bounds = (lower, [2, 20, 2, 20, 20, 1, 1e-2, 5, 10])
     return ContentionFit(*least_squares(residuals, start, bounds=bounds, loss="soft_l1", f_scale=0.05).x)
 
 
@@ -289,7 +291,12 @@ def fit(runs: list[Path], per_run: bool = False) -> None:
         one = samples([run])
         print(f"\n{run.name}: measured / pooled (P, decode workers) = {_slowdown_text(slowdowns(one, c))}\n")
         print("\n".join(variant_table(one)))
+    free = fit_contention(by_variant, nonnegative=False)
     print_contention(fit_contention(by_variant), by_variant)
+    print(
+        f"\nUnbounded (where the data alone put them): ENGINE_SLOWDOWN, WAN_SENDER_SLOWDOWN = "
+        f"{free.engine_slowdown:.3f}, {free.wan_sender_slowdown:.3f}"
+    )
 
 
 def variant_table(by_variant: dict[str, Samples]) -> list[str]:
