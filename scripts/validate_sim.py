@@ -1,14 +1,17 @@
 """Simulator against emulator (issue 30): fit the real-compute constants from emulated runs' events; compare summaries.
 
-    .venv/bin/python scripts/validate_sim.py fit RUN_DIR...        # experiments/sim/realcompute.py's constants
+    .venv/bin/python scripts/validate_sim.py fit RUN_DIR... [--per-run]  # experiments/sim/realcompute.py's constants
     .venv/bin/python scripts/validate_sim.py compare DIRS [--spec pdd-vs-baselines] [--out /tmp/simval]
     .venv/bin/python scripts/validate_sim.py compare-repeats MATRIX... [--spec ...] [--out /tmp/simval-repeats]
 
 fit: every event but the warm-up's (request ids with ".w") of the runs' variants/*/events/*.jsonl, pooled: P's
 prefill_step against the lone roofline of its chunks (least absolute deviation: fixed + factor x roofline), the
-decode workers' mixed steps the same way, decode steps ((decode_done - first_token, less the
-worker's mixed steps in between) / the steps left, against the roofline of mean_batch sessions at 700 tokens:
-median ratio), KV import (kv_imported - kv_recv_end: fixed + per token).
+decode workers' mixed steps the same way (each request's chunk at its own context), decode steps ((decode_done -
+first_token, less the worker's mixed steps in between) / the steps left, against the roofline of mean_batch
+sessions at 700 tokens: median ratio), KV import (kv_imported - kv_recv_end: fixed + per token). Then the same per
+variant (--per-run: and per run) with each engine's CPU share (role_cpu) and the variant's level against the pooled
+fit, and the count model (realcompute.Contention: the variant's engines and WAN senders, from the run's spec) fitted
+on every variant at once: ENGINE_SLOWDOWN, WAN_SENDER_SLOWDOWN, POOLED_SLOWDOWN.
 compare: DIRS holds lines "PROFILE RUN_DIR [RC]" (a run directory or any directory with its summary.json); each
 profile is simulated once (`pddlab simulate SPEC --set profile=P`) and every variant's TTFT p50 (with both 95%
 intervals), p90 and WAN KV bytes are printed side by side as a markdown table, with the error and whether it is

@@ -4,8 +4,8 @@ Responsible for: loading a spec for simulation (`load_for_simulation`: the emula
 so a bad spec is refused with the same message, less the checks that only concern this machine: its memory,
 its GPUs, its cores) and, per variant, a `SimConfig`: every worker of its pools as a `WorkerModel` (the roofline
 of the deployment's architecture on the worker's accelerator x devices: compute.mode modelled; or, for real
-compute, the spec's small model on the catalogue's `this-machine`, scaled to the emulated runs' measured times:
-experiments.sim.realcompute), the roles' validated policy, the KV bytes
+compute, the spec's small model on the catalogue's `this-machine`, scaled to the emulated runs' measured times and
+slowed by the variant's `contention`: experiments.sim.realcompute), the roles' validated policy, the KV bytes
 a token carries, and the published WAN line (the profile as written: the simulator needs no kv_scale).
 Not responsible for: running anything (experiments.sim.pipeline) or the line's behaviour (experiments.sim.wan).
 """

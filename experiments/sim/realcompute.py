@@ -13,9 +13,19 @@ engine step has a fixed cost the benchmark's engine did not pay (gRPC, Python, t
 The constants below are medians / least-absolute-deviation fits (`scripts/validate_sim.py fit RUN...`) over
 every event but the warm-up's of three emulated runs, all four variants each: results/20261204-195628
 (wan-congested), -200730 (wan-cross-country) and -201347 (wan-flaky) -pdd-vs-baselines, pooled over variants
-and profiles: one set for every real-compute spec, tuned to no profile or variant. How far they sit from each
-variant is in docs/simulator.md ("Validation"): the contention differs by variant (colocated has one busy
-engine, pdd three and a WAN sender) and is not modelled beyond these pooled medians.
+and profiles: one set for every real-compute spec, tuned to no profile or variant.
+
+Contention (`Contention`, docs/simulator.md "A contention model (2026-12-05/06)"): each variant's workers take
+those pooled times x (1 + ENGINE_SLOWDOWN per other engine of the pools its mode uses + WAN_SENDER_SLOWDOWN per P
+worker that sends KV over the WAN) / POOLED_SLOWDOWN, the count derived from the spec by experiments.sim.config.
+Fitted (`validate_sim.py fit`, every variant at once) on the six runs of the 2026-12-05/06 profile matrix alone:
+results/20261205-232234 (wan-cellular-trace), -233211 (wan-congested), -233959 (wan-cross-country), -234423
+(wan-flaky), -234848 (wan-lossy) and -235641 (wan-regional) -pdd-vs-baselines, at 6c7795f. Only the ratios between
+variants come from them: that night every step ran 1.5-3x faster than in the runs above (the machine's state, not
+the code: the 2026-12-05 matrices, same engine, measured the old level), so the level stays the pooled constants',
+whose own contention (the model's mean over the fit's events) is divided out. What the count misses: the WAN
+sender's load grows with the line's rate (P's steps in pd-cross: 1.1x the roofline on wan-congested, 7.5x on
+wan-regional), and the data put the engine term at zero.
 """
 
 from __future__ import annotations
