@@ -1,13 +1,17 @@
 """Simulator against emulator (issue 30): fit the real-compute constants from emulated runs' events; compare summaries.
 
-    .venv/bin/python scripts/validate_sim.py fit RUN_DIR...        # experiments/sim/realcompute.py's constants
+    .venv/bin/python scripts/validate_sim.py fit RUN_DIR... [--per-run]  # experiments/sim/realcompute.py's constants
     .venv/bin/python scripts/validate_sim.py compare DIRS [--spec pdd-vs-baselines] [--out /tmp/simval]
     .venv/bin/python scripts/validate_sim.py compare-repeats MATRIX... [--spec ...] [--out /tmp/simval-repeats]
 
 fit: every event but the warm-up's (request ids with ".w") of the runs' variants/*/events/*.jsonl, pooled: P's
 prefill_step against the lone roofline of its chunks (least absolute deviation: fixed + factor x roofline), the
-decode workers' mixed steps the same way, decode steps ((decode_done - first_token) / steps against the roofline
-of mean_batch sessions at 700 tokens: median ratio), KV import (kv_imported - kv_recv_end: fixed + per token).
+decode workers' mixed steps the same way (each request's chunk at its own context), decode steps ((decode_done -
+first_token, less the worker's mixed steps in between) / the steps left, against the roofline of mean_batch
+sessions at 700 tokens: median ratio), KV import (kv_imported - kv_recv_end: fixed + per token). Then the same per
+variant (--per-run: and per run) with each engine's CPU share (role_cpu) and the variant's level against the pooled
+fit, and the count model (realcompute.Contention: the variant's engines and WAN senders, from the run's spec) fitted
+on every variant at once: ENGINE_SLOWDOWN, WAN_SENDER_SLOWDOWN, POOLED_SLOWDOWN.
 compare: DIRS holds lines "PROFILE RUN_DIR [RC]" (a run directory or any directory with its summary.json); each
 profile is simulated once (`pddlab simulate SPEC --set profile=P`) and every variant's TTFT p50 (with both 95%
 intervals), p90 and WAN KV bytes are printed side by side as a markdown table, with the error and whether it is
@@ -32,7 +36,7 @@ import json
 import statistics
 import subprocess
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,40 +60,303 @@ def _lad(points: list[tuple[float, float]]) -> tuple[float, float]:
     return float(fixed), float(factor)
 
 
-def fit(runs: list[Path]) -> None:
+@dataclass
+class Samples:
+    """One variant's (or every variant's) events as fit reads them: (lone roofline s, measured s) of P's prefill
+    steps and of the decode workers' mixed steps; decode steps as measured / roofline ratios; KV imports as
+    (tokens, s); cpu: per engine (p1, rld1, md1) its serving CPU seconds / serving wall seconds (role_cpu)."""
+
+    p_steps: list = field(default_factory=list)
+    mixed: list = field(default_factory=list)
+    decode: list = field(default_factory=list)
+    imports: list = field(default_factory=list)
+    cpu: dict = field(default_factory=dict)
+    mode: str = ""  # the variant's mode (run_mode)
+    contention: object = None  # the variant's experiments.sim.realcompute.Contention (run_mode)
+
+    def extend(self, other: Samples) -> None:
+        self.p_steps += other.p_steps
+        self.mixed += other.mixed
+        self.decode += other.decode
+        self.imports += other.imports
+        for w, shares in other.cpu.items():
+            self.cpu.setdefault(w, []).extend(shares)
+
+
+def _p_steps(events: list, lone) -> list[tuple[float, float]]:
+    from workers.modelled.roofline import Part
+
+    return [
+        (
+            lone.step([Part(n, start, 1 if last else 0) for _rid, start, n, last in e["chunks"]]).seconds,
+            e["duration_ns"] / 1e9,
+        )
+        for e in events
+        if e["event"] == "prefill_step" and e["chunks"] and not any(".w" in c[0] for c in e["chunks"])
+    ]
+
+
+def _decode_worker(events: list, lone, kv_bytes_per_token: int, s: Samples) -> None:
+    """A decode worker's mixed steps, decode steps and imports into s."""
+    from workers.modelled.roofline import Part
+
+    first = {e["request_id"]: e["t_ns"] for e in events if e["event"] == "first_token"}
+    recv = {e["request_id"]: e["t_ns"] for e in events if e["event"] == "kv_recv_end"}
+    mixed_ends = [(e["t_ns"], e["duration_ns"]) for e in events if e["event"] == "decode_step_mixed"]
+    context = {}  # request -> tokens with KV so far (its cached prefix at decode_open, then its chunks')
+    for e in events:
+        rid = e.get("request_id")
+        warm = any(".w" in r for r in e.get("requests") or ())
+        if e["event"] == "decode_open":
+            context[rid] = e.get("cached_tokens") or 0
+        elif e["event"] == "decode_step_mixed" and e["chunk_tokens"] > 1 and not warm:
+            # the step's chunk tokens split evenly over its requests, each at its own context (600 if unknown)
+            share = e["chunk_tokens"] / len(e["requests"])
+            parts = [Part(1, 700, 1)] * e["decode_tokens"]
+            for r in e["requests"]:
+                parts.append(Part(max(1, round(share)), context.get(r, 600), 1))
+                context[r] = context.get(r, 600) + round(share)
+            s.mixed.append((lone.step(parts).seconds, e["duration_ns"] / 1e9))
+        elif e["event"] == "decode_done" and rid in first and e["steps"] > 1:
+            # the worker's steps with a prefill chunk in them (mixed steps: colocated's RLD) between the request's
+            # first token and its last are fitted as mixed steps above, not decode steps: taken out of the span
+            inside = [d for t, d in mixed_ends if first[rid] < t <= e["t_ns"]]
+            steps = e["steps"] - len(inside)
+            if steps >= 1:
+                per_step = (e["t_ns"] - first[rid] - sum(inside)) / 1e9 / steps
+                s.decode.append(per_step / lone.decode_s([700] * max(1, round(e["mean_batch"]))))
+        elif e["event"] == "kv_imported" and rid in recv:
+            s.imports.append((e["kv_bytes"] / kv_bytes_per_token, (e["t_ns"] - recv[rid]) / 1e9))
+
+
+def run_mode(run: Path, variant: str):
+    """A run's variant: its mode and its Contention as the simulator derives it (experiments.sim.config.contention),
+    from the run's spec (metadata.json: variant_defs, pools)."""
+    from experiments.sim.config import contention
+
+    spec = json.loads((run / "metadata.json").read_text())["spec"]
+    mode = ((spec.get("variant_defs") or {}).get(variant) or {}).get("mode", variant)
+    return mode, contention(mode, {role: spec["pools"][role]["workers"] for role in ("p", "rld", "md")})
+
+
+def samples(runs: list[Path]) -> dict[str, Samples]:
+    """variant -> its samples over every run (the warm-up's events left out)."""
     from workers.modelled.catalogue import load_catalogue
-    from workers.modelled.roofline import Part, Roofline
+    from workers.modelled.roofline import Roofline
 
     cat = load_catalogue()
     model = cat.model("default")
     lone = Roofline(cat.accelerator("this-machine"), model)
-    p_steps, mixed, decode, imports = [], [], [], []
+    out: dict[str, Samples] = {}
     for run in runs:
-        for _variant, ev in _events(run):
-            for e in ev.get("p1", []):
-                if e["event"] == "prefill_step" and e["chunks"] and not any(".w" in c[0] for c in e["chunks"]):
-                    parts = [Part(n, start, 1 if last else 0) for _rid, start, n, last in e["chunks"]]
-                    p_steps.append((lone.step(parts).seconds, e["duration_ns"] / 1e9))
+        for variant, ev in _events(run):
+            s = Samples(p_steps=_p_steps(ev.get("p1", []), lone))
             for w in ("rld1", "md1"):
-                events = ev.get(w, [])
-                first = {e["request_id"]: e["t_ns"] for e in events if e["event"] == "first_token"}
-                recv = {e["request_id"]: e["t_ns"] for e in events if e["event"] == "kv_recv_end"}
-                for e in events:
-                    rid = e.get("request_id")
-                    warm = any(".w" in r for r in e.get("requests") or ())
-                    if e["event"] == "decode_step_mixed" and e["chunk_tokens"] > 1 and not warm:
-                        parts = [Part(1, 650, 1)] * e["decode_tokens"] + [Part(e["chunk_tokens"], 600, 1)]
-                        mixed.append((lone.step(parts).seconds, e["duration_ns"] / 1e9))
-                    elif e["event"] == "decode_done" and rid in first and e["steps"] > 1:
-                        per_step = (e["t_ns"] - first[rid]) / 1e9 / e["steps"]
-                        decode.append(per_step / lone.decode_s([700] * max(1, round(e["mean_batch"]))))
-                    elif e["event"] == "kv_imported" and rid in recv:
-                        imports.append((e["kv_bytes"] / model.kv_bytes_per_token, (e["t_ns"] - recv[rid]) / 1e9))
-    q = statistics.quantiles(decode, n=4)
-    print(f"P_STEP_FIXED_S, P_STEP_FACTOR = {_lad(p_steps)}  (n={len(p_steps)})")
-    print(f"MIXED_STEP_FIXED_S, MIXED_STEP_FACTOR = {_lad(mixed)}  (n={len(mixed)})")
-    print(f"DECODE_FACTOR = {q[1]:.3f}  (quartiles {q[0]:.2f}, {q[2]:.2f}; n={len(decode)})")
-    print(f"IMPORT_FIXED_S, IMPORT_PER_TOKEN_S = {_lad(imports)}  (n={len(imports)})")
+                _decode_worker(ev.get(w, []), lone, model.kv_bytes_per_token, s)
+            for w in ("p1", "rld1", "md1"):
+                for e in ev.get(w, []):
+                    if e["event"] == "role_cpu" and e.get("serving_wall_s"):
+                        s.cpu.setdefault(w, []).append(e["serving_cpu_s"] / e["serving_wall_s"])
+            mode, busy = run_mode(run, variant)
+            if out.setdefault(variant, Samples(mode=mode, contention=busy)).contention != busy:
+                raise ValueError(f"{run}: {variant} has contention {busy}, other runs {out[variant].contention}")
+            out[variant].extend(s)
+    return out
+
+
+@dataclass(frozen=True)
+class ContentionFit:
+    """The constants at one engine alone and the slowdown per other engine / WAN sender (realcompute's names)."""
+
+    p_step_fixed_s: float
+    p_step_factor: float
+    mixed_step_fixed_s: float
+    mixed_step_factor: float
+    decode_factor: float
+    import_fixed_s: float
+    import_per_token_s: float
+    engine_slowdown: float
+    wan_sender_slowdown: float
+
+    def slowdown(self, busy) -> float:
+        return 1 + self.engine_slowdown * (busy.engines - 1) + self.wan_sender_slowdown * busy.wan_senders
+
+
+def fit_contention(by_variant: dict[str, Samples], nonnegative: bool = True) -> ContentionFit:
+    """Every kind of event of every variant at once: measured = (fixed + factor x roofline) x slowdown(variant)
+    (a decode step: decode_factor x roofline x slowdown), robust least squares on log(measured / predicted), each
+    kind of event weighted alike whatever its count (so the 4 variants' differences, not the most numerous kind,
+    set the slowdown). nonnegative: the slowdowns bounded at 0 (else at -0.5, to see where the data alone put them)."""
+    import numpy as np
+    from scipy.optimize import least_squares
+
+    kinds = ("p_steps", "mixed", "decode", "imports")
+    data = {k: [(x, y, s.contention) for s in by_variant.values() for x, y in _pairs(s, k)] for k in kinds}
+    cols = {k: [np.array(c) for c in zip(*[(x, y) for x, y, _b in data[k]])] for k in kinds if data[k]}
+    busy = {k: [b for _x, _y, b in data[k]] for k in cols}
+
+    def residuals(t):
+        f = ContentionFit(*t)
+        out = []
+        for k, (x, y) in cols.items():
+            slow = np.array([f.slowdown(b) for b in busy[k]])
+            base = {
+                "p_steps": f.p_step_fixed_s + f.p_step_factor * x,
+                "mixed": f.mixed_step_fixed_s + f.mixed_step_factor * x,
+                "decode": f.decode_factor * x,
+                "imports": f.import_fixed_s + f.import_per_token_s * x,
+            }[k]
+            out.append((np.log(y) - np.log(np.maximum(base * slow, 1e-9))) / np.sqrt(len(y)))
+        return np.concatenate(out)
+
+    start = [0.05, 1.0, 0.03, 0.8, 0.6, 0.004, 4e-5, 0.2, 0.5]
+    # another process on the cores cannot make a step faster: both slowdowns >= 0
+    lower = [0, 0.01, 0, 0.01, 0.01, 0, 0, 0, 0] if nonnegative else [0, 0.01, 0, 0.01, 0.01, 0, 0, -0.5, -0.5]
+    bounds = (lower, [2, 20, 2, 20, 20, 1, 1e-2, 5, 10])
+    return ContentionFit(*least_squares(residuals, start, bounds=bounds, loss="soft_l1", f_scale=0.05).x)
+
+
+def _pairs(s: Samples, kind: str) -> list[tuple[float, float]]:
+    """(x, measured) of one kind: x the roofline's s (a decode step: 1, its measured value being the ratio), or
+    an import's tokens."""
+    return [(1.0, r) for r in s.decode] if kind == "decode" else getattr(s, kind)
+
+
+def _ratio(points: list[tuple[float, float]]) -> str:
+    """The median measured / roofline ratio of (roofline, measured) points."""
+    return f"{statistics.median(m / r for r, m in points):.2f}x" if points else "–"
+
+
+def _lad_text(points: list[tuple[float, float]], per: str = "x") -> str:
+    """A LAD fit's text: 'fixed + factor x' (s, of the roofline), or per token: 'fixed ms + factor ms/token'."""
+    if len(points) < 3:
+        return f"– (n={len(points)})"
+    fixed, factor = _lad(points)
+    if per == "token":
+        return f"{fixed * 1e3:.1f} ms + {factor * 1e3:.4f} ms/token (n={len(points)})"
+    return f"{fixed:.3f} + {factor:.2f}x (n={len(points)})"
+
+
+@dataclass(frozen=True)
+class PooledConstants:
+    """experiments/sim/realcompute.py's constants, pooled over every variant (LAD fits, the decode ratio's median)."""
+
+    p_step: tuple[float, float]  # fixed s, factor x roofline
+    mixed_step: tuple[float, float]  # fixed s, factor x roofline
+    decode_factor: float
+    import_: tuple[float, float]  # fixed s, s per token
+
+
+def pooled_constants(pooled: Samples) -> PooledConstants:
+    return PooledConstants(
+        _lad(pooled.p_steps), _lad(pooled.mixed), statistics.median(pooled.decode), _lad(pooled.imports)
+    )
+
+
+def slowdowns(by_variant: dict[str, Samples], c: PooledConstants) -> dict[str, tuple[float, float]]:
+    """mode -> (P, decode workers): the median of measured / the pooled constants' time, over its P's steps, and
+    over its decode workers' mixed steps, decode steps and imports together (1.0 where the variant has no such
+    event): each variant's own level, what free per-variant constants would be."""
+    out = {}
+    for s in by_variant.values():
+        p = [m / (c.p_step[0] + c.p_step[1] * x) for x, m in s.p_steps]
+        d = [m / (c.mixed_step[0] + c.mixed_step[1] * x) for x, m in s.mixed]
+        d += [r / c.decode_factor for r in s.decode]
+        d += [m / (c.import_[0] + c.import_[1] * n) for n, m in s.imports]
+        out[s.mode] = (statistics.median(p) if p else 1.0, statistics.median(d) if d else 1.0)
+    return out
+
+
+def _slowdown_text(slow: dict[str, tuple[float, float]]) -> str:
+    return "{" + ", ".join(f'"{m}": ({p:.2f}, {d:.2f})' for m, (p, d) in sorted(slow.items())) + "}"
+
+
+def fit(runs: list[Path], per_run: bool = False) -> None:
+    """The pooled constants of experiments/sim/realcompute.py, each variant's own (per_run: also each run's, to
+    see the run-to-run spread) and its level against the pooled ones, then the count model (realcompute's
+    Contention: a slowdown per other engine and per WAN sender) fitted on every variant at once."""
+    by_variant = samples(runs)
+    pooled = Samples()
+    for s in by_variant.values():
+        pooled.extend(s)
+    c = pooled_constants(pooled)
+    q = statistics.quantiles(pooled.decode, n=4)
+    print(f"P_STEP_FIXED_S, P_STEP_FACTOR = {c.p_step[0]:.4f}, {c.p_step[1]:.3f}  (n={len(pooled.p_steps)})")
+    print(
+        f"MIXED_STEP_FIXED_S, MIXED_STEP_FACTOR = {c.mixed_step[0]:.4f}, {c.mixed_step[1]:.3f}  (n={len(pooled.mixed)})"
+    )
+    print(f"DECODE_FACTOR = {c.decode_factor:.3f}  (quartiles {q[0]:.2f}, {q[2]:.2f}; n={len(pooled.decode)})")
+    print(f"IMPORT_FIXED_S, IMPORT_PER_TOKEN_S = {c.import_[0]:.4f}, {c.import_[1]:.3g}  (n={len(pooled.imports)})")
+    print(f"per variant, measured / pooled (P, decode workers): {_slowdown_text(slowdowns(by_variant, c))}")
+    print(f"\nPer variant, {len(runs)} runs pooled:\n")
+    print("\n".join(variant_table(by_variant)))
+    for run in runs if per_run else ():
+        one = samples([run])
+        print(f"\n{run.name}: measured / pooled (P, decode workers) = {_slowdown_text(slowdowns(one, c))}\n")
+        print("\n".join(variant_table(one)))
+    free = fit_contention(by_variant, nonnegative=False)
+    print_contention(fit_contention(by_variant), by_variant)
+    print(
+        f"\nUnbounded (where the data alone put them): ENGINE_SLOWDOWN, WAN_SENDER_SLOWDOWN = "
+        f"{free.engine_slowdown:.3f}, {free.wan_sender_slowdown:.3f}"
+    )
+
+
+def variant_table(by_variant: dict[str, Samples]) -> list[str]:
+    """Markdown: per variant its contention, P's and the mixed steps' LAD fits (fixed s + factor x roofline) and
+    median measured / roofline ratios, the decode ratio's median and quartiles, the import's fit (fixed s + s per
+    token) and each engine's CPU share (p1, rld1, md1: serving CPU s / serving wall s)."""
+    out = [
+        "| variant | contention | P step | P ratio | mixed step | mixed ratio | decode ratio [quartiles] (n) | import "
+        "| CPU p1, rld1, md1 |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for variant, s in sorted(by_variant.items()):
+        dq = statistics.quantiles(s.decode, n=4) if len(s.decode) > 1 else None
+        dec = f"{dq[1]:.2f}x [{dq[0]:.2f}, {dq[2]:.2f}] ({len(s.decode)})" if dq else "–"
+        cpu = ", ".join(f"{statistics.fmean(s.cpu[w]):.2f}" if w in s.cpu else "–" for w in ("p1", "rld1", "md1"))
+        busy = f"{s.contention.engines} engines, {s.contention.wan_senders} WAN"
+        out.append(
+            f"| {variant} | {busy} | {_lad_text(s.p_steps)} | {_ratio(s.p_steps)} | {_lad_text(s.mixed)} "
+            f"| {_ratio(s.mixed)} | {dec} | {_lad_text(s.imports, 'token')} | {cpu} |"
+        )
+    return out
+
+
+def pooled_slowdown(f: ContentionFit, by_variant: dict[str, Samples]) -> float:
+    """The count model's slowdown averaged over every event of the fit (each P step, mixed step, decode step and
+    import once): what constants pooled over these variants carry, so realcompute divides it out."""
+    weights = [
+        (len(s.p_steps) + len(s.mixed) + len(s.decode) + len(s.imports), f.slowdown(s.contention))
+        for s in by_variant.values()
+    ]
+    return sum(n * k for n, k in weights) / sum(n for n, _k in weights)
+
+
+def print_contention(f: ContentionFit, by_variant: dict[str, Samples]) -> None:
+    """The contention model's constants and, per variant, its slowdown and the measured / modelled median ratio of
+    each kind of step (1.00x: the model carries that variant's contention)."""
+    print(
+        "\nThe count model (every variant at once): the constants at one engine alone, the slowdown per other engine"
+        " and per WAN sender, and the slowdown the pooled constants carry (the mean over these events):\n"
+    )
+    print(
+        f"P_STEP_FIXED_S, P_STEP_FACTOR = {f.p_step_fixed_s:.4f}, {f.p_step_factor:.3f}\n"
+        f"MIXED_STEP_FIXED_S, MIXED_STEP_FACTOR = {f.mixed_step_fixed_s:.4f}, {f.mixed_step_factor:.3f}\n"
+        f"DECODE_FACTOR = {f.decode_factor:.3f}\n"
+        f"IMPORT_FIXED_S, IMPORT_PER_TOKEN_S = {f.import_fixed_s:.4f}, {f.import_per_token_s:.3g}\n"
+        f"ENGINE_SLOWDOWN, WAN_SENDER_SLOWDOWN = {f.engine_slowdown:.3f}, {f.wan_sender_slowdown:.3f}\n"
+        f"POOLED_SLOWDOWN = {pooled_slowdown(f, by_variant):.3f}"
+    )
+    print("\n| variant | slowdown | P step measured / model | mixed | decode | import |")
+    print("|---|---|---|---|---|---|")
+    for variant, s in sorted(by_variant.items()):
+        slow = f.slowdown(s.contention)
+        p = _ratio([(f.p_step_fixed_s + f.p_step_factor * r, m / slow) for r, m in s.p_steps])
+        mx = _ratio([(f.mixed_step_fixed_s + f.mixed_step_factor * r, m / slow) for r, m in s.mixed])
+        dec = _ratio([(f.decode_factor, r / slow) for r in s.decode])
+        imp = _ratio([(f.import_fixed_s + f.import_per_token_s * n, m / slow) for n, m in s.imports])
+        print(f"| {variant} | {slow:.2f} | {p} | {mx} | {dec} | {imp} |")
 
 
 def _err(emulated, simulated) -> str:
@@ -458,6 +725,7 @@ def main() -> None:
     sub = ap.add_subparsers(dest="cmd", required=True)
     f = sub.add_parser("fit")
     f.add_argument("runs", nargs="+", type=Path)
+    f.add_argument("--per-run", action="store_true", help="also each run's own per-variant table")
     c = sub.add_parser("compare")
     c.add_argument("dirs", type=Path)
     c.add_argument("--spec", default="pdd-vs-baselines")
@@ -473,7 +741,7 @@ def main() -> None:
     )
     a = ap.parse_args()
     if a.cmd == "fit":
-        fit(a.runs)
+        fit(a.runs, a.per_run)
     elif a.cmd == "compare":
         compare(a.dirs, a.spec, a.out)
     else:

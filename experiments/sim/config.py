@@ -4,8 +4,8 @@ Responsible for: loading a spec for simulation (`load_for_simulation`: the emula
 so a bad spec is refused with the same message, less the checks that only concern this machine: its memory,
 its GPUs, its cores) and, per variant, a `SimConfig`: every worker of its pools as a `WorkerModel` (the roofline
 of the deployment's architecture on the worker's accelerator x devices: compute.mode modelled; or, for real
-compute, the spec's small model on the catalogue's `this-machine`, scaled to the emulated runs' measured times:
-experiments.sim.realcompute), the roles' validated policy, the KV bytes
+compute, the spec's small model on the catalogue's `this-machine`, scaled to the emulated runs' measured times and
+slowed by the variant's `contention`: experiments.sim.realcompute), the roles' validated policy, the KV bytes
 a token carries, and the published WAN line (the profile as written: the simulator needs no kv_scale).
 Not responsible for: running anything (experiments.sim.pipeline) or the line's behaviour (experiments.sim.wan).
 """
@@ -22,9 +22,12 @@ from workers.modelled.catalogue import CatalogueError
 from workers.modelled.roofline import Roofline
 from workers.roles.config import ConfigError, DeploymentConfig, catalogue, kv_bytes_per_token, parse_config
 
-from experiments.sim.realcompute import MeasuredRoofline
+from experiments.sim.realcompute import Contention, MeasuredRoofline
 from experiments.sim.wan import LineParams, line_from_profile
 
+# the pools each mode uses (colocated: the RLD serves everything; pd-intra: no MD; pd-cross: no RLD; pdd: all three)
+ROLES_USED = {"colocated": ("rld",), "pd-intra": ("p", "rld"), "pd-cross": ("p", "md"), "pdd": ("p", "rld", "md")}
+WAN_MODES = ("pd-cross", "pdd")  # the modes whose P sends KV over the WAN (to the MD)
 REAL_ACCELERATOR = "this-machine"  # real compute: the small model runs on this machine's CPU (calibrated entry)
 HANDOFF_ID_BYTES = 15  # a handoff's payload per token ID (PDD.md: 100 tokens ~ 1.5 KB)
 
@@ -79,10 +82,7 @@ class SimConfig:
     @property
     def accelerators(self) -> int:
         """Accelerators of the pools this variant uses (colocated: the RLD pool only; pd-intra: no MD)."""
-        used = {"colocated": ("rld",), "pd-intra": ("p", "rld"), "pd-cross": ("p", "md")}.get(
-            self.mode, ("p", "rld", "md")
-        )
-        return sum(w.accelerators for role in used for w in self.workers[role])
+        return sum(w.accelerators for role in ROLES_USED[self.mode] for w in self.workers[role])
 
 
 def load_for_simulation(name_or_path: str, overrides: list[str] = ()) -> Loaded:
@@ -112,11 +112,15 @@ def sim_config(loaded: Loaded, variant: str) -> SimConfig:
             f"so no step times; allowed: {sorted(cat.models)}"
         )
     arch = cat.model(arch_name)
-    pools = {}
+    pools, busy = {}, contention(mode, {role: len(cfg.pool(role)) for role in ("p", "rld", "md")})
     for role in ("p", "rld", "md"):
         pools[role] = tuple(
             WorkerModel(
-                w.name, role, _roofline(cat, arch, w, role, cfg, modelled), cfg.decode.max_batch, w.capacity_tokens
+                w.name,
+                role,
+                _roofline(cat, arch, w, role, cfg, modelled, busy),
+                cfg.decode.max_batch,
+                w.capacity_tokens,
             )
             for w in cfg.pool(role)
         )
@@ -136,10 +140,19 @@ def sim_config(loaded: Loaded, variant: str) -> SimConfig:
     )
 
 
-def _roofline(cat, arch, worker, role: str, cfg: DeploymentConfig, modelled: bool) -> Roofline:
+def contention(mode: str, pool_sizes: dict[str, int]) -> Contention:
+    """What shares the machine's cores with each engine of a real-compute variant (pool_sizes: role -> workers):
+    the engines of the pools its mode uses, and its P workers as WAN senders where the mode crosses the WAN."""
+    return Contention(
+        engines=sum(pool_sizes[role] for role in ROLES_USED[mode]),
+        wan_senders=pool_sizes["p"] if mode in WAN_MODES else 0,
+    )
+
+
+def _roofline(cat, arch, worker, role: str, cfg: DeploymentConfig, modelled: bool, busy: Contention) -> Roofline:
     """A worker's step times: the roofline of the architecture on its accelerator (modelled compute), or the
-    small model on this-machine scaled to what the emulated runs measured (real compute:
-    experiments.sim.realcompute), its prefill chunked as the engine's step budget."""
+    small model on this-machine scaled to what the emulated runs measured, slowed by its variant's contention
+    (real compute: experiments.sim.realcompute), its prefill chunked as the engine's step budget."""
     if modelled:
         return Roofline(cat.accelerator(worker.accelerator), arch, worker.devices)
     budget = cfg.prefill.step_budget_tokens if role == "p" else cfg.decode.step_budget_tokens
@@ -149,4 +162,5 @@ def _roofline(cat, arch, worker, role: str, cfg: DeploymentConfig, modelled: boo
         worker.devices,
         prefill_worker=role == "p",
         chunk_tokens=budget or (1 << 20),
+        contention=busy,
     )

@@ -13,16 +13,26 @@ engine step has a fixed cost the benchmark's engine did not pay (gRPC, Python, t
 The constants below are medians / least-absolute-deviation fits (`scripts/validate_sim.py fit RUN...`) over
 every event but the warm-up's of three emulated runs, all four variants each: results/20261204-195628
 (wan-congested), -200730 (wan-cross-country) and -201347 (wan-flaky) -pdd-vs-baselines, pooled over variants
-and profiles: one set for every real-compute spec, tuned to no profile or variant. How far they sit from each
-variant is in docs/simulator.md ("Validation"): the contention differs by variant (colocated has one busy
-engine, pdd three and a WAN sender) and is not modelled beyond these pooled medians.
+and profiles: one set for every real-compute spec, tuned to no profile or variant.
+
+Contention (`Contention`, docs/simulator.md "A contention model (2026-12-05/06)"): each variant's workers take
+those pooled times x (1 + ENGINE_SLOWDOWN per other engine of the pools its mode uses + WAN_SENDER_SLOWDOWN per P
+worker that sends KV over the WAN) / POOLED_SLOWDOWN, the count derived from the spec by experiments.sim.config.
+Fitted (`validate_sim.py fit`, every variant at once) on the six runs of the 2026-12-05/06 profile matrix alone:
+results/20261205-232234 (wan-cellular-trace), -233211 (wan-congested), -233959 (wan-cross-country), -234423
+(wan-flaky), -234848 (wan-lossy) and -235641 (wan-regional) -pdd-vs-baselines, at 6c7795f. Only the ratios between
+variants come from them: that night every step ran 1.5-3x faster than in the runs above (the machine's state, not
+the code: the 2026-12-05 matrices, same engine, measured the old level), so the level stays the pooled constants',
+whose own contention (the model's mean over the fit's events) is divided out. What the count misses: the WAN
+sender's load grows with the line's rate (P's steps in pd-cross: 1.1x the roofline on wan-congested, 7.5x on
+wan-regional), and the data put the engine term at zero.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from workers.modelled.catalogue import Accelerator, ModelArch
 from workers.modelled.roofline import Part, Roofline, StepCost
@@ -45,12 +55,46 @@ IMPORT_PER_TOKEN_S = 0.0000838
 # The export: P streams the KV while it computes (events p1: kv_send_start 20-25 ms after prefill_start,
 # the fast path's kv_send_end 2-5 ms after prefill_done), so nothing is added after the prefill.
 EXPORT_S = 0.0
+# Contention: the count model fitted on every variant of the six runs of the 2026-12-05/06 profile matrix
+# (module docstring; `validate_sim.py fit` on results/20261205-232234 ... 20261205-235641-pdd-vs-baselines). Its
+# constants at one engine alone are not used: that night's machine ran every step 1.5-3x faster than the runs the
+# pooled constants above came from (and the matrices they are validated on), so only the ratios between variants
+# are taken from it, over the level the pooled constants carry.
+# Each other engine of the variant's pools adds this share to every step and import: fitted 0.000 (its bound; the
+# unbounded fit puts it at -0.075: another engine on the cores did not measurably slow that night's steps).
+ENGINE_SLOWDOWN = 0.0
+# Each P worker sending KV over the WAN adds this share (unbounded: 0.488): P's steps took 2.1x the roofline in
+# pd-cross (median; 2.9-7.5x on the lines that carry its KV fastest, wan-flaky, -cross-country, -regional; 1.1-1.4x
+# on the slow ones), 1.5x in pd-intra.
+WAN_SENDER_SLOWDOWN = 0.435
+# The model's slowdown averaged over the fit's 2,915 events (every variant's): what pooled constants carry.
+POOLED_SLOWDOWN = 1.249
+
+
+@dataclass(frozen=True)
+class Contention:
+    """What shares this machine's two cores with a worker's engine in one variant (experiments.sim.config derives
+    it from the spec: the pools its mode uses, and whether it sends KV over the WAN).
+
+    engines: the engine processes of the pools the variant's mode uses, the worker's own included (colocated: the
+    RLD pool; pd-intra: P and RLD; pd-cross: P and MD; pdd: P, RLD and MD); wan_senders: the P workers whose
+    processes send KV over the WAN (pd-cross, pdd: the P pool; their sender threads take cores and the GIL)"""
+
+    engines: int = 1
+    wan_senders: int = 0
+
+    @property
+    def slowdown(self) -> float:
+        """Every step and import of the variant's workers against the pooled constants': 1 + ENGINE_SLOWDOWN per
+        other engine + WAN_SENDER_SLOWDOWN per WAN sender, over the POOLED_SLOWDOWN the constants carry."""
+        return (1 + ENGINE_SLOWDOWN * (self.engines - 1) + WAN_SENDER_SLOWDOWN * self.wan_senders) / POOLED_SLOWDOWN
 
 
 class MeasuredRoofline(Roofline):
     """The roofline of `model` on `accelerator` (this-machine), its times scaled to the emulated runs' (module
     docstring). prefill_worker: True for a P worker (its steps are P's), False for an RLD or MD; chunk_tokens:
-    the engine's prefill.step_budget_tokens (a prompt's new tokens take ceil(n / chunk_tokens) steps)."""
+    the engine's prefill.step_budget_tokens (a prompt's new tokens take ceil(n / chunk_tokens) steps);
+    contention: what shares the cores with it in its variant (every time below x contention.slowdown)."""
 
     def __init__(
         self,
@@ -60,25 +104,28 @@ class MeasuredRoofline(Roofline):
         *,
         prefill_worker: bool,
         chunk_tokens: int = 256,
+        contention: Contention = Contention(),
     ):
         super().__init__(accelerator, model, devices)
         self.prefill_worker, self.chunk_tokens = prefill_worker, max(1, chunk_tokens)
+        self.contention, self.slowdown = contention, contention.slowdown
+        self.decode_factor = DECODE_FACTOR * self.slowdown
 
     @property
     def bytes_per_s(self) -> float:
-        """The lone engine's bandwidth / DECODE_FACTOR: a decode step (and experiments.sim.workers.DecodeCost,
-        which reads this) takes DECODE_FACTOR times the roofline's."""
-        return super().bytes_per_s / DECODE_FACTOR
+        """The lone engine's bandwidth / (DECODE_FACTOR x slowdown): a decode step (and
+        experiments.sim.workers.DecodeCost, which reads this) takes that many times the roofline's."""
+        return super().bytes_per_s / self.decode_factor
 
     def step_flops_per_s(self, tokens: int) -> float:
-        return super().step_flops_per_s(tokens) / DECODE_FACTOR
+        return super().step_flops_per_s(tokens) / self.decode_factor
 
     def step(self, parts: Sequence[Part]) -> StepCost:
-        """A decode step: DECODE_FACTOR x the roofline's (through the rates above, the overhead scaled too); a step
-        with a prefill or an extend in it: per chunk of chunk_tokens the measured fixed cost, plus the measured
-        factor x the lone roofline's time."""
+        """A decode step: DECODE_FACTOR x slowdown x the roofline's (through the rates above, the overhead scaled
+        too); a step with a prefill or an extend in it: per chunk of chunk_tokens the measured fixed cost, plus the
+        measured factor x the lone roofline's time, both x slowdown."""
         cost = super().step(parts)
-        cost = replace(cost, overhead_s=cost.overhead_s * DECODE_FACTOR)
+        cost = replace(cost, overhead_s=cost.overhead_s * self.decode_factor)
         # the fixed cost was fitted per engine step of chunk_tokens: parts sharing a step (one prompt's tail chunk
         # with the next one's first) pay it once, a whole prompt in one part once per chunk it would take
         chunks = math.ceil(sum(p.new_tokens for p in parts if p.new_tokens > 1) / self.chunk_tokens)
@@ -87,9 +134,13 @@ class MeasuredRoofline(Roofline):
         fixed, factor = (
             (P_STEP_FIXED_S, P_STEP_FACTOR) if self.prefill_worker else (MIXED_STEP_FIXED_S, MIXED_STEP_FACTOR)
         )
-        lone = factor / DECODE_FACTOR  # the rates above already carry DECODE_FACTOR
+        lone = factor / DECODE_FACTOR  # the rates above already carry DECODE_FACTOR x slowdown
         return StepCost(
-            cost.flops, cost.bytes, cost.compute_s * lone, cost.memory_s * lone, cost.overhead_s * lone + fixed * chunks
+            cost.flops,
+            cost.bytes,
+            cost.compute_s * lone,
+            cost.memory_s * lone,
+            cost.overhead_s * lone + fixed * chunks * self.slowdown,
         )
 
     def kv_export_s(self, n_tokens: int) -> float:
@@ -97,8 +148,8 @@ class MeasuredRoofline(Roofline):
         return EXPORT_S
 
     def kv_import_s(self, n_tokens: int) -> float:
-        """Importing n_tokens of KV on a decode worker (s): the measured fixed cost and per-token cost."""
-        return IMPORT_FIXED_S + IMPORT_PER_TOKEN_S * n_tokens
+        """Importing n_tokens of KV on a decode worker (s): the measured fixed cost and per-token cost x slowdown."""
+        return (IMPORT_FIXED_S + IMPORT_PER_TOKEN_S * n_tokens) * self.slowdown
 
 
 def kv_export_s(roofline: Roofline, n_tokens: int) -> float:

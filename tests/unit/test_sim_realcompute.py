@@ -5,10 +5,11 @@ import pytest
 
 from experiments.sim.config import load_for_simulation, sim_config
 from experiments.sim.pipeline import Simulation
-from experiments.sim.realcompute import P_STEP_FIXED_S
+from experiments.sim import realcompute
+from experiments.sim.realcompute import P_STEP_FIXED_S, Contention, MeasuredRoofline
 from experiments.sim.simulate import simulate, workload_of
 from workers.model import get_config
-from workers.modelled.roofline import Part
+from workers.modelled.roofline import Part, Roofline
 
 SPEC = "pdd-vs-baselines"  # real compute: the default model on this machine's CPU
 PROFILE = "profile=wan-regional"
@@ -85,3 +86,46 @@ def test_nothing_is_sent_past_the_issue_deadline_and_a_late_turn_takes_the_rest_
 def test_without_an_issue_deadline_every_request_is_sent(variant):
     run = simulate(real("timeouts.issue_s=0", f"variants=[{variant}]"))
     assert all(r.issued and r.ok for r in run.records)
+
+
+# the count each variant's mode gives (one worker a pool): its pools' engines, its P as a WAN sender if it crosses
+COUNTS = {"colocated": (1, 0), "pd-intra": (2, 0), "pd-cross": (2, 1), "pdd": (3, 1)}
+
+
+@pytest.mark.parametrize(("variant", "counts"), COUNTS.items())
+def test_a_variants_contention_is_its_pools_engines_and_its_wan_senders(variant, counts):
+    for pool in sim_config(real(), variant).workers.values():
+        assert pool[0].roofline.contention == Contention(*counts)
+
+
+def test_more_workers_in_a_pool_are_more_engines_and_more_p_workers_more_wan_senders():
+    cfg = sim_config(real("pools.p.workers=2", "pools.md.workers=2"), "pdd")
+    assert cfg.workers["rld"][0].roofline.contention == Contention(engines=5, wan_senders=2)
+    assert sim_config(real("pools.p.workers=2"), "pd-intra").workers["p"][1].roofline.contention == Contention(3, 0)
+
+
+def test_the_slowdown_is_one_plus_each_other_engines_and_wan_senders_share_over_the_pooled_one():
+    k = (1 + 2 * realcompute.ENGINE_SLOWDOWN + realcompute.WAN_SENDER_SLOWDOWN) / realcompute.POOLED_SLOWDOWN
+    assert Contention(3, 1).slowdown == pytest.approx(k)
+    assert Contention(1, 0).slowdown == pytest.approx(1 / realcompute.POOLED_SLOWDOWN)
+
+
+@pytest.mark.parametrize("variant", COUNTS)
+def test_every_time_of_a_worker_scales_with_its_variants_slowdown(variant):
+    """P's steps, the RLD's and MD's decode and mixed steps and their imports: each x the variant's slowdown, against
+    the same worker with one engine alone on the machine."""
+    for role, pool in sim_config(real(), variant).workers.items():
+        r = pool[0].roofline
+        alone = MeasuredRoofline(r.accelerator, r.model, prefill_worker=role == "p", chunk_tokens=r.chunk_tokens)
+        k = Contention(*COUNTS[variant]).slowdown / Contention(1, 0).slowdown
+        for parts in ([Part(100, 600, 1)], [Part(1, 700, 1)] * 3, [Part(1, 700, 1), Part(20, 680, 1)]):
+            assert r.step(parts).seconds == pytest.approx(k * alone.step(parts).seconds, rel=1e-12)
+        assert r.decode_s([700, 650]) == pytest.approx(k * alone.decode_s([700, 650]), rel=1e-12)
+        assert r.kv_import_s(600) == pytest.approx(k * alone.kv_import_s(600), rel=1e-12)
+
+
+def test_modelled_compute_has_no_slowdown_it_is_the_catalogues_roofline():
+    spec = load_for_simulation("experiments/specs/sim/pdd-published-scale.yaml")
+    for variant in spec.spec.variants:
+        for pool in sim_config(spec, variant).workers.values():
+            assert all(type(w.roofline) is Roofline for w in pool)
