@@ -55,20 +55,10 @@ IMPORT_PER_TOKEN_S = 0.0000838
 # The export: P streams the KV while it computes (events p1: kv_send_start 20-25 ms after prefill_start,
 # the fast path's kv_send_end 2-5 ms after prefill_done), so nothing is added after the prefill.
 EXPORT_S = 0.0
-# Contention: the count model fitted on every variant of the six runs of the 2026-12-05/06 profile matrix
-# (module docstring; `validate_sim.py fit` on results/20261205-232234 ... 20261205-235641-pdd-vs-baselines). Its
-# constants at one engine alone are not used: that night's machine ran every step 1.5-3x faster than the runs the
-# pooled constants above came from (and the matrices they are validated on), so only the ratios between variants
-# are taken from it, over the level the pooled constants carry.
-# Each other engine of the variant's pools adds this share to every step and import: fitted 0.000 (its bound; the
-# unbounded fit puts it at -0.075: another engine on the cores did not measurably slow that night's steps).
-ENGINE_SLOWDOWN = 0.0
-# Each P worker sending KV over the WAN adds this share (unbounded: 0.488): P's steps took 2.1x the roofline in
-# pd-cross (median; 2.9-7.5x on the lines that carry its KV fastest, wan-flaky, -cross-country, -regional; 1.1-1.4x
-# on the slow ones), 1.5x in pd-intra.
-WAN_SENDER_SLOWDOWN = 0.435
-# The model's slowdown averaged over the fit's 2,915 events (every variant's): what pooled constants carry.
-POOLED_SLOWDOWN = 1.249
+# Contention (to be fitted: validate_sim fit, "the count model").
+ENGINE_SLOWDOWN = 0.0  # each other engine of the variant's pools adds this share to every step and import
+WAN_SENDER_SLOWDOWN = 0.0  # each P worker sending KV over the WAN adds this share
+POOLED_SLOWDOWN = 1.0  # the slowdown the pooled constants above carry (the fit's events' mean): divided out
 
 
 @dataclass(frozen=True)
