@@ -18,13 +18,11 @@ and profiles: one set for every real-compute spec, tuned to no profile or varian
 Contention (`Contention`, docs/simulator.md "A contention model (2026-12-05/06)"): each variant's workers take
 those pooled times x (1 + ENGINE_SLOWDOWN per other engine of the pools its mode uses + WAN_SENDER_SLOWDOWN per P
 worker that sends KV over the WAN) / POOLED_SLOWDOWN, the count derived from the spec by experiments.sim.config.
-Fitted (`validate_sim.py fit`, every variant at once) on the six runs of the 2026-12-05/06 profile matrix alone:
-results/20261205-232234 (wan-cellular-trace), -233211 (wan-congested), -233959 (wan-cross-country), -234423
-(wan-flaky), -234848 (wan-lossy) and -235641 (wan-regional) -pdd-vs-baselines, at 6c7795f. Only the ratios between
-variants come from them: that night every step ran 1.5-3x faster than in the runs above (the machine's state, not
-the code: the 2026-12-05 matrices, same engine, measured the old level), so the level stays the pooled constants',
-whose own contention (the model's mean over the fit's events) is divided out. What the count misses: the WAN
-sender's load grows with the line's rate (P's steps in pd-cross: 1.1x the roofline on wan-congested, 7.5x on
+Not adopted: the constants below are neutral (every figure as before). Fitted on the six runs of the 2026-12-05/06
+profile matrix (ENGINE 0, WAN_SENDER 0.435, POOLED 1.249), out of sample on the 17 older runs it took colocated's
+pooled TTFT p50 from +41% to +11% but pd-intra's from -1% to -27% (below the runs' interval) and pd-cross on
+wan-regional below its runs' interval: one firm error traded for another. What the count misses: the WAN sender's
+load grows with the line's rate (P's steps in pd-cross: 1.1x the roofline on wan-congested, 7.5x on
 wan-regional), and the data put the engine term at zero.
 """
 
