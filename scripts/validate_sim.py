@@ -373,6 +373,16 @@ def _p50(v: dict) -> str:
     return _num(t.get("p50")) + (f" [{ci[0]:,.0f}, {ci[1]:,.0f}]" if ci else "")
 
 
+def kv_scale(run: Path) -> float:
+    """The run's compute.kv_scale (metadata.json's line_scaling; 1 without one): an emulated run with kv_scale k
+    carries each token's KV as 1/k of its bytes over a line k times slower, so its wire's KV bytes x k are the
+    modelled deployment's, which the simulator (no scaled line) counts."""
+    meta = run / "metadata.json"
+    if not meta.exists():
+        return 1.0
+    return float((json.loads(meta.read_text()).get("line_scaling") or {}).get("kv_scale") or 1.0)
+
+
 def compare(dirs: Path, spec: str, out: Path) -> None:
     sims: dict[str, dict] = {}
     print(
@@ -390,10 +400,12 @@ def compare(dirs: Path, spec: str, out: Path) -> None:
             continue
         if profile not in sims:
             sims[profile] = _simulate(spec, profile, out)["variants"]
+        scale = kv_scale(Path(run))
         for name, e in json.loads(summary.read_text())["variants"].items():
             s = sims[profile].get(name, {})
             te, ts = e.get("ttft_ms") or {}, s.get("ttft_ms") or {}
             we, ws = e.get("wan_kv_bytes_total"), s.get("wan_kv_bytes_total")
+            we = we * scale if we is not None else None  # the deployment's bytes, as the simulator counts them
             print(
                 f"| {profile} | {Path(run).name[:15]} | {name} | {_p50(e)} | {_p50(s)} "
                 f"| {_err(te.get('p50'), ts.get('p50'))} "

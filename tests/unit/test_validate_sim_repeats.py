@@ -134,3 +134,12 @@ def test_runs_needed_is_the_least_n_whose_t_interval_fits_the_tolerance():
     assert vs.runs_needed(0.14, 0.15) == 6
     assert vs.runs_needed(0.0, 0.15) == 2 and vs.runs_needed(None, 0.15) is None
     assert vs.runs_needed(5.0, 0.01, most=50) == 51
+
+
+def test_a_scaled_run_s_wire_bytes_are_multiplied_back_to_the_deployment_s(tmp_path):
+    # kv_scale 50: each token's KV crossed as 1/50 of its bytes; the simulator counts the deployment's
+    assert vs.kv_scale(tmp_path) == 1.0  # no metadata.json: unscaled
+    (tmp_path / "metadata.json").write_text(json.dumps({"line_scaling": {"kv_scale": 50.0}}))
+    assert vs.kv_scale(tmp_path) == 50.0
+    (tmp_path / "metadata.json").write_text(json.dumps({"line_scaling": None}))
+    assert vs.kv_scale(tmp_path) == 1.0
