@@ -141,12 +141,3 @@ def test_each_option_is_applied_as_printed(dummy, line):
     fresh(dummy)
     dummy(tc.netem_cmd(DEV, p))
     assert_same(shown(dummy), p)
-
-
-def test_a_change_leaves_nothing_of_the_line_before(dummy):
-    fresh(dummy)
-    dummy(tc.netem_cmd(DEV, params(LINES[0])))
-    for after in ("delay 30ms", "loss state 1% 30% 2% 80% 0.5% slot 10ms 20ms packets 5 bytes 3000", "limit 200"):
-        p = params(after)
-        dummy(tc.netem_cmd(DEV, p, "change"))
-        assert_same(shown(dummy), p)
