@@ -62,8 +62,7 @@ def _with_correlations_sent(args: list[str], p: LinkParams) -> list[str]:
     """args with a zero delay correlation added, which makes tc send netem's correlations (see _sends_correlations).
 
     The zero (`delay D 0us 0%`, or `0%` after the jitter: no delay correlation either way) changes nothing in the
-    kernel's model; it only carries the attribute, with the duplicate's correlation in it (or zeros, which a live
-    change needs: below). `tc qdisc show` then prints the line as LinkParams.netem_line() does (a zero jitter and a
+    kernel's model; it only carries the attribute, with the duplicate's correlation in it. `tc qdisc show` then prints the line as LinkParams.netem_line() does (a zero jitter and a
     zero correlation are not printed).
     """
     if _sends_correlations(p):
@@ -77,30 +76,14 @@ def _with_correlations_sent(args: list[str], p: LinkParams) -> list[str]:
     return [*args[:at], "0us", "0%", *args[at:]]
 
 
-def _zeros_for_change(p: LinkParams) -> list[str]:
-    """What a live change must say to turn off what p does not use.
-
-    The kernel's netem_change keeps the correlations, reorder, corrupt, rate and slot of the qdisc it changes
-    unless the message carries them again, and tc sends each only when its line names it: `tc qdisc change ...
-    delay 30ms` after `... corrupt 5% rate 100mbit` would keep corrupting at 100 Mbit/s. The userspace backend
-    replaces every parameter on a change; these zeros give the kernel the same (the correlations by
-    _with_correlations_sent). A delay or slot distribution table cannot be taken back so: TcBackend reinstalls.
-    """
-    zeros = [] if p.reorder_pct else ["reorder", "0%"]
-    zeros += [] if p.corrupt_pct else ["corrupt", "0%"]
-    zeros += [] if p.rate_mbit else ["rate", "0bit"]
-    return zeros + ([] if p.slot else ["slot", "0us"])
-
-
-def netem_args(p: LinkParams, change: bool = False) -> list[str]:
+def netem_args(p: LinkParams) -> list[str]:
     """The `netem ...` part of a qdisc command for one direction: the line LinkParams.netem_line() shows (a user's
     table by its stem, see the module docstring), with a zero delay correlation where tc needs it to pass on the
-    duplicate's, and for a live change (`change`) the zeros that turn off what p does not use (_zeros_for_change)."""
+    duplicate's (_with_correlations_sent). A change sends the line alone: the kernel keeps what it leaves out
+    (docs/real-kernel.md; zeros for those slowed TCP through a rated netem in the VM, not understood yet)."""
     args = render_netem(p, p.effective_limit_pkts)
-    if change or (p.duplicate_pct and p.duplicate_correlation_pct):
+    if p.duplicate_pct and p.duplicate_correlation_pct:
         args = _with_correlations_sent(args, p)
-    if change:
-        args += _zeros_for_change(p)
     return ["netem", *(Path(a).name.removesuffix(".dist") if is_table_file(a) else a for a in args)]
 
 
@@ -127,8 +110,6 @@ def netem_cmd(dev: str, p: LinkParams, verb: str = "replace") -> list[str]:
         raise ValueError(f"verb must be replace, change or add, got {verb!r}")
     table_dir = _table_dir(p)
     env = ["env", f"TC_LIB_DIR={table_dir}"] if table_dir else []
-    # The change's zeros (netem_args(change=True)) are not sent: with them TCP through wan-cross-country's rated
-    # netem in the VM fell ~12% below its rate (fidelity failed); not understood yet (docs/real-kernel.md).
     return [*env, "tc", "qdisc", verb, "dev", dev, "root", *netem_args(p)]
 
 

@@ -3,8 +3,7 @@
 
 Each case installs `topology.tc.netem_cmd` for a LinkParams on a dummy device in a namespace of its own (`pddq-show`,
 deleted by name) and compares what the kernel reports with LinkParams.netem_line(), option by option. `tc qdisc show`
-does not print a distribution table's name, so a distribution is checked only as far as its delay and jitter. A live
-change (`tc qdisc change`) must leave nothing of the line before (topology.tc._zeros_for_change).
+does not print a distribution table's name, so a distribution is checked only as far as its delay and jitter.
 """
 
 from __future__ import annotations

@@ -143,7 +143,7 @@ def test_a_live_change_keeps_nothing_of_the_line_before(wire, link, backend):
     plain = params("delay 2ms")
     if emu:
         emu.set_params("a_to_b", plain)
-    else:  # what TcBackend.apply runs: netem_change keeps corrupt and slot unless told (topology.tc._zeros_for_change)
+    else:  # what TcBackend.apply runs: netem_change keeps corrupt and slot unless told (docs/real-kernel.md)
         run(in_ns(NAMES.ns_w, tc.netem_cmd(NAMES.wire_b, plain, "change")))
     probe = wire.udp_probe(count=2000, interval_us=500)
     assert probe.received == 2000, probe.received  # no corruption left
