@@ -62,8 +62,9 @@ def _with_correlations_sent(args: list[str], p: LinkParams) -> list[str]:
     """args with a zero delay correlation added, which makes tc send netem's correlations (see _sends_correlations).
 
     The zero (`delay D 0us 0%`, or `0%` after the jitter: no delay correlation either way) changes nothing in the
-    kernel's model; it only carries the attribute, with the duplicate's correlation in it. `tc qdisc show` then prints the line as LinkParams.netem_line() does (a zero jitter and a
-    zero correlation are not printed).
+    kernel's model; it only carries the attribute, with the duplicate's correlation in it.
+    `tc qdisc show` then prints the line as LinkParams.netem_line() does (a zero jitter and a zero correlation
+    are not printed).
     """
     if _sends_correlations(p):
         return args
