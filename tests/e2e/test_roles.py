@@ -21,7 +21,7 @@ import torch
 from pdd_harness import CHUNK_TOKENS
 from workers.kvwire import BEGIN, FRAME_HEADER, pack_frame
 from workers.proto import pdd_pb2, pdd_pb2_grpc
-from workers.roles.client import generate, stats, wait_healthy
+from workers.roles.client import Generation, generate, stats, wait_healthy
 from workers.sampling import greedy_divergence
 
 KV_BYTES_PER_TOKEN = 512  # tiny: 2 layers x 2 x 2 kv heads x 16 dims x 4 B
@@ -70,6 +70,26 @@ def wait_for(pred, timeout_s: float = 10.0, what: str = "condition", poll_s: flo
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def generate_holding_wan(dep, prompt: list[int], n: int, rid: str, release_at: int) -> Generation:
+    """One chunked pdd request whose WAN (P's KV to the MD) is held until the client has the RLD's token
+    release_at: the RLD is then that far ahead whatever the host's speed, and the MD ready soon after."""
+    stub = pdd_pb2_grpc.RouterStub(dep.channel)
+    req = pdd_pb2.GenerateRequest(request_id=rid, prompt_tokens=prompt, max_tokens=n, mode="pdd", handoff="chunked")
+    tokens, done, t0 = [], None, time.monotonic_ns()
+    dep.proxy.hold = True
+    try:
+        for ev in stub.Generate(req, timeout=120):
+            if ev.WhichOneof("kind") != "token":
+                done = ev.done
+                continue
+            tokens.append(ev.token)
+            if ev.token.worker == "rld1" and ev.token.index >= release_at:
+                dep.proxy.hold = False
+    finally:
+        dep.proxy.hold = False
+    return Generation(tuple(tokens), done, time.monotonic_ns() - t0)
+
+
 @pytest.fixture
 def slow_wan(dep):
     dep.proxy.faults.rate_mbit = SLOW_WAN_MBIT
@@ -102,12 +122,16 @@ def baseline(dep):
 )
 def test_mode_matches_colocated_reference(dep, reference, slow_wan, baseline, mode, handoff):
     # 40 prompt tokens cross the slow WAN in ~20 ms (8 Mbit/s) while the RLD decodes ~1 token/ms: the MD
-    # takes over well before the 80th token. chunked needs more tokens to hand over than one chunk (8): a
-    # quarter of the rate, so even an RLD slowed by a loaded host is usually past a chunk when the MD is ready.
+    # takes over well before the 80th token. chunked must have more tokens to hand over than one chunk (8) when the
+    # MD is ready, and a rate cannot promise that (the RLD's speed is the host's: a loaded one was not a chunk
+    # ahead at 8 Mbit/s, an idle one finished all 80 at 2): the WAN holds P's KV until the RLD is past a chunk.
     prompt, n = fresh_prompt(40), 80
+    rid = f"m-{mode}-{handoff}"
     if handoff == "chunked":
-        slow_wan.faults.rate_mbit = SLOW_WAN_MBIT / 4
-    gen = generate(dep.channel, prompt, n, mode=mode, handoff=handoff, request_id=f"m-{mode}-{handoff}")
+        slow_wan.faults.rate_mbit = 0.0
+        gen = generate_holding_wan(dep, prompt, n, rid, release_at=CHUNK_TOKENS + 4)
+    else:
+        gen = generate(dep.channel, prompt, n, mode=mode, handoff=handoff, request_id=rid)
     check_stream(gen, n)
     check_reference(reference, prompt, gen.ids, n, f"{mode}/{handoff}")
     rid = gen.done.request_id
@@ -123,10 +147,9 @@ def test_mode_matches_colocated_reference(dep, reference, slow_wan, baseline, mo
     ends = events_of(dep, "rld1", rid, "handoff_end")
     assert starts and ends[-1].fields["final"], starts
     if handoff == "chunked":
-        # a chunk goes first whenever the RLD was more than a chunk (and P's token) ahead once the MD was ready;
-        # a final first is right only if it was not (an RLD slowed by the host's load)
+        # the RLD was more than a chunk (and P's token) ahead once the MD was ready: a chunk goes first
         first = starts[0].fields
-        assert not first["final"] or first["tokens"] <= CHUNK_TOKENS + 1, f"no chunk before the final handoff: {first}"
+        assert not first["final"] and first["tokens"] >= CHUNK_TOKENS, f"no chunk before the final handoff: {first}"
     if handoff == "kv":
         assert events_of(dep, "md1", rid, "kv_recv_end")[-1].fields["kind"] == "handoff"
     assert events_of(dep, "md1", rid, "extend") or handoff == "kv"

@@ -33,6 +33,9 @@ class WanProxy:
     def __init__(self, target: tuple[str, int], port: int = 0):
         self.target = target
         self.faults = Faults()
+        # every connection, live: the sender -> MD direction forwards nothing while set, and loses nothing (what
+        # it read waits here, the rest in the sockets' buffers); clearing it lets the held bytes through at once
+        self.hold = False
         self.bytes_forwarded = 0
         self.connections = 0
         self.events: list[str] = []
@@ -123,6 +126,8 @@ class WanProxy:
                     ahead = (sent + len(data)) * 8 / (f.rate_mbit * 1e6) - (time.monotonic() - t0)
                     if ahead > 0:
                         time.sleep(ahead)
+                while count and self.hold and not self._stop:
+                    time.sleep(0.001)
                 dst.sendall(data)
                 sent += len(data)
                 if count:
