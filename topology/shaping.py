@@ -111,21 +111,21 @@ class TcBackend:
         self._interfaces = interfaces or naming.wan_interfaces()
         self._installed: set[str] = set()
         self._players: dict[str, TracePlayer] = {}  # directions with a rate trace (topology.trace_player)
-        self._tables: dict[str, frozenset[str]] = {}  # direction -> the distribution tables loaded in its netem
+        self._kept: dict[str, frozenset[str]] = {}  # direction -> what its netem holds that a change keeps (tc.kept_by)
 
     def _install(self, direction: str, params: LinkParams, verb: str) -> None:
         host, dev = self._interfaces[direction]
         old = self._players.pop(direction, None)
         if old:
             old.stop()
-        loaded = self._tables.get(direction, frozenset())
-        if verb == "change" and tc.keeps_a_stale_table(loaded, params):
-            # Reinstalled: the kernel cannot drop a table on a change. Its queued packets are lost (logged).
-            tables = "/".join(sorted(loaded))
-            log.warning("%s: netem reinstalled to drop its %s table (queued packets lost)", dev, tables)
+        kept = self._kept.get(direction, frozenset())
+        stale = tc.stale_after_change(kept, params) if verb == "change" else ()
+        if stale:
+            # Reinstalled: a change would keep these in use (tc.stale_after_change). Queued packets are lost (logged).
+            log.warning("%s: netem reinstalled to drop its %s (queued packets lost)", dev, ", ".join(stale))
             self._run(host, tc.delete_root_cmd(dev))
-            verb, loaded = "replace", frozenset()
-        self._tables[direction] = (loaded if verb == "change" else frozenset()) | tc.tables_of(params)
+            verb, kept = "replace", frozenset()
+        self._kept[direction] = tc.kept_after(kept, params) if verb == "change" else tc.kept_by(params)
         if not params.rate_trace:
             self._run(host, tc.netem_cmd(dev, params, verb))
             return
@@ -172,6 +172,7 @@ class TcBackend:
             except Exception as exc:  # the host may already be gone; log, keep tearing down
                 log.warning("removing netem on %s:%s failed: %s", host, dev, exc)
         self._installed.clear()
+        self._kept.clear()
 
 
 def rps_cmd(dev: str, mask: int) -> list[str]:

@@ -49,10 +49,9 @@ def _sends_correlations(p: LinkParams) -> bool:
     `netem duplicate 50% 90%` alone reaches the kernel uncorrelated and `tc qdisc show` prints `duplicate 50%`.
     Seen on Debian's 6.1 kernel (docs/real-kernel.md): runs of doubled packets 2.02 long, what no correlation gives.
     """
-    random_loss = not p.loss_state and not p.loss_ge and p.loss_pct
     return bool(
         (p.jitter_ms and p.delay_correlation_pct)
-        or (random_loss and p.loss_correlation_pct)
+        or (_random_loss(p) and p.loss_correlation_pct)
         or (p.reorder_pct and p.reorder_correlation_pct)
         or (p.corrupt_pct and p.corrupt_correlation_pct)
     )
@@ -81,28 +80,70 @@ def netem_args(p: LinkParams) -> list[str]:
     """The `netem ...` part of a qdisc command for one direction: the line LinkParams.netem_line() shows (a user's
     table by its stem, see the module docstring), with a zero delay correlation where tc needs it to pass on the
     duplicate's (_with_correlations_sent). A change sends the line alone: the kernel keeps what it leaves out
-    (docs/real-kernel.md; zeros for those slowed TCP through a rated netem in the VM, not understood yet)."""
+    (stale_after_change: TcBackend reinstalls netem where that would be in use)."""
     args = render_netem(p, p.effective_limit_pkts)
     if p.duplicate_pct and p.duplicate_correlation_pct:
         args = _with_correlations_sent(args, p)
     return ["netem", *(Path(a).name.removesuffix(".dist") if is_table_file(a) else a for a in args)]
 
 
-def tables_of(p: LinkParams) -> frozenset[str]:
-    """The distribution tables p loads into the kernel: "delay", "slot" (a shipped or a user's table)."""
-    delay = {"delay"} if p.jitter_ms and p.delay_distribution != "uniform" else set()
-    return frozenset(delay | ({"slot"} if p.slot and p.slot.distribution else set()))
+def _random_loss(p: LinkParams) -> bool:
+    return bool(p.loss_pct) and not p.loss_state and not p.loss_ge
 
 
-def keeps_a_stale_table(loaded: frozenset[str], p: LinkParams) -> bool:
-    """Whether `tc qdisc change` to p would leave a loaded table in use that p does not name.
+def _sends_any_correlation(p: LinkParams) -> bool:
+    """Whether p's argv (netem_args) makes tc send netem's correlation attribute."""
+    return _sends_correlations(p) or bool(p.duplicate_pct and p.duplicate_correlation_pct)
 
-    The kernel replaces a delay or slot table only when the message carries one, and cannot drop it: a uniform
-    jitter after a pareto one would still draw from pareto's table, a slot without a distribution after one with
-    would draw its gaps from the old table. (A table without a jitter or a slot to use it does no harm.)
+
+def kept_by(p: LinkParams) -> frozenset[str]:
+    """What installing or changing to p leaves in the kernel's netem that a later change keeps unless it names it
+    again (the kernel's netem_change): "delay table", "slot table" (a shipped or a user's distribution), "corrupt",
+    "rate", "slot", "correlations" (non-zero delay, loss or duplicate correlations)."""
+    kept = {
+        "delay table": bool(p.jitter_ms) and p.delay_distribution != "uniform",
+        "slot table": p.slot is not None and bool(p.slot.distribution),
+        "corrupt": bool(p.corrupt_pct),
+        "rate": bool(p.rate_mbit or p.rate_trace),
+        "slot": p.slot is not None,
+        "correlations": _sends_any_correlation(p)
+        and bool(
+            (p.jitter_ms and p.delay_correlation_pct)
+            or (_random_loss(p) and p.loss_correlation_pct)
+            or (p.duplicate_pct and p.duplicate_correlation_pct)
+        ),
+    }
+    return frozenset(name for name, held in kept.items() if held)
+
+
+def kept_after(kept: frozenset[str], p: LinkParams) -> frozenset[str]:
+    """What the kernel holds after a change to p from a netem holding kept: what p sends replaces (correlations
+    are sent whole, zeros included), the rest stays."""
+    sent = kept_by(p) | ({"correlations"} if _sends_any_correlation(p) else set())
+    return (kept - sent) | kept_by(p)
+
+
+def stale_after_change(kept: frozenset[str], p: LinkParams) -> tuple[str, ...]:
+    """What of kept (see kept_by) a `tc qdisc change` to p would leave in use though p does not say it.
+
+    The kernel replaces each of these only when the message carries it, and tc carries it only where the line
+    names it: `change ... delay 30ms` after `... corrupt 5% rate 100mbit` goes on corrupting at 100 Mbit/s, a
+    uniform jitter after a pareto one draws from pareto's table, a line without correlations after one with
+    draws correlated. Saying zeros instead (`corrupt 0% rate 0bit slot 0us`) made TCP through a rated netem ~12%
+    slow in the VM (docs/real-kernel.md), and a table cannot be dropped at all, so TcBackend reinstalls netem
+    where this is not empty. A kept reorder is harmless: every message sets netem's gap, and a gap of 0 (a line
+    without reorder) turns reordering off. Something kept but unused (a table without a jitter, correlations
+    without a jitter, random loss or duplicates) is not stale.
     """
-    delay = "delay" in loaded and bool(p.jitter_ms) and p.delay_distribution == "uniform"
-    return delay or ("slot" in loaded and p.slot is not None and not p.slot.distribution)
+    uses = {
+        "delay table": bool(p.jitter_ms) and p.delay_distribution == "uniform",
+        "slot table": p.slot is not None and not p.slot.distribution,
+        "corrupt": not p.corrupt_pct,
+        "rate": not (p.rate_mbit or p.rate_trace),
+        "slot": p.slot is None,
+        "correlations": not _sends_any_correlation(p) and bool(p.jitter_ms or _random_loss(p) or p.duplicate_pct),
+    }
+    return tuple(name for name in sorted(kept) if uses[name])
 
 
 def netem_cmd(dev: str, p: LinkParams, verb: str = "replace") -> list[str]:

@@ -2,7 +2,8 @@
 `tc qdisc show` (needs root and a kernel with netem: `make vm-test` runs it in the stock-kernel VM; skipped here).
 
 Each case installs `topology.tc.netem_cmd` for a LinkParams on a dummy device in a namespace of its own (`pddq-show`,
-deleted by name) and compares what the kernel reports with LinkParams.netem_line(), option by option. `tc qdisc show`
+deleted by name) and compares what the kernel reports with LinkParams.netem_line(), option by option; the change cases
+do it after the TcBackend changed one line into another. `tc qdisc show`
 does not print a distribution table's name, so a distribution is checked only as far as its delay and jitter.
 """
 
@@ -17,6 +18,7 @@ import pytest
 from topology import tc
 from topology.netem_grammar import parse_netem
 from topology.profiles import LinkParams, link_params_from_dict
+from topology.shaping import TcBackend
 from topology.wire_netns import run
 
 pytestmark = [pytest.mark.emulation]
@@ -28,7 +30,7 @@ if shutil.which("tc") is None:
 if not tc.kernel_has_netem():
     pytest.skip("this kernel has no sch_netem (make vm-test runs these in a stock kernel)", allow_module_level=True)
 
-NS, DEV = "pddq-show", "pddq0"
+NS, DEV, OTHER = "pddq-show", "pddq0", "pddq1"  # OTHER: the TcBackend's second direction, plain
 # Every option the grammar reads, spread over a few lines (one loss model per line, as netem takes).
 LINES = [
     "limit 500 delay 40ms 8ms 25% distribution pareto loss random 1% 30% duplicate 5% 50% corrupt 1% 20% "
@@ -101,8 +103,9 @@ def params(line: str) -> LinkParams:
 def dummy():
     run(["ip", "netns", "add", NS])
     try:
-        run(["ip", "-n", NS, "link", "add", DEV, "type", "dummy"])
-        run(["ip", "-n", NS, "link", "set", DEV, "up"])
+        for dev in (DEV, OTHER):
+            run(["ip", "-n", NS, "link", "add", dev, "type", "dummy"])
+            run(["ip", "-n", NS, "link", "set", dev, "up"])
         yield lambda argv: run(["ip", "netns", "exec", NS, *argv])
     finally:
         run(["ip", "netns", "del", NS])
@@ -140,3 +143,20 @@ def test_each_option_is_applied_as_printed(dummy, line):
     fresh(dummy)
     dummy(tc.netem_cmd(DEV, p))
     assert_same(shown(dummy), p)
+
+
+@pytest.mark.parametrize(
+    "before,after",
+    [*((line, "delay 30ms") for line in LINES), *zip(LINES, LINES[1:] + LINES[:1])],
+)
+def test_a_live_change_leaves_only_the_new_line(dummy, before, after):
+    # TcBackend.apply: a plain `tc qdisc change` where nothing the kernel keeps would stay in use, a reinstall
+    # where something would (topology.tc.stale_after_change); either way the kernel shows the new line alone.
+    fresh(dummy)
+    shaper = TcBackend(lambda host, argv: dummy(argv), {"a_to_b": (None, DEV), "b_to_a": (None, OTHER)})
+    shaper.start(params(before), LinkParams())
+    try:
+        shaper.apply("a_to_b", params(after))
+        assert_same(shown(dummy), params(after))
+    finally:
+        shaper.stop()

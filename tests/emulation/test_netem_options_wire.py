@@ -21,6 +21,7 @@ from topology import iperf, tc
 from topology.emulator import UserspaceEmulator
 from topology.netem_grammar import parse_netem
 from topology.profiles import PROFILE_DIR, LinkParams, link_params_from_dict
+from topology.shaping import TcBackend
 from topology.trace_player import TracePlayer
 from topology.wire_netns import NetnsWire, WireNames, in_ns, run
 
@@ -137,15 +138,20 @@ def test_correlated_duplicates_come_in_longer_runs(wire, link, backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_live_change_keeps_nothing_of_the_line_before(wire, link, backend):
-    if backend == "tc":
-        pytest.skip("the tc backend's change does not send its zeros for now (topology.tc.netem_cmd)")
-    emu = link(backend, params("delay 2ms corrupt 30% slot 20ms packets 2"))
-    plain = params("delay 2ms")
+    first, plain = params("delay 2ms corrupt 30% slot 20ms packets 2"), params("delay 2ms")
+    emu = link(backend, first)
     if emu:
         emu.set_params("a_to_b", plain)
-    else:  # what TcBackend.apply runs: netem_change keeps corrupt and slot unless told (docs/real-kernel.md)
-        run(in_ns(NAMES.ns_w, tc.netem_cmd(NAMES.wire_b, plain, "change")))
-    probe = wire.udp_probe(count=2000, interval_us=500)
+        probe = wire.udp_probe(count=2000, interval_us=500)
+    else:  # TcBackend.apply: netem_change would keep corrupt and slot, so the backend reinstalls netem
+        ends = {"a_to_b": (None, NAMES.wire_b), "b_to_a": (None, NAMES.wire_a)}
+        shaper = TcBackend(lambda host, argv: run(in_ns(NAMES.ns_w, argv)), ends)
+        try:
+            shaper.start(first, LinkParams())
+            shaper.apply("a_to_b", plain)
+            probe = wire.udp_probe(count=2000, interval_us=500)
+        finally:
+            run(in_ns(NAMES.ns_w, tc.delete_root_cmd(NAMES.wire_a)))  # the link fixture removes wire_b's
     assert probe.received == 2000, probe.received  # no corruption left
     assert max(probe.delays_ns) < 10_000_000, max(probe.delays_ns)  # no 20 ms slots left
 

@@ -2,8 +2,9 @@
 
 import pytest
 
+from topology.netem_options import Slot
 from topology.profiles import GilbertElliott, LinkParams, load_profile
-from topology.tc import keeps_a_stale_table, netem_cmd, tables_of
+from topology.tc import kept_after, kept_by, netem_cmd, stale_after_change
 
 
 def test_cross_country_command():
@@ -164,11 +165,47 @@ def test_an_uncorrelated_install_is_the_printed_line_word_for_word():
 
 def test_a_table_the_new_line_does_not_name_is_stale_only_where_it_would_be_used():
     pareto = LinkParams(delay_ms=30, jitter_ms=5, delay_distribution="pareto")
-    assert tables_of(pareto) == {"delay"} and tables_of(LinkParams(delay_ms=30, jitter_ms=5)) == set()
-    assert keeps_a_stale_table(frozenset({"delay"}), LinkParams(delay_ms=30, jitter_ms=5))
-    assert not keeps_a_stale_table(frozenset({"delay"}), LinkParams(delay_ms=30))  # no jitter: the table is unused
-    assert not keeps_a_stale_table(frozenset({"delay"}), pareto.replace(delay_distribution="normal"))  # sent anew
-    assert not keeps_a_stale_table(frozenset(), LinkParams(delay_ms=30, jitter_ms=5))
+    assert kept_by(pareto) == {"delay table"} and kept_by(LinkParams(delay_ms=30, jitter_ms=5)) == set()
+    assert stale_after_change(frozenset({"delay table"}), LinkParams(delay_ms=30, jitter_ms=5)) == ("delay table",)
+    assert not stale_after_change(frozenset({"delay table"}), LinkParams(delay_ms=30))  # no jitter: unused
+    assert not stale_after_change(frozenset({"delay table"}), pareto.replace(delay_distribution="normal"))  # sent
+    assert not stale_after_change(frozenset(), LinkParams(delay_ms=30, jitter_ms=5))
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "stale"),
+    [
+        ({"corrupt_pct": 5}, {}, ("corrupt",)),
+        ({"corrupt_pct": 5}, {"corrupt_pct": 1}, ()),  # named again
+        ({"rate_mbit": 100}, {}, ("rate",)),
+        ({"rate_mbit": 100}, {"rate_mbit": 50}, ()),
+        ({"slot": Slot(delay_ms=1, max_delay_ms=2)}, {}, ("slot",)),
+        ({"loss_pct": 1, "loss_correlation_pct": 25}, {"loss_pct": 1}, ("correlations",)),
+        ({"loss_pct": 1, "loss_correlation_pct": 25}, {"delay_ms": 5}, ()),  # nothing draws them
+        (
+            {"loss_pct": 1, "loss_correlation_pct": 25},
+            {"loss_pct": 2, "corrupt_pct": 1, "corrupt_correlation_pct": 5},
+            (),
+        ),
+        ({"reorder_pct": 10, "delay_ms": 5}, {"delay_ms": 5}, ()),  # the gap of 0 turns it off
+        (
+            {"corrupt_pct": 5, "rate_mbit": 100, "delay_ms": 2, "jitter_ms": 1, "delay_correlation_pct": 50},
+            {"delay_ms": 30, "jitter_ms": 1},
+            ("correlations", "corrupt", "rate"),
+        ),
+    ],
+)
+def test_what_a_change_would_keep_in_use_is_stale(before, after, stale):
+    assert stale_after_change(kept_by(LinkParams(**before)), LinkParams(**after)) == stale
+
+
+def test_correlations_sent_as_zeros_are_not_kept_after_a_change():
+    correlated = kept_by(LinkParams(loss_pct=1, loss_correlation_pct=25))
+    assert correlated == {"correlations"}
+    # corrupt's correlation makes tc send the attribute, with the loss correlation 0: the old 25% is gone
+    after = kept_after(correlated, LinkParams(loss_pct=1, corrupt_pct=1, corrupt_correlation_pct=5))
+    assert after == {"corrupt"} and stale_after_change(after, LinkParams(loss_pct=1)) == ("corrupt",)
+    assert kept_after(correlated, LinkParams(delay_ms=5)) == correlated  # not sent: still held
 
 
 def test_the_tc_backend_reinstalls_netem_to_drop_a_table_a_change_would_keep():
@@ -187,3 +224,8 @@ def test_the_tc_backend_reinstalls_netem_to_drop_a_table_a_change_would_keep():
     assert verbs()[1:] == [("del", dev), ("replace", dev)]
     backend.apply("a_to_b", LinkParams(delay_ms=30, jitter_ms=8))  # nothing loaded any more: a plain change
     assert verbs()[3:] == [("change", dev)]
+    backend.apply("a_to_b", LinkParams(delay_ms=30, corrupt_pct=5, rate_mbit=100))
+    backend.apply("a_to_b", LinkParams(delay_ms=30, rate_mbit=50))  # corrupt would stay at 5%
+    assert verbs()[4:] == [("change", dev), ("del", dev), ("replace", dev)]
+    backend.apply("a_to_b", LinkParams(delay_ms=30, rate_mbit=80))
+    assert verbs()[7:] == [("change", dev)]
