@@ -144,6 +144,15 @@ def test_a_ray_cluster_that_does_not_answer_exits_3():
 
 
 # ---- 130: interrupted ---------------------------------------------------------------------------------------
+def wait_for_pipe_read(pid: int, deadline: float) -> None:
+    """Until pid's main thread sleeps in a pipe's read (its wchan: pipe_read, anon_pipe_read on newer kernels)."""
+    while "pipe_read" not in Path(f"/proc/{pid}/wchan").read_text():
+        assert time.monotonic() < deadline, (
+            f"the CLI never blocked reading its trace (wchan {Path(f'/proc/{pid}/wchan').read_text()})"
+        )
+        time.sleep(0.01)
+
+
 def test_ctrl_c_exits_130(tmp_path):
     """SIGINT while the CLI reads its trace (a FIFO: it blocks there, inside the command, until we write)."""
     fifo = tmp_path / "trace.jsonl"
@@ -173,6 +182,9 @@ def test_ctrl_c_exits_130(tmp_path):
             assert err.errno == errno.ENXIO
             time.sleep(0.05)
     try:
+        # the SIGINT lands once the CLI sleeps in the read: between the open's return and the read's start it
+        # would run Python's handler and leave the read it then starts uninterrupted (a hang, seen in make test)
+        wait_for_pipe_read(proc.pid, deadline)
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     finally:
