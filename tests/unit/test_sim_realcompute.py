@@ -58,8 +58,9 @@ def test_the_fast_path_costs_the_measured_kv_import_and_the_wire_carries_the_eng
     spec = real("variants=[pd-intra]")
     cfg = sim_config(spec, "pd-intra")
     assert cfg.kv_bytes_per_token == get_config("default").kv_bytes_per_token == 49152
-    req = next(r for r in workload_of(spec) if r.kind != "warmup" and not r.after)  # alone on the pipeline
-    (rec,) = Simulation(cfg, [req]).run()
+    reqs = workload_of(spec)
+    req = next(r for r in reqs if r.kind != "warmup" and not r.after)  # alone on the pipeline
+    (rec,) = Simulation(cfg, [r for r in reqs if r.kind == "warmup"] + [req]).run()  # P holds the warm-up's prompt
     prefill = chunked_prefill_s(cfg.workers["p"][0].roofline, req.prompt_len - req.cached_tokens, req.cached_tokens)
     # events rld1 kv_recv_end -> kv_imported: 61 ms (pd-intra) to 158 ms (pd-cross's MD) for whole prompts
     assert 0.045 <= rec.ttft_ms / 1e3 - prefill <= 0.16
