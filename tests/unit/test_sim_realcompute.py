@@ -146,7 +146,7 @@ def test_the_simulated_p_is_busy_as_long_as_the_profile_matrix_runs_p_at_their_m
         for v in ("pd-intra", "pdd"):
             d = json.loads(f.read_text())["variants"][v]
             busy.append(d["workers"]["p1"]["busy_pct"] * d["duration_s"] / 100)
-    assert len(busy) == 46
+    assert len(busy) >= 46
     loaded = real()
     reqs = workload_of(loaded)
     for v in ("pd-intra", "pdd"):
