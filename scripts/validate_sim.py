@@ -1,6 +1,7 @@
 """Simulator against emulator (issue 30): fit the real-compute constants from emulated runs' events; compare summaries.
 
-    .venv/bin/python scripts/validate_sim.py fit RUN_DIR... [--per-run]  # experiments/sim/realcompute.py's constants
+    .venv/bin/python scripts/validate_sim.py fit RUN_DIR... [--per-run] [--variants V,V]  # realcompute's constants
+    .venv/bin/python scripts/validate_sim.py p-level MATRIX... [--variants pd-intra,pdd]  # the P step's level
     .venv/bin/python scripts/validate_sim.py compare DIRS [--spec pdd-vs-baselines] [--out /tmp/simval]
     .venv/bin/python scripts/validate_sim.py compare-repeats MATRIX... [--spec ...] [--out /tmp/simval-repeats]
 
@@ -12,6 +13,11 @@ sessions at 700 tokens: median ratio), KV import (kv_imported - kv_recv_end: fix
 variant (--per-run: and per run) with each engine's CPU share (role_cpu) and the variant's level against the pooled
 fit, and the count model (realcompute.Contention: the variant's engines and WAN senders, from the run's spec) fitted
 on every variant at once: ENGINE_SLOWDOWN, WAN_SENDER_SLOWDOWN, POOLED_SLOWDOWN.
+--variants: only those variants' events (e.g. pd-intra,pdd: the P steps without pd-cross's whole-prompt WAN sender).
+p-level: each run of the matrices (as compare-repeats finds them, the spec's own only) against the simulator: the
+emulated P's busy time in each variant (per_worker busy_pct x duration_s) over the simulated P's (its steps' seconds:
+the simulator runs the emulated P's steps one to one), the median of that ratio over runs and variants, and
+realcompute's P step constants scaled by it.
 compare: DIRS holds lines "PROFILE RUN_DIR [RC]" (a run directory or any directory with its summary.json); each
 profile is simulated once (`pddlab simulate SPEC --set profile=P`) and every variant's TTFT p50 (with both 95%
 intervals), p90 and WAN KV bytes are printed side by side as a markdown table, with the error and whether it is
@@ -43,8 +49,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def _events(run: Path):
+def _events(run: Path, variants: tuple[str, ...] = ()):
+    """(variant, worker -> its events but the warm-up's) of each variant of the run (variants: only those; (): all)."""
     for vdir in sorted((run / "variants").iterdir()):
+        if variants and vdir.name not in variants:
+            continue
         ev = {}
         for f in (vdir / "events").glob("*.jsonl"):
             ev[f.stem] = [e for e in map(json.loads, f.open()) if ".w" not in (e.get("request_id") or "")]
@@ -139,8 +148,8 @@ def run_mode(run: Path, variant: str):
     return mode, contention(mode, {role: spec["pools"][role]["workers"] for role in ("p", "rld", "md")})
 
 
-def samples(runs: list[Path]) -> dict[str, Samples]:
-    """variant -> its samples over every run (the warm-up's events left out)."""
+def samples(runs: list[Path], variants: tuple[str, ...] = ()) -> dict[str, Samples]:
+    """variant -> its samples over every run (the warm-up's events left out; variants: only those, (): all)."""
     from workers.modelled.catalogue import load_catalogue
     from workers.modelled.roofline import Roofline
 
@@ -149,7 +158,7 @@ def samples(runs: list[Path]) -> dict[str, Samples]:
     lone = Roofline(cat.accelerator("this-machine"), model)
     out: dict[str, Samples] = {}
     for run in runs:
-        for variant, ev in _events(run):
+        for variant, ev in _events(run, variants):
             s = Samples(p_steps=_p_steps(ev.get("p1", []), lone))
             for w in ("rld1", "md1"):
                 _decode_worker(ev.get(w, []), lone, model.kv_bytes_per_token, s)
@@ -271,11 +280,12 @@ def _slowdown_text(slow: dict[str, tuple[float, float]]) -> str:
     return "{" + ", ".join(f'"{m}": ({p:.2f}, {d:.2f})' for m, (p, d) in sorted(slow.items())) + "}"
 
 
-def fit(runs: list[Path], per_run: bool = False) -> None:
+def fit(runs: list[Path], per_run: bool = False, variants: tuple[str, ...] = ()) -> None:
     """The pooled constants of experiments/sim/realcompute.py, each variant's own (per_run: also each run's, to
     see the run-to-run spread) and its level against the pooled ones, then the count model (realcompute's
-    Contention: a slowdown per other engine and per WAN sender) fitted on every variant at once."""
-    by_variant = samples(runs)
+    Contention: a slowdown per other engine and per WAN sender) fitted on every variant at once. variants: only
+    those variants' events (e.g. pd-intra,pdd: P's steps without pd-cross's whole-prompt WAN sender); (): all."""
+    by_variant = samples(runs, variants)
     pooled = Samples()
     for s in by_variant.values():
         pooled.extend(s)
@@ -291,7 +301,7 @@ def fit(runs: list[Path], per_run: bool = False) -> None:
     print(f"\nPer variant, {len(runs)} runs pooled:\n")
     print("\n".join(variant_table(by_variant)))
     for run in runs if per_run else ():
-        one = samples([run])
+        one = samples([run], variants)
         print(f"\n{run.name}: measured / pooled (P, decode workers) = {_slowdown_text(slowdowns(one, c))}\n")
         print("\n".join(variant_table(one)))
     free = fit_contention(by_variant, nonnegative=False)
@@ -732,12 +742,80 @@ def compare_repeats(matrices: list[Path], spec: str, out: Path, across: list[str
     print(f"\n{out / 'repeats.json'}, {out / 'repeats.md'}")
 
 
+def emulated_p_busy_s(variant: dict) -> float | None:
+    """A run's P busy time (s) in one variant of its summary: each P worker's busy_pct (its prefills' prefill_start
+    -> prefill_done, in % of the window) x the variant's duration_s, summed over its P workers; None if unknown."""
+    busy = [
+        w["busy_pct"] * variant["duration_s"] / 100
+        for w in (variant.get("workers") or {}).values()
+        if w.get("role") == "p" and w.get("busy_pct") is not None
+    ]
+    return sum(busy) if busy and variant.get("duration_s") else None
+
+
+def simulated_p_busy_s(spec: str, profile: str, variant: str) -> float:
+    """The simulated P workers' busy time (s, their steps' seconds summed) of one variant of spec on profile."""
+    from experiments.sim.config import sim_config
+    from experiments.sim.pipeline import Simulation
+    from experiments.sim.simulate import workload_of
+    from experiments.sim.wan import load_calibration
+    from experiments.spec.experiment import load
+
+    loaded = load(spec, [f"profile={profile}"], check_machine=False)
+    s = loaded.spec
+    sim = Simulation(
+        sim_config(loaded, variant), workload_of(loaded), s.workload.seed, load_calibration(), s.timeouts.request_s
+    )
+    sim.run()
+    return sum(p.busy_s for p in sim.p)
+
+
+def p_level(pairs: list[tuple[float, float]]) -> float:
+    """The level of the simulated P against the emulated runs: the median of emulated / simulated P busy time over
+    (emulated s, simulated s) pairs, one a run and variant (the simulator runs the emulated P's steps one to one:
+    the same prompts, cached tokens and chunks, so the busy times differ by the steps' level alone)."""
+    return statistics.median(e / s for e, s in pairs)
+
+
+def p_level_report(matrices: list[Path], spec: str, variants: list[str]) -> None:
+    """Each run's P busy time against the simulated P's (the runs of find_runs that are spec's experiment), the
+    median ratio and realcompute's P step constants scaled by it (the level those runs' P measured)."""
+    from experiments.sim import realcompute
+
+    sims: dict[tuple[str, str], float] = {}
+    refs: dict[str, dict] = {}
+    pairs = []
+    print("| matrix | profile | variant | emulated P busy s | simulated | emulated / simulated |")
+    print("|---|---|---|---|---|---|")
+    for run in find_runs(matrices):
+        if run.profile not in refs:
+            refs[run.profile] = identity(_simulate(spec, run.profile, Path("/tmp/validate-sim-p-level")))
+        if why := mismatch(run, refs[run.profile], spec):
+            print(f"REFUSED {run.matrix} {run.profile}: {why}")
+            continue
+        for v in variants:
+            emulated = emulated_p_busy_s(run.summary["variants"][v])
+            if emulated is None:
+                continue
+            simulated = sims.setdefault((run.profile, v), simulated_p_busy_s(spec, run.profile, v))
+            pairs.append((emulated, simulated))
+            ratio = emulated / simulated
+            print(f"| {run.matrix} | {run.profile} | {v} | {emulated:.1f} | {simulated:.1f} | {ratio:.2f} |")
+    k = p_level(pairs)
+    print(f"\nmedian emulated / simulated over {len(pairs)} runs and variants: {k:.3f}")
+    print(
+        f"P_STEP_FIXED_S, P_STEP_FACTOR = {realcompute.P_STEP_FIXED_S * k:.4f}, {realcompute.P_STEP_FACTOR * k:.3f}"
+        f"  (the shipped {realcompute.P_STEP_FIXED_S}, {realcompute.P_STEP_FACTOR} x {k:.3f})"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     f = sub.add_parser("fit")
     f.add_argument("runs", nargs="+", type=Path)
     f.add_argument("--per-run", action="store_true", help="also each run's own per-variant table")
+    f.add_argument("--variants", default="", help="only these variants' events (e.g. pd-intra,pdd); default: all")
     c = sub.add_parser("compare")
     c.add_argument("dirs", type=Path)
     c.add_argument("--spec", default="pdd-vs-baselines")
@@ -751,9 +829,15 @@ def main() -> None:
         default="",
         help="variants that never cross the WAN (e.g. colocated,pd-intra), also pooled over every profile's runs",
     )
+    lv = sub.add_parser("p-level")
+    lv.add_argument("matrices", nargs="+", type=Path)
+    lv.add_argument("--spec", default="pdd-vs-baselines")
+    lv.add_argument("--variants", default="pd-intra,pdd", help="the variants whose P busy time is compared")
     a = ap.parse_args()
     if a.cmd == "fit":
-        fit(a.runs, a.per_run)
+        fit(a.runs, a.per_run, tuple(v for v in a.variants.split(",") if v))
+    elif a.cmd == "p-level":
+        p_level_report(a.matrices, a.spec, [v for v in a.variants.split(",") if v])
     elif a.cmd == "compare":
         compare(a.dirs, a.spec, a.out)
     else:

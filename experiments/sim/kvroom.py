@@ -1,4 +1,5 @@
-"""A simulated worker's KV memory: the blocks its open requests hold, a queue of those waiting, an MD's LRU DRC.
+"""A simulated worker's KV memory: the blocks its open requests hold, a queue of those waiting, an MD's LRU DRC,
+a P's prefix cache.
 
 Responsible for: `kv_capacity_tokens` (a worker's KV room: its accelerators' memory beside the model's weights,
 the roofline's own `kv_capacity_tokens`, which the modelled engine and the deployment check size the cache by;
@@ -6,7 +7,8 @@ real compute: the spec's capacity_tokens, the emulated engine's own slots), and 
 requests, a first-come first-served queue of requests waiting for room (only the head is admitted, so a later,
 smaller request never overtakes an earlier one: workers/roles/roomqueue.py), each bounded by a deadline, the
 blocks an MD's finished sessions leave cached (its DRC), evicted least recently used when a request needs room,
-and the refusal of a request that can never fit (workers.errors.CapacityExceeded's message, as the engine's).
+and the refusal of a request that can never fit (workers.errors.CapacityExceeded's message, as the engine's);
+`PrefixCache`: the prompts' block prefixes a P's radix tree keeps, named by `prompt_chain` / `extend_chain`.
 Not responsible for: when a request asks for room or leaves, or what a refusal does (experiments.sim.pipeline).
 
 Blocks: a request reserves blocks_for(prompt + max_tokens), as the engine's open does (P: prompt + 1), less its
@@ -128,6 +130,95 @@ class KVRoom:
         self.waiting.remove(w)
         w.event.succeed(False)
         self._serve()  # the head may have changed
+
+
+def prompt_chain(tokens: list[int] | tuple[int, ...], block: int) -> list[int]:
+    """The names of a prompt's whole blocks, from its tokens: each names its content and every block before it
+    (equal names, equal prefixes: as routing.DRCMirror chains them)."""
+    chain, h = [], 0
+    for i in range(0, len(tokens) - len(tokens) % block, block):
+        h = hash((h, tuple(tokens[i : i + block])))
+        chain.append(h)
+    return chain
+
+
+def extend_chain(chain: list[int], prompt_len: int, block: int, salt: int) -> list[int]:
+    """chain (a previous turn's prompt's, extended in place) made the names of a later turn's prompt of
+    prompt_len tokens: the previous prompt, its reply and the new text. The previous prompt's whole blocks keep
+    their names; the blocks from there on get names no other prompt has (salt: unique to the prompt), since
+    the reply's tokens are the reference run's, which the simulator does not have."""
+    h = chain[-1] if chain else 0
+    for i in range(len(chain), prompt_len // block):
+        h = hash((h, salt, i))
+        chain.append(h)
+    return chain
+
+
+class PrefixCache:
+    """One P worker's prefix cache as its engine's radix tree keeps it (workers/engine.py, workers/radix.py): after
+    each prefill, the prompt's whole blocks (the engine's finish inserts the KV it computed: the prompt, never the
+    output, which P does not decode); a prompt matches its longest cached prefix, whole blocks, at most len - 1
+    tokens, and the prefix it matched is pinned until its prefill ends; least recently used blocks are evicted
+    past the room given. Blocks are named by prompt_chain.
+
+    Recency is a stamp per block (an int: a dict store per block at each insert, not an OrderedDict move per block
+    at each match and insert: those were ~20% of a published-scale run): an insert stamps a prompt's blocks with
+    fresh numbers, its first block the highest, so a block is never older than one after it in any prompt
+    (within a prompt the tail goes before the head, and the system prompt, in every prompt, stays: the radix tree
+    evicts leaves). The blocks held are therefore always whole prefixes of the prompts (pins too: each is a
+    prefix), and a match finds its length by bisection. block_size: tokens a block."""
+
+    def __init__(self, block_size: int):
+        self.block = block_size
+        self.stamps: dict[int, int] = {}  # block name -> its last insert (higher: more recent)
+        self.pins: dict[str, tuple[list[int], int]] = {}  # request -> (its chain, blocks matched) while it prefills
+        self._clock = 0
+        self.hit_tokens = self.prompt_tokens = self.lookups = self.evictions = 0
+
+    def match(self, chain: list[int], prompt_len: int, pin: str = "") -> int:
+        """Tokens of the prompt (of prompt_len tokens, whole blocks named chain) this cache holds; pin: the
+        request that keeps them from eviction until its unpin."""
+        stamps = self.stamps
+        lo, hi = 0, min(len(chain), (prompt_len - 1) // self.block)  # the held blocks are a prefix: bisect it
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if chain[mid - 1] in stamps:
+                lo = mid
+            else:
+                hi = mid - 1
+        if pin and lo:
+            self.pins[pin] = (chain, lo)
+        self.lookups += 1
+        self.hit_tokens += lo * self.block
+        self.prompt_tokens += prompt_len
+        return lo * self.block
+
+    def unpin(self, pin: str) -> None:
+        self.pins.pop(pin, None)
+
+    def insert(self, chain: list[int], room_blocks: int) -> None:
+        """The prompt's whole blocks are cached (the most recent), then the cache is trimmed to room_blocks."""
+        n = len(chain)
+        clock = self._clock + n
+        self.stamps.update(zip(chain, range(clock, clock - n, -1)))
+        self._clock = clock
+        self.trim(room_blocks)
+
+    def trim(self, room_blocks: int) -> None:
+        """Evict least recently used blocks no prefill pins until at most room_blocks are cached (or only pinned
+        ones are left)."""
+        over = len(self.stamps) - max(0, room_blocks)
+        if over <= 0:
+            return
+        pinned = {h for chain, n in self.pins.values() for h in chain[:n]}
+        free = [item for item in self.stamps.items() if item[0] not in pinned]
+        for name, _ in heapq.nsmallest(over, free, key=_stamp_of):
+            del self.stamps[name]
+            self.evictions += 1
+
+
+def _stamp_of(item: tuple[int, int]) -> int:
+    return item[1]
 
 
 DROP_AT_ONCE = 32  # entries found done in a row at a deadline past which the rest done are dropped in one pass

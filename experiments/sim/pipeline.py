@@ -1,12 +1,12 @@
 """The simulated PDD pipeline: each request routed as the router routes it and carried through the roles (processes).
 
-Responsible for: `Simulation` (one variant: its P, RLD and MD pools, the A->B line, the MDs' prefix caches) and,
-per request, its path: the route decision (workers.roles.routing.decide_route, the emulated router's own pure
-function), the worker picks, P's prefill, the fast path to the RLD (the host links' KV export and import), the
-WAN copy to the MD (export, line, import), eager decoding on the RLD, the handoff by token IDs (or by KV, mode
-kv) and the MD's extend, the singular filter and the ablation's P->RLD; then one
-experiments.analysis.records.RequestRecord per request, as the emulated run's analysis reads it
-(experiments.sim.record).
+Responsible for: `Simulation` (one variant: its P, RLD and MD pools, the A->B line, the MDs' and Ps' prefix caches,
+the names of each prompt's blocks) and, per request, its path: the route decision
+(workers.roles.routing.decide_route, the emulated router's own pure function), the worker picks, P's prefill, the
+fast path to the RLD (the host links' KV export and import), the WAN copy to the MD (export, line, import), eager
+decoding on the RLD, the handoff by token IDs (or by KV, mode kv) and the MD's extend, the singular filter and the
+ablation's P->RLD; then one experiments.analysis.records.RequestRecord per request, as the emulated run's analysis
+reads it (experiments.sim.record).
 Not responsible for: step times (the roofline, through experiments.sim.workers) or the line (experiments.sim.wan).
 
 KV room (experiments.sim.kvroom), as the roles keep it: the decode sessions a request needs are opened first, before
@@ -25,7 +25,16 @@ room misses it. A copy whose MD gave up still crosses the line.
 The decode-side hit (the MD's DRC): the workload's expected hit of a request (what an MD that saw every earlier
 turn holds) where the request's previous turn ended at this MD, else what this MD holds of the session (its
 last turn that ended here, or the shared system prompt). So the ablation, whose low-hit turns end on the RLD,
-sees the MD's hit fall behind P's. P's own hit is the workload's expected hit (it prefilled every turn).
+sees the MD's hit fall behind P's.
+
+P's hit is its own prefix cache's (experiments.sim.kvroom.PrefixCache, one per P, as each emulated P's engine keeps
+its radix tree): the whole blocks of the prompts it prefilled (never their outputs: P does not decode), and the
+warm-up's prompt (the system prompt) on every P; a session whose turns land on another P (policy.pick_p, as the
+router picks: round_robin by the pool's own turn, least_load by prompt tokens in flight) finds there only what
+that P prefilled of it; least recently used blocks go when P's KV room is short. A Mooncake slice's shared
+prefixes are matched block by block (its prompts' tokens); a later turn's prompt continues its previous turn's
+blocks, then blocks of its own (the reply's tokens are the reference run's). A fallback prefills again on the
+same P, which then holds the prompt's whole blocks.
 
 Times: TTFT is when the decode side holds the prompt's KV and forwards P's first token (as the emulated
 client sees it: P's token reaches the client through the decode side); ttft_decode is the first token a
@@ -45,7 +54,7 @@ from dataclasses import replace
 from experiments.analysis.records import fallback_cause
 from experiments.sim import clock
 from experiments.sim.config import HANDOFF_ID_BYTES, SimConfig
-from experiments.sim.kvroom import Deadlines, KVRoom, kv_capacity_tokens
+from experiments.sim.kvroom import Deadlines, KVRoom, extend_chain, kv_capacity_tokens, prompt_chain
 from experiments.sim.realcompute import kv_export_s, kv_import_s
 from experiments.sim.record import DEADLINE_EXCEEDED, Rec, streams_ended
 from experiments.sim.wan import Calibration, Line
@@ -61,7 +70,8 @@ KV_TIMEOUT = "kv_timeout"  # a decode session's end reason past decode.kv_wait_m
 # still took 0.11-0.14 s of a published-scale variant's ~1.5 s (gc.callbacks); at 1,000,000 a 10,000-request
 # run has none, and the young generation stays bounded (bench_sim's 3 variants: peak RSS 497 MB either way).
 GC_YOUNG_OBJECTS = 1_000_000
-_SESSIONS, _QUEUED_TOKENS = operator.attrgetter("sessions"), operator.attrgetter("queued_tokens")  # loads
+# loads, as the router's policies read them (workers/roles/routing.py): a P's prompt tokens in flight, then prefills
+_SESSIONS, _P_LOAD = operator.attrgetter("sessions"), operator.attrgetter("in_flight_tokens", "in_flight")
 
 
 @contextlib.contextmanager
@@ -82,8 +92,9 @@ def few_collections(young_objects: int = GC_YOUNG_OBJECTS):
 class Simulation:
     """One variant of a spec over a workload.
 
-    cfg: the variant (experiments.sim.config.sim_config); requests: the workload (warm-up dropped: the
-    system prompt is taken as cached everywhere, as after the emulated warm-up); seed: the line's jitter;
+    cfg: the variant (experiments.sim.config.sim_config); requests: the workload (a warm-up is not simulated:
+    its prompt is put in every P's prefix cache, and the system prompt is taken as cached on every decode worker,
+    as after the emulated warm-up); seed: the line's jitter;
     calibration: the WAN table (None: formula only); request_s: timeouts.request_s, the client's deadline of
     one request (0: none)"""
 
@@ -113,11 +124,19 @@ class Simulation:
         ]
         self.rld = [DecodeWorker(env, w) for w in cfg.workers["rld"]]
         self.md = [DecodeWorker(env, w) for w in cfg.workers["md"]]
+        self.pools = {"p": self.p, "rld": self.rld, "md": self.md}
         self.requests = [r for r in requests if r.kind != "warmup"]
+        self._by_id = {r.request_id: r for r in self.requests}
+        self._salt = {r.request_id: i + 1 for i, r in enumerate(self.requests)}  # extend_chain's, per request
+        self._chains: dict[str, list[int]] = {}  # request -> its prompt's block names, until its next turn's
+        self.p_cached: dict[str, int] = {}  # request -> the tokens of its prompt P's prefix cache held (its last P)
+        for warm in (r for r in requests if r.kind == "warmup"):  # the warm-up's prompt: on every P (module doc)
+            for p in self.p:
+                p.cache.insert(prompt_chain(warm.head_tokens, self._block), p.room.capacity)
         self.next_turns: dict[str, list[WorkloadRequest]] = defaultdict(list)
         self.base: dict[str, int] = {}  # session -> its shared head's cached tokens (the system prompt)
         self.records = []
-        self._rr = 0
+        self._turns = {"p": 0, "rld": 0, "md": 0}  # each pool's picks so far (round_robin's turn, as the router's)
 
     def run(self):
         """Simulate every request to its end; the records (RequestRecord) in the workload's order."""
@@ -163,7 +182,10 @@ class Simulation:
         live = list(rec.live) if rec.error is not None else ()
         if rec.final is None:
             self.records.append(rec.record(self.env.now))
-            for nxt in self.next_turns.get(rec.req.request_id, ()):
+            nxt_turns = self.next_turns.get(rec.req.request_id, ())
+            if not nxt_turns:
+                self._chains.pop(rec.req.request_id, None)
+            for nxt in nxt_turns:
                 self.env.start(self._client(nxt, self.env.now + nxt.think_s))
         if rec.error is not None:
             for worker, s in live:
@@ -235,12 +257,16 @@ class Simulation:
         pol = self.cfg.policy
         if pol.pick_md == "cache_aware":  # where the session's prefix lives: its sticky MD
             return self.md[zlib.crc32(session.encode()) % len(self.md)]
-        return self._pick(self.md, pol.pick_md, _SESSIONS)
+        return self._pick("md", pol.pick_md, _SESSIONS)
 
-    def _pick(self, pool: list, how: str, load):
+    def _pick(self, role: str, how: str, load):
+        """A worker of role's pool: round_robin by the pool's own turn (workers/roles/pools.py), else the least
+        loaded, the first of equals (routing._least)."""
+        pool = self.pools[role]
+        turn = self._turns[role]
+        self._turns[role] = turn + 1
         if how == "round_robin" or len(pool) == 1:
-            self._rr += 1
-            return pool[self._rr % len(pool)]
+            return pool[turn % len(pool)]
         return min(pool, key=load)
 
     def md_hit(self, req: WorkloadRequest, md: DecodeWorker) -> int:
@@ -250,7 +276,7 @@ class Simulation:
         return min(req.cached_tokens, held) if req.after else req.cached_tokens
 
     def _rld(self) -> DecodeWorker:
-        return self._pick(self.rld, self.cfg.policy.pick_rld, _SESSIONS)
+        return self._pick("rld", self.cfg.policy.pick_rld, _SESSIONS)
 
     # ------------------------------------------------------------ one request
 
@@ -274,13 +300,44 @@ class Simulation:
             yield from self._p_rld_md(req, rec, md)
         self._end(rec)
 
-    def _prefill(self, req: WorkloadRequest, rec: Rec, cached: int | None = None):
-        """P's prefill (cached: tokens P's prefix cache spares, the workload's hit unless given); P, or None
-        when P refused it (the request failed)."""
-        p = self._pick(self.p, self.cfg.policy.pick_p, _QUEUED_TOKENS)
+    def chain(self, req: WorkloadRequest) -> list[int]:
+        """The names of req's prompt's whole blocks (kvroom.prompt_chain): a later turn's continue its previous
+        turn's (whose own are dropped once its only next turn has them)."""
+        chain = self._chains.get(req.request_id)
+        if chain is not None:
+            return chain
+        if not req.after:
+            chain = prompt_chain(req.head_tokens, self._block)
+        else:  # the previous turn's, taken over where this is its only next turn (it needs it no more)
+            if req.after not in self._chains and req.after in self._by_id:  # it failed before its prefill
+                self.chain(self._by_id[req.after])
+            only = len(self.next_turns.get(req.after, ())) == 1
+            prev = (self._chains.pop if only else self._chains.get)(req.after, None)
+            prev = [] if prev is None else prev if only else list(prev)  # []: its previous turn is not simulated
+            chain = extend_chain(prev, req.prompt_len, self._block, self._salt[req.request_id])
+        self._chains[req.request_id] = chain
+        return chain
+
+    def p_prefix_hit(self) -> dict[str, dict]:
+        """Each P's prefix hit as the emulated per_worker reports it: n prefills, token_weighted (cached / prompt
+        tokens), and the blocks its cache evicted."""
+        return {
+            p.name: {
+                "n": p.cache.lookups,
+                "token_weighted": p.cache.hit_tokens / p.cache.prompt_tokens if p.cache.prompt_tokens else None,
+                "evicted_blocks": p.cache.evictions,
+            }
+            for p in self.p
+        }
+
+    def _prefill(self, req: WorkloadRequest, rec: Rec, p: PrefillWorker | None = None):
+        """P's prefill on top of what P's own prefix cache holds of the prompt (p: the P a fallback prefills on
+        again, as the router's; else picked); P, or None when P refused it (the request failed)."""
+        p = p or self._pick("p", self.cfg.policy.pick_p, _P_LOAD)
         rec.workers["p"] = p.name
-        cached = req.cached_tokens if cached is None else cached
-        problem = yield from p.prefill(req.prompt_len - cached, cached, self._blocks(req, 1), req.request_id)
+        problem, self.p_cached[req.request_id] = yield from p.prefill_prompt(
+            req.prompt_len, self.chain(req), self._blocks(req, 1), req.request_id
+        )
         if problem:
             self._fail(rec, f"RESOURCE_EXHAUSTED: {p.name}: {problem}")
             return None
@@ -315,12 +372,12 @@ class Simulation:
         compute: the measured import, the export streamed during the prefill)."""
         return kv_export_s(p.model.roofline, tokens) + kv_import_s(rld.model.roofline, tokens)
 
-    def _p_rld(self, req: WorkloadRequest, rec: Rec, singular: bool, cached: int | None = None):
+    def _p_rld(self, req: WorkloadRequest, rec: Rec, singular: bool, p: PrefillWorker | None = None):
         rld = self._rld()
         rec.workers["rld"] = rld.name
         if note := self._open(rec, "rld", rld, req):
             return self._fail(rec, streams_ended(req, 0, [note], "RESOURCE_EXHAUSTED"))
-        p = yield from self._prefill(req, rec, cached)
+        p = yield from self._prefill(req, rec, p)
         if p is None or rec.error:
             return
         yield self._fast_path_s(p, rld, req.prompt_len)
@@ -389,13 +446,14 @@ class Simulation:
             self._free(rec, "md", self._keep(req))
 
     def _fall_back(self, req: WorkloadRequest, rec: Rec, reason: str):
-        """pdd's P->MD failed before its first token: prefill again (P's prefix cache holds the prompt's whole
-        blocks) and the RLD decodes the request (workers/roles/router.py's _fall_back)."""
+        """pdd's P->MD failed before its first token: prefill again on the same P (its prefix cache holds the
+        prompt's whole blocks if it prefilled it) and the RLD decodes the request (workers/roles/router.py's
+        _fall_back)."""
         rec.route = Route.P_RLD_FALLBACK
         rec.fallbacks.append(fallback_cause({"event": "route_fallback", "reason": reason}))
         rec.md_cached, rec.drc_hit = 0, None
-        whole = (req.prompt_len - 1) // self._block * self._block
-        yield from self._p_rld(req, rec, singular=False, cached=max(whole, req.cached_tokens))
+        p = next((w for w in self.p if w.name == rec.workers.get("p")), None)
+        yield from self._p_rld(req, rec, singular=False, p=p)
 
     def _p_rld_md(self, req: WorkloadRequest, rec: Rec, md: DecodeWorker):
         env, cfg = self.env, self.cfg

@@ -10,10 +10,11 @@ Why scale at all: `this-machine` was fitted by benchmarks/bench_roofline.py with
 an emulated run P, the RLD and the MD (each a process, one torch thread), the router, the client, the KV
 senders and the line's shaping share two cores, so every step takes longer than the lone engine's, and each
 engine step has a fixed cost the benchmark's engine did not pay (gRPC, Python, the pass over the cached KV).
-The constants below are medians / least-absolute-deviation fits (`scripts/validate_sim.py fit RUN...`) over
-every event but the warm-up's of three emulated runs, all four variants each: results/20261204-195628
+The constants below but P's step are medians / least-absolute-deviation fits (`scripts/validate_sim.py fit
+RUN...`) over every event but the warm-up's of three emulated runs, all four variants each: results/20261204-195628
 (wan-congested), -200730 (wan-cross-country) and -201347 (wan-flaky) -pdd-vs-baselines, pooled over variants
-and profiles: one set for every real-compute spec, tuned to no profile or variant.
+and profiles: one set for every real-compute spec, tuned to no profile or variant. P's step (its comment) is
+refitted: its shape on the 2026-12-05/06 runs' events, its level on the 23 profile-matrix runs' P busy time.
 
 Contention (`Contention`, docs/simulator.md "A contention model (2026-12-05/06)"): each variant's workers take
 those pooled times x (1 + ENGINE_SLOWDOWN per other engine of the pools its mode uses + WAN_SENDER_SLOWDOWN per P
@@ -35,10 +36,17 @@ from dataclasses import dataclass, replace
 from workers.modelled.catalogue import Accelerator, ModelArch
 from workers.modelled.roofline import Part, Roofline, StepCost
 
-# P's prefill step (events p1 prefill_step: duration_ns against the roofline of the step's chunks; n=368, LAD
-# fit): seconds = 0.203 + 2.29 x roofline. The median ratio per variant: pd-intra 2.8, pdd 4.6, pd-cross 8.3.
-P_STEP_FIXED_S = 0.203
-P_STEP_FACTOR = 2.29
+# P's prefill step: seconds = 0.1355 + 1.278 x roofline (docs/simulator.md, "P's step time (2026-12-06)"). The
+# shape: `validate_sim.py fit --variants pd-intra,pdd` over the events of the six runs of the 2026-12-05/06
+# profile matrix (p1 prefill_step: duration_ns against the roofline of the step's chunks; n=533, LAD fit):
+# 0.0882 + 0.832x. The level: x 1.536, `validate_sim.py p-level` over the 23 runs of the four profile matrices in
+# docs/runs (pd-intra and pdd: the median of the emulated P's busy time over the simulated P's; the simulator runs
+# the emulated P's steps one to one, so they differ by the steps' level alone). pd-cross is left out of both: its
+# P's steps carry the whole prompt's KV sender over the WAN (1.1-7.5x the roofline as the line is slow or fast),
+# what Contention's WAN_SENDER_SLOWDOWN (not adopted) is for. The constants before (0.203 + 2.29x, fitted on the
+# three 2026-12-04 runs, every variant pooled) gave a P 1.6x slower than the runs' median in pd-intra.
+P_STEP_FIXED_S = 0.1355
+P_STEP_FACTOR = 1.278
 # A decode worker's step with a local prefill or an extend (events rld1/md1 decode_step_mixed with
 # chunk_tokens > 1, contexts taken as 600-650 tokens; n=180, LAD fit): 0.068 + 1.12 x roofline.
 MIXED_STEP_FIXED_S = 0.068

@@ -16,7 +16,7 @@ status) and by a warning at the top of summary.md, since the schema has no top-l
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from experiments.analysis import cost, metrics
@@ -46,6 +46,7 @@ class SimRun:
     wall_s: float
     sim_wall_s: float  # of which the simulations themselves (not the workload or the analysis)
     calibration: Calibration
+    p_prefix_hit: dict = field(default_factory=dict)  # variant -> P worker -> Simulation.p_prefix_hit's figures
 
     @property
     def requests(self) -> int:
@@ -58,10 +59,12 @@ class SimRun:
 
 
 def workload_of(loaded: Loaded, requests: int | None = None) -> list[workload.WorkloadRequest]:
-    """The spec's workload, warm-up dropped, cut to its first `requests` (a later turn kept only with its
-    earlier ones: the cut keeps whole prefixes of the list, where a turn follows the one it comes after)."""
-    reqs = [r for r in workload.build(loaded.spec) if r.kind != "warmup"]
-    return reqs if requests is None else reqs[:requests]
+    """The spec's workload, cut to its first `requests` (a later turn kept only with its earlier ones: the cut
+    keeps whole prefixes of the list, where a turn follows the one it comes after); the warm-up first, beside
+    them (not simulated: its prompt is in every P's prefix cache, as after the emulated warm-up)."""
+    reqs = workload.build(loaded.spec)
+    warm, measured = [r for r in reqs if r.kind == "warmup"], [r for r in reqs if r.kind != "warmup"]
+    return warm + (measured if requests is None else measured[:requests])
 
 
 def simulate(
@@ -78,18 +81,20 @@ def simulate(
     cal = calibration or load_calibration()
     reqs = workload_of(loaded, requests)
     configs = {v: sim_config(loaded, v) for v in spec.variants}
-    records, sim_s = [], 0.0
+    records, sim_s, p_hit = [], 0.0, {}
     for v, cfg in configs.items():
         t1 = time.perf_counter()
-        records += Simulation(cfg, reqs, seed, cal, request_s=spec.timeouts.request_s).run()
+        sim = Simulation(cfg, reqs, seed, cal, request_s=spec.timeouts.request_s)
+        records += sim.run()
         sim_s += time.perf_counter() - t1
+        p_hit[v] = sim.p_prefix_hit()
     with few_collections():  # the analysis' ~10M short-lived tuples and lists: ~1 s of collections else
         summary = (
             summarize(loaded, records, configs, cal, seed)
             if analyse
             else Summary(variants={}, comparisons=[], streams={}, reference={}, slo={})
         )
-    return SimRun(records, configs, summary, time.perf_counter() - t0, sim_s, cal)
+    return SimRun(records, configs, summary, time.perf_counter() - t0, sim_s, cal, p_hit)
 
 
 def summarize(
@@ -185,6 +190,7 @@ def write_run(run: SimRun, loaded: Loaded, out: Path | None = None) -> Path:
             "requests_per_s": run.requests_per_s,
             "compiled_modules": compiled.loaded(),  # those that ran compiled (experiments.sim.compiled): same records
             "variants": {v: _config_record(c) for v, c in run.configs.items()},
+            "p_prefix_hit": run.p_prefix_hit,  # each P's own prefix cache (the emulated summary's workers.*)
             "git": git_state(),
         },
     )

@@ -20,6 +20,7 @@ from itertools import accumulate
 
 from experiments.sim import clock
 from experiments.sim.config import WorkerModel
+from experiments.sim.kvroom import PrefixCache
 from workers.chunked import plan_step
 from workers.errors import CapacityExceeded
 from workers.modelled.roofline import Part, Roofline
@@ -79,7 +80,7 @@ class _Prompt:
 
 
 class PrefillWorker:
-    """A P worker. model: its name and roofline; queued_tokens: prompt tokens waiting or running (its load);
+    """A P worker. model: its name and roofline; queued_tokens: uncached prompt tokens admitted, not yet prefilled;
     room: its KV blocks (None: unlimited); max_waiting, wait_s: prefill.max_waiting and room_wait_ms (s), the
     bounds of the queue of prompts waiting for KV room; budget_tokens: prefill.step_budget_tokens (0: whole
     prompts, one at a time).
@@ -90,8 +91,8 @@ class PrefillWorker:
     together; a prompt ends (its first token, its KV whole) with the step of its last chunk. The steps are
     planned at once up to the first prompt's end (one wait); a prompt that arrives meanwhile joins from
     the step after the one under way. Whole: a prompt ends at max(now, the previous one's end) + its prefill
-    time, one wait per prompt. A prompt holds its KV blocks from its admission to its prefill's end (then
-    they are P's prefix cache: evictable, so free here)."""
+    time, one wait per prompt. A prompt holds its KV blocks from its admission to its prefill's end; then its
+    whole blocks are P's prefix cache (`cache`, prefill_prompt: evictable, so free in the room)."""
 
     def __init__(
         self,
@@ -106,6 +107,11 @@ class PrefillWorker:
         self.room, self.max_waiting, self.wait_s = room, max_waiting, wait_s
         self.budget = budget_tokens
         self.cost = StepSeconds(model.roofline)
+        self.cache = PrefixCache(room.block) if room is not None else None  # its engine's radix tree (prefill_prompt)
+        self.pinned_blocks = 0  # cached blocks the prompts in flight matched (the engine pins them)
+        # prefill_prompt's prompts from their call to their first token, and their tokens: the router's load of
+        # a P (workers/roles/pools.py's holding around the Prefill call), which policy.pick_p least_load reads
+        self.in_flight = self.in_flight_tokens = 0
         self.free_at = 0.0  # whole prompts: when the last prompt queued ends (s)
         self.queued_tokens = 0
         self.busy_s = 0.0
@@ -119,8 +125,43 @@ class PrefillWorker:
     def prefill(self, new_tokens: int, cached_tokens: int, blocks: int = 0, request_id: str = ""):
         """A process (generator): KV room for `blocks` (the roomqueue's rules), then its turn, then the prefill of
         new_tokens on top of cached_tokens. Returns '' or why P refused it (RESOURCE_EXHAUSTED's text)."""
+        if problem := (yield from self._admit(new_tokens + cached_tokens, blocks, request_id)):
+            return problem
+        yield from self._compute(new_tokens, cached_tokens)
+        if self.room is not None:
+            self.room.release(blocks)
+        return ""
+
+    def prefill_prompt(self, prompt_len: int, chain: list[int], blocks: int = 0, request_id: str = ""):
+        """A process (generator): prefill's, with the cached tokens P's own prefix cache (`cache`) holds of the
+        prompt (prompt_len tokens, its whole blocks named chain: kvroom.prompt_chain) once it is admitted, as the
+        engine's open matches; its whole blocks are cached after. Returns ('' or why P refused it, cached). Needs
+        a room: the cache keeps what the room's reservations leave (capacity - reserved, the pinned blocks
+        counted once), as the engine's cache keeps what its open requests leave."""
+        self.in_flight += 1
+        self.in_flight_tokens += prompt_len
+        if problem := (yield from self._admit(prompt_len, blocks, request_id)):
+            self.in_flight -= 1
+            self.in_flight_tokens -= prompt_len
+            return problem, 0
+        cache, room = self.cache, self.room
+        cached = cache.match(chain, prompt_len, request_id)
+        pinned = cached // cache.block
+        self.pinned_blocks += pinned  # in the room's reservations and in the cache: once in the engine
+        cache.trim(room.capacity - room.reserved + self.pinned_blocks)
+        yield from self._compute(prompt_len - cached, cached)
+        self.pinned_blocks -= pinned
+        cache.unpin(request_id)
+        room.release(blocks)  # its whole blocks stay, as the cache's (the engine's finish); the rest are free
+        cache.insert(chain, room.capacity - room.reserved + self.pinned_blocks)
+        self.in_flight -= 1
+        self.in_flight_tokens -= prompt_len
+        return "", cached
+
+    def _admit(self, prompt_len: int, blocks: int, request_id: str):
+        """A process (generator): KV room for `blocks` (the roomqueue's rules). Returns '' or why P refused."""
         room = self.room
-        if room is not None and (problem := room.refusal(request_id, new_tokens + cached_tokens + 1)):
+        if room is not None and (problem := room.refusal(request_id, prompt_len + 1)):
             return problem
         if room is not None and not room.open(blocks):
             cause = (
@@ -132,6 +173,10 @@ class PrefillWorker:
                 return f"{cause}; {len(room.waiting)} requests already wait for room (prefill.max_waiting)"
             if not (yield room.wait(blocks, self.env.now + self.wait_s)):
                 return f"no KV room within {self.wait_s * 1000:.0f} ms (prefill.room_wait_ms): {cause}"
+        return ""
+
+    def _compute(self, new_tokens: int, cached_tokens: int):
+        """A process (generator): P's turn, then the prefill of new_tokens on top of cached_tokens."""
         self.queued_tokens += new_tokens
         if self.budget:
             prompt = _Prompt(max(1, new_tokens), cached_tokens, self.env.event())
@@ -144,9 +189,6 @@ class PrefillWorker:
             self.free_at = max(self.env.now, self.free_at) + seconds
             yield self.free_at - self.env.now  # a delay (s): the process waits it (experiments.sim.clock)
         self.queued_tokens -= new_tokens
-        if room is not None:
-            room.release(blocks)
-        return ""
 
     def _arrive(self, prompt: _Prompt) -> None:
         """A prompt joins the chunked steps: planned at once when P is idle; else from the step after the one

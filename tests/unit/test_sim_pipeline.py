@@ -28,6 +28,11 @@ def loaded(tmp_path, *sets, **line):
     return load_for_simulation(SPEC, [f"profile={line_profile(tmp_path, **line)}", *sets])
 
 
+def measured(spec):
+    """The requests simulated (the warm-up only seeds the P workers' prefix caches)."""
+    return [r for r in workload_of(spec) if r.kind != "warmup"]
+
+
 def one_request(tmp_path, variant, **line):
     return loaded(tmp_path, "workload.fixed_hit.requests=1", f"variants=[{variant}]", **line)
 
@@ -35,7 +40,7 @@ def one_request(tmp_path, variant, **line):
 def test_one_request_cross_dc_ttft_is_prefill_plus_transfer_and_the_first_decode_step_follows(tmp_path):
     spec = one_request(tmp_path, "pd-cross")
     (rec,) = simulate(spec).records
-    (req,) = workload_of(spec)
+    (req,) = measured(spec)
     cfg = sim_config(spec, "pd-cross")
     p, md = cfg.workers["p"][0].roofline, cfg.workers["md"][0].roofline
     prefill = p.prefill_s(req.prompt_len - req.cached_tokens, req.cached_tokens)
@@ -52,7 +57,7 @@ def test_one_request_cross_dc_ttft_is_prefill_plus_transfer_and_the_first_decode
 def test_pd_intra_sends_nothing_on_the_wan_and_its_ttft_is_prefill_plus_the_fast_path(tmp_path):
     spec = one_request(tmp_path, "pd-intra-strong")
     (rec,) = simulate(spec).records
-    (req,) = workload_of(spec)
+    (req,) = measured(spec)
     cfg = sim_config(spec, "pd-intra-strong")
     p, rld = cfg.workers["p"][0].roofline, cfg.workers["rld"][0].roofline
     prefill = p.prefill_s(req.prompt_len - req.cached_tokens, req.cached_tokens)
@@ -64,7 +69,7 @@ def test_pd_intra_sends_nothing_on_the_wan_and_its_ttft_is_prefill_plus_the_fast
 def wan_kv(tmp_path, hit):
     spec = loaded(tmp_path, f"workload.fixed_hit.hit={hit}", "workload.fixed_hit.requests=8")
     s = simulate(spec).summary
-    uncached = sum(r.prompt_len - r.cached_tokens for r in workload_of(spec))
+    uncached = sum(r.prompt_len - r.cached_tokens for r in measured(spec))
     return {v: s.variants[v].wan_kv_bytes_total for v in s.variants} | {"uncached": uncached}
 
 

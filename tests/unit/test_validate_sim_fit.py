@@ -113,3 +113,38 @@ def test_the_pooled_slowdown_is_the_count_models_mean_over_the_fits_events():
     alone = vs.Samples(decode=[1.0] * 3, contention=Contention(1, 0))  # slowdown 1.0, 3 events
     pdd = vs.Samples(p_steps=[(0.1, 0.2)], imports=[(10, 0.01)], contention=Contention(3, 1))  # 1.7, 2 events
     assert vs.pooled_slowdown(f, {"colocated": alone, "pdd": pdd}) == pytest.approx((3 * 1.0 + 2 * 1.7) / 5)
+
+
+def _variant_events(run: Path, variant: str, p_events: list[dict]) -> None:
+    events = run / "variants" / variant / "events"
+    events.mkdir(parents=True)
+    (events / "p1.jsonl").write_text("".join(json.dumps(e) + "\n" for e in p_events))
+
+
+def test_fit_reads_only_the_variants_it_is_given(tmp_path):
+    run = _run(tmp_path, {"p": 1, "rld": 1, "md": 1})
+    step = {"event": "prefill_step", "chunks": [["r1", 512, 40, True]], "duration_ns": 200 * MS}
+    _variant_events(run, "pd-intra", [step])
+    _variant_events(run, "pd-cross", [dict(step, duration_ns=900 * MS), dict(step, duration_ns=800 * MS)])
+    only = vs.samples([run], ("pd-intra",))
+    assert list(only) == ["pd-intra"] and [m for _x, m in only["pd-intra"].p_steps] == [0.2]
+    assert sorted(vs.samples([run])) == ["pd-cross", "pd-intra"]
+
+
+def test_a_runs_p_busy_time_is_each_p_workers_busy_share_of_the_duration():
+    variant = {
+        "duration_s": 40.0,
+        "workers": {
+            "p1": {"role": "p", "busy_pct": 25.0},
+            "p2": {"role": "p", "busy_pct": 10.0},
+            "rld1": {"role": "rld", "busy_pct": None},
+        },
+    }
+    assert vs.emulated_p_busy_s(variant) == pytest.approx(10.0 + 4.0)
+    assert vs.emulated_p_busy_s({"duration_s": 40.0, "workers": {"rld1": {"role": "rld"}}}) is None
+
+
+def test_the_p_level_is_the_median_of_emulated_over_simulated_busy_time():
+    # three runs: 1.5x, 2x and 0.9x the simulated P's busy time; one far-off run does not move a median
+    assert vs.p_level([(15.0, 10.0), (20.0, 10.0), (9.0, 10.0)]) == pytest.approx(1.5)
+    assert vs.p_level([(15.0, 10.0), (20.0, 10.0), (9.0, 10.0), (90.0, 10.0), (14.0, 10.0)]) == pytest.approx(1.5)
