@@ -69,12 +69,15 @@ class CalibrationConfig:
     udp: also run an iperf3 UDP test at half the rate
     lossless_goodput: measure TCP goodput on a lossless copy of the profile
         (the fidelity criterion); False = on the profile as it is
+    unjudged_goodput: why the goodput is measured and printed but not judged ("" = judged where the path
+        can carry the rate)
     """
 
     probes: ProbePlan = ProbePlan(count=2000, interval_ms=10.0)
     tcp_seconds: float = 8.0
     udp: bool = True
     lossless_goodput: bool = True
+    unjudged_goodput: str = ""
 
 
 @dataclass
@@ -308,6 +311,7 @@ def _judge_goodput(testbed: Testbed, cfg: CalibrationConfig, rate: float | None,
     under the band is measured again (GOODPUT_TRIES) and the best of the tests is judged."""
     judged = bool(rate and cfg.lossless_goodput)
     skip = "" if not judged else _starved(r.capacity_mbit, rate) if r.capacity_mbit else "path capacity not measured"
+    skip = (judged and cfg.unjudged_goodput) or skip
     while True:
         r.tcp_goodput_tries.append(tcp_goodput(iperf3(testbed, r.direction, cfg.tcp_seconds), cfg.tcp_seconds))
         r.tcp_goodput_mbit = max(r.tcp_goodput_tries)

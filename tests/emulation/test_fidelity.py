@@ -28,6 +28,7 @@ the default backend here, on the same profiles and tolerances.
 """
 
 import dataclasses
+import os
 
 import pytest
 
@@ -53,11 +54,18 @@ PLAN = ProbePlan(count=2000, interval_ms=10.0)
 TCP_SECONDS = 6.0
 
 
+# Under qemu TCG (make vm-test) TCP through the kernel's netem varies more from test to test than the band allows:
+# wan-lossy's lossless copy at 100 Mbit/s gave 82, 31, 55 and 57, 26, 85 Mbit/s (2026-12-06), with 283-310 Mbit/s
+# through the unshaped path. The goodput is printed there, not judged (docs/real-kernel.md).
+TCG_GOODPUT = "qemu TCG: TCP through netem varies test to test past the band (docs/real-kernel.md)"
+
+
 @pytest.mark.parametrize("name", WAN_PROFILES)
 def test_profile_fidelity(name, backend, tmp_path):
     # The schedule is exercised in test_topology; here each profile's steady state is measured.
     profile = dataclasses.replace(load_profile(name), schedule=())
-    cfg = CalibrationConfig(probes=PLAN, tcp_seconds=TCP_SECONDS, udp=False)
+    unjudged = TCG_GOODPUT if os.environ.get("PDDLAB_IN_VM") and backend == "tc" else ""
+    cfg = CalibrationConfig(probes=PLAN, tcp_seconds=TCP_SECONDS, udp=False, unjudged_goodput=unjudged)
     with Testbed(TopologyConfig(wan_profile=profile, backend=backend)) as tb:
         results = calibrate(tb, cfg, tmp_path)
         used = tb.backend_choice.name

@@ -153,7 +153,10 @@ def test_a_live_change_keeps_nothing_of_the_line_before(wire, link, backend):
         finally:
             run(in_ns(NAMES.ns_w, tc.delete_root_cmd(NAMES.wire_a)))  # the link fixture removes wire_b's
     assert probe.received == 2000, probe.received  # no corruption left
-    assert max(probe.delays_ns) < 10_000_000, max(probe.delays_ns)  # no 20 ms slots left
+    # no 20 ms slots left: 2 frames a slot would queue nearly every probe (40 arrive a slot) for ever longer; a
+    # lone late probe is the machine's (one of 2,000 at 15.8 ms under qemu TCG)
+    late = sum(d >= 10_000_000 for d in probe.delays_ns)
+    assert late <= 20, (late, max(probe.delays_ns))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -53,3 +53,10 @@ def test_a_link_faster_than_its_rate_fails_at_once(goodputs):
 def test_a_starved_path_is_measured_once_and_not_judged(goodputs):
     r = judge(goodputs, [50.0, 93.0], capacity=100.0)
     assert r.tcp_goodput_tries == [50.0] and r.goodput_skipped and r.checks == []
+
+
+def test_a_goodput_the_caller_does_not_judge_is_measured_once_and_printed_with_the_reason(goodputs):
+    goodputs.extend([50.0, 93.0])
+    r = result()
+    _judge_goodput(None, CalibrationConfig(unjudged_goodput="qemu TCG"), RATE, r)
+    assert r.tcp_goodput_tries == [50.0] and r.goodput_skipped == "qemu TCG" and r.checks == []
