@@ -130,9 +130,10 @@ def stale_after_change(kept: frozenset[str], p: LinkParams) -> tuple[str, ...]:
     names it: `change ... delay 30ms` after `... corrupt 5% rate 100mbit` goes on corrupting at 100 Mbit/s, a
     uniform jitter after a pareto one draws from pareto's table, a line without correlations after one with
     draws correlated. A table cannot be dropped by a change at all, so TcBackend reinstalls netem where this is
-    not empty (a change keeps queued packets; a reinstall loses them, which only these changes pay). A kept reorder is harmless: every message sets netem's gap, and a gap of 0 (a line
-    without reorder) turns reordering off. Something kept but unused (a table without a jitter, correlations
-    without a jitter, random loss or duplicates) is not stale.
+    not empty (a change keeps queued packets; a reinstall loses them, which only these changes pay). A kept
+    reorder is harmless: every message sets netem's gap, and a gap of 0 (a line without reorder) turns
+    reordering off. Something kept but unused (a table without a jitter, correlations without a jitter, random
+    loss or duplicates) is not stale.
     """
     uses = {
         "delay table": bool(p.jitter_ms) and p.delay_distribution == "uniform",
