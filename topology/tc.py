@@ -119,8 +119,9 @@ def kept_by(p: LinkParams) -> frozenset[str]:
 def kept_after(kept: frozenset[str], p: LinkParams) -> frozenset[str]:
     """What the kernel holds after a change to p from a netem holding kept: what p sends replaces (correlations
     are sent whole, zeros included), the rest stays."""
-    sent = kept_by(p) | ({"correlations"} if _sends_any_correlation(p) else set())
-    return (kept - sent) | kept_by(p)
+    now = kept_by(p)
+    sent = now | ({"correlations"} if _sends_any_correlation(p) else set())
+    return (kept - sent) | now
 
 
 def stale_after_change(kept: frozenset[str], p: LinkParams) -> tuple[str, ...]:

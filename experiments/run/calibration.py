@@ -310,8 +310,8 @@ def _judge_goodput(testbed: Testbed, cfg: CalibrationConfig, rate: float | None,
     """Measure r's TCP goodput and, on a rated lossless copy the path can carry, check it; a goodput
     under the band is measured again (GOODPUT_TRIES) and the best of the tests is judged."""
     judged = bool(rate and cfg.lossless_goodput)
-    skip = "" if not judged else _starved(r.capacity_mbit, rate) if r.capacity_mbit else "path capacity not measured"
-    skip = (judged and cfg.unjudged_goodput) or skip
+    starved = _starved(r.capacity_mbit, rate) if r.capacity_mbit else "path capacity not measured"
+    skip = "" if not judged else cfg.unjudged_goodput or starved
     while True:
         r.tcp_goodput_tries.append(tcp_goodput(iperf3(testbed, r.direction, cfg.tcp_seconds), cfg.tcp_seconds))
         r.tcp_goodput_mbit = max(r.tcp_goodput_tries)

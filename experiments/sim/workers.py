@@ -80,7 +80,7 @@ class _Prompt:
 
 
 class PrefillWorker:
-    """A P worker. model: its name and roofline; queued_tokens: uncached prompt tokens admitted, not yet prefilled;
+    """A P worker. model: its name and roofline;
     room: its KV blocks (None: unlimited); max_waiting, wait_s: prefill.max_waiting and room_wait_ms (s), the
     bounds of the queue of prompts waiting for KV room; budget_tokens: prefill.step_budget_tokens (0: whole
     prompts, one at a time).
@@ -113,7 +113,6 @@ class PrefillWorker:
         # a P (workers/roles/pools.py's holding around the Prefill call), which policy.pick_p least_load reads
         self.in_flight = self.in_flight_tokens = 0
         self.free_at = 0.0  # whole prompts: when the last prompt queued ends (s)
-        self.queued_tokens = 0
         self.busy_s = 0.0
         self.steps = 0  # engine steps run (chunked; whole: prompts)
         self.lone_tail_steps = 0  # of them, steps whose only chunk was a prompt's last, short one (chunked.py)
@@ -177,7 +176,6 @@ class PrefillWorker:
 
     def _compute(self, new_tokens: int, cached_tokens: int):
         """A process (generator): P's turn, then the prefill of new_tokens on top of cached_tokens."""
-        self.queued_tokens += new_tokens
         if self.budget:
             prompt = _Prompt(max(1, new_tokens), cached_tokens, self.env.event())
             self._arrive(prompt)
@@ -188,7 +186,6 @@ class PrefillWorker:
             self.steps += 1
             self.free_at = max(self.env.now, self.free_at) + seconds
             yield self.free_at - self.env.now  # a delay (s): the process waits it (experiments.sim.clock)
-        self.queued_tokens -= new_tokens
 
     def _arrive(self, prompt: _Prompt) -> None:
         """A prompt joins the chunked steps: planned at once when P is idle; else from the step after the one
