@@ -173,6 +173,35 @@ def emulator_health(variant: str, s: dict, h: EmulatorHealth | None) -> list[dic
     return out
 
 
+SPEED_DRIFT = 0.10  # the reference pass slower or faster by more than this at the end than at the start: said
+
+
+def machine_speed(meta) -> tuple[dict | None, list[dict]]:
+    """summary.json's `machine`: the reference speed before the run and after it (workers.speed; None: a run made
+    before it was recorded), and a warning where the two differ by more than SPEED_DRIFT: the machine changed
+    while the run measured, so its step times are not one machine's."""
+    start = meta.provenance.machine.speed if meta.provenance.machine else None
+    end = meta.speed_at_end
+    if start is None and end is None:
+        return None, []
+    out = {"start": start.model_dump() if start else None, "end": end.model_dump() if end else None}
+    if start is None or end is None:
+        return out, []
+    ratio = end.prefill_cpu_ms / start.prefill_cpu_ms
+    if abs(ratio - 1) <= SPEED_DRIFT:
+        return out, []
+    return out, [
+        {
+            "variant": None,
+            "path": None,
+            "kind": "machine_speed_changed",
+            "count": 1,
+            "message": f"the machine's reference prefill took {start.prefill_cpu_ms:.0f} ms of CPU before the run "
+            f"and {end.prefill_cpu_ms:.0f} ms after it ({ratio:.2f}x): the machine changed while the run measured",
+        }
+    ]
+
+
 MAX_JUDGED = 12  # divergences whose near-tie margin is recomputed (a reference forward pass each)
 
 
@@ -268,6 +297,8 @@ def analyze(run_dir: Path) -> dict:
     # what analysed it (a run re-analysed by newer code says so): the commit, its dirty flag, the packages
     summary["analysed_by"] = {"git": rundir.git_state(), "packages": rundir.package_versions()}
     summary["cross_traffic"] = crosstraffic.summarize(run_dir, meta)
+    summary["machine"], drift = machine_speed(meta)
+    summary["warnings"] += drift
     topo = meta.topology
     hosts = [h.model_dump() for h in topo.hosts] if topo else []
     summary["lines"] = lines.per_line(run_dir, topo.topology if topo else None, hosts, meta.variants, events)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from experiments.analysis import confidence, metrics, records, summary as summary_mod
+from experiments.rundir import metadata
 
 # What is compared: name -> (the request value for runs, the statistic, the sweep aggregate's metric).
 METRICS = {
@@ -175,7 +176,37 @@ def markdown(rows: list[Row]) -> str:
             lines.append(f"| {v} | " + " | ".join(cells) + " |")
         scope = mine[0].scope
         lines += ["", _SCOPES[scope], ""]
+        if scope == "these two runs":
+            lines += [machines(Path(base), Path(other)), ""]
     return "\n".join(lines)
+
+
+MACHINE_TOLERANCE = 0.10  # reference passes further apart than this: the machine, not only the change, differed
+
+
+def _speed(run: Path) -> metadata.SpeedRecord | None:
+    """The reference speed at a run's start (None: a run made before it was recorded, or not measured)."""
+    try:
+        machine = metadata.read(run).provenance.machine
+    except metadata.MetadataError:
+        return None
+    return machine.speed if machine else None
+
+
+def machines(base: Path, other: Path) -> str:
+    """How fast the machine was at each run's start (workers.speed's prefill pass, CPU time), and whether that
+    differs enough to stand beside the change: step times follow the machine's speed."""
+    a, b = _speed(base), _speed(other)
+    if a is None or b is None:
+        return "Machine: the reference speed of one run or both was not recorded (runs made before it was)."
+    ratio = b.prefill_cpu_ms / a.prefill_cpu_ms
+    said = (
+        f"Machine: the reference prefill took {a.prefill_cpu_ms:.0f} ms of CPU before {base.name} and "
+        f"{b.prefill_cpu_ms:.0f} ms before {other.name} ({ratio:.2f}x)"
+    )
+    if abs(ratio - 1) > MACHINE_TOLERANCE:
+        return said + f": the machine itself differed by more than {MACHINE_TOLERANCE:.0%}, part of any change is its."
+    return said + f": within {MACHINE_TOLERANCE:.0%}."
 
 
 def _cell(r: Row | None) -> str:

@@ -278,6 +278,9 @@ class Summary(Closed):
     # EXP=pdd-published: {rows: [...]}, each published figure beside this run's (experiments/analysis/published.py);
     # absent from other runs' summaries and from those made before it (still version 2)
     published: dict[str, Any] | None = None
+    # the machine's reference speed before and after the run ({start, end}: workers.speed, metadata.json's); None:
+    # a run made before it was recorded (and a simulated one)
+    machine: dict[str, Any] | None = None
     simulated: bool = False  # made by `pddlab simulate` (experiments/sim), not measured on the emulated WAN
 
 

@@ -51,6 +51,18 @@ def compute_words(spec) -> str:
     return f"{compute.get('arch')} modelled ({', '.join(pools)}; tokens in {spec.model}'s vocabulary)"
 
 
+def machine_words(machine: dict | None) -> list[str]:
+    """The machine's reference speed before and after the run (workers.speed), one line; none for older runs."""
+    if not machine:
+        return []
+    said = [
+        f"{when} {s['prefill_cpu_ms']:.0f} ms (load {s['load_average'][0]:.1f})"
+        for when, s in (("before", machine["start"]), ("after", machine["end"]))
+        if s
+    ]
+    return ["", "machine's reference prefill (CPU time; docs/outputs.md): " + ", ".join(said)]
+
+
 def markdown(summary: Summary, meta: RunMetadata) -> str:
     """summary.md: the tables a reader looks at first (meta: a serving run's, with its spec)."""
     per = {v: s.model_dump(mode="json") for v, s in summary.variants.items()}  # sections read as mappings
@@ -61,6 +73,7 @@ def markdown(summary: Summary, meta: RunMetadata) -> str:
         f"complete: {meta.complete}; backend: {meta.topology.backend if meta.topology else None}; "
         f"model: {compute_words(spec)}; SLO: TTFT ≤ {summary.slo['ttft_ms']:g} ms, "
         f"TPOT ≤ {summary.slo['tpot_ms']:g} ms",
+        *machine_words(summary.machine),
         "",
         *main_table(summary),
     ]

@@ -122,6 +122,7 @@ def run(
             else:
                 shared.run(spec, plan.profile, out, meta)
             meta.complete = complete(meta, spec)
+            meta.speed_at_end = rundir.machine_speed()  # the topology is down: the machine as the run left it
     finally:
         analyze_safely(out)
     return out
@@ -139,7 +140,7 @@ def new_metadata(spec: ExperimentSpec, experiment: str, serve: bool = False, **f
     return RunMetadata(
         experiment=experiment,
         complete=False,
-        provenance=rundir.provenance(),
+        provenance=rundir.provenance(speed=True),
         spec=specmod.to_dict(spec),
         seeds=Seeds(
             workload=None if serve else spec.workload.seed, weights=spec.weights_seed, topology=spec.topology_seed

@@ -132,8 +132,25 @@ def machine() -> dict[str, Any]:
     return {"cpu_model": cpu_model(), "cores": os.cpu_count(), "load_average": list(os.getloadavg())}
 
 
-def provenance() -> dict[str, Any]:
-    """How and where this run was made."""
+SPEED_TIMEOUT_S = 120  # workers.speed takes ~2 s; a machine too loaded to finish it in this is recorded as None
+
+
+def machine_speed() -> dict[str, Any] | None:
+    """The machine's reference speed now (workers.speed: a fixed forward pass of the small model, timed), with the
+    load average beside it; measured in a process of its own (one torch thread, nothing of this process's state).
+    None, logged, where it cannot be measured: a run does not fail for its record."""
+    argv = [sys.executable, "-m", "workers.speed"]
+    log.info("measuring the machine's reference speed: %s", " ".join(argv))
+    try:
+        done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=SPEED_TIMEOUT_S, check=True)
+        return json.loads(done.stdout) | {"load_average": list(os.getloadavg())}
+    except (OSError, subprocess.SubprocessError, json.JSONDecodeError) as exc:
+        log.warning("the machine's reference speed was not measured: %s", exc)
+        return None
+
+
+def provenance(speed: bool = False) -> dict[str, Any]:
+    """How and where this run was made; speed: with the machine's reference speed (machine_speed, ~2 s)."""
     return {
         "git": git_state(),
         "kernel": platform.release(),
@@ -142,6 +159,6 @@ def provenance() -> dict[str, Any]:
         "argv": sys.argv,
         "tools": {name: _first_line(argv) for name, argv in TOOLS.items()},
         "packages": package_versions(),
-        "machine": machine(),
+        "machine": machine() | ({"speed": machine_speed()} if speed else {}),
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }

@@ -19,6 +19,8 @@ Layout (times: `wall_*` in Unix s, the pcap's clock; `*_ns` in time.monotonic_ns
     shared_topology                       a sweep's point run on a topology shared with other points
     variants.<v>                          each variant's VariantRecord (a serve session: its one mode)
     interrupted, error, finished_at       how the run ended
+    speed_at_end                          a run that ended: the machine's reference speed after its last step
+                                          (provenance.machine.speed: before its first; workers.speed)
 
 Older run directories: a section added later reads as None or empty (`runtime_metadata`, a fault's
 record); a calibration's provenance, once written at the top level, is read into `provenance`.
@@ -68,12 +70,25 @@ class GitState(Record):
     dirty: bool | None
 
 
+class SpeedRecord(Record):
+    """rundir.machine_speed(): workers.speed's fixed forward passes timed (medians of `rounds`), and the load."""
+
+    work: str  # what was timed: the model, its threads, the passes
+    rounds: int
+    prefill_wall_ms: float
+    prefill_cpu_ms: float  # this thread's CPU time: longer than another run's = a slower core
+    decode_wall_ms: float  # memory-bound: every weight streamed once
+    decode_cpu_ms: float
+    load_average: list[float]  # 1, 5 and 15 minute load averages when it was measured
+
+
 class MachineRecord(Record):
     """rundir.machine(): the CPU the run measured on, and how busy the machine was when it started."""
 
     cpu_model: str | None
     cores: int | None
     load_average: list[float]  # 1, 5 and 15 minute load averages at the run's start
+    speed: SpeedRecord | None = None  # at the start; None: not measured (older runs, sweeps' state, calibrations)
 
 
 class Provenance(Record):
@@ -326,6 +341,7 @@ class RunMetadata(Record):
     interrupted: bool = False
     error: str | None = None  # what ended the run early: `ExceptionType: message`
     finished_at: str | None = None
+    speed_at_end: SpeedRecord | None = None  # the machine's reference speed after a run's last step (None: not known)
     _source: str = PrivateAttr(default=FILE)  # the file it was read from, for errors
 
     @model_validator(mode="before")

@@ -38,6 +38,9 @@ def test_every_variant_completes_every_request(smoke_run):
     spec, out = smoke_run
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["complete"] is True, meta.get("error") or meta["variants"]
+    # the machine's reference speed, before the first variant and after the last (workers.speed)
+    for speed in (meta["provenance"]["machine"]["speed"], meta["speed_at_end"]):
+        assert speed["prefill_cpu_ms"] > speed["decode_cpu_ms"] > 0 and len(speed["load_average"]) == 3
     for v, w in meta["variants"].items():
         assert w["status"] == "ok" and all(c == 0 for c in w["exit_codes"].values()), (v, w)
     recs = records.read(out)

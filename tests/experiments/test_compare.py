@@ -7,6 +7,7 @@ import pytest
 
 from experiments import cli
 from experiments.analysis import analyze, compare
+from experiments.rundir import metadata
 from fake_run import make_run
 
 
@@ -55,3 +56,27 @@ def test_a_run_and_a_sweep_cannot_be_compared(runs, tmp_path, capsys):
     assert cli.main(["compare", str(runs[0]), str(s)]) == 2
     assert "compare runs with runs and sweeps with sweeps" in capsys.readouterr().err
     assert cli.main(["compare", str(tmp_path / "nope"), str(s)]) == 2
+
+
+def with_speed(run, prefill_cpu_ms):
+    """run's metadata.json with a recorded reference speed (None: without one, as older runs)."""
+    meta = metadata.read(run)
+    speed = None
+    if prefill_cpu_ms is not None:
+        speed = {"work": "w", "rounds": 3, "prefill_wall_ms": prefill_cpu_ms, "prefill_cpu_ms": prefill_cpu_ms}
+        speed |= {"decode_wall_ms": 14.0, "decode_cpu_ms": 14.0, "load_average": [0.1, 0.1, 0.1]}
+    meta.provenance.machine = {"cpu_model": "c", "cores": 2, "load_average": [0.1] * 3, "speed": speed}
+    metadata.write(run, meta)
+
+
+def test_two_runs_on_machines_of_different_speed_say_so(runs):
+    a, b = runs
+    with_speed(a, 220.0)
+    with_speed(b, 300.0)
+    line = compare.machines(a, b)
+    assert "220 ms" in line and "300 ms" in line and "1.36x" in line and "differed by more than 10%" in line
+    assert "differed by more than 10%" in compare.markdown(compare.compare(runs))
+    with_speed(b, 230.0)
+    assert "within 10%" in compare.machines(a, b)
+    with_speed(b, None)
+    assert "was not recorded" in compare.machines(a, b)

@@ -164,3 +164,53 @@ def test_provenance_records_the_machine_and_the_package_versions(tmp_path):
     metadata.write(tmp_path, RunMetadata(experiment="x", complete=True, provenance=prov))
     back = metadata.read(tmp_path).provenance
     assert back.machine.cores == prov["machine"]["cores"] and back.packages == prov["packages"]
+
+
+def test_the_machines_reference_speed_is_measured_and_recorded(tmp_path):
+    from experiments.rundir import files
+
+    prov = files.provenance(speed=True)
+    speed = prov["machine"]["speed"]
+    # a 256-token prefill is compute-bound and many times a one-token pass, which streams the weights once
+    assert speed["prefill_cpu_ms"] > 4 * speed["decode_cpu_ms"] > 0 and speed["rounds"] == 3
+    assert speed["prefill_wall_ms"] >= 0.9 * speed["prefill_cpu_ms"]  # wall time holds the thread's CPU time
+    metadata.write(tmp_path, RunMetadata(experiment="x", complete=True, provenance=prov, speed_at_end=speed))
+    back = metadata.read(tmp_path)
+    assert back.provenance.machine.speed.prefill_cpu_ms == speed["prefill_cpu_ms"]
+    assert back.speed_at_end.decode_wall_ms == speed["decode_wall_ms"]
+    assert "speed" not in files.provenance()["machine"]  # only a run measures it (~2 s)
+
+
+def speed_record(prefill_cpu_ms):
+    return {
+        "work": "w",
+        "rounds": 3,
+        "prefill_wall_ms": prefill_cpu_ms,
+        "prefill_cpu_ms": prefill_cpu_ms,
+        "decode_wall_ms": 14.0,
+        "decode_cpu_ms": 14.0,
+        "load_average": [0.5, 0.5, 0.5],
+    }
+
+
+def test_a_machine_that_changed_during_the_run_is_warned_of():
+    from experiments.analysis.analyze import machine_speed
+    from experiments.analysis.summary_md import machine_words
+
+    def meta(start, end):
+        machine = {"cpu_model": "c", "cores": 2, "load_average": [0.5] * 3, "speed": start and speed_record(start)}
+        prov = {"git": {"commit": None, "dirty": None}, "kernel": "k", "python": "3", "hostname": "h", "argv": []}
+        prov |= {"tools": {}, "machine": machine, "started_at": "t"}
+        return RunMetadata(experiment="x", complete=True, provenance=prov, speed_at_end=end and speed_record(end))
+
+    machine, warned = machine_speed(meta(220.0, 260.0))
+    assert machine["start"]["prefill_cpu_ms"] == 220.0 and machine["end"]["prefill_cpu_ms"] == 260.0
+    [w] = warned
+    assert w["kind"] == "machine_speed_changed" and "220 ms" in w["message"] and "1.18x" in w["message"]
+    assert machine_speed(meta(220.0, 235.0))[1] == []  # within 10%
+    assert machine_speed(meta(None, None)) == (None, [])  # a run made before it was recorded
+    assert machine_speed(meta(220.0, None))[0]["end"] is None  # an interrupted run: the start's alone
+    assert machine_words(machine) == [
+        "",
+        "machine's reference prefill (CPU time; docs/outputs.md): before 220 ms (load 0.5), after 260 ms (load 0.5)",
+    ]
