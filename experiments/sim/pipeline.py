@@ -25,7 +25,13 @@ room misses it. A copy whose MD gave up still crosses the line.
 The decode-side hit (the MD's DRC): the workload's expected hit of a request (what an MD that saw every earlier
 turn holds) where the request's previous turn ended at this MD, else what this MD holds of the session (its
 last turn that ended here, or the shared system prompt). So the ablation, whose low-hit turns end on the RLD,
-sees the MD's hit fall behind P's.
+sees the MD's hit fall behind P's. The in-flight DRC (workers/roles/decode.py's _inflight_prefix, _open_after): a
+P->RLD->MD turn whose previous turn's MD session on the same MD is still open (its WAN copy under way, or the RLD's
+output not yet recomputed) takes that session's promise (its prompt; its prompt and output once its RLD finished)
+as cached: P ships only what lies beyond, and its MD, once its own copy is in, waits (within kv_wait_ms) for the
+earlier session to end; if that one left less in the DRC (its KV never came, or its blocks were evicted) the
+prefix is lost (fallback prefix_lost) and the RLD decodes to the end. On a slow line this is what keeps the copies
+small: without it every later turn ships its whole prompt while the earlier copy still crosses.
 
 P's hit is its own prefix cache's (experiments.sim.kvroom.PrefixCache, one per P, as each emulated P's engine keeps
 its radix tree): the whole blocks of the prompts it prefilled (never their outputs: P does not decode), and the
@@ -63,6 +69,7 @@ from experiments.spec.workload import WorkloadRequest
 from workers.roles.routing import Route, decide_route
 
 MD_NEVER_READY = fallback_cause({"event": "completed_on_rld", "reason": "md_never_ready"})
+PREFIX_LOST = fallback_cause({"event": "prefix_lost"})
 KV_TIMEOUT = "kv_timeout"  # a decode session's end reason past decode.kv_wait_ms (workers/roles/decode.py)
 # The collector's young generation while a simulation runs (Python's default: 700): its events, closures and
 # generators make few cycles (~100 objects in cycles a 10,000-request run), so collecting every 700 allocations
@@ -137,6 +144,7 @@ class Simulation:
         self.base: dict[str, int] = {}  # session -> its shared head's cached tokens (the system prompt)
         self.records = []
         self._turns = {"p": 0, "rld": 0, "md": 0}  # each pool's picks so far (round_robin's turn, as the router's)
+        self._md_sessions: dict[str, Rec] = {}  # request -> its record while its pdd MD session is open (in-flight DRC)
 
     def run(self):
         """Simulate every request to its end; the records (RequestRecord) in the workload's order."""
@@ -240,6 +248,9 @@ class Simulation:
         if role not in rec.rooms:
             return
         room, blocks, waits = rec.rooms.pop(role)
+        if role == "md" and rec.md_closed is not None:  # its DRC is what it is now: later turns' waits end
+            self._md_sessions.pop(rec.req.request_id, None)
+            rec.md_closed.succeed()
         if waits is None or (waits.triggered and waits.value):
             room.release(blocks, keep)
         elif not waits.triggered:  # still queued: gives its blocks back as soon as it gets them
@@ -274,6 +285,18 @@ class Simulation:
         held = self.rooms[md.name].held(req.session)
         held = self.base.get(req.session, 0) if held is None else held
         return min(req.cached_tokens, held) if req.after else req.cached_tokens
+
+    def _inflight(self, req: WorkloadRequest, md: DecodeWorker, cached_now: int) -> tuple[Rec | None, int]:
+        """The earlier turn whose MD session on md is still open (its WAN copy under way, or its RLD's output not
+        yet recomputed) and promises more of req's prompt than md's DRC holds now, and how many tokens (whole
+        blocks, at most all but the prompt's last token): workers/roles/decode.py's _inflight_prefix. P then ships
+        only what lies beyond. (None, 0) where none does."""
+        prev = self._md_sessions.get(req.after) if req.after else None
+        if prev is None or prev.workers.get("md") != md.name:
+            return None, 0
+        block = self._block
+        n = min(req.cached_tokens, prev.promised // block * block, (req.prompt_len - 1) // block * block)
+        return (prev, n) if n > cached_now else (None, 0)
 
     def _rld(self) -> DecodeWorker:
         return self._pick("rld", self.cfg.policy.pick_rld, _SESSIONS)
@@ -411,10 +434,30 @@ class Simulation:
             yield sent
         except clock.Interrupt:  # past kv_wait_ms: the MD gives up now (the copy still crosses the line)
             return False
+        if rec.after is not None and not (yield from self._after_closed(rec, md, deadline)):
+            return False
         ready = self._room_ready(rec, "md")
         if not (ready if ready.__class__ is bool else (yield ready)):
             return False
         yield kv_import_s(md.model.roofline, tokens)
+        return True
+
+    def _after_closed(self, rec: Rec, md: DecodeWorker, deadline: float):
+        """An in-flight turn's prefix, once its own copy is in: wait (until deadline) for the earlier turn's MD
+        session to end, then find its prefix in the DRC (decode.py's _open_after). True when it is; False: past the
+        deadline (kv_timeout) or the earlier turn left less than promised (prefix_lost: its KV never came)."""
+        closed = rec.after.md_closed
+        if not closed.triggered:
+            self.deadlines.interrupt_unless(closed, deadline)
+            try:
+                yield closed
+            except clock.Interrupt:
+                return False
+        if (self.rooms[md.name].held(rec.req.session) or 0) < rec.md_cached:
+            rec.fallbacks.append(PREFIX_LOST)
+            if rec.final is not None:  # the RLD answered the client first: the record gains it, as its events would
+                rec.final.fallbacks.append(PREFIX_LOST)
+            return False
         return True
 
     def _p_md(self, req: WorkloadRequest, rec: Rec, md: DecodeWorker, fallback: bool):
@@ -462,8 +505,14 @@ class Simulation:
         if note := self._open(rec, "rld", rld, req):
             return self._fail(rec, streams_ended(req, 0, [note], "RESOURCE_EXHAUSTED"))
         md_open = self._open(rec, "md", md, req) is None  # an MD that refuses: the RLD decodes alone
-        if not md_open or self._deferred(rec, "md"):
+        after, inflight = self._inflight(req, md, rec.md_cached) if md_open else (None, 0)
+        if after is not None:  # an earlier turn's copy brings the prefix: P ships only what lies beyond
+            rec.after, rec.inflight_tokens, rec.md_cached = after, inflight - rec.md_cached, inflight
+        elif not md_open or self._deferred(rec, "md"):
             rec.md_cached = 0
+        if md_open:
+            rec.md_closed, rec.promised = env.event(), req.prompt_len
+            self._md_sessions[req.request_id] = rec
         p = yield from self._prefill(req, rec)
         if p is None or rec.error:
             return
@@ -496,6 +545,7 @@ class Simulation:
         if left > 0:
             return (yield from self._handoff(req, rec, md, s.made, left, rld.name))
         rec.fallbacks.append(MD_NEVER_READY)  # the RLD finished alone; the MD, if its KV lands in time, absorbs it
+        rec.promised = self._keep(req)[1]  # the RLD's output goes to the MD (RelayOutput): it would keep it all
         if wan is not None and wan.triggered:
             self._absorbed(rec, req, wan.value)
         elif wan is not None:

@@ -43,6 +43,9 @@ class Rec:
         self.drc_hit, self.md_cached = None, 0
         self.fast_kv = self.wan_kv = self.wan_handoff = self.kv_saved = self.p_tokens = 0
         self.relay_absorbed, self.handoff = False, None
+        # pdd's in-flight DRC (experiments.sim.pipeline): while its MD session is open, `md_closed` fires at its end
+        # and `promised` is what the MD keeps if it ends well; `after`, the earlier turn whose copy this one's waits on
+        self.md_closed, self.promised, self.after, self.inflight_tokens = None, 0, None, 0
         self.fallbacks: list[str] = []
         self.live: list = []
         self.rooms: dict[str, list] = {}
@@ -119,5 +122,6 @@ class Rec:
             prompt_source="workload",
             workers=dict(self.workers),
             fallbacks=list(self.fallbacks),
+            inflight_tokens=self.inflight_tokens,
         )
         return self.final

@@ -156,3 +156,41 @@ def test_a_modelled_spec_is_judged_against_its_architectures_context_as_pddlab_r
     # pdd-published's Mooncake slice has prompts past the small model's 4,096 tokens; kimi-k2 holds 131,072
     loaded = load_for_simulation("pdd-published")
     assert loaded.spec.workload.synthetic.max_context_tokens > 4096
+
+
+def two_turns(tmp_path, kv_wait_ms: int):
+    """One session of two turns on a 5 Mbit/s line: turn 0's WAN copy (~500 tokens of kimi-k2, ~56 s) is still
+    under way when turn 1 comes (after a 16-token reply on the RLD and a ~0 s think)."""
+    synthetic = (
+        "workload.synthetic={sessions: 1, turns: [2, 2], system_prompt_tokens: 32, first_turn_tokens: [480, 480],"
+        " turn_tokens: [40, 40], big_turn_fraction: 0, output_tokens: [16, 16], think_s_mean: 0.001,"
+        " fresh_requests: 0, singular_fraction: 0}"
+    )
+    sets = [
+        "variants=[pdd-hetero]",
+        "workload.source=synthetic",
+        synthetic,
+        f"deployment.decode.kv_wait_ms={kv_wait_ms}",
+    ]
+    spec = loaded(tmp_path, *sets, rate_mbit=5)
+    return sorted((r for r in simulate(spec, analyse=False).records if r.variant == "pdd-hetero"), key=lambda r: r.turn)
+
+
+def test_a_turn_whose_prefix_is_still_crossing_ships_only_what_lies_beyond(tmp_path):
+    # decode.py's in-flight DRC: turn 1 waits for turn 0's copy instead of shipping its whole prompt again
+    first, second = two_turns(tmp_path, kv_wait_ms=180_000)
+    assert first.fallbacks == ["completed_on_rld:md_never_ready"] and first.relay_absorbed  # landed in time
+    kv = 70_272  # kimi-k2's KV bytes a token
+    assert first.wan_kv_bytes == (first.prompt_tokens - 32) * kv  # all but the system prompt
+    # turn 0's prompt and reply in whole blocks of 16 (its last token has no KV): 32 + 480 + 15 -> 512
+    assert second.inflight_tokens == 512 - 32 and second.md_cached_tokens == 512
+    assert second.wan_kv_bytes == (second.prompt_tokens - 512) * kv  # the new turn's tokens alone
+    assert second.ok and "prefix_lost" not in second.fallbacks
+
+
+def test_a_turn_waiting_on_a_copy_that_never_lands_loses_its_prefix_and_finishes_on_the_rld(tmp_path):
+    first, second = two_turns(tmp_path, kv_wait_ms=30_000)  # turn 0's copy (~56 s) misses its 30 s
+    assert first.fallbacks == ["completed_on_rld:md_never_ready"] and not first.relay_absorbed
+    assert second.inflight_tokens > 0 and second.ok
+    # the RLD answered before the MD found the prefix gone (30 s after turn 0 began): both causes, in that order
+    assert second.fallbacks == ["completed_on_rld:md_never_ready", "prefix_lost"] and second.md_tokens == 0
