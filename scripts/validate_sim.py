@@ -4,7 +4,7 @@
     .venv/bin/python scripts/validate_sim.py p-level MATRIX... [--variants pd-intra,pdd]  # the P step's level
     .venv/bin/python scripts/validate_sim.py p-spread RUN_DIR... [--variants pd-intra,pdd]  # the P step's spread
     .venv/bin/python scripts/validate_sim.py compare DIRS [--spec pdd-vs-baselines] [--out /tmp/simval]
-    .venv/bin/python scripts/validate_sim.py compare-repeats MATRIX... [--spec ...] [--seed S] [--out /tmp/simval-repeats]
+    .venv/bin/python scripts/validate_sim.py compare-repeats MATRIX... [--spec ...] [--seed S] [--out DIR]
 
 fit: every event but the warm-up's (request ids with ".w") of the runs' variants/*/events/*.jsonl, pooled: P's
 prefill_step against the lone roofline of its chunks (least absolute deviation: fixed + factor x roofline), the
@@ -827,10 +827,8 @@ def p_spread_logs(events: list, lone) -> list[float]:
     from experiments.sim import realcompute
     from workers.modelled.roofline import Part
 
-    steps = sorted(
-        (e for e in events if e["event"] == "prefill_step" and e["chunks"] and not any(".w" in c[0] for c in e["chunks"])),
-        key=lambda e: e["t_start_ns"],
-    )
+    warm = [e["event"] != "prefill_step" or not e["chunks"] or any(".w" in c[0] for c in e["chunks"]) for e in events]
+    steps = sorted((e for e, w in zip(events, warm) if not w), key=lambda e: e["t_start_ns"])
     out = []
     for e in steps:
         parts = [Part(n, start, 1 if last else 0) for _rid, start, n, last in e["chunks"]]
@@ -849,8 +847,8 @@ def spread_stats(logs: list[float]) -> dict[str, float]:
     sd = float(x.std(ddof=1))
     lag1 = float(np.corrcoef(x[:-1], x[1:])[0, 1]) if len(x) > 2 else float("nan")
     skew = float(((x - x.mean()) ** 3).mean() / x.std() ** 3)
-    return {"n": len(x), "sigma": sd, "q05": q[0], "q25": q[1], "q50": q[2], "q75": q[3], "q95": q[4], "skew": skew,
-            "lag1": lag1}
+    quantiles = dict(zip(("q05", "q25", "q50", "q75", "q95"), map(float, q)))
+    return {"n": len(x), "sigma": sd, **quantiles, "skew": skew, "lag1": lag1}
 
 
 def p_spread(runs: list[Path], variants: tuple[str, ...]) -> None:
@@ -871,7 +869,7 @@ def p_spread(runs: list[Path], variants: tuple[str, ...]) -> None:
 
     def row(name: str, v: str, x: list[float], level: float) -> None:
         st = spread_stats(x) | {"level": level}
-        print(f"| {name} | {v} | " + " | ".join(f"{st[c]:.3g}" for c in cols) + " |")
+        print(f"| {name} | {v} | " + " | ".join(f"{st[c]:.4g}" for c in cols) + " |")
 
     for run in runs:
         for v, ev in _events(run, variants):
@@ -888,7 +886,7 @@ def p_spread(runs: list[Path], variants: tuple[str, ...]) -> None:
         st = spread_stats(x)
         a, b = zip(*lag_pairs[key])
         st["lag1"] = float(np.corrcoef(a, b)[0, 1])  # within runs only (no pair across two runs)
-        print(f"| pooled | {key} | " + " | ".join(f"{(st | {'level': 1.0})[c]:.3g}" for c in cols) + " |")
+        print(f"| pooled | {key} | " + " | ".join(f"{(st | {'level': 1.0})[c]:.4g}" for c in cols) + " |")
 
 
 def main() -> None:

@@ -14,7 +14,8 @@ The constants below but P's step are medians / least-absolute-deviation fits (`s
 RUN...`) over every event but the warm-up's of three emulated runs, all four variants each: results/20261204-195628
 (wan-congested), -200730 (wan-cross-country) and -201347 (wan-flaky) -pdd-vs-baselines, pooled over variants
 and profiles: one set for every real-compute spec, tuned to no profile or variant. P's step (its comment) is
-refitted: its shape on the 2026-12-05/06 runs' events, its level on the 23 profile-matrix runs' P busy time.
+refitted: its shape on the 2026-12-05/06 runs' events, its level on the 23 profile-matrix runs' P busy time. Each P
+step's time is also drawn about that (StepJitter: P_STEP_SIGMA, P_STEP_LAG1), as the emulated P's steps spread.
 
 Contention (`Contention`, docs/simulator.md "A contention model (2026-12-05/06)"): each variant's workers take
 those pooled times x (1 + ENGINE_SLOWDOWN per other engine of the pools its mode uses + WAN_SENDER_SLOWDOWN per P
