@@ -2,8 +2,9 @@
 
     .venv/bin/python scripts/validate_sim.py fit RUN_DIR... [--per-run] [--variants V,V]  # realcompute's constants
     .venv/bin/python scripts/validate_sim.py p-level MATRIX... [--variants pd-intra,pdd]  # the P step's level
+    .venv/bin/python scripts/validate_sim.py p-spread RUN_DIR... [--variants pd-intra,pdd]  # the P step's spread
     .venv/bin/python scripts/validate_sim.py compare DIRS [--spec pdd-vs-baselines] [--out /tmp/simval]
-    .venv/bin/python scripts/validate_sim.py compare-repeats MATRIX... [--spec ...] [--out /tmp/simval-repeats]
+    .venv/bin/python scripts/validate_sim.py compare-repeats MATRIX... [--spec ...] [--seed S] [--out DIR]
 
 fit: every event but the warm-up's (request ids with ".w") of the runs' variants/*/events/*.jsonl, pooled: P's
 prefill_step against the lone roofline of its chunks (least absolute deviation: fixed + factor x roofline), the
@@ -18,6 +19,10 @@ p-level: each run of the matrices (as compare-repeats finds them, the spec's own
 emulated P's busy time in each variant (per_worker busy_pct x duration_s) over the simulated P's (its steps' seconds:
 the simulator runs the emulated P's steps one to one), the median of that ratio over runs and variants, and
 realcompute's P step constants scaled by it.
+p-spread: each P step of the runs' events (the warm-up's left out, in the order they ran) against the simulator's
+time for the same chunks (realcompute: P_STEP_FIXED_S per chunk + P_STEP_FACTOR x the lone roofline): log(measured /
+model) less its run and variant's median (the level, p-level's), per run and variant and pooled: sigma, quantiles,
+skewness, and the lag-1 correlation step to step (what realcompute.P_STEP_SIGMA and P_STEP_LAG1 are).
 compare: DIRS holds lines "PROFILE RUN_DIR [RC]" (a run directory or any directory with its summary.json); each
 profile is simulated once (`pddlab simulate SPEC --set profile=P`) and every variant's TTFT p50 (with both 95%
 intervals), p90 and WAN KV bytes are printed side by side as a markdown table, with the error and whether it is
@@ -678,8 +683,9 @@ def markdown_rows(rows: list[Row]) -> list[str]:
     return out
 
 
-def _simulate(spec: str, profile: str, out: Path) -> dict:
-    """The simulator's summary of spec on profile (`pddlab simulate SPEC --set profile=P`), kept in out/profile."""
+def _simulate(spec: str, profile: str, out: Path, seed: int | None = None) -> dict:
+    """The simulator's summary of spec on profile (`pddlab simulate SPEC --set profile=P [--seed S]`), kept in
+    out/profile."""
     subprocess.run(
         [
             sys.executable,
@@ -691,6 +697,7 @@ def _simulate(spec: str, profile: str, out: Path) -> dict:
             f"profile={profile}",
             "--out",
             str(out / profile),
+            *(["--seed", str(seed)] if seed is not None else []),
         ],
         check=True,
         capture_output=True,
@@ -699,15 +706,18 @@ def _simulate(spec: str, profile: str, out: Path) -> dict:
     return json.loads((out / profile / "summary.json").read_text())
 
 
-def compare_repeats(matrices: list[Path], spec: str, out: Path, across: list[str] = ()) -> None:
-    """Pool each profile's runs found under the matrices, simulate the profile, print the table, write JSON; the
-    across variants (those that never cross the WAN) also pooled over every profile."""
+def compare_repeats(
+    matrices: list[Path], spec: str, out: Path, across: list[str] = (), seed: int | None = None
+) -> None:
+    """Pool each profile's runs found under the matrices, simulate the profile (seed: the simulator's, None: the
+    workload's), print the table, write JSON; the across variants (those that never cross the WAN) also pooled over
+    every profile."""
     by_profile: dict[str, list[Run]] = {}
     for run in find_runs(matrices):
         by_profile.setdefault(run.profile, []).append(run)
     rows, refused, pooled_runs, kept_by, sims = [], [], {}, {}, {}
     for profile, runs in sorted(by_profile.items()):
-        sim = sims[profile] = _simulate(spec, profile, out)
+        sim = sims[profile] = _simulate(spec, profile, out, seed)
         ref = identity(sim)
         kept = []
         for run in runs:
@@ -809,6 +819,76 @@ def p_level_report(matrices: list[Path], spec: str, variants: list[str]) -> None
     )
 
 
+def p_spread_logs(events: list, lone) -> list[float]:
+    """log(measured / the simulator's time) of each P step but the warm-up's, in the order the steps ran (the
+    simulator's: realcompute's P_STEP_FIXED_S per chunk of the step's budget + P_STEP_FACTOR x the lone roofline)."""
+    import math
+
+    from experiments.sim import realcompute
+    from workers.modelled.roofline import Part
+
+    warm = [e["event"] != "prefill_step" or not e["chunks"] or any(".w" in c[0] for c in e["chunks"]) for e in events]
+    steps = sorted((e for e, w in zip(events, warm) if not w), key=lambda e: e["t_start_ns"])
+    out = []
+    for e in steps:
+        parts = [Part(n, start, 1 if last else 0) for _rid, start, n, last in e["chunks"]]
+        chunks = math.ceil(sum(p.new_tokens for p in parts if p.new_tokens > 1) / max(1, e["budget_tokens"]))
+        model_s = realcompute.P_STEP_FIXED_S * chunks + realcompute.P_STEP_FACTOR * lone.step(parts).seconds
+        out.append(math.log(e["duration_ns"] / 1e9 / model_s))
+    return out
+
+
+def spread_stats(logs: list[float]) -> dict[str, float]:
+    """Sigma, quantiles, skewness and lag-1 correlation of a run's centred log ratios (logs in step order)."""
+    import numpy as np
+
+    x = np.array(logs)
+    q = np.quantile(x, [0.05, 0.25, 0.5, 0.75, 0.95])
+    sd = float(x.std(ddof=1))
+    lag1 = float(np.corrcoef(x[:-1], x[1:])[0, 1]) if len(x) > 2 else float("nan")
+    skew = float(((x - x.mean()) ** 3).mean() / x.std() ** 3)
+    quantiles = dict(zip(("q05", "q25", "q50", "q75", "q95"), map(float, q)))
+    return {"n": len(x), "sigma": sd, **quantiles, "skew": skew, "lag1": lag1}
+
+
+def p_spread(runs: list[Path], variants: tuple[str, ...]) -> None:
+    """Per run and variant, then pooled: the spread of the emulated P's steps about the simulator's (p_spread_logs,
+    each run and variant's own median taken out), as a markdown table."""
+    import numpy as np
+
+    from workers.modelled.catalogue import load_catalogue
+    from workers.modelled.roofline import Roofline
+
+    cat = load_catalogue()
+    lone = Roofline(cat.accelerator("this-machine"), cat.model("default"))
+    cols = ("n", "level", "sigma", "q05", "q25", "q75", "q95", "skew", "lag1")
+    print("| run | variant | " + " | ".join(cols) + " |")
+    print("|---|---|" + "---|" * len(cols))
+    pooled: dict[str, list[float]] = {}
+    lag_pairs: dict[str, list[tuple[float, float]]] = {}
+
+    def row(name: str, v: str, x: list[float], level: float) -> None:
+        st = spread_stats(x) | {"level": level}
+        print(f"| {name} | {v} | " + " | ".join(f"{st[c]:.4g}" for c in cols) + " |")
+
+    for run in runs:
+        for v, ev in _events(run, variants):
+            logs = p_spread_logs(ev.get("p1", []), lone)
+            if len(logs) < 3:
+                continue
+            med = statistics.median(logs)
+            x = [g - med for g in logs]
+            row(run.name, v, x, float(np.exp(med)))
+            for key in (v, "all"):
+                pooled.setdefault(key, []).extend(x)
+                lag_pairs.setdefault(key, []).extend(zip(x[:-1], x[1:]))
+    for key, x in pooled.items():
+        st = spread_stats(x)
+        a, b = zip(*lag_pairs[key])
+        st["lag1"] = float(np.corrcoef(a, b)[0, 1])  # within runs only (no pair across two runs)
+        print(f"| pooled | {key} | " + " | ".join(f"{(st | {'level': 1.0})[c]:.4g}" for c in cols) + " |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -829,19 +909,25 @@ def main() -> None:
         default="",
         help="variants that never cross the WAN (e.g. colocated,pd-intra), also pooled over every profile's runs",
     )
+    r.add_argument("--seed", type=int, default=None, help="the simulator's (the line's jitter, P's step spread)")
     lv = sub.add_parser("p-level")
     lv.add_argument("matrices", nargs="+", type=Path)
     lv.add_argument("--spec", default="pdd-vs-baselines")
     lv.add_argument("--variants", default="pd-intra,pdd", help="the variants whose P busy time is compared")
+    sp = sub.add_parser("p-spread")
+    sp.add_argument("runs", nargs="+", type=Path)
+    sp.add_argument("--variants", default="pd-intra,pdd", help="the variants whose P steps are read")
     a = ap.parse_args()
     if a.cmd == "fit":
         fit(a.runs, a.per_run, tuple(v for v in a.variants.split(",") if v))
     elif a.cmd == "p-level":
         p_level_report(a.matrices, a.spec, [v for v in a.variants.split(",") if v])
+    elif a.cmd == "p-spread":
+        p_spread(a.runs, tuple(v for v in a.variants.split(",") if v))
     elif a.cmd == "compare":
         compare(a.dirs, a.spec, a.out)
     else:
-        compare_repeats(a.matrices, a.spec, a.out, [v for v in a.across_profiles.split(",") if v])
+        compare_repeats(a.matrices, a.spec, a.out, [v for v in a.across_profiles.split(",") if v], a.seed)
 
 
 if __name__ == "__main__":

@@ -61,7 +61,7 @@ from experiments.analysis.records import fallback_cause
 from experiments.sim import clock
 from experiments.sim.config import HANDOFF_ID_BYTES, SimConfig
 from experiments.sim.kvroom import Deadlines, KVRoom, extend_chain, kv_capacity_tokens, prompt_chain
-from experiments.sim.realcompute import kv_export_s, kv_import_s
+from experiments.sim.realcompute import kv_export_s, kv_import_s, the_jitter
 from experiments.sim.record import DEADLINE_EXCEEDED, Rec, streams_ended
 from experiments.sim.wan import Calibration, Line
 from experiments.sim.workers import DecodeWorker, PrefillWorker, Session
@@ -101,7 +101,8 @@ class Simulation:
 
     cfg: the variant (experiments.sim.config.sim_config); requests: the workload (a warm-up is not simulated:
     its prompt is put in every P's prefix cache, and the system prompt is taken as cached on every decode worker,
-    as after the emulated warm-up); seed: the line's jitter;
+    as after the emulated warm-up); seed: the line's jitter and real compute's P step spread
+    (experiments.sim.realcompute.the_jitter: each P its own draws);
     calibration: the WAN table (None: formula only); request_s: timeouts.request_s, the client's deadline of
     one request (0: none)"""
 
@@ -125,7 +126,13 @@ class Simulation:
         room_wait_s = dep.prefill.room_wait_ms / 1000
         self.p = [
             PrefillWorker(
-                env, w, self.rooms[w.name], dep.prefill.max_waiting, room_wait_s, dep.prefill.step_budget_tokens
+                env,
+                w,
+                self.rooms[w.name],
+                dep.prefill.max_waiting,
+                room_wait_s,
+                dep.prefill.step_budget_tokens,
+                the_jitter(w.roofline, seed, w.name),
             )
             for w in cfg.workers["p"]
         ]

@@ -14,7 +14,8 @@ The constants below but P's step are medians / least-absolute-deviation fits (`s
 RUN...`) over every event but the warm-up's of three emulated runs, all four variants each: results/20261204-195628
 (wan-congested), -200730 (wan-cross-country) and -201347 (wan-flaky) -pdd-vs-baselines, pooled over variants
 and profiles: one set for every real-compute spec, tuned to no profile or variant. P's step (its comment) is
-refitted: its shape on the 2026-12-05/06 runs' events, its level on the 23 profile-matrix runs' P busy time.
+refitted: its shape on the 2026-12-05/06 runs' events, its level on the 23 profile-matrix runs' P busy time. Each P
+step's time is also drawn about that (StepJitter: P_STEP_SIGMA, P_STEP_LAG1), as the emulated P's steps spread.
 
 Contention (`Contention`, docs/simulator.md "A contention model (2026-12-05/06)"): each variant's workers take
 those pooled times x (1 + ENGINE_SLOWDOWN per other engine of the pools its mode uses + WAN_SENDER_SLOWDOWN per P
@@ -30,6 +31,7 @@ wan-regional), and the data put the engine term at zero.
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -47,6 +49,16 @@ from workers.modelled.roofline import Part, Roofline, StepCost
 # three 2026-12-04 runs, every variant pooled) gave a P 1.6x slower than the runs' median in pd-intra.
 P_STEP_FIXED_S = 0.1355
 P_STEP_FACTOR = 1.278
+# P's step spread (docs/simulator.md, "P's step spread (2026-12-06)"): each simulated P step's time above x a
+# seeded, mean-preserving lognormal factor, AR(1) in log space step to step (StepJitter). Fitted by
+# `validate_sim.py p-spread` over the events of the twelve 2026-12-05/06 runs (/tmp/pm, /tmp/pm2; pd-intra and pdd,
+# p1 prefill_step: log(measured / the time above for the same chunks), each run and variant's median taken out;
+# n=1,067): sigma 0.32 (pd-intra 0.29, pdd 0.35; q05 / q95 -0.48 / +0.59, skew 0.19: near normal), lag-1
+# correlation 0.27 within runs (pd-intra 0.20, pdd 0.33). The emulated P's steps spread as its two cores are shared
+# with the RLD, the MD, the KV senders and the router; a P whose steps spread queues more (Kingman) than one whose
+# step has one time per size.
+P_STEP_SIGMA = 0.32
+P_STEP_LAG1 = 0.27
 # A decode worker's step with a local prefill or an extend (events rld1/md1 decode_step_mixed with
 # chunk_tokens > 1, contexts taken as 600-650 tokens; n=180, LAD fit): 0.068 + 1.12 x roofline.
 MIXED_STEP_FIXED_S = 0.068
@@ -146,6 +158,44 @@ class MeasuredRoofline(Roofline):
     def kv_import_s(self, n_tokens: int) -> float:
         """Importing n_tokens of KV on a decode worker (s): the measured fixed cost and per-token cost x slowdown."""
         return (IMPORT_FIXED_S + IMPORT_PER_TOKEN_S * n_tokens) * self.slowdown
+
+
+class StepJitter:
+    """The factors of a P's steps by their ordinal (the worker's k-th step run: factor(k)), lognormal with mean 1:
+    exp(y_k - sigma^2 / 2), y an AR(1) in log space (y_k = lag1 y_(k-1) + sqrt(1 - lag1^2) sigma e_k, stationary
+    N(0, sigma^2)). A step's factor is drawn once, so a plan made again over the same steps gets the same ones.
+    rng: its own (a per-worker random.Random from the simulation's seed: the_jitter)."""
+
+    def __init__(self, sigma: float, lag1: float, rng: random.Random):
+        self.sigma, self.lag1, self.rng = sigma, lag1, rng
+        self._innovation = math.sqrt(1 - lag1 * lag1) * sigma
+        self._y = rng.gauss(0.0, sigma)  # y_0: the stationary law, so the first steps spread as the later ones
+        self._factors = [math.exp(self._y - sigma * sigma / 2)]
+        self._first = 0  # the ordinal of _factors[0] (those below were dropped: forget)
+
+    def __call__(self, k: int) -> float:
+        """Step k's factor (k >= the last forget's)."""
+        factors, i = self._factors, k - self._first
+        while len(factors) <= i:
+            self._y = self.lag1 * self._y + self.rng.gauss(0.0, self._innovation)
+            factors.append(math.exp(self._y - self.sigma * self.sigma / 2))
+        return factors[i]
+
+    def forget(self, k: int) -> None:
+        """Steps below k ran: their factors are no longer asked for."""
+        n = min(k - self._first, len(self._factors))  # only drawn ones: the AR(1) goes on from the last
+        if n > 0:
+            del self._factors[:n]
+            self._first += n
+
+
+def the_jitter(roofline: Roofline, seed: int, worker: str) -> StepJitter | None:
+    """A P worker's step factors: real compute's (P_STEP_SIGMA, P_STEP_LAG1), from its own random.Random seeded by
+    the simulation's seed and the worker's name (a string seed: the same draws in every process); None for
+    modelled compute or sigma 0 (the steps' times as the roofline's, exactly)."""
+    if not (isinstance(roofline, MeasuredRoofline) and roofline.prefill_worker and P_STEP_SIGMA > 0):
+        return None
+    return StepJitter(P_STEP_SIGMA, P_STEP_LAG1, random.Random(f"p-step-jitter/{seed}/{worker}"))
 
 
 def kv_export_s(roofline: Roofline, n_tokens: int) -> float:

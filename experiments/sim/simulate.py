@@ -74,7 +74,8 @@ def simulate(
     calibration: Calibration | None = None,
     analyse: bool = True,
 ) -> SimRun:
-    """Every variant of the spec over the same workload; seed: the line's jitter (None: the workload's seed)."""
+    """Every variant of the spec over the same workload; seed: the line's jitter and real compute's P step spread
+    (None: the workload's seed)."""
     t0 = time.perf_counter()
     spec = loaded.spec
     seed = spec.workload.seed if seed is None else seed

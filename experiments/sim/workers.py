@@ -83,7 +83,8 @@ class PrefillWorker:
     """A P worker. model: its name and roofline;
     room: its KV blocks (None: unlimited); max_waiting, wait_s: prefill.max_waiting and room_wait_ms (s), the
     bounds of the queue of prompts waiting for KV room; budget_tokens: prefill.step_budget_tokens (0: whole
-    prompts, one at a time).
+    prompts, one at a time); jitter: each step's time factor by the step's ordinal (real compute's
+    experiments.sim.realcompute.StepJitter: P's steps spread; None: the roofline's time exactly).
 
     Chunked (budget_tokens > 0), as the emulated P's ChunkScheduler (workers/chunked.py): each step runs chunks
     of the prompts in flight under the budget, first come first served (`plan_step`), a prompt's tail chunk
@@ -102,8 +103,10 @@ class PrefillWorker:
         max_waiting: int = 0,
         wait_s: float = 0.0,
         budget_tokens: int = 0,
+        jitter=None,
     ):
         self.env, self.model, self.name = env, model, model.name
+        self.jitter = jitter
         self.room, self.max_waiting, self.wait_s = room, max_waiting, wait_s
         self.budget = budget_tokens
         self.cost = StepSeconds(model.roofline)
@@ -182,6 +185,9 @@ class PrefillWorker:
             yield prompt.done
         else:
             seconds = self.model.roofline.prefill_s(max(1, new_tokens), cached_tokens)
+            if self.jitter is not None:
+                seconds *= self.jitter(self.steps)
+                self.jitter.forget(self.steps + 1)
             self.busy_s += seconds
             self.steps += 1
             self.free_at = max(self.env.now, self.free_at) + seconds
@@ -228,10 +234,11 @@ class PrefillWorker:
     def _plan(self) -> tuple[list[list[tuple[int, int]]], list[float]]:
         """The steps from now to the end of the oldest prompt's last chunk: each step's (prompt index, tokens)
         chunks (workers.chunked.plan_step over the prompts in order), and each step's end from now (s)."""
-        queue, seconds, budget = self._queue, self.cost, self.budget
+        queue, seconds, budget, jitter = self._queue, self.cost, self.budget, self.jitter
         if len(queue) == 1 and queue[0].left <= budget:  # the usual plan: one prompt, one step (what the loop gives)
             p = queue[0]
-            return [[(0, p.left)]], [seconds([(p.left, p.pos, 1)])]
+            t = seconds([(p.left, p.pos, 1)])
+            return [[(0, p.left)]], [t if jitter is None else t * jitter(self.steps)]
         left = [p.left for p in queue]
         pos = [p.pos for p in queue]
         plan, ends, t, head = [], [], 0.0, 0
@@ -244,7 +251,7 @@ class PrefillWorker:
                 parts.append((n, pos[i], 1 if n == left[i] else 0))
                 left[i] -= n
                 pos[i] += n
-            t += seconds(parts)
+            t += seconds(parts) if jitter is None else seconds(parts) * jitter(self.steps + len(plan))
             plan.append(chunks)
             ends.append(t)
         return plan, ends
@@ -260,6 +267,8 @@ class PrefillWorker:
             i, n = chunks[0]
             self.lone_tail_steps += len(chunks) == 1 and not queue[i].left and n < budget
         self.steps += len(steps)
+        if self.jitter is not None:
+            self.jitter.forget(self.steps)
         self.busy_s += seconds
         finished = [p for p in queue if not p.left]
         if finished:
