@@ -3,6 +3,7 @@
     .venv/bin/python scripts/validate_sim.py fit RUN_DIR... [--per-run] [--variants V,V]  # realcompute's constants
     .venv/bin/python scripts/validate_sim.py p-level MATRIX... [--variants pd-intra,pdd]  # the P step's level
     .venv/bin/python scripts/validate_sim.py p-spread RUN_DIR... [--variants pd-intra,pdd]  # the P step's spread
+    .venv/bin/python scripts/validate_sim.py decode-level MATRIX... [--variants colocated,pd-intra]  # the RLD's
     .venv/bin/python scripts/validate_sim.py compare DIRS [--spec pdd-vs-baselines] [--out /tmp/simval]
     .venv/bin/python scripts/validate_sim.py compare-repeats MATRIX... [--spec ...] [--seed S] [--out DIR]
 
@@ -23,6 +24,11 @@ p-spread: each P step of the runs' events (the warm-up's left out, in the order 
 time for the same chunks (realcompute: P_STEP_FIXED_S per chunk + P_STEP_FACTOR x the lone roofline): log(measured /
 model) less its run and variant's median (the level, p-level's), per run and variant and pooled: sigma, quantiles,
 skewness, and the lag-1 correlation step to step (what realcompute.P_STEP_SIGMA and P_STEP_LAG1 are).
+decode-level: the same for the decode worker, whose busy time the summaries do not keep (its workers' busy_pct is
+P's alone; roles_cpu's serving CPU, printed beside, is CPU not wall time and missing in the oldest matrix): each
+run's TPOT p50 (the decode worker's time per step, its mixed steps in between included) over the simulated one's,
+the median over runs and variants, and realcompute's decode worker constants (mixed step, decode factor, import)
+scaled by it.
 compare: DIRS holds lines "PROFILE RUN_DIR [RC]" (a run directory or any directory with its summary.json); each
 profile is simulated once (`pddlab simulate SPEC --set profile=P`) and every variant's TTFT p50 (with both 95%
 intervals), p90 and WAN KV bytes are printed side by side as a markdown table, with the error and whether it is
@@ -887,6 +893,52 @@ def p_spread(runs: list[Path], variants: tuple[str, ...]) -> None:
         a, b = zip(*lag_pairs[key])
         st["lag1"] = float(np.corrcoef(a, b)[0, 1])  # within runs only (no pair across two runs)
         print(f"| pooled | {key} | " + " | ".join(f"{(st | {'level': 1.0})[c]:.4g}" for c in cols) + " |")
+def emulated_decode_cpu_s(variant: dict) -> float | None:
+    """A run's decode workers' (RLD and MD roles') serving CPU seconds in one variant (roles_cpu; None where the
+    summary has none): printed beside the TPOT level as a check, not fitted (CPU, not the wall time a step takes on
+    shared cores)."""
+    roles = ((variant.get("roles_cpu") or {}).get("roles")) or {}
+    cpu = [roles[r]["serving_cpu_s"] for r in ("rld", "md") if (roles.get(r) or {}).get("serving_cpu_s") is not None]
+    return sum(cpu) if cpu else None
+
+
+def decode_level_report(matrices: list[Path], spec: str, variants: list[str]) -> None:
+    """Each run's TPOT p50 against the simulated one's (the runs of find_runs that are spec's experiment; the
+    simulator runs the same requests on its decode worker, so the TPOTs differ by the decode worker's step level
+    and the batching it brings), the median ratio, and realcompute's decode worker constants scaled by it."""
+    from experiments.sim import realcompute
+
+    sims: dict[str, dict] = {}
+    ratios = []
+    print("| matrix | profile | variant | emulated TPOT p50 ms | simulated | emulated / simulated | decode CPU s |")
+    print("|---|---|---|---|---|---|---|")
+    for run in find_runs(matrices):
+        if run.profile not in sims:
+            sims[run.profile] = _simulate(spec, run.profile, Path("/tmp/validate-sim-decode-level"))
+        if why := mismatch(run, identity(sims[run.profile]), spec):
+            print(f"REFUSED {run.matrix} {run.profile}: {why}")
+            continue
+        for v in variants:
+            emulated = (run.summary["variants"][v].get("tpot_ms") or {}).get("p50")
+            simulated = (sims[run.profile]["variants"][v].get("tpot_ms") or {}).get("p50")
+            if not emulated or not simulated:
+                continue
+            ratios.append(emulated / simulated)
+            cpu = emulated_decode_cpu_s(run.summary["variants"][v])
+            print(
+                f"| {run.matrix} | {run.profile} | {v} | {emulated:.1f} | {simulated:.1f} | {ratios[-1]:.2f} "
+                f"| {'–' if cpu is None else f'{cpu:.1f}'} |"
+            )
+    k = statistics.median(ratios)
+    print(f"\nmedian emulated / simulated TPOT p50 over {len(ratios)} runs and variants: {k:.3f}")
+    r = realcompute
+    print(
+        f"MIXED_STEP_FIXED_S, MIXED_STEP_FACTOR = {r.MIXED_STEP_FIXED_S * k:.4f}, {r.MIXED_STEP_FACTOR * k:.3f}\n"
+        f"DECODE_FACTOR = {r.DECODE_FACTOR * k:.3f}\n"
+        f"IMPORT_FIXED_S, IMPORT_PER_TOKEN_S = {r.IMPORT_FIXED_S * k:.4f}, {r.IMPORT_PER_TOKEN_S * k:.3g}\n"
+        f"(the shipped ones x {k:.3f}; variants whose P sends KV over the WAN, pd-cross and pdd: rather "
+        f"DECODE_WAN_SLOWDOWN = {r.DECODE_WAN_SLOWDOWN * k:.3f})"
+    )
 
 
 def main() -> None:
@@ -917,6 +969,10 @@ def main() -> None:
     sp = sub.add_parser("p-spread")
     sp.add_argument("runs", nargs="+", type=Path)
     sp.add_argument("--variants", default="pd-intra,pdd", help="the variants whose P steps are read")
+    dl = sub.add_parser("decode-level")
+    dl.add_argument("matrices", nargs="+", type=Path)
+    dl.add_argument("--spec", default="pdd-vs-baselines")
+    dl.add_argument("--variants", default="colocated,pd-intra", help="the variants whose TPOT is compared")
     a = ap.parse_args()
     if a.cmd == "fit":
         fit(a.runs, a.per_run, tuple(v for v in a.variants.split(",") if v))
@@ -924,6 +980,8 @@ def main() -> None:
         p_level_report(a.matrices, a.spec, [v for v in a.variants.split(",") if v])
     elif a.cmd == "p-spread":
         p_spread(a.runs, tuple(v for v in a.variants.split(",") if v))
+    elif a.cmd == "decode-level":
+        decode_level_report(a.matrices, a.spec, [v for v in a.variants.split(",") if v])
     elif a.cmd == "compare":
         compare(a.dirs, a.spec, a.out)
     else:

@@ -61,6 +61,16 @@ P_STEP_SIGMA = 0.32
 P_STEP_LAG1 = 0.27
 # A decode worker's step with a local prefill or an extend (events rld1/md1 decode_step_mixed with
 # chunk_tokens > 1, contexts taken as 600-650 tokens; n=180, LAD fit): 0.068 + 1.12 x roofline.
+# The decode worker's constants below (mixed step, decode step, import) are the three 2026-12-04 runs' (a slow
+# night): the refit of 2026-12-06 was measured and NOT adopted (docs/simulator.md, "The decode worker's constants
+# (2026-12-06)"). Its shape: `validate_sim.py fit --variants colocated,pd-intra` over the events of the 12 runs of
+# profile-matrix-20261206 and -20261206b (mixed 0.0122 + 0.683x, n=533; decode 0.478x, n=955; import through 0
+# 0.0344 ms/token, n=504); its level: x 1.667, `validate_sim.py decode-level` over the 29 runs of the five
+# profile matrices in docs/runs (colocated and pd-intra: the median of emulated / simulated TPOT p50, 1.011 rerun):
+# mixed 0.0204 + 1.139x, DECODE_FACTOR 0.797, import 0 + 0.0573 ms/token, with DECODE_WAN_SLOWDOWN 1.293
+# (`decode-level --variants pd-cross,pdd`, 1.006 rerun). It takes colocated's pooled TTFT p50 from +72% to -9%
+# and p90 from +101% to +10% (every profile inside its runs' interval), pd-intra and pd-cross inside as often or more,
+# but pdd's WAN KV bytes on wan-cellular-trace from +112% to +369% (the runs agree within 1%): not adopted.
 MIXED_STEP_FIXED_S = 0.068
 MIXED_STEP_FACTOR = 1.12
 # A decode step (events rld1/md1: (decode_done - first_token) / steps against the roofline's step of
@@ -77,6 +87,10 @@ EXPORT_S = 0.0
 ENGINE_SLOWDOWN = 0.0  # each other engine of the variant's pools adds this share to every step and import
 WAN_SENDER_SLOWDOWN = 0.0  # each P worker sending KV over the WAN adds this share
 POOLED_SLOWDOWN = 1.0  # the slowdown the pooled constants above carry (the fit's events' mean): divided out
+# A decode worker's times (its steps and imports) where its variant's P sends KV over the WAN (pd-cross, pdd):
+# their runs decode 1.3x slower than colocated's and pd-intra's (the refit above: 1.293). Neutral (the constants
+# above were pooled over every variant, these included).
+DECODE_WAN_SLOWDOWN = 1.0
 
 
 @dataclass(frozen=True)
@@ -117,6 +131,8 @@ class MeasuredRoofline(Roofline):
         super().__init__(accelerator, model, devices)
         self.prefill_worker, self.chunk_tokens = prefill_worker, max(1, chunk_tokens)
         self.contention, self.slowdown = contention, contention.slowdown
+        if not prefill_worker and contention.wan_senders:
+            self.slowdown *= DECODE_WAN_SLOWDOWN
         self.decode_factor = DECODE_FACTOR * self.slowdown
 
     @property

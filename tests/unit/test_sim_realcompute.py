@@ -119,10 +119,24 @@ def test_every_time_of_a_worker_scales_with_its_variants_slowdown(variant):
         r = pool[0].roofline
         alone = MeasuredRoofline(r.accelerator, r.model, prefill_worker=role == "p", chunk_tokens=r.chunk_tokens)
         k = Contention(*COUNTS[variant]).slowdown / Contention(1, 0).slowdown
+        k *= realcompute.DECODE_WAN_SLOWDOWN if role != "p" and COUNTS[variant][1] else 1.0
         for parts in ([Part(100, 600, 1)], [Part(1, 700, 1)] * 3, [Part(1, 700, 1), Part(20, 680, 1)]):
             assert r.step(parts).seconds == pytest.approx(k * alone.step(parts).seconds, rel=1e-12)
         assert r.decode_s([700, 650]) == pytest.approx(k * alone.decode_s([700, 650]), rel=1e-12)
         assert r.kv_import_s(600) == pytest.approx(k * alone.kv_import_s(600), rel=1e-12)
+
+
+@pytest.mark.parametrize("variant", COUNTS)
+def test_a_decode_worker_is_slowed_by_decode_wan_slowdown_where_its_variant_sends_kv_over_the_wan(variant, monkeypatch):
+    """DECODE_WAN_SLOWDOWN: the RLD's and MD's steps and imports in pd-cross and pdd (their P sends KV over the WAN),
+    never P's, never colocated's or pd-intra's decode workers."""
+    before = {role: pool[0].roofline for role, pool in sim_config(real(), variant).workers.items()}
+    monkeypatch.setattr(realcompute, "DECODE_WAN_SLOWDOWN", 2.0 * realcompute.DECODE_WAN_SLOWDOWN)
+    for role, pool in sim_config(real(), variant).workers.items():
+        r, k = pool[0].roofline, 2.0 if role != "p" and COUNTS[variant][1] else 1.0
+        for parts in ([Part(100, 600, 1)], [Part(1, 700, 1)] * 3, [Part(1, 700, 1), Part(20, 680, 1)]):
+            assert r.step(parts).seconds == pytest.approx(k * before[role].step(parts).seconds, rel=1e-12)
+        assert r.kv_import_s(600) == pytest.approx(k * before[role].kv_import_s(600), rel=1e-12)
 
 
 def test_modelled_compute_has_no_slowdown_it_is_the_catalogues_roofline():
