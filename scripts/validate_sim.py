@@ -893,6 +893,8 @@ def p_spread(runs: list[Path], variants: tuple[str, ...]) -> None:
         a, b = zip(*lag_pairs[key])
         st["lag1"] = float(np.corrcoef(a, b)[0, 1])  # within runs only (no pair across two runs)
         print(f"| pooled | {key} | " + " | ".join(f"{(st | {'level': 1.0})[c]:.4g}" for c in cols) + " |")
+
+
 def emulated_decode_cpu_s(variant: dict) -> float | None:
     """A run's decode workers' (RLD and MD roles') serving CPU seconds in one variant (roles_cpu; None where the
     summary has none): printed beside the TPOT level as a check, not fitted (CPU, not the wall time a step takes on

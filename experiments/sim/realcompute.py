@@ -10,12 +10,12 @@ Why scale at all: `this-machine` was fitted by benchmarks/bench_roofline.py with
 an emulated run P, the RLD and the MD (each a process, one torch thread), the router, the client, the KV
 senders and the line's shaping share two cores, so every step takes longer than the lone engine's, and each
 engine step has a fixed cost the benchmark's engine did not pay (gRPC, Python, the pass over the cached KV).
-The constants below but P's step are medians / least-absolute-deviation fits (`scripts/validate_sim.py fit
-RUN...`) over every event but the warm-up's of three emulated runs, all four variants each: results/20261204-195628
-(wan-congested), -200730 (wan-cross-country) and -201347 (wan-flaky) -pdd-vs-baselines, pooled over variants
-and profiles: one set for every real-compute spec, tuned to no profile or variant. P's step (its comment) is
-refitted: its shape on the 2026-12-05/06 runs' events, its level on the 23 profile-matrix runs' P busy time. Each P
-step's time is also drawn about that (StepJitter: P_STEP_SIGMA, P_STEP_LAG1), as the emulated P's steps spread.
+The constants below take their shape from the events of the twelve runs kept with them (`scripts/validate_sim.py
+fit RUN...`: medians and least-absolute-deviation fits over every event but the warm-up's) and their level from
+the 23-29 runs of the profile matrices in docs/runs (P: its busy time, `p-level`; the decode worker: the TPOT,
+`decode-level`): one set for every real-compute spec, tuned to no profile; a decode worker whose variant's P sends
+KV over the WAN is slower by DECODE_WAN_SLOWDOWN. Each P step's time is also drawn about its constant (StepJitter:
+P_STEP_SIGMA, P_STEP_LAG1), as the emulated P's steps spread. Each constant's comment names its command and n.
 
 Contention (`Contention`, docs/simulator.md "A contention model (2026-12-05/06)"): each variant's workers take
 those pooled times x (1 + ENGINE_SLOWDOWN per other engine of the pools its mode uses + WAN_SENDER_SLOWDOWN per P
@@ -59,27 +59,25 @@ P_STEP_FACTOR = 1.278
 # step has one time per size.
 P_STEP_SIGMA = 0.32
 P_STEP_LAG1 = 0.27
-# A decode worker's step with a local prefill or an extend (events rld1/md1 decode_step_mixed with
-# chunk_tokens > 1, contexts taken as 600-650 tokens; n=180, LAD fit): 0.068 + 1.12 x roofline.
-# The decode worker's constants below (mixed step, decode step, import) are the three 2026-12-04 runs' (a slow
-# night): the refit of 2026-12-06 was measured and NOT adopted (docs/simulator.md, "The decode worker's constants
-# (2026-12-06)"). Its shape: `validate_sim.py fit --variants colocated,pd-intra` over the events of the 12 runs of
-# profile-matrix-20261206 and -20261206b (mixed 0.0122 + 0.683x, n=533; decode 0.478x, n=955; import through 0
-# 0.0344 ms/token, n=504); its level: x 1.667, `validate_sim.py decode-level` over the 29 runs of the five
-# profile matrices in docs/runs (colocated and pd-intra: the median of emulated / simulated TPOT p50, 1.011 rerun):
-# mixed 0.0204 + 1.139x, DECODE_FACTOR 0.797, import 0 + 0.0573 ms/token, with DECODE_WAN_SLOWDOWN 1.293
-# (`decode-level --variants pd-cross,pdd`, 1.006 rerun). It takes colocated's pooled TTFT p50 from +72% to -9%
-# and p90 from +101% to +10% (every profile inside its runs' interval), pd-intra and pd-cross inside as often or more,
-# but pdd's WAN KV bytes on wan-cellular-trace from +112% to +369% (the runs agree within 1%): not adopted.
-MIXED_STEP_FIXED_S = 0.068
-MIXED_STEP_FACTOR = 1.12
-# A decode step (events rld1/md1: (decode_done - first_token) / steps against the roofline's step of
-# mean_batch sessions at 700 tokens of context; n=436): median 1.77 x roofline (quartiles 1.15, 2.81).
-DECODE_FACTOR = 1.77
-# KV import on the receiving worker (events rld1/md1: kv_imported - kv_recv_end against kv_bytes / 49,152;
-# n=432, LAD fit): 24.5 ms + 0.0838 ms per token.
-IMPORT_FIXED_S = 0.0245
-IMPORT_PER_TOKEN_S = 0.0000838
+# The decode worker's constants (docs/simulator.md, "The decode worker's constants (2026-12-06)"): the mixed step (a
+# decode step with a local prefill or an extend in it) = MIXED_STEP_FIXED_S + MIXED_STEP_FACTOR x roofline, a decode
+# step DECODE_FACTOR x roofline, the KV import IMPORT_PER_TOKEN_S a token. The shape: `validate_sim.py fit
+# --variants colocated,pd-intra` over the events of the 12 runs of profile-matrix-20261206 and -20261206b (their P
+# sends no KV over the WAN; mixed: rld1/md1 decode_step_mixed with chunk_tokens > 1, 0.0122 + 0.683x, n=533, LAD;
+# decode: (decode_done - first_token) / steps against the roofline of mean_batch sessions at 700 tokens, median
+# 0.478x, n=955; import: kv_imported - kv_recv_end, 0.0344 ms a token through zero, n=504: the imports span only
+# 626-955 tokens, and the free fit's fixed cost is negative). The level: x 1.667, `validate_sim.py decode-level`
+# over the 29 runs of the five profile matrices in docs/runs (colocated and pd-intra: the median of emulated /
+# simulated TPOT p50; the summaries keep no decode busy time; 1.011 rerun). The constants before (0.068 + 1.12x,
+# 1.77x, 24.5 ms + 0.0838 ms a token) were fitted on three slow 2026-12-04 runs pooled over every variant and gave
+# a TPOT 2.5x the runs' median (decode-level 0.404) and colocated's TTFT p50 / p90 +72% / +101% over the 29 runs.
+# Adopted once the simulator kept the MD's in-flight DRC: before it, these constants doubled pdd's WAN bytes on
+# wan-cellular-trace (+112% -> +369%); with it +0% -> +6% (mean of 4 seeds).
+MIXED_STEP_FIXED_S = 0.0204
+MIXED_STEP_FACTOR = 1.139
+DECODE_FACTOR = 0.797
+IMPORT_FIXED_S = 0.0
+IMPORT_PER_TOKEN_S = 0.0000573
 # The export: P streams the KV while it computes (events p1: kv_send_start 20-25 ms after prefill_start,
 # the fast path's kv_send_end 2-5 ms after prefill_done), so nothing is added after the prefill.
 EXPORT_S = 0.0
@@ -87,10 +85,10 @@ EXPORT_S = 0.0
 ENGINE_SLOWDOWN = 0.0  # each other engine of the variant's pools adds this share to every step and import
 WAN_SENDER_SLOWDOWN = 0.0  # each P worker sending KV over the WAN adds this share
 POOLED_SLOWDOWN = 1.0  # the slowdown the pooled constants above carry (the fit's events' mean): divided out
-# A decode worker's times (its steps and imports) where its variant's P sends KV over the WAN (pd-cross, pdd):
-# their runs decode 1.3x slower than colocated's and pd-intra's (the refit above: 1.293). Neutral (the constants
-# above were pooled over every variant, these included).
-DECODE_WAN_SLOWDOWN = 1.0
+# A decode worker's times (its steps and imports) where its variant's P sends KV over the WAN (pd-cross, pdd): their
+# runs decode 1.3x slower than colocated's and pd-intra's, whose steps the constants above were fitted on
+# (`validate_sim.py decode-level --variants pd-cross,pdd` with them: 1.293; 1.006 rerun).
+DECODE_WAN_SLOWDOWN = 1.293
 
 
 @dataclass(frozen=True)
