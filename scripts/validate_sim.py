@@ -470,6 +470,13 @@ class Run:
         )
         return (git.get("commit") or "?")[:7] + ("+" if git.get("dirty") else "")
 
+    @property
+    def speed(self) -> str:
+        """The machine's reference prefill before the run (workers.speed, CPU ms; metadata's provenance.machine.speed),
+        '' where it was not recorded (runs made before it was): the machine's level beside the run's figures."""
+        speed = (((self.metadata or {}).get("provenance") or {}).get("machine") or {}).get("speed")
+        return f", machine {speed['prefill_cpu_ms']:.0f} ms" if speed else ""
+
 
 def find_runs(matrices: list[Path]) -> list[Run]:
     """Every summary.json one or two folders below each matrix directory (MATRIX/PROFILE/ or MATRIX/*/PROFILE/)."""
@@ -730,15 +737,18 @@ def compare_repeats(
             why = mismatch(run, ref, spec)
             (refused.append({"profile": profile, "matrix": run.matrix, "reason": why}) if why else kept.append(run))
         if kept:
-            pooled_runs[profile] = [{"matrix": r.matrix, "commit": r.commit} for r in kept]
+            pooled_runs[profile] = [{"matrix": r.matrix, "commit": r.commit, "speed": r.speed} for r in kept]
             kept_by[profile] = kept
             rows += rows_for(profile, kept, sim["variants"])
     if across:
         rows += rows_across(kept_by, {p: sim["variants"] for p, sim in sims.items() if p in kept_by}, across)
     print("\n".join(markdown_rows(rows)))
-    print("\nRuns pooled (the run's commit where its metadata is kept, else the one that analysed it; '+': dirty):")
+    print(
+        "\nRuns pooled (the run's commit where its metadata is kept, else the one that analysed it; '+': dirty; the"
+        " machine's reference prefill where recorded: docs/outputs.md):"
+    )
     for profile, runs in pooled_runs.items():
-        print(f"- {profile}: " + ", ".join(f"{r['matrix']} ({r['commit']})" for r in runs))
+        print(f"- {profile}: " + ", ".join(f"{r['matrix']} ({r['commit']}{r['speed']})" for r in runs))
     for r in refused:
         print(f"- REFUSED {r['profile']} from {r['matrix']}: {r['reason']}")
     out.mkdir(parents=True, exist_ok=True)

@@ -143,3 +143,11 @@ def test_a_scaled_run_s_wire_bytes_are_multiplied_back_to_the_deployment_s(tmp_p
     assert vs.kv_scale(tmp_path) == 50.0
     (tmp_path / "metadata.json").write_text(json.dumps({"line_scaling": None}))
     assert vs.kv_scale(tmp_path) == 1.0
+
+
+def test_a_run_names_the_machines_reference_speed_where_its_metadata_kept_it():
+    speed = {"prefill_cpu_ms": 222.6, "decode_cpu_ms": 14.4}
+    kept = vs.Run("m", "wan-lossy", _summary(), {"provenance": {"machine": {"cores": 2, "speed": speed}}})
+    assert kept.speed == ", machine 223 ms"
+    assert vs.Run("m", "wan-lossy", _summary(), {"provenance": {"machine": {"cores": 2}}}).speed == ""
+    assert vs.Run("m", "wan-lossy", _summary()).speed == ""  # no metadata kept beside the summary
