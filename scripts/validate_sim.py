@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/validate_sim.py fit RUN_DIR... [--per-run] [--variants V,V]  # realcompute's constants
     .venv/bin/python scripts/validate_sim.py p-level MATRIX... [--variants pd-intra,pdd]  # the P step's level
+    .venv/bin/python scripts/validate_sim.py wan-table MATRIX... [--out experiments/sim/calibration.yaml]  # the WAN
     .venv/bin/python scripts/validate_sim.py p-spread RUN_DIR... [--variants pd-intra,pdd]  # the P step's spread
     .venv/bin/python scripts/validate_sim.py decode-level MATRIX... [--variants colocated,pd-intra]  # the RLD's
     .venv/bin/python scripts/validate_sim.py compare DIRS [--spec pdd-vs-baselines] [--out /tmp/simval]
@@ -50,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -803,6 +805,87 @@ def p_level(pairs: list[tuple[float, float]]) -> float:
     return statistics.median(e / s for e, s in pairs)
 
 
+MIN_TRANSFERS = 5  # a point of the WAN table needs this many transfers measured on its line at its concurrency
+# Only transfers this large make the table: theirs is the line's throughput, where a small one's time is its round
+# trips and slow start (modelled as such: kept connections, rounds), which a factor on the rates would misstate
+WAN_TABLE_MIN_BYTES = 8_000_000
+
+
+def flows_bin(concurrency: float) -> int:
+    """A transfer's time-averaged concurrency as the WAN table's `flows`: the nearest power of two (>= 1)."""
+    return 2 ** max(0, round(math.log2(max(1.0, concurrency))))
+
+
+def wan_transfers(runs: list[Run]) -> dict[tuple[str, int], list[dict]]:
+    """(profile, flows) -> every WAN KV transfer of WAN_TABLE_MIN_BYTES or more the runs measured there
+    (summary.json's transfer_limits: each transfer's bytes, the sender's time, its goodput and the transfers sharing
+    the line on average), its goodput over the time its sender had bytes to send: the emulated P streams a prompt's
+    KV while it computes it, so part of a copy's time (`sender_idle`, median 4-22% a profile) is P's, which the
+    simulator counts before the copy starts."""
+    out: dict[tuple[str, int], list[dict]] = {}
+    for run in runs:
+        for v in run.summary["variants"].values():
+            for t in (v.get("transfer_limits") or {}).get("transfers") or []:
+                if t.get("path") == "wan" and t.get("goodput_mbit") and t["kv_bytes"] >= WAN_TABLE_MIN_BYTES:
+                    busy = t | {"goodput_mbit": t["goodput_mbit"] / max(0.05, 1 - (t.get("sender_idle") or 0.0))}
+                    out.setdefault((run.profile, flows_bin(t.get("concurrency") or 1.0)), []).append(busy)
+    return out
+
+
+def wan_table(matrices: list[Path], spec: str, out: Path | None) -> None:
+    """The simulator's WAN calibration table from the emulated runs' own KV transfers: per shipped profile and
+    concurrency (flows), the transfers' median goodput and the factor at which the simulator's line gives its
+    transfers that goodput (experiments.sim.wan.solve_factor); printed, and written to out (the simulator reads
+    experiments/sim/calibration.yaml)."""
+    import yaml
+
+    from experiments.sim.config import load_for_simulation, sim_config
+    from experiments.sim.wan import line_from_profile, solve_factor
+    from topology.profiles import load_profile
+
+    runs = [r for r in find_runs(matrices) if r.summary.get("simulated") is not True]
+    cfg = sim_config(load_for_simulation(spec, []), "pd-cross")
+    congestion, connections = cfg.wan_congestion, cfg.wan_connections
+    points = []
+    print("| profile | flows | transfers | median kv bytes | median goodput Mbit/s | factor |")
+    print("|---|---|---|---|---|---|")
+    for (profile, flows), ts in sorted(wan_transfers(runs).items()):
+        if len(ts) < MIN_TRANSFERS:
+            continue
+        line = line_from_profile(load_profile(profile))
+        kv_bytes = int(statistics.median(t["kv_bytes"] for t in ts))
+        goodput = statistics.median(t["goodput_mbit"] for t in ts)
+        factor = solve_factor(line, congestion, connections, flows, kv_bytes, goodput)
+        rate = line.rate_bps / 1e6 if math.isfinite(line.rate_bps) else 0.0
+        points.append(
+            {
+                "rate_mbit": round(rate, 3),
+                "rtt_ms": round(line.rtt_s * 1e3, 3),
+                "loss_pct": round(line.loss * 100, 4),
+                "flows": flows,
+                "congestion": congestion,
+                "kv_bytes": kv_bytes,
+                "transfers": len(ts),
+                "per_flow_mbit": round(goodput, 3),
+                "factor": factor,
+            }
+        )
+        print(f"| {profile} | {flows} | {len(ts)} | {kv_bytes:,} | {goodput:.2f} | {factor:.4g} |")
+    if out is None:
+        return
+    sources = ", ".join(sorted({r.matrix for r in runs}))
+    header = (
+        '# The simulator\'s WAN calibration table (experiments/sim/wan.py; docs/simulator.md, "The WAN"), made by\n'
+        f"#   .venv/bin/python scripts/validate_sim.py wan-table {' '.join(map(str, matrices))} --out {out}\n"
+        "# from the emulated runs' own WAN KV transfers (summary.json's transfer_limits): per line and concurrency,\n"
+        "# their median goodput and the factor the simulator's rates take there so its transfers match it.\n"
+    )
+    status = f"calibrated: {len(points)} points from {len(runs)} emulated runs of {spec} ({sources})"
+    lines = [f"  - {yaml.safe_dump(p, default_flow_style=True, sort_keys=False, width=1000).strip()}\n" for p in points]
+    out.write_text(header + yaml.safe_dump({"status": status}, width=1000) + "points:\n" + "".join(lines))
+    print(f"\n{out}: {status}")
+
+
 def p_level_report(matrices: list[Path], spec: str, variants: list[str]) -> None:
     """Each run's P busy time against the simulated P's (the runs of find_runs that are spec's experiment), the
     median ratio and realcompute's P step constants scaled by it (the level those runs' P measured)."""
@@ -978,6 +1061,10 @@ def main() -> None:
     lv.add_argument("matrices", nargs="+", type=Path)
     lv.add_argument("--spec", default="pdd-vs-baselines")
     lv.add_argument("--variants", default="pd-intra,pdd", help="the variants whose P busy time is compared")
+    wt = sub.add_parser("wan-table")
+    wt.add_argument("matrices", nargs="+", type=Path)
+    wt.add_argument("--spec", default="pdd-vs-baselines")
+    wt.add_argument("--out", type=Path, default=None, help="write the table here (experiments/sim/calibration.yaml)")
     sp = sub.add_parser("p-spread")
     sp.add_argument("runs", nargs="+", type=Path)
     sp.add_argument("--variants", default="pd-intra,pdd", help="the variants whose P steps are read")
@@ -990,6 +1077,8 @@ def main() -> None:
         fit(a.runs, a.per_run, tuple(v for v in a.variants.split(",") if v))
     elif a.cmd == "p-level":
         p_level_report(a.matrices, a.spec, [v for v in a.variants.split(",") if v])
+    elif a.cmd == "wan-table":
+        wan_table(a.matrices, a.spec, a.out)
     elif a.cmd == "p-spread":
         p_spread(a.runs, tuple(v for v in a.variants.split(",") if v))
     elif a.cmd == "decode-level":

@@ -122,7 +122,8 @@ def summarize(
         {
             "kind": "simulated",
             "message": "Simulated, not measured: a discrete-event model of the pipeline (docs/simulator.md); "
-            f"WAN model {cal.status}; its error against the emulator is not yet validated.",
+            f"WAN model {cal.describe(first.line, first.wan_congestion)}; its error against the emulator: "
+            'docs/simulator.md, "Validation".',
         }
     ]
     data["warnings"] += [{"kind": "not simulated", "message": m} for m in not_simulated(loaded, configs)]

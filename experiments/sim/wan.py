@@ -146,45 +146,75 @@ def fair_share(caps: list[float], rate_bps: float) -> list[float]:
 
 @dataclass(frozen=True)
 class CalibrationPoint:
-    """A measured per-flow throughput: rate_mbit, rtt_ms, loss_pct, flows (competing transfers at once),
-    per_flow_mbit (the emulator's median goodput of one of them)."""
+    """What the emulator measured on one line: rate_mbit, rtt_ms, loss_pct (the profile's, as LineParams reads it),
+    flows (transfers sharing the line, a power of two: the runs' time-averaged concurrency, binned), congestion
+    (the senders' TCP congestion control), kv_bytes (the transfers' median size), transfers (how many were
+    measured), per_flow_mbit (their median goodput: bytes x 8 / the sender's time) and factor (what the simulator's
+    rates are multiplied by on such a line for the same transfers to take that goodput: solved by `solve_factor`
+    when the table was made)."""
 
     rate_mbit: float
     rtt_ms: float
     loss_pct: float
     flows: int
+    congestion: str
+    kv_bytes: int
+    transfers: int
     per_flow_mbit: float
+    factor: float
 
 
 class Calibration:
-    """The emulator's measured per-flow throughput against the formula's, by the nearest measured point.
+    """The emulator's measured per-flow goodput against the formula's, by the nearest measured point.
 
     status: "uncalibrated: formula only" while the table has no points (factor 1 everywhere)"""
 
-    def __init__(self, points: list[CalibrationPoint], status: str, connections: int = 2):
-        self.points, self.status, self.connections = points, status, connections
+    def __init__(self, points: list[CalibrationPoint], status: str):
+        self.points, self.status = points, status
 
-    def factor(self, line: LineParams, flows: int) -> float:
-        """measured / formula at the point nearest to (rate, RTT, loss, flows) in log distance; 1 without points."""
-        if not self.points or flows == 0:
+    def near(self, line: LineParams, congestion: str) -> list[CalibrationPoint]:
+        """The points measured with this congestion control on a line like this one (rate, RTT and loss each within
+        about 2x: NEAR_LINE); a point is not carried to a line far from where it was measured."""
+        return [p for p in self.points if p.congestion == congestion and _line_distance(p, line) <= NEAR_LINE]
+
+    def covers(self, line: LineParams, congestion: str) -> bool:
+        """Whether any point applies to this line (else its factor is 1 everywhere: the formula alone)."""
+        return bool(self.near(line, congestion))
+
+    def factor(self, line: LineParams, flows: int, congestion: str) -> float:
+        """The factor of the point nearest to (rate, RTT, loss, flows) in log distance among those near this line
+        (`near`); 1 without one."""
+        mine = self.near(line, congestion)
+        if not mine or flows == 0:
             return 1.0
-        p = min(self.points, key=lambda q: _distance(q, line, flows))
-        cap = mathis_bps(p.rtt_ms / 1e3, p.loss_pct / 100) * self.connections
-        formula = fair_share([cap] * p.flows, p.rate_mbit * 1e6)[0]
-        return p.per_flow_mbit * 1e6 / formula if formula > 0 else 1.0
+        return min(mine, key=lambda q: _line_distance(q, line) + math.log(q.flows / flows) ** 2).factor
+
+    def describe(self, line: LineParams, congestion: str) -> str:
+        """What the table does on this line, for a summary's words."""
+        mine = self.near(line, congestion)
+        if not mine:
+            return f"{self.status}; no point near this line ({congestion}): the formula alone"
+        factors = sorted(p.factor for p in mine)
+        return (
+            f"{self.status}; on this line ({congestion}) {len(mine)} point(s), the formula's rates x "
+            f"{factors[0]:.3g}-{factors[-1]:.3g} by the transfers sharing it"
+        )
 
 
-def _distance(p: CalibrationPoint, line: LineParams, flows: int) -> float:
+NEAR_LINE = 3 * math.log(2) ** 2  # rate, RTT and loss each 2x off: the farthest line a point applies to
+
+
+def _line_distance(p: CalibrationPoint, line: LineParams) -> float:
+    """How far (log distance over rate, RTT and loss) the line a point was measured on is from this one."""
     rate = line.rate_bps / 1e6 if math.isfinite(line.rate_bps) else 1e6
     return (
         math.log((p.rate_mbit + 1) / (rate + 1)) ** 2
         + math.log((p.rtt_ms + 1) / (line.rtt_s * 1e3 + 1)) ** 2
         + math.log((p.loss_pct + 1e-3) / (line.loss * 100 + 1e-3)) ** 2
-        + math.log(p.flows / flows) ** 2
     )
 
 
-POINT_KEYS = ("rate_mbit", "rtt_ms", "loss_pct", "flows", "per_flow_mbit")
+POINT_KEYS = tuple(CalibrationPoint.__dataclass_fields__)
 
 
 def load_calibration(path: Path = CALIBRATION_FILE) -> Calibration:
@@ -199,11 +229,49 @@ def load_calibration(path: Path = CALIBRATION_FILE) -> Calibration:
     for i, raw in enumerate(data.get("points") or []):
         if not isinstance(raw, dict) or set(raw) != set(POINT_KEYS):
             raise CalibrationError(f"{path}: points[{i}]: expected exactly the keys {list(POINT_KEYS)}")
-        bad = [k for k in POINT_KEYS if not isinstance(raw[k], (int, float)) or raw[k] < 0]
-        if bad or raw["flows"] < 1 or raw["per_flow_mbit"] <= 0:
-            raise CalibrationError(f"{path}: points[{i}].{(bad or ['flows'])[0]}: expected a number >= 0 (flows >= 1)")
+        numbers = [k for k in POINT_KEYS if k != "congestion"]
+        bad = [k for k in numbers if not isinstance(raw[k], (int, float)) or raw[k] < 0]
+        bad += [k for k in ("flows", "transfers", "per_flow_mbit", "factor") if not bad and raw[k] <= 0]
+        if bad:
+            raise CalibrationError(f"{path}: points[{i}].{bad[0]}: expected a number > 0 (rates, sizes: >= 0)")
+        if raw["factor"] > 1:  # a line never carries more than its rate (solve_factor's bound)
+            raise CalibrationError(f"{path}: points[{i}].factor: expected at most 1, got {raw['factor']}")
+        if not isinstance(raw["congestion"], str) or not raw["congestion"]:
+            raise CalibrationError(f"{path}: points[{i}].congestion: expected a congestion control's name")
         points.append(CalibrationPoint(**{k: raw[k] for k in POINT_KEYS}))
     return Calibration(points, data["status"])
+
+
+def transfers_goodput_mbit(
+    params: LineParams, congestion: str, connections: int, flows: int, kv_bytes: float, factor: float
+) -> float:
+    """The simulator's mean goodput (Mbit/s: bytes x 8 / time from the send to the last byte) of `flows` transfers
+    of kv_bytes started together on new connections on a line of params, its rates x factor."""
+    env = clock.Environment()
+    rate_mbit = params.rate_bps / 1e6 if math.isfinite(params.rate_bps) else 1e6
+    point = CalibrationPoint(rate_mbit, params.rtt_s * 1e3, params.loss * 100, flows, congestion, 0, 1, 1.0, factor)
+    line = Line(env, params, Calibration([point], "solving"), random.Random(0), congestion=congestion)
+    times = []
+    for _ in range(flows):
+        line.transfer(kv_bytes, connections).callbacks.append(lambda _e: times.append(env.now))
+    env.run()
+    return sum(kv_bytes * 8 / t / 1e6 for t in times) / len(times)
+
+
+def solve_factor(params: LineParams, congestion: str, connections: int, flows: int, kv_bytes: float,
+                 goodput_mbit: float) -> float:  # fmt: skip
+    """The factor of the simulator's rates on this line at which its transfers (as transfers_goodput_mbit) take
+    goodput_mbit: bisection on its logarithm in [1/1000, 1] (the goodput grows with it). At most 1: a line never
+    carries more than its rate; transfers that measured faster than the formula's (fewer sharing the line than
+    their time-averaged concurrency's bin) leave it as it is."""
+    lo, hi = math.log(1e-3), 0.0
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        if transfers_goodput_mbit(params, congestion, connections, flows, kv_bytes, math.exp(mid)) < goodput_mbit:
+            lo = mid
+        else:
+            hi = mid
+    return round(math.exp((lo + hi) / 2), 4)
 
 
 _CAP = operator.attrgetter("cap")
@@ -246,8 +314,16 @@ class Line:
         self._n, self._demand = 0, 0.0  # transfers on the line, the sum of their caps (bit/s)
         self.bytes_sent = 0
         self._rate, self._line_bps = params.rate_bps, 2 * params.rate_bps  # an uncapped flow counts as twice the line
-        self._calibrated = calibration is not None and bool(calibration.points)  # else its factor is 1 everywhere
+        self._calibrated = calibration is not None and calibration.covers(params, congestion)  # else 1 everywhere
         self._caps: dict[int, float] = {}  # connections -> cap_bps
+        self._factors: dict[int, float] = {}  # transfers on the line -> the calibration's factor (params are fixed)
+
+    def _factor(self, n: int) -> float:
+        """The calibration's factor with n transfers on this line (looked up once per n)."""
+        f = self._factors.get(n)
+        if f is None:
+            f = self._factors[n] = self.calibration.factor(self.params, n, self.congestion)
+        return f
 
     @property
     def flows(self) -> int:
@@ -346,7 +422,7 @@ class Line:
             self._n, self._demand = 0, 0.0  # no float drift carried over
             return
         n, rate = self._n, self._rate
-        factor = self.calibration.factor(self.params, n) if self._calibrated else 1.0
+        factor = self._factor(n) if self._calibrated else 1.0
         wait = math.inf
         if self._demand <= rate:  # the line is not full: every flow at its cap
             for g in self.groups.values():

@@ -3,6 +3,7 @@ slow start, and the calibration table."""
 
 import math
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -18,6 +19,8 @@ from experiments.sim.wan import (
     load_calibration,
     mathis_bps,
     slow_start,
+    solve_factor,
+    transfers_goodput_mbit,
 )
 
 MB = 1_000_000
@@ -133,17 +136,51 @@ def test_jitter_is_drawn_from_the_seed():
     assert same[0] == same[1] and same[0] != other
 
 
-def test_the_shipped_table_is_a_placeholder_and_changes_nothing():
-    cal = load_calibration(CALIBRATION_FILE)
-    assert cal.status == "uncalibrated: formula only" and cal.points == []
+def test_an_empty_table_changes_nothing(tmp_path):
+    path = tmp_path / "cal.yaml"
+    path.write_text("status: 'uncalibrated: formula only'\npoints: []\n")
+    cal = load_calibration(path)
     line = LineParams(rate_bps=8e6, rtt_s=0.0)
     assert arrivals(line, [MB], calibration=cal) == pytest.approx([1.0])
 
 
+def test_the_shipped_table_gives_each_measured_line_the_goodput_the_emulator_measured_there():
+    """experiments/sim/calibration.yaml (validate_sim.py wan-table over the profile matrices): at each point the
+    simulator's transfers take the emulated transfers' median goodput, or, where the formula was already slower
+    (factor 1: a line never carries more than its rate), no more than it."""
+    cal = load_calibration(CALIBRATION_FILE)
+    assert cal.status.startswith("calibrated:") and len(cal.points) >= 10
+    for p in cal.points:
+        line = LineParams(rate_bps=p.rate_mbit * 1e6, rtt_s=p.rtt_ms / 1e3, loss=p.loss_pct / 100)
+        simulated = transfers_goodput_mbit(line, p.congestion, 2, p.flows, p.kv_bytes, p.factor)
+        if p.factor < 1:
+            assert simulated == pytest.approx(p.per_flow_mbit, rel=0.01), p
+        else:
+            assert simulated <= p.per_flow_mbit * 1.01, p
+    # the lossy line's transfers (wan-lossy: 100 Mbit/s, 1.9% bursty loss, bbr) took ~10 Mbit/s alone: the
+    # formula's bbr (the line's rate less the loss) would give them ~80
+    lossy = [p for p in cal.points if p.loss_pct > 1 and p.flows == 1]
+    assert lossy and all(p.per_flow_mbit < 15 and p.factor < 0.2 for p in lossy)
+
+
 def test_a_calibration_point_scales_the_formula_by_what_was_measured():
     # measured: one flow got 4 Mbit/s of an 8 Mbit/s line where the formula says 8
-    cal = Calibration([CalibrationPoint(8, 0, 0, 1, 4.0)], "calibrated")
+    point = CalibrationPoint(8, 0, 0, 1, "cubic", MB, 10, 4.0, 0.5)
+    cal = Calibration([point], "calibrated")
     assert arrivals(LineParams(rate_bps=8e6, rtt_s=0.0), [MB], calibration=cal) == pytest.approx([2.0])
+    # a point measured with another congestion control is not this line's
+    assert Calibration([replace(point, congestion="bbr")], "calibrated").factor(LineParams(8e6, 0.0), 1, "cubic") == 1
+
+
+def test_solve_factor_finds_the_rate_at_which_the_simulated_transfers_take_a_goodput():
+    line = LineParams(rate_bps=100e6, rtt_s=0.08, loss=0.019)
+    f = solve_factor(line, "bbr", 2, 4, 30e6, 9.5)
+    assert transfers_goodput_mbit(line, "bbr", 2, 4, 30e6, f) == pytest.approx(9.5, rel=0.01)
+    assert solve_factor(line, "bbr", 2, 1, 30e6, 1e4) == 1.0  # faster than the line: left at 1
+
+
+POINT = "rate_mbit: 1, rtt_ms: 1, loss_pct: 0, flows: 1, congestion: bbr, kv_bytes: 1, transfers: 5, per_flow_mbit: 1, \
+factor: 0.5"
 
 
 @pytest.mark.parametrize(
@@ -151,7 +188,9 @@ def test_a_calibration_point_scales_the_formula_by_what_was_measured():
     [
         ("points: []", "status"),
         ("status: x\npoints: [{rate_mbit: 1, rtt_ms: 1, loss_pct: 0, flows: 1}]", "points[0]"),
-        ("status: x\npoints: [{rate_mbit: 1, rtt_ms: 1, loss_pct: 0, flows: 0, per_flow_mbit: 1}]", "flows"),
+        (f"status: x\npoints: [{{{POINT.replace('flows: 1', 'flows: 0')}}}]", "flows"),
+        (f"status: x\npoints: [{{{POINT.replace('factor: 0.5', 'factor: 1.5')}}}]", "factor"),
+        (f"status: x\npoints: [{{{POINT.replace('congestion: bbr', 'congestion: 3')}}}]", "congestion"),
     ],
 )
 def test_a_bad_calibration_table_is_refused_naming_the_field(tmp_path, text, field):

@@ -151,3 +151,23 @@ def test_a_run_names_the_machines_reference_speed_where_its_metadata_kept_it():
     assert kept.speed == ", machine 223 ms"
     assert vs.Run("m", "wan-lossy", _summary(), {"provenance": {"machine": {"cores": 2}}}).speed == ""
     assert vs.Run("m", "wan-lossy", _summary()).speed == ""  # no metadata kept beside the summary
+
+
+def test_the_wan_table_reads_large_transfers_at_their_busy_goodput_binned_by_concurrency():
+    def transfer(kv_bytes, goodput, concurrency, idle=0.0, path="wan"):
+        return {"path": path, "kv_bytes": kv_bytes, "goodput_mbit": goodput, "concurrency": concurrency,
+                "sender_idle": idle}  # fmt: skip
+
+    summary = _summary()
+    summary["variants"]["pdd"]["transfer_limits"] = {
+        "transfers": [
+            transfer(30e6, 10.0, 1.2, idle=0.5),  # its sender waited half the time for P: 20 Mbit/s while busy
+            transfer(30e6, 8.0, 3.1),  # about three others at once: the bin of 4
+            transfer(1e6, 50.0, 1.0),  # small: its round trips, not the line's rate
+            transfer(30e6, 9.0, 1.0, path="handoff"),
+        ]
+    }
+    got = vs.wan_transfers([vs.Run("m", "wan-lossy", summary)])
+    assert sorted(got) == [("wan-lossy", 1), ("wan-lossy", 4)]
+    assert [t["goodput_mbit"] for t in got[("wan-lossy", 1)]] == [20.0]
+    assert [vs.flows_bin(c) for c in (0.3, 1.4, 1.5, 2.9, 5.6, 5.7)] == [1, 1, 2, 4, 4, 8]  # log-nearest
