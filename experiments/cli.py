@@ -531,12 +531,7 @@ def parser() -> argparse.ArgumentParser:
     sim.add_argument("experiment", nargs="?", default=DEFAULT_EXPERIMENT)
     sim.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a spec field")
     sim.add_argument("--requests", type=int, default=None, help="simulate at most the workload's first N requests")
-    sim.add_argument(
-        "--seed",
-        type=int,
-        default=None,
-        help="the line's jitter and real compute's P step spread (default: workload.seed)",
-    )
+    sim.add_argument("--seed", type=int, default=None, help="line jitter, P step spread (default: workload.seed)")
     sim.add_argument("--out", default=None, help="the run directory (default: results/<stamp>-<spec>-sim/)")
     sim.add_argument(
         "--sweep",
