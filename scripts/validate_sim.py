@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/validate_sim.py fit RUN_DIR... [--per-run] [--variants V,V]  # realcompute's constants
     .venv/bin/python scripts/validate_sim.py p-level MATRIX... [--variants pd-intra,pdd]  # the P step's level
+    .venv/bin/python scripts/validate_sim.py modelled-p RUN_DIR [--arch kimi-k2 --accelerator h800 --devices 16]
     .venv/bin/python scripts/validate_sim.py wan-table MATRIX... [--out experiments/sim/calibration.yaml]  # the WAN
     .venv/bin/python scripts/validate_sim.py p-spread RUN_DIR... [--variants pd-intra,pdd]  # the P step's spread
     .venv/bin/python scripts/validate_sim.py decode-level MATRIX... [--variants colocated,pd-intra]  # the RLD's
@@ -805,6 +806,53 @@ def p_level(pairs: list[tuple[float, float]]) -> float:
     return statistics.median(e / s for e, s in pairs)
 
 
+BURST_NS = 20_000_000  # requests sent this close together arrive at the router as one burst
+
+
+def bursts(records: list[dict], gap_ns: int = BURST_NS) -> list[list[dict]]:
+    """The requests (records of one variant, warm-up left out) in runs sent within gap_ns of the one before."""
+    recs = sorted((r for r in records if r.get("kind") != "warmup"), key=lambda r: r["t_send_ns"])
+    out: list[list[dict]] = []
+    for r in recs:
+        if out and r["t_send_ns"] - out[-1][-1]["t_send_ns"] < gap_ns:
+            out[-1].append(r)
+        else:
+            out.append([r])
+    return [b for b in out if len(b) > 1]
+
+
+def modelled_p(run: Path, arch: str, accelerator: str, devices: int) -> None:
+    """A modelled-compute run's P: each prefill step against the roofline of its chunks (the modelled engine waits
+    exactly that; more is the machine's lateness), and the bursts of requests and how many of them one P took."""
+    from workers.modelled.catalogue import load_catalogue
+    from workers.modelled.roofline import Part, Roofline
+
+    cat = load_catalogue()
+    roofline = Roofline(cat.accelerator(accelerator), cat.model(arch), devices)
+    print("| variant | P | steps | roofline s | measured s | ratio | per step median (p90) | bursts to one P |")
+    print("|---|---|---|---|---|---|---|---|")
+    records = [json.loads(line) for line in (run / "requests.jsonl").open()]
+    for vdir in sorted((run / "variants").iterdir()):
+        mine = [r for r in records if r["variant"] == vdir.name]
+        bs = bursts(mine)
+        one = sum(len({r["workers"].get("p") for r in b}) == 1 for b in bs)
+        for f in sorted((vdir / "events").glob("p*.jsonl")):
+            pairs = [
+                (roofline.step([Part(n, start, 1 if last else 0) for _r, start, n, last in e["chunks"]]).seconds,
+                 e["duration_ns"] / 1e9)
+                for e in map(json.loads, f.open())
+                if e["event"] == "prefill_step" and e.get("chunks")
+            ]  # fmt: skip
+            if not pairs:
+                continue
+            ratios = sorted(d / m for m, d in pairs)
+            model, measured = sum(m for m, _ in pairs), sum(d for _, d in pairs)
+            print(
+                f"| {vdir.name} | {f.stem} | {len(pairs)} | {model:.1f} | {measured:.1f} | {measured / model:.2f} | "
+                f"{statistics.median(ratios):.2f} ({ratios[9 * len(ratios) // 10]:.2f}) | {one} of {len(bs)} |"
+            )
+
+
 MIN_TRANSFERS = 5  # a point of the WAN table needs this many transfers measured on its line at its concurrency
 # Only transfers this large make the table: theirs is the line's throughput, where a small one's time is its round
 # trips and slow start (modelled as such: kept connections, rounds), which a factor on the rates would misstate
@@ -1061,6 +1109,11 @@ def main() -> None:
     lv.add_argument("matrices", nargs="+", type=Path)
     lv.add_argument("--spec", default="pdd-vs-baselines")
     lv.add_argument("--variants", default="pd-intra,pdd", help="the variants whose P busy time is compared")
+    mp = sub.add_parser("modelled-p")
+    mp.add_argument("run", type=Path)
+    mp.add_argument("--arch", default="kimi-k2")
+    mp.add_argument("--accelerator", default="h800")
+    mp.add_argument("--devices", type=int, default=16)
     wt = sub.add_parser("wan-table")
     wt.add_argument("matrices", nargs="+", type=Path)
     wt.add_argument("--spec", default="pdd-vs-baselines")
@@ -1077,6 +1130,8 @@ def main() -> None:
         fit(a.runs, a.per_run, tuple(v for v in a.variants.split(",") if v))
     elif a.cmd == "p-level":
         p_level_report(a.matrices, a.spec, [v for v in a.variants.split(",") if v])
+    elif a.cmd == "modelled-p":
+        modelled_p(a.run, a.arch, a.accelerator, a.devices)
     elif a.cmd == "wan-table":
         wan_table(a.matrices, a.spec, a.out)
     elif a.cmd == "p-spread":

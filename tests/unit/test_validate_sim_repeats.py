@@ -171,3 +171,11 @@ def test_the_wan_table_reads_large_transfers_at_their_busy_goodput_binned_by_con
     assert sorted(got) == [("wan-lossy", 1), ("wan-lossy", 4)]
     assert [t["goodput_mbit"] for t in got[("wan-lossy", 1)]] == [20.0]
     assert [vs.flows_bin(c) for c in (0.3, 1.4, 1.5, 2.9, 5.6, 5.7)] == [1, 1, 2, 4, 4, 8]  # log-nearest
+
+
+def test_bursts_are_requests_sent_within_20_ms_of_the_one_before():
+    def rec(rid, t_ms, kind="measured"):
+        return {"request_id": rid, "t_send_ns": int(t_ms * 1e6), "kind": kind, "workers": {"p": "p1"}}
+
+    recs = [rec("a", 0), rec("b", 5), rec("c", 24), rec("d", 100), rec("w", 101, "warmup"), rec("e", 300)]
+    assert [[r["request_id"] for r in b] for b in vs.bursts(recs)] == [["a", "b", "c"]]  # c: 19 ms after b
