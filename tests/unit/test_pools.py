@@ -150,3 +150,18 @@ def test_every_pick_policy_of_the_config_has_its_function():
 
     assert set(P_PICKS) == set(literal_values(PickP)) and set(RLD_PICKS) == set(literal_values(PickRLD))
     assert set(MD_PICKS) == set(literal_values(PickMD))
+
+
+def test_prompts_that_arrive_together_spread_over_p_by_their_tokens():
+    """A burst of pdd-published's prompts all went to one P (11 of 11 bursts in a run, docs/simulator.md): P is
+    picked by prompt tokens first, and a pick counted in sessions but not in tokens until its Prefill call began.
+    A pick now carries its prompt's tokens into the worker's load from the moment it is made."""
+    now = [100.0]
+    pools = Pools(_cfg(), clock=lambda: now[0])
+    p1, p2 = pools.cfg.p
+    pools.take(p1, 7_322)  # one prompt prefilling on p1
+    picks = [pools.choose("p", tokens=n) for n in (9_418, 6_059, 13_544, 15_172)]
+    assert [c.worker.name for c in picks] == ["p2", "p1", "p2", "p1"]
+    assert picks[3].record()["loads"] == [["p1", 2, 13_381, 0], ["p2", 2, 22_962, 0]]
+    pools.take(p2, 13_544)  # the third's Prefill call begins: its pick becomes it, counted once
+    assert pools.choose("p", tokens=1).record()["loads"] == [["p1", 3, 28_553, 0], ["p2", 2, 22_962, 0]]

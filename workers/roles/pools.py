@@ -46,6 +46,7 @@ class Choice:
     worker: WorkerConfig
     pick: Pick
     loads: tuple[WorkerLoad, ...]
+    tokens: int = 0  # what the request will hold there (counted in the worker's load until it is taken up)
 
     def record(self) -> dict:
         """For the route event: the worker, the reason, [name, sessions, tokens, hit] per candidate, and
@@ -134,16 +135,25 @@ class Pools:
         self._lock = threading.Lock()
         self._held = {w.name: _Held() for w in cfg.workers}
         self._down_until: dict[str, float] = {}
-        self._picked = {w.name: deque() for w in cfg.workers}  # pick times not yet taken up by a session
+        # picks not yet taken up by a session: (when, the prompt or KV tokens the session will hold there)
+        self._picked: dict[str, deque[tuple[float, int]]] = {w.name: deque() for w in cfg.workers}
         self._turns = {role: 0 for role in ("p", "rld", "md")}
         self.mirrors = {w.name: DRCMirror(cfg.block_size, w.capacity_tokens // cfg.block_size) for w in cfg.md}
         self.lines = LineBook(cfg, clock)
 
     # ------------------------------------------------------------ picks
 
-    def choose(self, role: str, hits: dict[str, int] | None = None, kv_bytes: dict[str, int] | None = None) -> Choice:
+    def choose(
+        self,
+        role: str,
+        hits: dict[str, int] | None = None,
+        kv_bytes: dict[str, int] | None = None,
+        tokens: int = 0,
+    ) -> Choice:
         """Pick a worker of a pool by the deployment's policy (hits: MD name -> expected DRC hit; kv_bytes: MD
-        name -> the KV the request would send it, for line_measured)."""
+        name -> the KV the request would send it, for line_measured; tokens: what the request will hold there,
+        counted in the worker's load from the pick, not only once its session or prefill starts: requests that
+        arrive together would otherwise all see the same worker as the least loaded)."""
         policy = self.cfg.policy
         lines = self._line_context(kv_bytes or {}) if role == "md" and policy.pick_md == "line_measured" else None
         with self._lock:  # look and pick at once: the next request sees this one's pick
@@ -159,11 +169,11 @@ class Pools:
                 pick = pick_md(
                     list(loads), policy.pick_md, turn, cap, policy.md_balance_abs, policy.md_balance_rel, lines
                 )
-            self._picked[pick.worker].append(self.clock())
+            self._picked[pick.worker].append((self.clock(), tokens))
         worker = self.cfg.worker(pick.worker)
         if pick.reason == "explore":
             self.lines.explored(worker.line)
-        return Choice(worker, pick, loads)
+        return Choice(worker, pick, loads, tokens)
 
     def _line_context(self, kv_bytes: dict[str, int]) -> LineContext:
         policy = self.cfg.policy
@@ -178,7 +188,7 @@ class Pools:
     def release(self, choice: Choice) -> None:
         """A pick the request will not use (its route did not need that pool after all)."""
         with self._lock:
-            self._forget_pick(choice.worker.name)
+            self._forget_pick(choice.worker.name, choice.tokens)
 
     def hits(self, prompt: list[int]) -> dict[str, int]:
         """MD name -> the tokens of prompt its DRC is expected to hold (the router's mirrors)."""
@@ -188,14 +198,21 @@ class Pools:
         """A worker's load now (the caller holds the lock): its sessions, and its picks not yet taken up."""
         held, now = self._held[w.name], self.clock()
         picked = self._picked[w.name]
-        while picked and picked[0] <= now - PICKED_S:
+        while picked and picked[0][0] <= now - PICKED_S:
             picked.popleft()
         healthy = self._down_until.get(w.name, 0.0) <= now
-        return WorkerLoad(w.name, held.sessions + len(picked), held.tokens, w.capacity_tokens, healthy, hit)
+        pending = sum(tokens for _, tokens in picked)
+        return WorkerLoad(w.name, held.sessions + len(picked), held.tokens + pending, w.capacity_tokens, healthy, hit)
 
-    def _forget_pick(self, name: str) -> None:
-        if self._picked[name]:
-            self._picked[name].popleft()
+    def _forget_pick(self, name: str, tokens: int) -> None:
+        """The pick that became a session (or was released): the oldest of those tokens, else the oldest."""
+        picked = self._picked[name]
+        for i, (_, t) in enumerate(picked):
+            if t == tokens:
+                del picked[i]
+                return
+        if picked:
+            picked.popleft()
 
     # ------------------------------------------------------------ accounting
 
@@ -210,7 +227,7 @@ class Pools:
 
     def take(self, worker: WorkerConfig, tokens: int) -> None:
         with self._lock:
-            self._forget_pick(worker.name)  # the pick became this session
+            self._forget_pick(worker.name, tokens)  # the pick became this session
             held = self._held[worker.name]
             held.sessions += 1
             held.tokens += tokens

@@ -201,7 +201,7 @@ class RouterServicer(pdd_pb2_grpc.RouterServicer):
         if mode in ("pd-cross", "pdd"):
             hits = self._md_hits(prompt) if mode == "pdd" else {}
             kv = {md.name: (len(prompt) - hits.get(md.name, 0)) * self.kv_bytes_per_token for md in self.cfg.md}
-            chosen["md"] = self.pools.choose("md", hits, kv)
+            chosen["md"] = self.pools.choose("md", hits, kv, len(prompt) + max_tokens)
             hit, line = hits.get(chosen["md"].worker.name, 0), chosen["md"].worker.line
         lines = self.pools.lines
         decision = decide_route(
@@ -217,9 +217,9 @@ class RouterServicer(pdd_pb2_grpc.RouterServicer):
         if decision.route not in ENDS_AT_MD and "md" in chosen:
             self.pools.release(chosen.pop("md"))
         if decision.route != Route.P_MD:
-            chosen["rld"] = self.pools.choose("rld")
+            chosen["rld"] = self.pools.choose("rld", tokens=len(prompt) + max_tokens)  # as _open_stream takes
         if decision.route != Route.COLOCATED:
-            chosen["p"] = self.pools.choose("p")
+            chosen["p"] = self.pools.choose("p", tokens=len(prompt))  # as _prefill holds
         return decision, chosen, line, figures
 
     def _md_hits(self, prompt: list[int]) -> dict[str, int]:
