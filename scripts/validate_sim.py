@@ -934,22 +934,29 @@ def wan_table(matrices: list[Path], spec: str, out: Path | None) -> None:
     print(f"\n{out}: {status}")
 
 
+def spec_runs(matrices: list[Path], spec: str, out: Path):
+    """(run, the simulator's summary of its profile) for each run of the matrices that is spec's experiment (each
+    profile simulated once, kept in out); a run of another experiment is printed as REFUSED with why."""
+    sims: dict[str, dict] = {}
+    for run in find_runs(matrices):
+        if run.profile not in sims:
+            sims[run.profile] = _simulate(spec, run.profile, out)
+        if why := mismatch(run, identity(sims[run.profile]), spec):
+            print(f"REFUSED {run.matrix} {run.profile}: {why}")
+            continue
+        yield run, sims[run.profile]
+
+
 def p_level_report(matrices: list[Path], spec: str, variants: list[str]) -> None:
     """Each run's P busy time against the simulated P's (the runs of find_runs that are spec's experiment), the
     median ratio and realcompute's P step constants scaled by it (the level those runs' P measured)."""
     from experiments.sim import realcompute
 
     sims: dict[tuple[str, str], float] = {}
-    refs: dict[str, dict] = {}
     pairs = []
     print("| matrix | profile | variant | emulated P busy s | simulated | emulated / simulated |")
     print("|---|---|---|---|---|---|")
-    for run in find_runs(matrices):
-        if run.profile not in refs:
-            refs[run.profile] = identity(_simulate(spec, run.profile, Path("/tmp/validate-sim-p-level")))
-        if why := mismatch(run, refs[run.profile], spec):
-            print(f"REFUSED {run.matrix} {run.profile}: {why}")
-            continue
+    for run, _ in spec_runs(matrices, spec, Path("/tmp/validate-sim-p-level")):
         for v in variants:
             emulated = emulated_p_busy_s(run.summary["variants"][v])
             if emulated is None:
@@ -1051,19 +1058,13 @@ def decode_level_report(matrices: list[Path], spec: str, variants: list[str]) ->
     and the batching it brings), the median ratio, and realcompute's decode worker constants scaled by it."""
     from experiments.sim import realcompute
 
-    sims: dict[str, dict] = {}
     ratios = []
     print("| matrix | profile | variant | emulated TPOT p50 ms | simulated | emulated / simulated | decode CPU s |")
     print("|---|---|---|---|---|---|---|")
-    for run in find_runs(matrices):
-        if run.profile not in sims:
-            sims[run.profile] = _simulate(spec, run.profile, Path("/tmp/validate-sim-decode-level"))
-        if why := mismatch(run, identity(sims[run.profile]), spec):
-            print(f"REFUSED {run.matrix} {run.profile}: {why}")
-            continue
+    for run, sim in spec_runs(matrices, spec, Path("/tmp/validate-sim-decode-level")):
         for v in variants:
             emulated = (run.summary["variants"][v].get("tpot_ms") or {}).get("p50")
-            simulated = (sims[run.profile]["variants"][v].get("tpot_ms") or {}).get("p50")
+            simulated = (sim["variants"][v].get("tpot_ms") or {}).get("p50")
             if not emulated or not simulated:
                 continue
             ratios.append(emulated / simulated)
