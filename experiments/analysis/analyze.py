@@ -173,22 +173,16 @@ def emulator_health(variant: str, s: dict, h: EmulatorHealth | None) -> list[dic
     return out
 
 
-SPEED_DRIFT = 0.10  # the reference pass slower or faster by more than this at the end than at the start: said
-
-
 def machine_speed(meta) -> tuple[dict | None, list[dict]]:
     """summary.json's `machine`: the reference speed before the run and after it (workers.speed; None: a run made
-    before it was recorded), and a warning where the two differ by more than SPEED_DRIFT: the machine changed
+    before it was recorded), and a warning where the two differ (SpeedRecord.differs): the machine changed
     while the run measured, so its step times are not one machine's."""
     start = meta.provenance.machine.speed if meta.provenance.machine else None
     end = meta.speed_at_end
     if start is None and end is None:
         return None, []
     out = {"start": start.model_dump() if start else None, "end": end.model_dump() if end else None}
-    if start is None or end is None:
-        return out, []
-    ratio = end.prefill_cpu_ms / start.prefill_cpu_ms
-    if abs(ratio - 1) <= SPEED_DRIFT:
+    if start is None or end is None or not start.differs(end):
         return out, []
     return out, [
         {
@@ -197,7 +191,8 @@ def machine_speed(meta) -> tuple[dict | None, list[dict]]:
             "kind": "machine_speed_changed",
             "count": 1,
             "message": f"the machine's reference prefill took {start.prefill_cpu_ms:.0f} ms of CPU before the run "
-            f"and {end.prefill_cpu_ms:.0f} ms after it ({ratio:.2f}x): the machine changed while the run measured",
+            f"and {end.prefill_cpu_ms:.0f} ms after it ({start.ratio(end):.2f}x): the machine changed while the run "
+            "measured",
         }
     ]
 

@@ -181,9 +181,6 @@ def markdown(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-MACHINE_TOLERANCE = 0.10  # reference passes further apart than this: the machine, not only the change, differed
-
-
 def _speed(run: Path) -> metadata.SpeedRecord | None:
     """The reference speed at a run's start (None: a run made before it was recorded, or not measured)."""
     try:
@@ -199,14 +196,14 @@ def machines(base: Path, other: Path) -> str:
     a, b = _speed(base), _speed(other)
     if a is None or b is None:
         return "Machine: the reference speed of one run or both was not recorded (runs made before it was)."
-    ratio = b.prefill_cpu_ms / a.prefill_cpu_ms
     said = (
         f"Machine: the reference prefill took {a.prefill_cpu_ms:.0f} ms of CPU before {base.name} and "
-        f"{b.prefill_cpu_ms:.0f} ms before {other.name} ({ratio:.2f}x)"
+        f"{b.prefill_cpu_ms:.0f} ms before {other.name} ({a.ratio(b):.2f}x)"
     )
-    if abs(ratio - 1) > MACHINE_TOLERANCE:
-        return said + f": the machine itself differed by more than {MACHINE_TOLERANCE:.0%}, part of any change is its."
-    return said + f": within {MACHINE_TOLERANCE:.0%}."
+    tolerance = f"{metadata.SPEED_TOLERANCE:.0%}"
+    if a.differs(b):
+        return said + f": the machine itself differed by more than {tolerance}, part of any change is its."
+    return said + f": within {tolerance}."
 
 
 def _cell(r: Row | None) -> str:

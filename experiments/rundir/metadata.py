@@ -81,6 +81,17 @@ class SpeedRecord(Record):
     decode_cpu_ms: float
     load_average: list[float]  # 1, 5 and 15 minute load averages when it was measured
 
+    def ratio(self, later: SpeedRecord) -> float:
+        """later's reference prefill over this one's (CPU time): > 1, the machine was slower then."""
+        return later.prefill_cpu_ms / self.prefill_cpu_ms
+
+    def differs(self, later: SpeedRecord) -> bool:
+        """The two are further apart than SPEED_TOLERANCE: the machine itself changed between them."""
+        return abs(self.ratio(later) - 1) > SPEED_TOLERANCE
+
+
+SPEED_TOLERANCE = 0.10  # reference passes further apart than this: the machine, not only what was run, differed
+
 
 class MachineRecord(Record):
     """rundir.machine(): the CPU the run measured on, and how busy the machine was when it started."""
