@@ -825,7 +825,7 @@ def modelled_p(run: Path, arch: str, accelerator: str, devices: int) -> None:
     """A modelled-compute run's P: each prefill step against the roofline of its chunks (the modelled engine waits
     exactly that; more is the machine's lateness), and the bursts of requests and how many of them one P took."""
     from workers.modelled.catalogue import load_catalogue
-    from workers.modelled.roofline import Part, Roofline
+    from workers.modelled.roofline import Roofline
 
     cat = load_catalogue()
     roofline = Roofline(cat.accelerator(accelerator), cat.model(arch), devices)
@@ -837,12 +837,7 @@ def modelled_p(run: Path, arch: str, accelerator: str, devices: int) -> None:
         bs = bursts(mine)
         one = sum(len({r["workers"].get("p") for r in b}) == 1 for b in bs)
         for f in sorted((vdir / "events").glob("p*.jsonl")):
-            pairs = [
-                (roofline.step([Part(n, start, 1 if last else 0) for _r, start, n, last in e["chunks"]]).seconds,
-                 e["duration_ns"] / 1e9)
-                for e in map(json.loads, f.open())
-                if e["event"] == "prefill_step" and e.get("chunks")
-            ]  # fmt: skip
+            pairs = _p_steps([json.loads(line) for line in f.open()], roofline)  # the warm-up's steps left out
             if not pairs:
                 continue
             ratios = sorted(d / m for m, d in pairs)
