@@ -4,7 +4,10 @@ Responsible for: from a variant's events (each role's last one, `role_cpu`, writ
 its server stopped) and the workers its deployment had, a `RolesCpu` per variant: per role kind the CPU seconds
 its workers reported (user + system over the process's life; before serving and since), the total, the serving
 CPU per completed request, and every worker that never reported (a SIGKILLed role writes nothing: missing, never
-0); summary.md's "Roles' CPU time" table. Pure functions over typed inputs, apart from `add_to`.
+0); summary.md's "Roles' CPU time" table. With modelled compute, each role kind's pace (how far the host let its
+modelled passes run past the roofline's time: workers.modelled.engine.ModelledEngine.pace), summary.md's
+"Modelled compute's pace" and a `modelled_compute_late` warning where a role kind ran more than LATE_PACE slow.
+Pure functions over typed inputs, apart from `add_to`.
 Not responsible for: measuring (the roles do, with getrusage), reading files (experiments.analysis.records,
 runmeta) or the per-worker figures (experiments.analysis.per_worker).
 
@@ -18,7 +21,11 @@ from experiments.analysis.summary import RoleCpu, RolesCpu, Summary
 from experiments.spec.deployment import role_of
 
 KINDS = ("p", "rld", "md", "router")
-SUMMED = ("cpu_s", "user_s", "system_s", "startup_cpu_s", "serving_cpu_s", "wall_s")
+SUMMED = ("cpu_s", "user_s", "system_s", "startup_cpu_s", "serving_cpu_s", "wall_s", "modelled_s", "modelled_late_s")
+# A modelled role kind whose passes took more than this times the roofline's is warned about: the run measured a
+# slower accelerator than its spec names (2026-12-06, pdd-published on this 2-core machine: P 1.27x in pd-cross,
+# where its KV crossed the userspace emulator; 1.02x in pd-intra)
+LATE_PACE = 1.10
 
 
 def _sum(reports: list[dict], key: str) -> float | None:
@@ -29,7 +36,13 @@ def _sum(reports: list[dict], key: str) -> float | None:
 
 def role_cpu(reports: list[dict], missing: list[str]) -> RoleCpu:
     """One role kind: its workers' role_cpu events summed; missing: its workers that never reported."""
-    return RoleCpu(workers=len(reports), missing=sorted(missing), **{k: _sum(reports, k) for k in SUMMED})
+    late_max = [r["modelled_late_max_ms"] for r in reports if r.get("modelled_late_max_ms") is not None]
+    return RoleCpu(
+        workers=len(reports),
+        missing=sorted(missing),
+        **{k: _sum(reports, k) for k in SUMMED},
+        modelled_late_max_ms=max(late_max) if late_max else None,
+    )
 
 
 def variant_cpu(events: list[dict], deployed: list[str], completed: int) -> RolesCpu:
@@ -66,7 +79,29 @@ def add_to(summary: dict, events: list[dict], deployed: dict[str, list[str]]) ->
         return
     for v, s in summary["variants"].items():
         evs = [e for e in events if e.get("variant") == v]
-        s["roles_cpu"] = variant_cpu(evs, deployed.get(v, []), s["completed"]).model_dump(mode="json")
+        cpu = variant_cpu(evs, deployed.get(v, []), s["completed"])
+        s["roles_cpu"] = cpu.model_dump(mode="json")
+        summary["warnings"] += late_warnings(v, cpu)
+
+
+def late_warnings(variant: str, cpu: RolesCpu) -> list[dict]:
+    """A `modelled_compute_late` warning for each modelled role kind of the variant slower than LATE_PACE."""
+    out = []
+    for kind, r in cpu.roles.items():
+        if r.pace is not None and r.pace > LATE_PACE:
+            out.append(
+                {
+                    "variant": variant,
+                    "path": None,
+                    "kind": "modelled_compute_late",
+                    "count": r.workers,
+                    "message": f"{variant}: the modelled {kind.upper()} ran {r.pace:.2f}x the roofline's time "
+                    f"({r.modelled_late_s:,.1f} s late over {r.modelled_s:,.1f} s modelled; one pass up to "
+                    f"{r.modelled_late_max_ms:,.0f} ms): this machine could not keep its pace, so the run measured a "
+                    "slower accelerator than the spec names",
+                }
+            )
+    return out
 
 
 def _cell(r: RoleCpu | None) -> str:
@@ -106,4 +141,31 @@ def markdown_section(summary: Summary) -> list[str]:
         "killed (SIGKILL) wrote nothing: 'missing', and the totals leave it out ('partial'). Warm-ups count.",
         "",
     ]
-    return lines
+    return lines + _pace_section(per)
+
+
+def _pace_section(per: dict[str, RolesCpu]) -> list[str]:
+    """summary.md's "Modelled compute's pace": per variant and modelled role kind, the roofline's time, how late
+    its passes ended and the pace; nothing for real compute."""
+    rows = [
+        f"| {v} | {kind.upper()} | {r.modelled_s:,.1f} | {r.modelled_late_s:,.2f} | {r.modelled_late_max_ms:,.1f} "
+        f"| {r.pace:.3f} |"
+        for v, c in per.items()
+        for kind, r in c.roles.items()
+        if r.pace is not None
+    ]
+    if not rows:
+        return []
+    return [
+        "## Modelled compute's pace",
+        "",
+        "| variant | role | modelled s | late s | worst pass late ms | pace |",
+        "|---|---|---|---|---|---|",
+        *rows,
+        "",
+        "A modelled engine waits the roofline's time for each pass and KV copy; 'late' is how far past those times "
+        "they ended (the pass's own work, reading each layer's rows for the KV senders, and a host too busy to wake "
+        f"it in time), summed over the role's workers. Pace = (modelled + late) / modelled: above {LATE_PACE} the "
+        "run is warned about (`modelled_compute_late`): it measured a slower accelerator than its spec names.",
+        "",
+    ]

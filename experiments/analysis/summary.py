@@ -92,7 +92,10 @@ class RoleCpu(Closed):
     """One role kind's CPU time in one variant (experiments.analysis.rolecpu), summed over its workers that
     reported it (their role_cpu event); s. workers: how many reported; missing: its workers that did not (killed
     by SIGKILL: their share is not in the sums). cpu_s = user_s + system_s over the processes' lives;
-    startup_cpu_s before they served, serving_cpu_s since; wall_s: their ages summed (None where one is unknown)"""
+    startup_cpu_s before they served, serving_cpu_s since; wall_s: their ages summed (None where one is unknown).
+    Modelled compute only (None otherwise): modelled_s, the roofline's time of their passes and KV copies;
+    modelled_late_s, how far past their modelled ends those ended, summed; modelled_late_max_ms, the most one did;
+    pace = (modelled_s + modelled_late_s) / modelled_s, the share of the modelled speed the host kept up with"""
 
     workers: int
     missing: list[str] = []
@@ -102,6 +105,16 @@ class RoleCpu(Closed):
     startup_cpu_s: float | None = None
     serving_cpu_s: float | None = None
     wall_s: float | None = None
+    modelled_s: float | None = None
+    modelled_late_s: float | None = None
+    modelled_late_max_ms: float | None = None
+
+    @property
+    def pace(self) -> float | None:
+        """How much longer the modelled work took than the roofline (1.0: on time); None: real compute, or none."""
+        if not self.modelled_s or self.modelled_late_s is None:
+            return None
+        return (self.modelled_s + self.modelled_late_s) / self.modelled_s
 
 
 class RolesCpu(Closed):

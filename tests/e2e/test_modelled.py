@@ -120,3 +120,27 @@ def test_a_real_deployment_refuses_modelled_fields():
     data["compute"]["mode"] = "real"
     with pytest.raises(ConfigError, match="modelled only"):
         parse_config(data)
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A modelled deployment that served one pdd request and stopped (its roles' last events written)."""
+    run = started(tmp_path_factory, "modelled-stopped")
+    d = next(run)
+    generate(d.channel, [(17 * i + 5) % 250 for i in range(160)], 8, mode="pdd", request_id="pace")
+    next(run, None)  # stops it
+    return d
+
+
+def test_each_modelled_role_records_its_pace_as_it_stops(finished):
+    fields = {}
+    for worker in ("p1", "rld1", "md1"):
+        last = finished.events(worker)[-1]
+        assert last.event == "role_cpu", worker
+        f = fields[worker] = last.fields
+        assert f["modelled_s"] >= 0 and f["modelled_late_s"] >= 0 and f["modelled_late_max_ms"] >= 0, (worker, f)
+        assert f["modelled_late_max_ms"] <= 1000 * f["modelled_late_s"] + 1e-3, (worker, f)  # one pass within the sum
+    # P prefilled; the RLD or the MD decoded (which of them, the handoff's timing decides)
+    assert fields["p1"]["modelled_s"] > 0 and fields["rld1"]["modelled_s"] + fields["md1"]["modelled_s"] > 0
+    router = finished.events("router")[-1]
+    assert router.event == "role_cpu" and "modelled_s" not in router.fields  # the router models nothing

@@ -121,3 +121,36 @@ def test_a_summary_written_before_the_field_still_reads(tmp_path, analysed):
         del v["roles_cpu"]
     (tmp_path / "summary.json").write_text(json.dumps(old))
     assert summary.read(tmp_path).variants["pdd"].roles_cpu is None
+
+
+def modelled(event: dict, modelled_s: float, late_s: float, late_max_ms: float) -> dict:
+    """A role_cpu event of a modelled engine (workers.modelled.engine.ModelledEngine.pace)."""
+    return {**event, "modelled_s": modelled_s, "modelled_late_s": late_s, "modelled_late_max_ms": late_max_ms}
+
+
+def test_a_modelled_role_kinds_pace_sums_its_workers_and_a_slow_one_is_warned_about(analysed):
+    evs = [
+        report("router", "router", 2.0, 1.5),
+        modelled(report("p1", "p", 10.0, 3.0), 20.0, 5.0, 80.0),
+        modelled(report("p2", "p", 6.0, 3.0), 20.0, 1.0, 120.0),
+        modelled(report("rld1", "rld", 8.0, 3.0), 10.0, 0.5, 9.0),
+        modelled(report("md1", "md", 5.0, 3.0), 10.0, 0.0, 0.0),
+    ]
+    c = rolecpu.variant_cpu(evs, DEPLOYED, completed=10)
+    p = c.roles["p"]
+    assert (p.modelled_s, p.modelled_late_s, p.modelled_late_max_ms) == (40.0, 6.0, 120.0)
+    assert p.pace == pytest.approx(1.15) and c.roles["rld"].pace == pytest.approx(1.05) and c.roles["md"].pace == 1.0
+    assert c.roles["router"].pace is None  # the router models nothing
+    warned = rolecpu.late_warnings("pdd", c)
+    assert [(w["kind"], w["variant"]) for w in warned] == [("modelled_compute_late", "pdd")]  # P alone: > 1.10
+    assert "modelled P ran 1.15x" in warned[0]["message"]
+    md = rolecpu.markdown_section(_one_variant(analysed, c))
+    assert "## Modelled compute's pace" in md
+    assert "| pdd | P | 40.0 | 6.00 | 120.0 | 1.150 |" in md
+
+
+def test_real_compute_has_no_pace_and_no_pace_section(analysed):
+    s = summary.read(analysed)
+    assert all(r.pace is None for v in s.variants.values() for r in v.roles_cpu.roles.values())
+    assert not [w for w in s.warnings if w["kind"] == "modelled_compute_late"]
+    assert "Modelled compute's pace" not in (analysed / "summary.md").read_text()

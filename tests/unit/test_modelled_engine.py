@@ -126,6 +126,28 @@ def test_layers_are_reported_as_the_pass_advances():
     assert rows.shape == (2, 200, 8 * 128 * 2)
 
 
+def test_a_pass_on_time_is_not_late_and_one_whose_layers_take_longer_is():
+    e, t = engine()
+    e.open(req())
+    e.prefill("a")
+    assert e.pace() == {
+        "modelled_s": pytest.approx(e.busy_s, abs=1e-3),
+        "modelled_late_s": 0,
+        "modelled_late_max_ms": 0,
+    }
+    total = e.roofline.prefill_s(200)
+    e.open(req("b", tuple(range(500, 700))))
+
+    def slow_layer(layer, slots):  # each layer's rows take 1/40 of the pass to read: twice the pass in all
+        t.now += total / 40
+
+    with layer_tap(e.kv, slow_layer):
+        e.prefill("b")
+    # layer 0 waits its share (1/80), then every layer's rows take two shares: the pass ends at 161/80 of its time
+    assert e.late_s == pytest.approx(total * 81 / 80)
+    assert e.pace()["modelled_late_max_ms"] == pytest.approx(total * 81 / 80 * 1000, abs=1e-3)
+
+
 def test_the_chunk_scheduler_drives_it_with_per_layer_callbacks():
     e, _ = engine("kimi-k2", devices=16)
     e.open(req())

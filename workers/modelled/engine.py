@@ -98,6 +98,8 @@ class ModelledEngine(Engine):
         self._vocab = vocab_size or model.vocab_size
         self._clock, self._sleep = clock, sleep
         self.busy_s = 0.0  # modelled time waited, passes and KV copies (s)
+        self.late_s = 0.0  # how far past their modelled ends the passes and copies ended, summed (s)
+        self.late_max_s = 0.0  # the most one of them ran past its end (s)
         self.last_step: StepCost | None = None
         log.info(
             "modelled engine %s on %d x %s: %d KV blocks of %d tokens, %d B/token, prefix cache %s",
@@ -145,11 +147,32 @@ class ModelledEngine(Engine):
             self._wait_until(t0 + seconds * (layer + 1) / layers)
             for call in listeners:
                 call(layer)
+        self._ended(t0 + seconds)
 
     def _wait_until(self, deadline: float) -> None:
         left = deadline - self._clock()
         if left > 0:
             self._sleep(left)
+
+    def _ended(self, deadline: float) -> None:
+        """A pass or copy modelled to end at deadline ended now: count how late. The wait itself is never late
+        by more than the sleep's overshoot; what makes a pass late is its own work (the listeners: reading each
+        layer's rows for the KV senders) and a host too busy to wake it in time: the modelled accelerator then
+        ran slower than the roofline says, and what the run measured is partly this machine's."""
+        over = self._clock() - deadline
+        if over > 0:
+            self.late_s += over
+            self.late_max_s = max(self.late_max_s, over)
+
+    def pace(self) -> dict[str, float]:
+        """The role_cpu event's modelled fields (workers/roles/server.py): modelled_s, the roofline's time of
+        every pass and KV copy; modelled_late_s, how far past their ends they ended, summed; modelled_late_max_ms,
+        the most one ran past its end. (modelled_s + modelled_late_s) / modelled_s is the pace the host kept."""
+        return {
+            "modelled_s": round(self.busy_s, 6),
+            "modelled_late_s": round(self.late_s, 6),
+            "modelled_late_max_ms": round(self.late_max_s * 1000, 3),
+        }
 
     def _sample_append(self, req: _Request, logits: torch.Tensor) -> int:
         token = self._context_token(req)
@@ -179,6 +202,7 @@ class ModelledEngine(Engine):
         seconds = self.roofline.kv_transfer_s(n_tokens)
         self.busy_s += seconds
         self._wait_until(t0 + seconds)
+        self._ended(t0 + seconds)
 
     def import_kv(self, request_id: str, blob) -> ImportResult:
         """Check a blob (size, checksum, each position's KV) and mark its new positions present, after the

@@ -468,7 +468,7 @@ def build(cfg: DeploymentConfig, worker: WorkerConfig) -> RoleServer:
         events.close()
 
     return RoleServer(
-        cfg, worker, role, lambda s: pdd_pb2_grpc.add_DecodeServicer_to_server(servicer, s), stats, on_stop
+        cfg, worker, role, lambda s: pdd_pb2_grpc.add_DecodeServicer_to_server(servicer, s), stats, on_stop, engine
     )
 
 

@@ -31,7 +31,8 @@ log = logging.getLogger(__name__)
 # Every event name, by the role that writes it, and what it means (its fields: the emitting code).
 NAMES: dict[str, str] = {
     # every role, once, as its process ends (workers/roles/server.py record_cpu; none after a SIGKILL)
-    "role_cpu": "the role's process stopped: its CPU time (user, system; before and since serving) and its age",
+    "role_cpu": "the role's process stopped: its CPU time (user, system; before and since serving), its age, and "
+    "a modelled engine's pace (modelled time, and how late its passes ended)",
     # router
     "arrival": "a client's request reached the router",
     "rejected": "the router refused the request (bad input, no capacity)",

@@ -391,7 +391,7 @@ def build(cfg: DeploymentConfig, worker: WorkerConfig) -> RoleServer:
         events.close()
 
     return RoleServer(
-        cfg, worker, "p", lambda s: pdd_pb2_grpc.add_PrefillServicer_to_server(servicer, s), stats, on_stop
+        cfg, worker, "p", lambda s: pdd_pb2_grpc.add_PrefillServicer_to_server(servicer, s), stats, on_stop, engine
     )
 
 

@@ -234,6 +234,7 @@ class RoleServer:
     register: adds the role's servicers to the server
     stats: what Worker.Stats reports
     on_stop: releases the role's own resources (KV listener, event log) after the server stopped
+    engine: the worker's engine (P, RLD, MD; None: the router): a modelled one's pace goes into role_cpu
     """
 
     def __init__(
@@ -244,8 +245,9 @@ class RoleServer:
         register: Callable[[grpc.Server], None],
         stats: StatsSource,
         on_stop: Callable[[], None] = lambda: None,
+        engine: Engine | None = None,
     ):
-        self.worker, self.role, self.on_stop = worker, role, on_stop
+        self.worker, self.role, self.on_stop, self.engine = worker, role, on_stop, engine
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=cfg.grpc_threads, thread_name_prefix=f"grpc-{worker.name}"),
             options=grpc_options(cfg),
@@ -317,10 +319,11 @@ def role_main(
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    with build(cfg, worker):
+    with build(cfg, worker) as server:
         serving = cpu_now()
         stop.wait()
-    record_cpu(cfg, worker, serving)
+    pace = getattr(server.engine, "pace", None)  # a modelled engine's (workers.modelled.engine)
+    record_cpu(cfg, worker, serving, pace() if pace else {})
     exit_after_stop(0)
     return 0
 
@@ -372,12 +375,13 @@ def cpu_fields(serving: CpuTimes, end: CpuTimes, age_s: float | None) -> dict[st
     }
 
 
-def record_cpu(cfg: DeploymentConfig, worker: WorkerConfig, serving: CpuTimes) -> None:
-    """Append role_cpu, the process's CPU time, to the worker's event log, once its server stopped and its role
-    closed the log: the last line. A role killed by SIGKILL never gets here: the analysis counts it missing."""
+def record_cpu(cfg: DeploymentConfig, worker: WorkerConfig, serving: CpuTimes, pace: dict | None = None) -> None:
+    """Append role_cpu, the process's CPU time (and a modelled engine's pace: ModelledEngine.pace), to the
+    worker's event log, once its server stopped and its role closed the log: the last line. A role killed by
+    SIGKILL never gets here: the analysis counts it missing."""
     try:
         events = event_log(cfg, worker, cfg.role_of(worker.name))
-        events.emit("role_cpu", **cpu_fields(serving, cpu_now(), process_age_s()))
+        events.emit("role_cpu", **cpu_fields(serving, cpu_now(), process_age_s()), **(pace or {}))
         events.close()
     except OSError as err:
         log.warning("%s: role_cpu not recorded: %s", worker.name, err)
