@@ -3,6 +3,7 @@
     .venv/bin/python scripts/validate_sim.py fit RUN_DIR... [--per-run] [--variants V,V]  # realcompute's constants
     .venv/bin/python scripts/validate_sim.py p-level MATRIX... [--variants pd-intra,pdd]  # the P step's level
     .venv/bin/python scripts/validate_sim.py modelled-p RUN_DIR [--arch kimi-k2 --accelerator h800 --devices 16]
+    .venv/bin/python scripts/validate_sim.py paced RUN_DIR... [--spec pdd-published]  # at the run's own pace
     .venv/bin/python scripts/validate_sim.py wan-table MATRIX... [--out experiments/sim/calibration.yaml]  # the WAN
     .venv/bin/python scripts/validate_sim.py p-spread RUN_DIR... [--variants pd-intra,pdd]  # the P step's spread
     .venv/bin/python scripts/validate_sim.py decode-level MATRIX... [--variants colocated,pd-intra]  # the RLD's
@@ -26,6 +27,9 @@ p-spread: each P step of the runs' events (the warm-up's left out, in the order 
 time for the same chunks (realcompute: P_STEP_FIXED_S per chunk + P_STEP_FACTOR x the lone roofline): log(measured /
 model) less its run and variant's median (the level, p-level's), per run and variant and pooled: sigma, quantiles,
 skewness, and the lag-1 correlation step to step (what realcompute.P_STEP_SIGMA and P_STEP_LAG1 are).
+paced: modelled-compute runs (their summaries) against the simulator at the roofline's time and at the pace each
+run's modelled engines kept (summary roles_cpu: (modelled + late) / modelled s, per variant and role), side by side:
+how much of the gap is the emulator's engines running late on this machine.
 decode-level: the same for the decode worker, whose busy time the summaries do not keep (its workers' busy_pct is
 P's alone; roles_cpu's serving CPU, printed beside, is CPU not wall time and missing in the oldest matrix): each
 run's TPOT p50 (the decode worker's time per step, its mixed steps in between included) over the simulated one's,
@@ -848,6 +852,62 @@ def modelled_p(run: Path, arch: str, accelerator: str, devices: int) -> None:
             )
 
 
+def emulated_pace(summary: dict) -> dict[str, dict[str, float]]:
+    """variant -> role -> the pace an emulated run's modelled engines kept: (modelled + late) / modelled s, from its
+    summary's roles_cpu (workers.modelled.engine.ModelledEngine.pace). ValueError for a run with none (real
+    compute, or a run made before the roles recorded it)."""
+    out = {}
+    for v, d in summary["variants"].items():
+        roles = (d.get("roles_cpu") or {}).get("roles") or {}
+        pace = {
+            k: (r["modelled_s"] + r["modelled_late_s"]) / r["modelled_s"]
+            for k, r in roles.items()
+            if r.get("modelled_s")
+        }
+        if pace:
+            out[v] = pace
+    if not out:
+        raise ValueError("no modelled role recorded its pace (real compute, or a run made before roles_cpu had it)")
+    return out
+
+
+def _with_err(emulated, simulated) -> str:
+    return f"{_num(simulated)} ({_err(emulated, simulated)})"
+
+
+def paced(runs: list[Path], spec: str) -> None:
+    """Modelled-compute runs against the simulator twice: at the roofline's time (as the spec names it) and at the
+    pace each run's modelled engines kept (emulated_pace): how much of the gap is the emulator running late."""
+    from experiments.sim.config import load_for_simulation
+    from experiments.sim.simulate import simulate
+
+    loaded = load_for_simulation(spec)
+    plain = simulate(loaded).summary.model_dump(mode="json")["variants"]
+    print(
+        "| run | variant | pace P / RLD / MD | TTFT p50 emulated [95%] | simulated | paced | p90 emulated | simulated "
+        "| paced | WAN KV bytes emulated | simulated | paced |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for run in runs:
+        summary = json.loads((run / "summary.json").read_text())
+        pace = emulated_pace(summary)
+        kept = simulate(loaded, pace=pace).summary.model_dump(mode="json")["variants"]
+        scale = kv_scale(run)
+        for v, e in summary["variants"].items():
+            s, k = plain.get(v, {}), kept.get(v, {})
+            te, ts, tk = (x.get("ttft_ms") or {} for x in (e, s, k))
+            we = e.get("wan_kv_bytes_total")
+            we = we * scale if we else None  # the deployment's bytes, as the simulator counts them
+            ws, wk = s.get("wan_kv_bytes_total"), k.get("wan_kv_bytes_total")
+            rates = " / ".join(f"{pace.get(v, {}).get(r, 1.0):.2f}" for r in ("p", "rld", "md"))
+            print(
+                f"| {run.name[:15]} | {v} | {rates} | {_p50(e)} | {_with_err(te.get('p50'), ts.get('p50'))} "
+                f"| {_with_err(te.get('p50'), tk.get('p50'))} | {_num(te.get('p90'))} "
+                f"| {_with_err(te.get('p90'), ts.get('p90'))} | {_with_err(te.get('p90'), tk.get('p90'))} "
+                f"| {_num(we)} | {_with_err(we, ws) if we else '–'} | {_with_err(we, wk) if we else '–'} |"
+            )
+
+
 MIN_TRANSFERS = 5  # a point of the WAN table needs this many transfers measured on its line at its concurrency
 # Only transfers this large make the table: theirs is the line's throughput, where a small one's time is its round
 # trips and slow start (modelled as such: kept connections, rounds), which a factor on the rates would misstate
@@ -1110,6 +1170,9 @@ def main() -> None:
     mp.add_argument("--arch", default="kimi-k2")
     mp.add_argument("--accelerator", default="h800")
     mp.add_argument("--devices", type=int, default=16)
+    pc = sub.add_parser("paced")
+    pc.add_argument("runs", nargs="+", type=Path, help="emulated modelled-compute runs (their summary.json)")
+    pc.add_argument("--spec", default="pdd-published")
     wt = sub.add_parser("wan-table")
     wt.add_argument("matrices", nargs="+", type=Path)
     wt.add_argument("--spec", default="pdd-vs-baselines")
@@ -1128,6 +1191,8 @@ def main() -> None:
         p_level_report(a.matrices, a.spec, [v for v in a.variants.split(",") if v])
     elif a.cmd == "modelled-p":
         modelled_p(a.run, a.arch, a.accelerator, a.devices)
+    elif a.cmd == "paced":
+        paced(a.runs, a.spec)
     elif a.cmd == "wan-table":
         wan_table(a.matrices, a.spec, a.out)
     elif a.cmd == "p-spread":

@@ -12,6 +12,7 @@ Not responsible for: running anything (experiments.sim.pipeline) or the line's b
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from experiments.spec import experiment as ex
@@ -92,8 +93,10 @@ def load_for_simulation(name_or_path: str, overrides: list[str] = ()) -> Loaded:
     return ex.load(name_or_path, overrides, check_machine=False)
 
 
-def sim_config(loaded: Loaded, variant: str) -> SimConfig:
-    """The variant of a loaded spec as the simulator runs it; SimError naming what cannot be simulated."""
+def sim_config(loaded: Loaded, variant: str, pace: Mapping[str, float] | None = None) -> SimConfig:
+    """The variant of a loaded spec as the simulator runs it; SimError naming what cannot be simulated.
+    pace: role -> how many times the roofline's time its modelled engines take (validation only: the pace an
+    emulated run's modelled engines kept, summary.json's roles_cpu; None: the roofline's)."""
     spec = loaded.spec
     mode = ex.variant_mode(spec, variant)
     data = deployment_dict(
@@ -112,13 +115,15 @@ def sim_config(loaded: Loaded, variant: str) -> SimConfig:
             f"so no step times; allowed: {sorted(cat.models)}"
         )
     arch = cat.model(arch_name)
+    if pace and not modelled:
+        raise SimError("pace: only modelled compute has a roofline to keep pace with (real compute's is measured)")
     pools, busy = {}, contention(mode, {role: len(cfg.pool(role)) for role in ("p", "rld", "md")})
     for role in ("p", "rld", "md"):
         pools[role] = tuple(
             WorkerModel(
                 w.name,
                 role,
-                _roofline(cat, arch, w, role, cfg, modelled, busy),
+                _roofline(cat, arch, w, role, cfg, modelled, busy, (pace or {}).get(role, 1.0)),
                 cfg.decode.max_batch,
                 w.capacity_tokens,
             )
@@ -149,12 +154,16 @@ def contention(mode: str, pool_sizes: dict[str, int]) -> Contention:
     )
 
 
-def _roofline(cat, arch, worker, role: str, cfg: DeploymentConfig, modelled: bool, busy: Contention) -> Roofline:
-    """A worker's step times: the roofline of the architecture on its accelerator (modelled compute), or the
-    small model on this-machine scaled to what the emulated runs measured, slowed by its variant's contention
-    (real compute: experiments.sim.realcompute), its prefill chunked as the engine's step budget."""
+def _roofline(
+    cat, arch, worker, role: str, cfg: DeploymentConfig, modelled: bool, busy: Contention, pace: float = 1.0
+) -> Roofline:
+    """A worker's step times: the roofline of the architecture on its accelerator (modelled compute; pace times
+    as long where a pace is given), or the small model on this-machine scaled to what the emulated runs measured,
+    slowed by its variant's contention (real compute: experiments.sim.realcompute), its prefill chunked as the
+    engine's step budget."""
     if modelled:
-        return Roofline(cat.accelerator(worker.accelerator), arch, worker.devices)
+        accelerator = cat.accelerator(worker.accelerator)
+        return Roofline(accelerator, arch, worker.devices, accelerator.efficiency.slowed(pace) if pace != 1 else None)
     budget = cfg.prefill.step_budget_tokens if role == "p" else cfg.decode.step_budget_tokens
     return MeasuredRoofline(
         cat.accelerator(REAL_ACCELERATOR),

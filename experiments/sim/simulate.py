@@ -16,6 +16,7 @@ status) and by a warning at the top of summary.md, since the schema has no top-l
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,15 +74,17 @@ def simulate(
     seed: int | None = None,
     calibration: Calibration | None = None,
     analyse: bool = True,
+    pace: Mapping[str, Mapping[str, float]] | None = None,
 ) -> SimRun:
     """Every variant of the spec over the same workload; seed: the line's jitter and real compute's P step spread
-    (None: the workload's seed)."""
+    (None: the workload's seed); pace: variant -> role -> times the roofline's time its modelled engines take
+    (validation against an emulated run that could not keep the roofline's pace: sim_config)."""
     t0 = time.perf_counter()
     spec = loaded.spec
     seed = spec.workload.seed if seed is None else seed
     cal = calibration or load_calibration()
     reqs = workload_of(loaded, requests)
-    configs = {v: sim_config(loaded, v) for v in spec.variants}
+    configs = {v: sim_config(loaded, v, (pace or {}).get(v)) for v in spec.variants}
     records, sim_s, p_hit = [], 0.0, {}
     for v, cfg in configs.items():
         t1 = time.perf_counter()
@@ -91,7 +94,7 @@ def simulate(
         p_hit[v] = sim.p_prefix_hit()
     with few_collections():  # the analysis' ~10M short-lived tuples and lists: ~1 s of collections else
         summary = (
-            summarize(loaded, records, configs, cal, seed)
+            summarize(loaded, records, configs, cal, seed, pace)
             if analyse
             else Summary(variants={}, comparisons=[], streams={}, reference={}, slo={})
         )
@@ -99,9 +102,14 @@ def simulate(
 
 
 def summarize(
-    loaded: Loaded, records: list[RequestRecord], configs: dict[str, SimConfig], cal: Calibration, seed: int
+    loaded: Loaded,
+    records: list[RequestRecord],
+    configs: dict[str, SimConfig],
+    cal: Calibration,
+    seed: int,
+    pace: Mapping[str, Mapping[str, float]] | None = None,
 ) -> Summary:
-    """The emulated analysis' summary of simulated records, marked simulated."""
+    """The emulated analysis' summary of simulated records, marked simulated (and paced, where it was)."""
     spec = loaded.spec
     variants = list(configs)
     first = next(iter(configs.values()))
@@ -117,6 +125,7 @@ def summarize(
         "wan_calibration": cal.status,
         "seed": seed,
         "git": git_state(),
+        **({"pace": {v: dict(p) for v, p in pace.items()}} if pace else {}),
     }
     data["warnings"] = [
         {
@@ -126,6 +135,14 @@ def summarize(
             'docs/simulator.md, "Validation".',
         }
     ]
+    if pace:
+        data["warnings"].append(
+            {
+                "kind": "paced",
+                "message": "Paced: the modelled engines took the roofline's time times an emulated run's measured "
+                f"pace ({pace}), to compare with that run as it ran, not as its spec names.",
+            }
+        )
     data["warnings"] += [{"kind": "not simulated", "message": m} for m in not_simulated(loaded, configs)]
     data["complete"] = True
     return Summary.model_validate(data)

@@ -55,6 +55,21 @@ class Efficiency:
     part_overhead_s: Positive = 0.0
     ramp_tokens: Positive = 0.0
 
+    def slowed(self, factor: float) -> Efficiency:
+        """The efficiency of an engine `factor` times slower: each of its steps and KV copies takes factor x the
+        time (compute, memory and host link reach 1/factor of theirs, the fixed costs grow by factor; the ramp is
+        a size, unchanged). The simulator uses it to run at the pace an emulated run's modelled engines kept."""
+        if factor <= 0:
+            raise ValueError(f"factor={factor}; must be > 0")
+        return dataclasses.replace(
+            self,
+            compute=self.compute / factor,
+            memory=self.memory / factor,
+            host_link=self.host_link / factor,
+            step_overhead_s=self.step_overhead_s * factor,
+            part_overhead_s=self.part_overhead_s * factor,
+        )
+
 
 @schema
 class Accelerator:
