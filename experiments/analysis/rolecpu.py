@@ -23,8 +23,8 @@ from experiments.spec.deployment import role_of
 KINDS = ("p", "rld", "md", "router")
 SUMMED = ("cpu_s", "user_s", "system_s", "startup_cpu_s", "serving_cpu_s", "wall_s", "modelled_s", "modelled_late_s")
 # A modelled role kind whose passes took more than this times the roofline's is warned about: the run measured a
-# slower accelerator than its spec names (2026-12-06, pdd-published on this 2-core machine: P 1.27x in pd-cross,
-# where its KV crossed the userspace emulator; 1.02x in pd-intra)
+# slower accelerator than its spec names (2026-12-06, docs/runs/pdd-published-20261206d on this 2-core machine: P
+# 1.01x in pd-intra; 1.36x in pd-cross and 1.23x in pdd, where its KV crossed the userspace emulator)
 LATE_PACE = 1.10
 
 
