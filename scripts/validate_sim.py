@@ -3,7 +3,7 @@
     .venv/bin/python scripts/validate_sim.py fit RUN_DIR... [--per-run] [--variants V,V]  # realcompute's constants
     .venv/bin/python scripts/validate_sim.py p-level MATRIX... [--variants pd-intra,pdd]  # the P step's level
     .venv/bin/python scripts/validate_sim.py modelled-p RUN_DIR [--arch kimi-k2 --accelerator h800 --devices 16]
-    .venv/bin/python scripts/validate_sim.py paced RUN_DIR... [--spec pdd-published]  # at the run's own pace
+    .venv/bin/python scripts/validate_sim.py paced RUN_DIR...  # modelled runs: the simulator also at their own pace
     .venv/bin/python scripts/validate_sim.py wan-table MATRIX... [--out experiments/sim/calibration.yaml]  # the WAN
     .venv/bin/python scripts/validate_sim.py p-spread RUN_DIR... [--variants pd-intra,pdd]  # the P step's spread
     .venv/bin/python scripts/validate_sim.py decode-level MATRIX... [--variants colocated,pd-intra]  # the RLD's
@@ -27,9 +27,9 @@ p-spread: each P step of the runs' events (the warm-up's left out, in the order 
 time for the same chunks (realcompute: P_STEP_FIXED_S per chunk + P_STEP_FACTOR x the lone roofline): log(measured /
 model) less its run and variant's median (the level, p-level's), per run and variant and pooled: sigma, quantiles,
 skewness, and the lag-1 correlation step to step (what realcompute.P_STEP_SIGMA and P_STEP_LAG1 are).
-paced: modelled-compute runs (their summaries) against the simulator at the roofline's time and at the pace each
-run's modelled engines kept (summary roles_cpu: (modelled + late) / modelled s, per variant and role), side by side:
-how much of the gap is the emulator's engines running late on this machine.
+paced: modelled-compute runs (their summaries) against the simulator of the spec each ran (its metadata.json's) at
+the roofline's time and at the pace each run's modelled engines kept (summary roles_cpu: (modelled + late) /
+modelled s, per variant and role), side by side: how much of the gap is the emulator's engines running late here.
 decode-level: the same for the decode worker, whose busy time the summaries do not keep (its workers' busy_pct is
 P's alone; roles_cpu's serving CPU, printed beside, is CPU not wall time and missing in the oldest matrix): each
 run's TPOT p50 (the decode worker's time per step, its mixed steps in between included) over the simulated one's,
@@ -875,24 +875,42 @@ def _with_err(emulated, simulated) -> str:
     return f"{_num(simulated)} ({_err(emulated, simulated)})"
 
 
-def paced(runs: list[Path], spec: str) -> None:
-    """Modelled-compute runs against the simulator twice: at the roofline's time (as the spec names it) and at the
-    pace each run's modelled engines kept (emulated_pace): how much of the gap is the emulator running late."""
+def run_spec(run: Path):
+    """The spec a run ran, as its metadata.json keeps it (resolved: its profile and every --set), loaded for the
+    simulator."""
+    import tempfile
+
+    import yaml
+
     from experiments.sim.config import load_for_simulation
+
+    meta = run / "metadata.json"
+    if not meta.exists():
+        raise ValueError(f"{run}: no metadata.json, so no record of the spec it ran")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "spec.yaml"
+        path.write_text(yaml.safe_dump(json.loads(meta.read_text())["spec"]))
+        return load_for_simulation(str(path))
+
+
+def paced(runs: list[Path]) -> None:
+    """Modelled-compute runs against the simulator of the spec each ran (run_spec), twice: at the roofline's time
+    (as the spec names it) and at the pace the run's modelled engines kept (emulated_pace): how much of the gap is
+    the emulator running late."""
     from experiments.sim.simulate import simulate
 
-    loaded = load_for_simulation(spec)
-    plain = simulate(loaded).summary.model_dump(mode="json")["variants"]
     print(
-        "| run | variant | pace P / RLD / MD | TTFT p50 emulated [95%] | simulated | paced | p90 emulated | simulated "
-        "| paced | WAN KV bytes emulated | simulated | paced |"
+        "| run | profile | variant | pace P / RLD / MD | TTFT p50 emulated [95%] | simulated | paced | p90 emulated "
+        "| simulated | paced | WAN KV bytes emulated | simulated | paced |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for run in runs:
         summary = json.loads((run / "summary.json").read_text())
         pace = emulated_pace(summary)
+        loaded = run_spec(run)
+        plain = simulate(loaded).summary.model_dump(mode="json")["variants"]
         kept = simulate(loaded, pace=pace).summary.model_dump(mode="json")["variants"]
-        scale = kv_scale(run)
+        scale, profile = kv_scale(run), Path(loaded.spec.profile).stem
         for v, e in summary["variants"].items():
             s, k = plain.get(v, {}), kept.get(v, {})
             te, ts, tk = (x.get("ttft_ms") or {} for x in (e, s, k))
@@ -901,9 +919,10 @@ def paced(runs: list[Path], spec: str) -> None:
             ws, wk = s.get("wan_kv_bytes_total"), k.get("wan_kv_bytes_total")
             rates = " / ".join(f"{pace.get(v, {}).get(r, 1.0):.2f}" for r in ("p", "rld", "md"))
             print(
-                f"| {run.name[:15]} | {v} | {rates} | {_p50(e)} | {_with_err(te.get('p50'), ts.get('p50'))} "
-                f"| {_with_err(te.get('p50'), tk.get('p50'))} | {_num(te.get('p90'))} "
-                f"| {_with_err(te.get('p90'), ts.get('p90'))} | {_with_err(te.get('p90'), tk.get('p90'))} "
+                f"| {run.name} | {profile} | {v} | {rates} | {_p50(e)} "
+                f"| {_with_err(te.get('p50'), ts.get('p50'))} | {_with_err(te.get('p50'), tk.get('p50'))} "
+                f"| {_num(te.get('p90'))} | {_with_err(te.get('p90'), ts.get('p90'))} "
+                f"| {_with_err(te.get('p90'), tk.get('p90'))} "
                 f"| {_num(we)} | {_with_err(we, ws) if we else '–'} | {_with_err(we, wk) if we else '–'} |"
             )
 
@@ -1171,8 +1190,7 @@ def main() -> None:
     mp.add_argument("--accelerator", default="h800")
     mp.add_argument("--devices", type=int, default=16)
     pc = sub.add_parser("paced")
-    pc.add_argument("runs", nargs="+", type=Path, help="emulated modelled-compute runs (their summary.json)")
-    pc.add_argument("--spec", default="pdd-published")
+    pc.add_argument("runs", nargs="+", type=Path, help="emulated modelled-compute runs (summary.json, metadata.json)")
     wt = sub.add_parser("wan-table")
     wt.add_argument("matrices", nargs="+", type=Path)
     wt.add_argument("--spec", default="pdd-vs-baselines")
@@ -1192,7 +1210,7 @@ def main() -> None:
     elif a.cmd == "modelled-p":
         modelled_p(a.run, a.arch, a.accelerator, a.devices)
     elif a.cmd == "paced":
-        paced(a.runs, a.spec)
+        paced(a.runs)
     elif a.cmd == "wan-table":
         wan_table(a.matrices, a.spec, a.out)
     elif a.cmd == "p-spread":

@@ -2,6 +2,7 @@
 scripts/validate_sim.py paced): modelled engines taking f x the roofline's time, recorded as such; refused for
 real compute; the pace read from a run's summary."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 from experiments.sim.config import SimError, load_for_simulation, sim_config
 from experiments.sim.simulate import simulate
 from experiments.sim.workers import StepSeconds
+from experiments.spec.experiment import to_dict
 from workers.modelled.catalogue import load_catalogue
 from workers.modelled.roofline import Part, Roofline
 
@@ -81,3 +83,16 @@ def test_a_run_without_a_recorded_pace_is_refused():
     real = {"variants": {"pdd": {"roles_cpu": {"roles": {"p": {"workers": 1, "cpu_s": 9.0}}}}, "pd-intra": {}}}
     with pytest.raises(ValueError, match="no modelled role recorded its pace"):
         vs.emulated_pace(real)
+
+
+def test_a_runs_own_spec_is_simulated_as_its_metadata_keeps_it(tmp_path):
+    ran = load_for_simulation("pdd-published", ["deployment.compute.kv_scale=100", "workload.seed=7"])
+    (tmp_path / "metadata.json").write_text(json.dumps({"spec": to_dict(ran.spec)}))
+    again = vs.run_spec(tmp_path).spec
+    assert again.deployment["compute"]["kv_scale"] == 100 and again.workload.seed == 7
+    assert again.profile == ran.spec.profile and again.variants == ran.spec.variants
+
+
+def test_a_run_without_metadata_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="no metadata.json"):
+        vs.run_spec(tmp_path)
