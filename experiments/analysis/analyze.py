@@ -301,6 +301,7 @@ def analyze(run_dir: Path) -> dict:
         summary["ablation"] = abl
     similarity.add_to(summary, recs, variants, meta)
     cost.add_to(summary, meta)
+    rolecpu.mark_late(summary)  # after cost.add_to: its BCR comparisons too
     published.add_to(summary, meta)  # EXP=pdd-published: the published figures beside this run's
     typed = summary_mod.Summary.model_validate(summary)
     summary_mod.write(run_dir, typed)

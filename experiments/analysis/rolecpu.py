@@ -6,8 +6,9 @@ its workers reported (user + system over the process's life; before serving and 
 CPU per completed request, and every worker that never reported (a SIGKILLed role writes nothing: missing, never
 0); summary.md's "Roles' CPU time" table. With modelled compute, each role kind's pace (how far the host let its
 modelled passes run past the roofline's time: workers.modelled.engine.ModelledEngine.pace), summary.md's
-"Modelled compute's pace" and a `modelled_compute_late` warning where a role kind ran more than LATE_PACE slow.
-Pure functions over typed inputs, apart from `add_to`.
+"Modelled compute's pace" and a `modelled_compute_late` warning where a role kind ran more than LATE_PACE slow,
+and no verdict on a comparison using such a variant (`mark_late`). Pure functions over typed inputs, apart from
+`add_to` and `mark_late`.
 Not responsible for: measuring (the roles do, with getrusage), reading files (experiments.analysis.records,
 runmeta) or the per-worker figures (experiments.analysis.per_worker).
 
@@ -102,6 +103,27 @@ def late_warnings(variant: str, cpu: RolesCpu) -> list[dict]:
                 }
             )
     return out
+
+
+def mark_late(summary: dict) -> None:
+    """In place: every comparison (the BCR ones too: call it after cost.add_to) that uses a variant whose modelled
+    compute ran late (a role kind above LATE_PACE) gets a caveat naming it, and its verdict is not called ("not
+    judged"), as analyze.mark_machinery does for a late emulator: the two variants did not run the accelerators
+    their spec names at the same speed, so part of the difference is this machine's."""
+    late = {}
+    for v, s in summary["variants"].items():
+        roles = (s.get("roles_cpu") or {}).get("roles") or {}
+        slow = {k: p for k, r in roles.items() if (p := RoleCpu.model_validate(r).pace) is not None and p > LATE_PACE}
+        if slow:
+            late[v] = slow
+    for c in summary.get("comparisons") or []:
+        who = [v for v in (c["variant"], c["baseline"]) if v in late]
+        if who:
+            note = "the modelled compute ran late in " + ", ".join(
+                f"{v} ({', '.join(f'{k.upper()} {p:.2f}x' for k, p in late[v].items())})" for v in who
+            )
+            c["caveat"] = f"{c['caveat']}; {note}" if c.get("caveat") else note
+            c["verdict"] = "not judged"
 
 
 def _cell(r: RoleCpu | None) -> str:

@@ -154,3 +154,33 @@ def test_real_compute_has_no_pace_and_no_pace_section(analysed):
     assert all(r.pace is None for v in s.variants.values() for r in v.roles_cpu.roles.values())
     assert not [w for w in s.warnings if w["kind"] == "modelled_compute_late"]
     assert "Modelled compute's pace" not in (analysed / "summary.md").read_text()
+
+
+def _paced_variant(p_pace: float) -> dict:
+    """A variant's summary part with its modelled P at p_pace and its MD on time."""
+    c = rolecpu.variant_cpu(
+        [
+            modelled(report("p1", "p", 10.0, 3.0), 40.0, 40.0 * (p_pace - 1), 90.0),
+            modelled(report("md1", "md", 5.0, 3.0), 10.0, 0.0, 0.0),
+        ],
+        ["p1", "md1"],
+        completed=4,
+    )
+    return {"roles_cpu": c.model_dump(mode="json")}
+
+
+def test_a_comparison_using_a_variant_whose_modelled_compute_ran_late_is_not_judged():
+    summary = {
+        "variants": {"pd-intra": _paced_variant(1.01), "pdd": _paced_variant(1.25), "pd-cross": _paced_variant(1.05)},
+        "comparisons": [
+            {"variant": "pdd", "baseline": "pd-intra", "verdict": "lower", "caveat": None},
+            {"variant": "pd-cross", "baseline": "pd-intra", "verdict": "higher", "caveat": None},
+            {"variant": "pdd", "baseline": "pd-cross", "verdict": "lower", "caveat": "the emulator fell behind in x"},
+        ],
+    }
+    rolecpu.mark_late(summary)
+    first, second, third = summary["comparisons"]
+    assert first["verdict"] == "not judged" and first["caveat"] == "the modelled compute ran late in pdd (P 1.25x)"
+    assert second == {"variant": "pd-cross", "baseline": "pd-intra", "verdict": "higher", "caveat": None}  # on pace
+    assert third["verdict"] == "not judged"
+    assert third["caveat"] == "the emulator fell behind in x; the modelled compute ran late in pdd (P 1.25x)"
