@@ -38,9 +38,11 @@ def test_three_sites_reach_each_other_over_their_own_lines(backend, tmp_path):
         near = _rtt_ms(tb, "p1", _ip(tb, "md1"))  # wan-regional: 5 ms each way
         far = _rtt_ms(tb, "p1", _ip(tb, "md3"))  # wan-cross-country: 30 ms each way
         both = _rtt_ms(tb, "md1", _ip(tb, "md4"))  # b -> a -> c: both lines
+        # bounds ~4 sigma of a median of 5 pings under each line's jitter (cross-country: 60 +- 7 ms a ping; 55 failed
+        # once in a clean-clone VM tier at 52.7)
         assert 8 < near < 20, near
-        assert 55 < far < 80, far
-        assert 65 < both < 100, both
+        assert 45 < far < 80, far
+        assert 55 < both < 100, both
         if backend == "userspace":  # each line its own forwarder, each counting only its own frames
             assert tb.links["wanb"].backend.pid != tb.links["wanc"].backend.pid
     names = sorted(p.name for p in (tmp_path / "pcap").iterdir())
