@@ -856,14 +856,12 @@ def emulated_pace(summary: dict) -> dict[str, dict[str, float]]:
     """variant -> role -> the pace an emulated run's modelled engines kept: (modelled + late) / modelled s, from its
     summary's roles_cpu (workers.modelled.engine.ModelledEngine.pace). ValueError for a run with none (real
     compute, or a run made before the roles recorded it)."""
+    from experiments.analysis.summary import RolesCpu
+
     out = {}
     for v, d in summary["variants"].items():
-        roles = (d.get("roles_cpu") or {}).get("roles") or {}
-        pace = {
-            k: (r["modelled_s"] + r["modelled_late_s"]) / r["modelled_s"]
-            for k, r in roles.items()
-            if r.get("modelled_s")
-        }
+        roles = RolesCpu.model_validate(d["roles_cpu"]).roles if d.get("roles_cpu") else {}
+        pace = {k: r.pace for k, r in roles.items() if r.pace is not None}
         if pace:
             out[v] = pace
     if not out:

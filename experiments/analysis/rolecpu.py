@@ -85,24 +85,26 @@ def add_to(summary: dict, events: list[dict], deployed: dict[str, list[str]]) ->
         summary["warnings"] += late_warnings(v, cpu)
 
 
+def slow_kinds(cpu: RolesCpu) -> dict[str, RoleCpu]:
+    """The variant's modelled role kinds whose pace was above LATE_PACE."""
+    return {k: r for k, r in cpu.roles.items() if r.pace is not None and r.pace > LATE_PACE}
+
+
 def late_warnings(variant: str, cpu: RolesCpu) -> list[dict]:
     """A `modelled_compute_late` warning for each modelled role kind of the variant slower than LATE_PACE."""
-    out = []
-    for kind, r in cpu.roles.items():
-        if r.pace is not None and r.pace > LATE_PACE:
-            out.append(
-                {
-                    "variant": variant,
-                    "path": None,
-                    "kind": "modelled_compute_late",
-                    "count": r.workers,
-                    "message": f"{variant}: the modelled {kind.upper()} ran {r.pace:.2f}x the roofline's time "
-                    f"({r.modelled_late_s:,.1f} s late over {r.modelled_s:,.1f} s modelled; one pass up to "
-                    f"{r.modelled_late_max_ms:,.0f} ms): this machine could not keep its pace, so the run measured a "
-                    "slower accelerator than the spec names",
-                }
-            )
-    return out
+    return [
+        {
+            "variant": variant,
+            "path": None,
+            "kind": "modelled_compute_late",
+            "count": r.workers,
+            "message": f"{variant}: the modelled {kind.upper()} ran {r.pace:.2f}x the roofline's time "
+            f"({r.modelled_late_s:,.1f} s late over {r.modelled_s:,.1f} s modelled; one pass up to "
+            f"{r.modelled_late_max_ms:,.0f} ms): this machine could not keep its pace, so the run measured a "
+            "slower accelerator than the spec names",
+        }
+        for kind, r in slow_kinds(cpu).items()
+    ]
 
 
 def mark_late(summary: dict) -> None:
@@ -112,10 +114,8 @@ def mark_late(summary: dict) -> None:
     their spec names at the same speed, so part of the difference is this machine's."""
     late = {}
     for v, s in summary["variants"].items():
-        roles = (s.get("roles_cpu") or {}).get("roles") or {}
-        slow = {k: p for k, r in roles.items() if (p := RoleCpu.model_validate(r).pace) is not None and p > LATE_PACE}
-        if slow:
-            late[v] = slow
+        if s.get("roles_cpu") and (slow := slow_kinds(RolesCpu.model_validate(s["roles_cpu"]))):
+            late[v] = {k: r.pace for k, r in slow.items()}
     for c in summary.get("comparisons") or []:
         who = [v for v in (c["variant"], c["baseline"]) if v in late]
         if who:
