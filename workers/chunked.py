@@ -184,7 +184,8 @@ class ChunkScheduler:
 
     def submit(self, request_id: str, on_layer: Callable[[LayerWrite], None] | None = None) -> None:
         """Queue an open request whose last tokens lack KV; raise (queueing nothing) if it has none or waits.
-        Reads the request without the engine lock (only its owner changes it): call it without holding that lock."""
+        Reads the request without taking the engine lock (only its owner changes it): its owner may call it with or
+        without that lock held (held: right after opening or appending, so the next step carries its chunks)."""
         start = self.engine.kv_len(request_id)  # UnknownRequest if not open
         pending = len(self.engine.tokens(request_id)) - start
         with self._cond:
@@ -218,11 +219,26 @@ class ChunkScheduler:
         with self._cond:
             return list(self._waiting)
 
-    def prefill(self, request_id: str, on_layer: Callable[[LayerWrite], None] | None = None) -> ChunkedResult:
-        """Submit, then block until the request's last chunk has run. Concurrent callers share steps: one that
-        finds no step running runs the next one (for every waiting request), the others wait."""
-        self.submit(request_id, on_layer)
+    def queued(self, request_id: str) -> bool:
+        """Whether request_id was submitted and not yet taken (waiting for its chunks, or done)."""
         with self._cond:
+            return request_id in self._waiting or request_id in self._done
+
+    def prefill(self, request_id: str, on_layer: Callable[[LayerWrite], None] | None = None) -> ChunkedResult:
+        """Submit, then block until the request's last chunk has run (wait)."""
+        self.submit(request_id, on_layer)
+        return self.wait(request_id)
+
+    def wait(self, request_id: str) -> ChunkedResult:
+        """Block until a submitted request's last chunk has run, and take its result. Concurrent callers share
+        steps: one that finds no step running runs the next one (for every waiting request), the others wait.
+        Submitting first and waiting later lets the steps in between carry its chunks: a session opened under
+        the engine lock and submitted there rides the very next step (else that step, begun as the lock was
+        released, runs without it). Raises BadRequestState for a request not queued (never submitted,
+        cancelled, or taken)."""
+        with self._cond:
+            if request_id not in self._waiting and request_id not in self._done:
+                raise BadRequestState(request_id, "wait", "not submitted")
             self._blocked.add(request_id)
             try:
                 self._lead_until_done(request_id)

@@ -5,12 +5,15 @@ roofline's time of a published architecture instead of computing: every mode ret
 colocated ModelledEngine, and the KV on the wire is the architecture's bytes per token, not the small model's.
 """
 
+import threading
+
 import pytest
 
 from pdd_harness import Deployment
 from workers.model import get_config
 from workers.modelled.catalogue import load_catalogue, wire_config
 from workers.modelled.engine import ModelledEngine
+from workers.modelled.roofline import Roofline
 from workers.engine import GenerationRequest
 from workers.roles.client import generate
 from workers.roles.config import ConfigError, parse_config
@@ -19,12 +22,12 @@ ARCH, ACCELERATOR, DEVICES = "kimi-k2", "h800", 16  # 1T-class MLA MoE in fp8 on
 MODES = ("pd-intra", "pd-cross", "pdd")
 
 
-def started(tmp_path_factory, name: str, **compute):
-    """A modelled deployment (ARCH on DEVICES x ACCELERATOR a worker) started on loopback for a module's tests,
-    then stopped with every role exiting 0; compute: further compute fields (kv_scale)."""
+def started(tmp_path_factory, name: str, accelerator=ACCELERATOR, devices=DEVICES, **compute):
+    """A modelled deployment (ARCH, or compute's arch, on devices x accelerator a worker) started on loopback for a
+    module's tests, then stopped with every role exiting 0; compute: further compute fields (kv_scale)."""
     d = Deployment(
         tmp_path_factory.mktemp(name),
-        worker_fields={"accelerator": ACCELERATOR, "devices": DEVICES},
+        worker_fields={"accelerator": accelerator, "devices": devices},
         compute={"mode": "modelled", "arch": ARCH, **compute},
         model="tiny",
     )
@@ -144,3 +147,73 @@ def test_each_modelled_role_records_its_pace_as_it_stops(finished):
     assert fields["p1"]["modelled_s"] > 0 and fields["rld1"]["modelled_s"] + fields["md1"]["modelled_s"] > 0
     router = finished.events("router")[-1]
     assert router.event == "role_cpu" and "modelled_s" not in router.fields  # the router models nothing
+
+
+@pytest.fixture(scope="module")
+def slow(tmp_path_factory):
+    """Decode steps of tens of ms: the default architecture modelled on this-machine (its fitted roofline)."""
+    yield from started(tmp_path_factory, "modelled-slow", accelerator="this-machine", devices=1, arch="default")
+
+
+def _beside_a_decoding_session(dep, mode: str, name: str, n: int = 4, sessions: int = 1, prompt: int = 40) -> float:
+    """Requests name0.. (mode, 2 tokens each, prompt tokens long) while colocated sessions decode on the RLD, each at
+    a different phase of their steps; the RLD's decode step then (s)."""
+    cat = load_catalogue()
+    step_s = Roofline(cat.accelerator("this-machine"), cat.model("default"), 1).decode_s([200])
+    assert step_s > 0.02  # a step long enough to tell a wait of one step from none
+    decoding = [
+        threading.Thread(
+            target=generate,
+            args=(dep.channel, [(11 * i + k + len(name)) % 250 for i in range(60)], 120),
+            kwargs={"mode": "colocated", "request_id": f"{name}-decoding{k}"},
+        )
+        for k in range(sessions)
+    ]
+    for t in decoding:
+        t.start()
+    try:
+        for i in range(n):
+            threading.Event().wait(0.3 + 0.05 * i)
+            generate(
+                dep.channel,
+                [(13 * j + i + len(name)) % 250 for j in range(prompt)],
+                2,
+                mode=mode,
+                request_id=f"{name}{i}",
+            )
+    finally:
+        for t in decoding:
+            t.join(60)
+    return step_s
+
+
+def test_a_prompt_opened_while_a_session_decodes_rides_the_next_step(slow):
+    """An engine admits what it opened at its next step: a colocated prompt opened on the RLD (under the engine
+    lock, between two of a session's steps) has its chunk in the step that follows, not one step later (the
+    session's step, begun as the open released the lock, ran without it before the fix)."""
+    step_s = _beside_a_decoding_session(slow, "colocated", "join")
+    events = slow.events("rld1")
+    for i in range(4):
+        rid = f"join{i}"
+        (opened,) = [e for e in events if e.event == "decode_open" and e.request_id == rid]
+        first = next(e for e in events if e.event == "decode_step_mixed" and rid in e.fields["requests"])
+        assert first.fields["decode_tokens"] >= 1, first.fields  # the session's step carried it
+        waited = (first.t_ns - first.fields["duration_ns"] - opened.t_ns) / 1e9
+        assert waited < step_s / 2, f"{rid}: its first chunk began {waited * 1e3:.1f} ms after its open"
+
+
+def test_the_first_token_leaves_with_the_imported_kv(slow):
+    """P's first token reaches the client through the RLD once the RLD holds the KV (pd-intra): sent as the import
+    ends, not after the step of the sessions decoding there that the import's end let begin. Before the fix it was
+    read back from the engine under its lock, and waited that step whenever the sessions had queued for the lock
+    behind the import (6 of 43 requests of a modelled pd-intra run; some runs of this test, not all). Prompts of
+    1,200 tokens: an import of some ms, long enough for them to queue."""
+    step_s = _beside_a_decoding_session(slow, "pd-intra", "imported", sessions=3, prompt=1200)
+    events = slow.events("rld1")
+    for i in range(4):
+        rid = f"imported{i}"
+        (imported,) = [e for e in events if e.event == "kv_imported" and e.request_id == rid]
+        first = next(e for e in events if e.event == "first_token" and e.request_id == rid)
+        assert first.fields["index"] == 0
+        waited = (first.t_ns - imported.t_ns) / 1e9
+        assert waited < step_s / 2, f"{rid}: its first token left {waited * 1e3:.1f} ms after the import"

@@ -275,3 +275,31 @@ def test_a_prefill_caller_leaves_its_chunks_to_the_decode_steps_while_they_run(m
     t0 = time.monotonic()
     assert sched.prefill("alone").steps == 3  # nobody decodes now: it leads its own steps
     assert time.monotonic() - t0 < 5 and not any(r.decoded for r in seen[-3:])
+
+
+def test_a_request_submitted_before_a_step_rides_it_and_wait_takes_the_result(make_engine):
+    """A decode role submits a prompt it opens while holding the engine lock: the session step that takes the lock
+    next carries its first chunk (prefill() after the lock's release would miss that step), and wait() then only
+    takes what the steps computed, or leads the rest itself."""
+    e = make_engine(prefix_cache=False)
+    sched = ChunkScheduler(e, budget_tokens=16, decode_grace_s=0.5)
+    e.open(req("s", prompt(280, 8), max_tokens=50))
+    e.prefill("s")
+    for rid, n in (("short", 10), ("long", 40)):
+        e.open(req(rid, prompt(281 + n, n), max_tokens=2))
+        sched.submit(rid)
+    assert sched.queued("short") and sched.queued("long") and not sched.queued("s")
+    first = sched.step(decode=["s"])  # the sessions' next step: 15 tokens of room beside "s"
+    assert [(c.request_id, c.n_tokens, c.last) for c in first.chunks] == [("short", 10, True), ("long", 5, False)]
+    done = sched.wait("short")  # computed already: nothing more runs
+    assert (done.computed_tokens, done.steps, sched.steps) == (10, 1, 1) and not sched.queued("short")
+    t0 = time.monotonic()
+    rest = sched.wait("long")  # the session stepped within decode_grace_s: the waiter leads only after it
+    assert rest.computed_tokens == 40 and rest.steps == 4 and time.monotonic() - t0 >= 0.4
+    with pytest.raises(BadRequestState, match="not submitted"):
+        sched.wait("long")  # taken
+    e.open(req("gone", prompt(290, 6), max_tokens=2))
+    sched.submit("gone")
+    assert sched.cancel("gone")
+    with pytest.raises(BadRequestState, match="not submitted"):
+        sched.wait("gone")

@@ -146,6 +146,8 @@ class DecodeServicer(MDHandoff, pdd_pb2_grpc.DecodeServicer):
                     after, inflight = self._inflight_prefix(request, cached_now)
                     if after is None:  # open now (validated), pinning the DRC hit
                         session.cached_tokens = self._open_or_defer(session, gen)
+                        if request.kv_source == H.KV_SOURCE_LOCAL and not session.waits_for_room:
+                            self.steps.submit(rid)  # still under the lock: the next step carries its first chunk
                     else:  # opened once `after` has left its sequence here; holds no KV blocks until then
                         self.engine.validate(gen)
                         session.after, session.cached_tokens = after, inflight
@@ -238,6 +240,12 @@ class DecodeServicer(MDHandoff, pdd_pb2_grpc.DecodeServicer):
             # P's first token reaches the client through the decode side, once that side holds
             # the KV (as in PD serving): a WAN transfer is then part of the client's TTFT.
             session.emit_from = 0
+            if not (self.role == "md" and req.relay_grpc):  # (an MD behind a relay streams from the handoff on)
+                # sent now, known since the import: read back from the engine it would wait for the lock, held
+                # by the decode step the import's end let begin
+                self.events.emit("first_token", session.request_id, index=0)
+                yield token_msg(0, session.p_token, req.prefill_worker or "p")
+                session.emit_from = 1
         if self.role == "md" and req.relay_grpc:
             if not self._await_handoff(session):
                 yield end_msg(self._end_without_handoff(session))
@@ -277,7 +285,7 @@ class DecodeServicer(MDHandoff, pdd_pb2_grpc.DecodeServicer):
                 self.engine.append_tokens(rid, [got.next_token])
         finally:
             got.release()
-        session.kv_ready = True
+        session.kv_ready, session.p_token = True, got.next_token
         self.events.emit(
             "kv_imported",
             rid,

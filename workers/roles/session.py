@@ -37,6 +37,7 @@ class Session:
     pending_index: int = 0  # MD: index of its token without KV
     handed_final: bool = False  # MD: the final handoff is applied
     emit_from: int = 1  # first index this worker streams
+    p_token: int | None = None  # P's first token, imported with the prompt KV
     relay_lost: bool = False  # MD: the RLD is unreachable
     relay_output: tuple[int, ...] | None = None  # MD: the RLD finished alone; its whole output (RelayOutput)
     waits_for_room: bool = False  # opened once the cache has room (it was full for now at arrival)

@@ -55,13 +55,23 @@ class DecodeSteps:
     def _mixed_step(self, request_ids: Sequence[str]) -> dict[str, int]:
         return self.chunks.step(decode=request_ids).decoded
 
+    def submit(self, request_id: str) -> None:
+        """Queue a request just opened for its prefill's chunks: call it holding the engine lock, right after the
+        open, so that the next step carries its first chunk (the sessions decoding here take that step as soon as
+        the lock is free, before prefill() could submit it: the prompt would then wait a whole decode step more
+        than an engine that admits what it has opened). Nothing to queue when prefills are whole."""
+        if self.chunks is not None:
+            self.chunks.submit(request_id)
+
     def prefill(self, request_id: str) -> tuple[int, int]:
-        """Compute an open request's prompt KV beyond its cached prefix: (its first token, steps it took).
-        Call without the engine lock."""
+        """Compute an open request's prompt KV beyond its cached prefix (queued first unless submit() did):
+        (its first token, steps it took). Call without the engine lock."""
         if self.chunks is None:
             with self.lock:
                 return self.engine.prefill(request_id).first_token, 1
-        done = self.chunks.prefill(request_id)
+        if not self.chunks.queued(request_id):
+            self.chunks.submit(request_id)
+        done = self.chunks.wait(request_id)
         return done.next_token, done.steps
 
     def extend(self, request_id: str, token_ids: Sequence[int]) -> int:
@@ -72,9 +82,10 @@ class DecodeSteps:
             with self.lock:
                 self.engine.extend(request_id, token_ids, all_logits=False)  # the next token alone: no logits read
             return 1
-        with self.lock:
+        with self.lock:  # queued before the lock is free: the next step carries its first chunk (as submit)
             self.engine.append_tokens(request_id, token_ids)
-        return self.chunks.prefill(request_id).steps
+            self.chunks.submit(request_id)
+        return self.chunks.wait(request_id).steps
 
     def cancel(self, request_id: str) -> None:
         """Stop computing a request's chunks (before the engine aborts it): a prefill or extend waiting for
