@@ -61,7 +61,7 @@ from experiments.analysis.records import fallback_cause
 from experiments.sim import clock
 from experiments.sim.config import HANDOFF_ID_BYTES, SimConfig
 from experiments.sim.kvroom import Deadlines, KVRoom, extend_chain, kv_capacity_tokens, prompt_chain
-from experiments.sim.realcompute import kv_export_s, kv_import_s, the_jitter
+from experiments.sim.realcompute import MeasuredRoofline, kv_export_s, kv_import_s, the_jitter
 from experiments.sim.record import DEADLINE_EXCEEDED, Rec, streams_ended
 from experiments.sim.wan import Calibration, Line
 from experiments.sim.workers import DecodeWorker, PrefillWorker, Session
@@ -397,10 +397,25 @@ class Simulation:
         yield from self._decode(rec, rld, "rld", Session(self.env, req.max_tokens - 1, req.prompt_len))
         self._free(rec, "rld")
 
-    def _fast_path_s(self, p: PrefillWorker, rld: DecodeWorker, tokens: int) -> float:
-        """P -> RLD inside cluster A: KV export from P's devices and import into the RLD's (host links; real
-        compute: the measured import, the export streamed during the prefill)."""
-        return kv_export_s(p.model.roofline, tokens) + kv_import_s(rld.model.roofline, tokens)
+    def _fast_path(self, p: PrefillWorker, rld: DecodeWorker, tokens: int):
+        """A process's delays: P -> RLD inside cluster A: KV export from P's devices, then the import into the RLD's
+        (host links; real compute: the measured import, the export streamed during the prefill)."""
+        roofline = rld.model.roofline
+        if isinstance(roofline, MeasuredRoofline):
+            yield kv_export_s(p.model.roofline, tokens) + kv_import_s(roofline, tokens)
+        else:
+            yield kv_export_s(p.model.roofline, tokens)
+            yield self._import_s(rld, tokens)
+
+    @staticmethod
+    def _import_s(worker: DecodeWorker, tokens: int) -> float:
+        """Importing tokens of KV into worker, from now (s). Modelled compute: the host link's time after the step
+        under way there, as the emulated worker imports between two steps under its engine lock. Real compute:
+        the measured import (kv_imported - kv_recv_end), which holds that wait already."""
+        roofline = worker.model.roofline
+        if isinstance(roofline, MeasuredRoofline):
+            return kv_import_s(roofline, tokens)
+        return worker.to_step_end() + kv_import_s(roofline, tokens)
 
     def _p_rld(self, req: WorkloadRequest, rec: Rec, singular: bool, p: PrefillWorker | None = None):
         rld = self._rld()
@@ -410,7 +425,7 @@ class Simulation:
         p = yield from self._prefill(req, rec, p)
         if p is None or rec.error:
             return
-        yield self._fast_path_s(p, rld, req.prompt_len)
+        yield from self._fast_path(p, rld, req.prompt_len)
         if rec.error:
             return
         ready = self._room_ready(rec, "rld")
@@ -446,7 +461,7 @@ class Simulation:
         ready = self._room_ready(rec, "md")
         if not (ready if ready.__class__ is bool else (yield ready)):
             return False
-        yield kv_import_s(md.model.roofline, tokens)
+        yield self._import_s(md, tokens)
         return True
 
     def _after_closed(self, rec: Rec, md: DecodeWorker, deadline: float):
@@ -526,7 +541,7 @@ class Simulation:
         tokens = req.prompt_len - rec.md_cached
         wan = env.process(self._wan_in(rec, p, md, tokens)) if md_open else None
         rec.wan_kv = tokens * cfg.kv_bytes_per_token if md_open else 0
-        yield self._fast_path_s(p, rld, req.prompt_len)
+        yield from self._fast_path(p, rld, req.prompt_len)
         if rec.error:
             return
         ready = self._room_ready(rec, "rld")
@@ -579,7 +594,7 @@ class Simulation:
         yield self.line.transfer(payload, *((cfg.wan_connections, self._peer(rld, md.name)) if by_kv else (1, None)))
         t_ready = env.now
         if by_kv:
-            yield kv_import_s(md.model.roofline, made)
+            yield self._import_s(md, made)
         else:
             yield md.step_job(made, req.prompt_len, 1)
         if rec.error:

@@ -369,6 +369,7 @@ class DecodeWorker:
         self._wait = 0  # the number of the worker's wait under way or last (idle, or a run of steps)
         self._woken = None  # while it waits: what a change schedules now (a change during a step: nothing)
         self._running: tuple | None = None  # the run of steps under way: (its sessions, start, step ends)
+        self._step_end = 0.0  # when the last single step (_one_step) ends
         self.busy_s = 0.0
         self.tokens = 0
         env.start(self._begin())
@@ -394,6 +395,16 @@ class DecodeWorker:
         _batch, start, ends = run
         done = bisect.bisect_right(ends, self.env.now - start + 1e-12)
         return session.times + [start + e for e in ends[:done]]
+
+    def to_step_end(self) -> float:
+        """Seconds until the step under way ends (0 when none runs): when a KV import, which takes the emulated
+        engine between two steps (its lock), can begin."""
+        run = self._running
+        if run is not None:
+            _batch, start, ends = run
+            i = bisect.bisect_right(ends, self.env.now - start + 1e-12)
+            return start + ends[i] - self.env.now if i < len(ends) else 0.0
+        return max(0.0, self._step_end - self.env.now)
 
     def step_job(self, new_tokens: int, cached_tokens: int, logit_rows: int = 1) -> clock.Event:
         """An extend or a prefill of new_tokens on cached_tokens in the next step; the event fires at its end."""
@@ -448,6 +459,7 @@ class DecodeWorker:
         else:
             seconds = self.cost.seconds(len(batch), sum(s.context for s in batch))
         self.busy_s += seconds
+        self._step_end = self.env.now + seconds
         self.env.call_in(seconds, self._one_step_end, (batch, jobs, seconds))
 
     def _one_step_end(self, step: tuple[list[Session], list[_Job], float]) -> None:

@@ -147,3 +147,30 @@ def test_a_budget_of_0_prefills_whole_prompts_one_at_a_time():
     assert p.steps == 2
     assert ends["a"] == pytest.approx(roof.prefill_s(300, 100))
     assert ends["b"] == pytest.approx(roof.prefill_s(300, 100) + roof.prefill_s(300, 0))
+
+
+def test_to_step_end_is_the_step_under_way_and_none_when_idle():
+    """A KV import takes the emulated engine between two steps: what it waits for, at any moment."""
+    cat = load_catalogue()
+    roof = Roofline(cat.accelerator("h20"), cat.model("kimi-k2"), 16)
+    env = clock.Environment()
+    w = DecodeWorker(env, WorkerModel("md1", "md", roof, 32, 65536))
+    assert w.to_step_end() == 0.0  # idle
+    s = w.join(Session(env, 10, 1000))
+    step, seen = roof.decode_s([1000]), []
+
+    def probe():
+        yield 0.0  # the worker's first step has begun
+        seen.append((env.now, w.to_step_end()))
+        yield step * 2.5  # inside the third step
+        seen.append((env.now, w.to_step_end()))
+        yield 1.0  # long after the session's end
+        seen.append((env.now, w.to_step_end()))
+
+    env.start(probe())
+    env.run()
+    (t0, first), (t1, mid), (t2, late) = seen
+    assert t0 == 0.0 and first == pytest.approx(step, rel=1e-3)
+    end = next(t for t in s.times if t > t1 + 1e-12)  # the step under way at t1 ends at its token's time
+    assert mid == pytest.approx(end - t1) and 0 < mid < step * 1.01
+    assert late == 0.0 and s.made == 10
