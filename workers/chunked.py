@@ -22,6 +22,7 @@ engine's lock, held for each step; everything else here is thread-safe):
                                    # or IDs after append_tokens()); on_layer(LayerWrite) per layer and chunk
     sched.step(decode=ids)         # one engine step: those decode tokens + chunks under the budget -> StepRecord
     sched.prefill(rid, on_layer)   # submit, then block until rid's last chunk ran -> ChunkedResult
+    sched.wait(rid)                # that block alone, for one submitted earlier (a decode role: under the lock)
     sched.take(rid)                # or, driving step() yourself: rid's ChunkedResult once its last chunk ran
     sched.cancel(rid)              # stop computing rid (call it before engine.abort(rid))
 
