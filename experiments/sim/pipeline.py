@@ -123,16 +123,11 @@ class Simulation:
         self.rooms = {
             w.name: KVRoom(env, kv_capacity_tokens(w), dep.block_size) for ws in cfg.workers.values() for w in ws
         }
-        room_wait_s = dep.prefill.room_wait_ms / 1000
+        room_wait_s, pre = dep.prefill.room_wait_ms / 1000, dep.prefill
+        jitter = {w.name: the_jitter(w.roofline, seed, w.name) for w in cfg.workers["p"]}  # each P its own draws
         self.p = [
             PrefillWorker(
-                env,
-                w,
-                self.rooms[w.name],
-                dep.prefill.max_waiting,
-                room_wait_s,
-                dep.prefill.step_budget_tokens,
-                the_jitter(w.roofline, seed, w.name),
+                env, w, self.rooms[w.name], pre.max_waiting, room_wait_s, pre.step_budget_tokens, jitter[w.name]
             )
             for w in cfg.workers["p"]
         ]
@@ -398,24 +393,13 @@ class Simulation:
         self._free(rec, "rld")
 
     def _fast_path(self, p: PrefillWorker, rld: DecodeWorker, tokens: int):
-        """A process's delays: P -> RLD inside cluster A: KV export from P's devices, then the import into the RLD's
-        (host links; real compute: the measured import, the export streamed during the prefill)."""
-        roofline = rld.model.roofline
-        if isinstance(roofline, MeasuredRoofline):
-            yield kv_export_s(p.model.roofline, tokens) + kv_import_s(roofline, tokens)
+        """A process's delays: P -> RLD inside cluster A, KV export from P's devices then the import into the RLD's
+        (DecodeWorker.import_s; real compute: the export streamed during the prefill, one delay with the import)."""
+        if isinstance(rld.model.roofline, MeasuredRoofline):
+            yield kv_export_s(p.model.roofline, tokens) + kv_import_s(rld.model.roofline, tokens)
         else:
             yield kv_export_s(p.model.roofline, tokens)
-            yield self._import_s(rld, tokens)
-
-    @staticmethod
-    def _import_s(worker: DecodeWorker, tokens: int) -> float:
-        """Importing tokens of KV into worker, from now (s). Modelled compute: the host link's time after the step
-        under way there, as the emulated worker imports between two steps under its engine lock. Real compute:
-        the measured import (kv_imported - kv_recv_end), which holds that wait already."""
-        roofline = worker.model.roofline
-        if isinstance(roofline, MeasuredRoofline):
-            return kv_import_s(roofline, tokens)
-        return worker.to_step_end() + kv_import_s(roofline, tokens)
+            yield rld.import_s(tokens)
 
     def _p_rld(self, req: WorkloadRequest, rec: Rec, singular: bool, p: PrefillWorker | None = None):
         rld = self._rld()
@@ -461,7 +445,7 @@ class Simulation:
         ready = self._room_ready(rec, "md")
         if not (ready if ready.__class__ is bool else (yield ready)):
             return False
-        yield self._import_s(md, tokens)
+        yield md.import_s(tokens)
         return True
 
     def _after_closed(self, rec: Rec, md: DecodeWorker, deadline: float):
@@ -594,7 +578,7 @@ class Simulation:
         yield self.line.transfer(payload, *((cfg.wan_connections, self._peer(rld, md.name)) if by_kv else (1, None)))
         t_ready = env.now
         if by_kv:
-            yield self._import_s(md, made)
+            yield md.import_s(made)
         else:
             yield md.step_job(made, req.prompt_len, 1)
         if rec.error:

@@ -21,6 +21,7 @@ from itertools import accumulate
 from experiments.sim import clock
 from experiments.sim.config import WorkerModel
 from experiments.sim.kvroom import PrefixCache
+from experiments.sim.realcompute import MeasuredRoofline, kv_import_s
 from workers.chunked import plan_step
 from workers.errors import CapacityExceeded
 from workers.modelled.roofline import Part, Roofline
@@ -405,6 +406,15 @@ class DecodeWorker:
             i = bisect.bisect_right(ends, self.env.now - start + 1e-12)
             return start + ends[i] - self.env.now if i < len(ends) else 0.0
         return max(0.0, self._step_end - self.env.now)
+
+    def import_s(self, tokens: int) -> float:
+        """Importing tokens of KV here, from now (s). Modelled compute: the host link's time after the step under
+        way (to_step_end), as the emulated worker imports between two steps under its engine lock; the copy does not
+        delay the next step. Real compute: the measured import (kv_imported - kv_recv_end), which holds that wait."""
+        roofline = self.model.roofline
+        if isinstance(roofline, MeasuredRoofline):
+            return kv_import_s(roofline, tokens)
+        return self.to_step_end() + kv_import_s(roofline, tokens)
 
     def step_job(self, new_tokens: int, cached_tokens: int, logit_rows: int = 1) -> clock.Event:
         """An extend or a prefill of new_tokens on cached_tokens in the next step; the event fires at its end."""
