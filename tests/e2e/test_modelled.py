@@ -66,6 +66,22 @@ def test_every_mode_returns_the_colocated_modelled_tokens(dep, reference, mode):
     assert [t.token for t in gen.tokens] == reference(prompt, 12)
 
 
+@pytest.mark.parametrize("mode", ("colocated", *MODES))
+def test_a_decode_worker_writes_one_first_token_a_request(dep, mode):
+    """Each decode worker streaming a request writes one first_token event for it, at the first index it streams
+    (0, or an MD's first after a relay's handoff). Before, a worker that sent token 0 itself (a local prompt, or
+    P's token after a KV import) wrote another at index 1."""
+    rid = f"first-{mode}"
+    generate(dep.channel, [(5 * i + len(mode)) % 250 for i in range(90)], 8, mode=mode, request_id=rid)
+    written = {
+        w.name: [e.fields["index"] for e in dep.events(w.name) if e.event == "first_token" and e.request_id == rid]
+        for w in (*dep.cfg.pool("rld"), *dep.cfg.pool("md"))
+    }
+    streamed = {w: idx for w, idx in written.items() if idx}
+    assert streamed and all(len(idx) == 1 for idx in streamed.values()), written
+    assert 0 in [i for idx in streamed.values() for i in idx], written
+
+
 def test_the_wan_carries_the_architectures_kv(dep):
     prompt = [(11 * i + 3) % 250 for i in range(160)]
     generate(dep.channel, prompt, 4, mode="pd-cross", request_id="m-wan")

@@ -245,7 +245,7 @@ class DecodeServicer(MDHandoff, pdd_pb2_grpc.DecodeServicer):
                 # by the decode step the import's end let begin
                 self.events.emit("first_token", session.request_id, index=0)
                 yield token_msg(0, session.p_token, req.prefill_worker or "p")
-                session.emit_from = 1
+                session.emit_from, session.first_sent = 1, True
         if self.role == "md" and req.relay_grpc:
             if not self._await_handoff(session):
                 yield end_msg(self._end_without_handoff(session))
@@ -263,7 +263,7 @@ class DecodeServicer(MDHandoff, pdd_pb2_grpc.DecodeServicer):
         first, _ = self.steps.prefill(rid)  # in chunks with the other sessions' decode steps (or whole)
         session.kv_ready = True
         self.events.emit("first_token", rid, index=0)
-        session.emit_from = 1
+        session.emit_from, session.first_sent = 1, True
         yield token_msg(0, first, self.me.name)
 
     def _import_prompt(self, session: Session) -> str:
@@ -370,8 +370,9 @@ class DecodeServicer(MDHandoff, pdd_pb2_grpc.DecodeServicer):
                 toks = self.engine.tokens(rid)[session.prompt_len :]
                 done = self.engine.is_done(rid)
             for i in range(emitted, len(toks)):
-                if i == 0 or (i == emitted and i == session.emit_from):
+                if not session.first_sent:  # the first index this worker streams: 0, or an MD's from the handoff
                     self.events.emit("first_token", rid, index=i)
+                    session.first_sent = True
                 # Token 0 was sampled by P at the end of prefill: tagged with the worker that produced it.
                 from_p = i == 0 and session.request.kv_source != H.KV_SOURCE_LOCAL
                 yield token_msg(i, toks[i], (session.request.prefill_worker or "p") if from_p else worker)

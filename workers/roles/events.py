@@ -41,7 +41,10 @@ NAMES: dict[str, str] = {
     "drc_lookup_failed": "the router's mirror of the MD's DRC could not answer",
     "session_open": "a decode session accepted the request (worker, its cached tokens)",
     "prefill_reply": "P's answer came back: the first token",
-    "first_token": "the first token streamed (router: to the client; decode worker: by it)",
+    "first_token": (
+        "the first token streamed (router: to the client; decode worker: by it, once a request: index 0, or an MD's"
+        " first after a handoff)"
+    ),
     "route_fallback": "the request left its route for another (from_route, to_route, reason)",
     "resumed_on_rld": "the MD's stream failed after tokens: the rest decodes on the RLD from the client's tokens",
     "source_failed": "a decode stream the router read from failed (source, reason)",

@@ -37,6 +37,7 @@ class Session:
     pending_index: int = 0  # MD: index of its token without KV
     handed_final: bool = False  # MD: the final handoff is applied
     emit_from: int = 1  # first index this worker streams
+    first_sent: bool = False  # this worker's first_token event is out (one a session: the first index it streams)
     p_token: int | None = None  # P's first token, imported with the prompt KV
     relay_lost: bool = False  # MD: the RLD is unreachable
     relay_output: tuple[int, ...] | None = None  # MD: the RLD finished alone; its whole output (RelayOutput)
