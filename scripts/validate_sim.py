@@ -8,7 +8,7 @@
     .venv/bin/python scripts/validate_sim.py p-spread RUN_DIR... [--variants pd-intra,pdd]  # the P step's spread
     .venv/bin/python scripts/validate_sim.py decode-level MATRIX... [--variants colocated,pd-intra]  # the RLD's
     .venv/bin/python scripts/validate_sim.py compare DIRS [--spec pdd-vs-baselines] [--out /tmp/simval]
-    .venv/bin/python scripts/validate_sim.py compare-repeats MATRIX... [--spec ...] [--seed S] [--out DIR]
+    .venv/bin/python scripts/validate_sim.py compare-repeats MATRIX... [--spec S] [--set K=V] [--seed S] [--out DIR]
 
 fit: every event but the warm-up's (request ids with ".w") of the runs' variants/*/events/*.jsonl, pooled: P's
 prefill_step against the lone roofline of its chunks (least absolute deviation: fixed + factor x roofline), the
@@ -41,8 +41,9 @@ intervals), p90 and WAN KV bytes are printed side by side as a markdown table, w
 within issue 30's acceptance (+-15% on p50 and bytes, +-25% on p90).
 compare-repeats: every MATRIX (any number) holds runs of the spec, one a profile, as PROFILE/summary.json or
 */PROFILE/summary.json (metadata.json beside it is read where kept). A run whose summary is not the simulated spec's
-experiment (variants, planned requests, SLO, KV bytes per token, the workload's mean hit; the metadata's experiment
-and profile) is refused and named, never pooled. Per profile, variant and metric (TTFT p50, p90, WAN KV bytes): the
+experiment (variants, planned requests, SLO, KV bytes per token, the workload's mean hit; the metadata's experiment,
+profile and compute: mode, arch, each role's accelerator and devices, as --set gives the simulated spec them) is
+refused and named, never pooled. Per profile, variant and metric (TTFT p50, p90, WAN KV bytes): the
 runs' mean, its Student's t 95% interval over runs (n >= 2), their coefficient of variation, the simulated figure
 (its own interval where the simulator gives one), the error against the mean and a verdict: within / outside the
 acceptance, or "not judgeable at this n" where the runs' interval is wider than the acceptance of their mean; and
@@ -127,7 +128,10 @@ def _decode_worker(events: list, lone, kv_bytes_per_token: int, s: Samples) -> N
     """A decode worker's mixed steps, decode steps and imports into s."""
     from workers.modelled.roofline import Part
 
-    first = {e["request_id"]: e["t_ns"] for e in events if e["event"] == "first_token"}
+    first: dict[str, int] = {}  # the earliest: until 2026-12-06 a worker also wrote one at index 1 after index 0
+    for e in events:
+        if e["event"] == "first_token":
+            first[e["request_id"]] = min(e["t_ns"], first.get(e["request_id"], e["t_ns"]))
     recv = {e["request_id"]: e["t_ns"] for e in events if e["event"] == "kv_recv_end"}
     mixed_ends = [(e["t_ns"], e["duration_ns"]) for e in events if e["event"] == "decode_step_mixed"]
     context = {}  # request -> tokens with KV so far (its cached prefix at decode_open, then its chunks')
@@ -518,10 +522,42 @@ def identity(summary: dict) -> dict:
     }
 
 
-def mismatch(run: Run, reference: dict, spec: str) -> str | None:
-    """Why run is not the experiment of reference (the simulated spec's identity), or None if it is."""
+def compute_of(deployment: dict | None) -> dict:
+    """What computes in a spec's deployment (its raw overrides, as a spec and metadata.json keep them): compute
+    (mode real unless named) and each role's accelerator and devices where set."""
+    d = deployment or {}
+    out = {"compute": {"mode": "real", **(d.get("compute") or {})}}
+    for role in ("p", "rld", "md"):
+        if r := {k: v for k, v in (d.get(role) or {}).items() if k in ("accelerator", "devices")}:
+            out[role] = r
+    return out
+
+
+def run_compute(run: Run) -> dict:
+    """compute_of the spec the run ran (metadata.json); without its metadata only the mode, read from its summary
+    (roles_cpu: modelled engines' seconds)."""
+    if run.metadata:
+        return compute_of((run.metadata.get("spec") or {}).get("deployment"))
+    modelled = any(
+        (r.get("modelled_s") or 0) > 0
+        for v in run.summary.get("variants", {}).values()
+        for r in ((v.get("roles_cpu") or {}).get("roles") or {}).values()
+    )
+    return {"compute": {"mode": "modelled" if modelled else "real"}}
+
+
+def mismatch(run: Run, reference: dict, spec: str, compute: dict | None = None) -> str | None:
+    """Why run is not the experiment of reference (the simulated spec's identity), or None if it is. compute: the
+    simulated spec's compute_of; a run that computed otherwise (real against modelled, another accelerator or
+    arch) is not its experiment, though its summary's identity may match (without metadata only the mode is
+    compared)."""
     ident = identity(run.summary)
     diff = [f"{k} {ident[k]} != {reference[k]}" for k in reference if ident.get(k) != reference[k]]
+    if compute is not None:
+        theirs = run_compute(run)
+        ours = compute if run.metadata else {"compute": {"mode": compute["compute"]["mode"]}}
+        if theirs != ours:
+            diff.append(f"compute {theirs} != {ours}")
     meta = run.metadata or {}
     if meta and meta.get("experiment") != spec:
         diff.append(f"experiment {meta.get('experiment')} != {spec}")
@@ -703,9 +739,9 @@ def markdown_rows(rows: list[Row]) -> list[str]:
     return out
 
 
-def _simulate(spec: str, profile: str, out: Path, seed: int | None = None) -> dict:
-    """The simulator's summary of spec on profile (`pddlab simulate SPEC --set profile=P [--seed S]`), kept in
-    out/profile."""
+def _simulate(spec: str, profile: str, out: Path, seed: int | None = None, sets: tuple[str, ...] = ()) -> dict:
+    """The simulator's summary of spec on profile (`pddlab simulate SPEC --set profile=P [--set ...] [--seed S]`),
+    kept in out/profile."""
     subprocess.run(
         [
             sys.executable,
@@ -718,6 +754,7 @@ def _simulate(spec: str, profile: str, out: Path, seed: int | None = None) -> di
             "--out",
             str(out / profile),
             *(["--seed", str(seed)] if seed is not None else []),
+            *(a for kv in sets for a in ("--set", kv)),
         ],
         check=True,
         capture_output=True,
@@ -726,22 +763,35 @@ def _simulate(spec: str, profile: str, out: Path, seed: int | None = None) -> di
     return json.loads((out / profile / "summary.json").read_text())
 
 
+def spec_compute(spec: str, sets: tuple[str, ...] = ()) -> dict:
+    """compute_of the spec as simulated (its --set overrides applied)."""
+    from experiments.sim.config import load_for_simulation
+
+    return compute_of(load_for_simulation(spec, list(sets)).spec.deployment)
+
+
 def compare_repeats(
-    matrices: list[Path], spec: str, out: Path, across: list[str] = (), seed: int | None = None
+    matrices: list[Path],
+    spec: str,
+    out: Path,
+    across: list[str] = (),
+    seed: int | None = None,
+    sets: tuple[str, ...] = (),
 ) -> None:
     """Pool each profile's runs found under the matrices, simulate the profile (seed: the simulator's, None: the
-    workload's), print the table, write JSON; the across variants (those that never cross the WAN) also pooled over
-    every profile."""
+    workload's; sets: --set overrides, as the runs had them: modelled compute), print the table, write JSON; the
+    across variants (those that never cross the WAN) also pooled over every profile."""
     by_profile: dict[str, list[Run]] = {}
     for run in find_runs(matrices):
         by_profile.setdefault(run.profile, []).append(run)
     rows, refused, pooled_runs, kept_by, sims = [], [], {}, {}, {}
+    compute = spec_compute(spec, sets)
     for profile, runs in sorted(by_profile.items()):
-        sim = sims[profile] = _simulate(spec, profile, out, seed)
+        sim = sims[profile] = _simulate(spec, profile, out, seed, sets)
         ref = identity(sim)
         kept = []
         for run in runs:
-            why = mismatch(run, ref, spec)
+            why = mismatch(run, ref, spec, compute)
             (refused.append({"profile": profile, "matrix": run.matrix, "reason": why}) if why else kept.append(run))
         if kept:
             pooled_runs[profile] = [{"matrix": r.matrix, "commit": r.commit, "speed": r.speed} for r in kept]
@@ -1010,10 +1060,11 @@ def spec_runs(matrices: list[Path], spec: str, out: Path):
     """(run, the simulator's summary of its profile) for each run of the matrices that is spec's experiment (each
     profile simulated once, kept in out); a run of another experiment is printed as REFUSED with why."""
     sims: dict[str, dict] = {}
+    compute = spec_compute(spec)
     for run in find_runs(matrices):
         if run.profile not in sims:
             sims[run.profile] = _simulate(spec, run.profile, out)
-        if why := mismatch(run, identity(sims[run.profile]), spec):
+        if why := mismatch(run, identity(sims[run.profile]), spec, compute):
             print(f"REFUSED {run.matrix} {run.profile}: {why}")
             continue
         yield run, sims[run.profile]
@@ -1178,6 +1229,13 @@ def main() -> None:
         help="variants that never cross the WAN (e.g. colocated,pd-intra), also pooled over every profile's runs",
     )
     r.add_argument("--seed", type=int, default=None, help="the simulator's (the line's jitter, P's step spread)")
+    r.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an override of the simulated spec, as the runs had it (modelled compute: deployment.compute.mode=...)",
+    )
     lv = sub.add_parser("p-level")
     lv.add_argument("matrices", nargs="+", type=Path)
     lv.add_argument("--spec", default="pdd-vs-baselines")
@@ -1218,7 +1276,7 @@ def main() -> None:
     elif a.cmd == "compare":
         compare(a.dirs, a.spec, a.out)
     else:
-        compare_repeats(a.matrices, a.spec, a.out, [v for v in a.across_profiles.split(",") if v], a.seed)
+        compare_repeats(a.matrices, a.spec, a.out, [v for v in a.across_profiles.split(",") if v], a.seed, tuple(a.set))
 
 
 if __name__ == "__main__":

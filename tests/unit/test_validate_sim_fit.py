@@ -40,6 +40,9 @@ def test_a_decode_span_leaves_out_the_mixed_steps_in_it_and_a_mixed_step_is_at_i
         },
         {"event": "decode_done", "request_id": "r1", "t_ns": 100 * MS, "steps": 4, "mean_batch": 1.0},
     ]
+    # a worker before 2026-12-06 also wrote first_token at index 1 (its first decode step's end): the span is the
+    # earliest's
+    events.insert(2, {"event": "first_token", "request_id": "r1", "t_ns": 20 * MS, "index": 1})
     s = vs.Samples()
     roof = lone()
     vs._decode_worker(events, roof, 49152, s)

@@ -179,3 +179,32 @@ def test_bursts_are_requests_sent_within_20_ms_of_the_one_before():
 
     recs = [rec("a", 0), rec("b", 5), rec("c", 24), rec("d", 100), rec("w", 101, "warmup"), rec("e", 300)]
     assert [[r["request_id"] for r in b] for b in vs.bursts(recs)] == [["a", "b", "c"]]  # c: 19 ms after b
+
+
+def test_a_run_that_computed_otherwise_is_refused():
+    ref = vs.identity(_summary())
+    real = vs.compute_of({})
+    modelled = vs.compute_of({"compute": {"mode": "modelled", "arch": "default"}, "p": {"accelerator": "h800"}})
+    meta = {
+        "experiment": "pdd-vs-baselines",
+        "spec": {
+            "profile": "wan-lossy",
+            "deployment": {
+                "compute": {"mode": "modelled", "arch": "default"},
+                "p": {"accelerator": "h800", "devices": 1},
+            },
+        },
+    }
+    run = vs.Run("m", "wan-lossy", _summary(), meta)
+    assert "compute" in vs.mismatch(run, ref, "pdd-vs-baselines", real)
+    # the same mode on another accelerator is another experiment too
+    assert "compute" in vs.mismatch(run, ref, "pdd-vs-baselines", modelled)
+    same = vs.compute_of(meta["spec"]["deployment"])
+    assert vs.mismatch(run, ref, "pdd-vs-baselines", same) is None
+    # without metadata only the mode is known: the summary's modelled engines' seconds
+    bare = _summary()
+    assert vs.mismatch(vs.Run("m", "wan-lossy", bare), ref, "pdd-vs-baselines", real) is None
+    assert "compute" in vs.mismatch(vs.Run("m", "wan-lossy", bare), ref, "pdd-vs-baselines", modelled)
+    for v in bare["variants"].values():
+        v["roles_cpu"] = {"roles": {"p": {"modelled_s": 8.0}}}
+    assert vs.mismatch(vs.Run("m", "wan-lossy", bare), ref, "pdd-vs-baselines", modelled) is None
