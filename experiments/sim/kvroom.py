@@ -178,6 +178,17 @@ class PrefixCache:
     def match(self, chain: list[int], prompt_len: int, pin: str = "") -> int:
         """Tokens of the prompt (of prompt_len tokens, whole blocks named chain) this cache holds; pin: the
         request that keeps them from eviction until its unpin."""
+        lo = self.held(chain, prompt_len) // self.block
+        if pin and lo:
+            self.pins[pin] = (chain, lo)
+        self.lookups += 1
+        self.hit_tokens += lo * self.block
+        self.prompt_tokens += prompt_len
+        return lo * self.block
+
+    def held(self, chain: list[int], prompt_len: int) -> int:
+        """Tokens of the prompt this cache holds, as match finds them, without counting a lookup or pinning
+        (policy.pick_p cache_aware's look, as the router's mirror of what each P prefilled)."""
         stamps = self.stamps
         lo, hi = 0, min(len(chain), (prompt_len - 1) // self.block)  # the held blocks are a prefix: bisect it
         while lo < hi:
@@ -186,11 +197,6 @@ class PrefixCache:
                 lo = mid
             else:
                 hi = mid - 1
-        if pin and lo:
-            self.pins[pin] = (chain, lo)
-        self.lookups += 1
-        self.hit_tokens += lo * self.block
-        self.prompt_tokens += prompt_len
         return lo * self.block
 
     def unpin(self, pin: str) -> None:

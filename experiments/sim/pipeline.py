@@ -35,12 +35,11 @@ small: without it every later turn ships its whole prompt while the earlier copy
 
 P's hit is its own prefix cache's (experiments.sim.kvroom.PrefixCache, one per P, as each emulated P's engine keeps
 its radix tree): the whole blocks of the prompts it prefilled (never their outputs: P does not decode), and the
-warm-up's prompt (the system prompt) on every P; a session whose turns land on another P (policy.pick_p, as the
-router picks: round_robin by the pool's own turn, least_load by prompt tokens in flight) finds there only what
-that P prefilled of it; least recently used blocks go when P's KV room is short. A Mooncake slice's shared
-prefixes are matched block by block (its prompts' tokens); a later turn's prompt continues its previous turn's
-blocks, then blocks of its own (the reply's tokens are the reference run's). A fallback prefills again on the
-same P, which then holds the prompt's whole blocks.
+warm-up's prompt (the system prompt) on every P; a session whose turns land on another P (policy.pick_p: round_robin,
+least_load by prompt tokens in flight, cache_aware by the prefix each P's cache holds: workers.pick_prefill) finds
+there only what that P prefilled of it; least recently used blocks go when P's KV room is short. A Mooncake slice's
+shared prefixes are matched block by block (its prompts' tokens); a later turn's prompt continues its previous
+turn's blocks, then its own (the reply's tokens are the reference run's). A fallback prefills again on the same P.
 
 Times: TTFT is when the decode side holds the prompt's KV and forwards P's first token (as the emulated
 client sees it: P's token reaches the client through the decode side); ttft_decode is the first token a
@@ -64,7 +63,7 @@ from experiments.sim.kvroom import Deadlines, KVRoom, extend_chain, kv_capacity_
 from experiments.sim.realcompute import MeasuredRoofline, kv_export_s, kv_import_s, the_jitter
 from experiments.sim.record import DEADLINE_EXCEEDED, Rec, streams_ended
 from experiments.sim.wan import Calibration, Line
-from experiments.sim.workers import DecodeWorker, PrefillWorker, Session
+from experiments.sim.workers import DecodeWorker, PrefillWorker, Session, pick_prefill
 from experiments.spec.workload import WorkloadRequest
 from workers.roles.routing import Route, decide_route
 
@@ -358,7 +357,9 @@ class Simulation:
     def _prefill(self, req: WorkloadRequest, rec: Rec, p: PrefillWorker | None = None):
         """P's prefill on top of what P's own prefix cache holds of the prompt (p: the P a fallback prefills on
         again, as the router's; else picked); P, or None when P refused it (the request failed)."""
-        p = p or self._pick("p", self.cfg.policy.pick_p, _P_LOAD)
+        if p is None and (how := self.cfg.policy.pick_p) == "cache_aware" and len(self.p) > 1:
+            p = pick_prefill(self.p, self.chain(req), req.prompt_len)
+        p = p or self._pick("p", how, _P_LOAD)
         rec.workers["p"] = p.name
         problem, self.p_cached[req.request_id] = yield from p.prefill_prompt(
             req.prompt_len, self.chain(req), self._blocks(req, 1), req.request_id

@@ -25,6 +25,7 @@ from experiments.sim.realcompute import MeasuredRoofline, kv_import_s
 from workers.chunked import plan_step
 from workers.errors import CapacityExceeded
 from workers.modelled.roofline import Part, Roofline
+from workers.roles.routing import WorkerLoad, pick_p
 
 
 _MARGIN = 1 + 1e-9  # one roof's time over the other's past which float rounding cannot swap them
@@ -537,3 +538,16 @@ class DecodeWorker:
             self.active = [s for s in self.active if s not in leaving]
             for s in gone:
                 s.released.succeed()
+
+
+def pick_prefill(pool: list[PrefillWorker], chain: list[int], prompt_len: int) -> PrefillWorker:
+    """policy.pick_p cache_aware's P of pool (routing.pick_p's rule, the emulated router's): each P's load (its
+    prefills in flight, their tokens) and the prompt's prefix its own cache holds (the router's mirror of what each
+    P prefilled; here the cache itself, which a mirror follows but for evictions)."""
+    loads = [
+        WorkerLoad(
+            p.name, p.in_flight, p.in_flight_tokens, hit_tokens=p.cache.held(chain, prompt_len) if p.cache else 0
+        )
+        for p in pool
+    ]
+    return pool[[w.name for w in loads].index(pick_p(loads, "cache_aware", 0).worker)]

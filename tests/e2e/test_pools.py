@@ -160,3 +160,29 @@ def test_colocated_reuses_the_prefix_the_rld_computed_before(pools, reference):
     check_reference(reference, prompt, second.ids, 8, "colocated on a cached prefix")
     [opened] = events_of(pools, "rld1", "colo-2", "decode_open")
     assert opened.fields["cached_tokens"] == 64
+
+
+@pytest.fixture(scope="module")
+def p_aware(tmp_path_factory):
+    d = Deployment(tmp_path_factory.mktemp("p-aware"), {"p": 2, "rld": 1, "md": 1}, policy={"pick_p": "cache_aware"})
+    try:
+        yield d.start()
+    finally:
+        codes = d.stop()
+        assert all(c == 0 for c in codes.values()), f"exit codes {codes}; logs in {d.run_dir}"
+
+
+def test_cache_aware_p_sends_a_next_turn_to_the_p_that_prefilled_the_last(p_aware, reference):
+    """policy.pick_p cache_aware: the router's mirror of what each P prefilled sends a session's next turn to the P
+    holding its context, whose own prefix cache then spares the prefill that context."""
+    first_prompt = fresh_prompt(64)
+    first = generate(p_aware.channel, first_prompt, 8, mode="pd-intra", request_id="p-turn-1")
+    check_stream(first, 8)
+    p = route_of(p_aware, "p-turn-1")["workers"]["p"]
+    follow = first_prompt + first.ids + fresh_prompt(8)
+    second = generate(p_aware.channel, follow, 8, mode="pd-intra", request_id="p-turn-2")
+    check_reference(reference, follow, second.ids, 8, "pd-intra on the P holding its context")
+    route = route_of(p_aware, "p-turn-2")
+    assert route["workers"]["p"] == p and route["picks"]["p"]["reason"] == "affinity", route
+    [start] = events_of(p_aware, p, "p-turn-2", "prefill_start")
+    assert start.fields["cached_tokens"] >= 64, start.fields

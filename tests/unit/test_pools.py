@@ -165,3 +165,28 @@ def test_prompts_that_arrive_together_spread_over_p_by_their_tokens():
     assert picks[3].record()["loads"] == [["p1", 2, 13_381, 0], ["p2", 2, 22_962, 0]]
     pools.take(p2, 13_544)  # the third's Prefill call begins: its pick becomes it, counted once
     assert pools.choose("p", tokens=1).record()["loads"] == [["p1", 3, 28_553, 0], ["p2", 2, 22_962, 0]]
+
+
+def test_p_cache_aware_follows_the_prefix_then_the_load():
+    # the P holding 512 tokens of the prompt, though 900 tokens are queued there
+    pick = pick_p([W("p1", 2, 900, hit=512), W("p2", 0, 0, hit=0)], "cache_aware", 0)
+    assert (pick.worker, pick.reason) == ("p1", "affinity")
+    # equal hits (the shared system prompt on every P): the fewest tokens still to prefill, as least_load
+    pick = pick_p([W("p1", 1, 900, hit=64), W("p2", 2, 100, hit=64)], "cache_aware", 0)
+    assert (pick.worker, pick.reason) == ("p2", "least_load")
+    pick = pick_p([W("p1", 1, 100, hit=64), W("p2", 0, 100, hit=64)], "cache_aware", 0)
+    assert pick.worker == "p2"  # then the fewest prefills
+
+
+def test_p_mirrors_learn_what_each_p_prefilled_and_only_under_cache_aware():
+    prompt = list(range(40))
+    plain = Pools(_cfg())
+    plain.prefilled(plain.cfg.p[0], prompt)
+    assert plain.p_hits(prompt) is None  # least_load: no mirror kept, no hits asked for
+    pools = Pools(_cfg(pick_p="cache_aware"))
+    p1, p2 = pools.cfg.p
+    assert pools.p_hits(prompt) == {"p1": 0, "p2": 0}
+    pools.prefilled(p2, prompt)
+    assert pools.p_hits(prompt + [7] * 20) == {"p1": 0, "p2": 32}  # whole blocks of what p2 prefilled
+    choice = pools.choose("p", pools.p_hits(prompt + [7] * 20), tokens=60)
+    assert choice.worker == p2 and choice.pick.reason == "affinity"

@@ -56,25 +56,32 @@ def test_eviction_takes_the_least_recent_prompt_tail_first_and_keeps_the_shared_
     assert cache.match(chain_b, len(b) + 1) == 4 * BLOCK  # the system prompt, in both, was the most recent
 
 
-def one_session(p_workers: int, pick_p: str = "round_robin"):
-    """A session of four turns on pd-intra (P -> RLD), nothing else: its requests, and the simulation run."""
+def sessions_of_four_turns(p_workers: int, pick_p: str = "round_robin", sessions: int = 1, *extra: str):
+    """Sessions of four turns on pd-intra (P -> RLD), nothing else: their requests, records and the simulation."""
     loaded = load_for_simulation(
         "pdd-vs-baselines",
         [
             "variants=[pd-intra]",
             f"pools={{p: {{workers: {p_workers}}}}}",
             f"deployment.policy.pick_p={pick_p}",
-            "workload.synthetic.sessions=1",
+            f"workload.synthetic.sessions={sessions}",
             "workload.synthetic.turns=[4, 4]",
             "workload.synthetic.fresh_requests=0",
             "workload.synthetic.singular_fraction=0",
+            *extra,
         ],
     )
     reqs = workload_of(loaded)
     sim = Simulation(sim_config(loaded, "pd-intra"), reqs)
     records = sim.run()
     turns = [r for r in reqs if r.kind != "warmup"]
-    assert [r.turn for r in turns] == [1, 2, 3, 4] and all(r.ok for r in records)
+    assert len(turns) == 4 * sessions and all(r.ok for r in records)
+    return turns, records, sim
+
+
+def one_session(p_workers: int, pick_p: str = "round_robin"):
+    turns, records, sim = sessions_of_four_turns(p_workers, pick_p)
+    assert [r.turn for r in turns] == [1, 2, 3, 4]
     return turns, records, sim
 
 
@@ -110,3 +117,31 @@ def test_least_load_sends_a_turn_to_the_first_idle_p_so_a_closed_loop_session_st
 def test_the_records_are_the_same_run_to_run():
     first = one_session(p_workers=2)[1]
     assert one_session(p_workers=2)[1] == first
+
+
+def sessions_on_ps(pick_p: str):
+    """Four sessions of four turns arriving together on pd-intra with three Ps (pick_p)."""
+    return sessions_of_four_turns(3, pick_p, 4, "workload.synthetic.session_rate_per_s=50")
+
+
+def test_cache_aware_keeps_each_sessions_turns_on_the_p_that_holds_its_context():
+    turns, records, sim = sessions_on_ps("cache_aware")
+    p_of = {r.request_id: r.workers["p"] for r in records}
+    by_session: dict[str, list] = {}
+    for r in turns:
+        by_session.setdefault(r.session, []).append(r)
+    for session in by_session.values():
+        assert len({p_of[r.request_id] for r in session}) == 1, [p_of[r.request_id] for r in session]
+        hits = [sim.p_cached[r.request_id] for r in session]
+        assert hits[1:] == [whole(prev.prompt_len) for prev in session[:-1]]
+    assert len(set(p_of.values())) > 1  # the first turns still spread by load
+
+
+def test_least_load_moves_a_session_whose_p_is_busy_and_it_loses_its_context():
+    turns, records, sim = sessions_on_ps("least_load")
+    p_of = {r.request_id: r.workers["p"] for r in records}
+    moved = [r for r in turns if r.after and p_of[r.request_id] != p_of[r.after]]
+    assert moved  # what cache_aware prevents
+    assert all(
+        sim.p_cached[r.request_id] < whole(next(t for t in turns if t.request_id == r.after).prompt_len) for r in moved
+    )

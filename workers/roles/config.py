@@ -44,8 +44,9 @@ Role = Literal["router", "p", "rld", "md"]
 POOL_ROLES = ("p", "rld", "md")
 MAX_POOL = 19  # workers per pool at most (topology.naming: 19 hosts per role)
 # How the router picks a worker of a pool: by load (P: prefill tokens queued; RLD: free KV, then sessions),
-# in turn, or (MD) by where the prompt's prefix already lives, bounded by load (routing.pick_md).
-PickP = Literal["least_load", "round_robin"]
+# in turn, or (P, MD: cache_aware) by where the prompt's prefix already lives, bounded by load (routing.pick_p,
+# pick_md; P's by the router's mirror of what each P prefilled).
+PickP = Literal["least_load", "round_robin", "cache_aware"]
 PickRLD = Literal["least_load", "round_robin"]
 # line_measured is a value of pick_md rather than a knob of its own: each MD sits behind one line (the
 # topology's per-destination route), so choosing a request's line is choosing its MD; a separate knob would

@@ -139,6 +139,11 @@ class Pools:
         self._picked: dict[str, deque[tuple[float, int]]] = {w.name: deque() for w in cfg.workers}
         self._turns = {role: 0 for role in ("p", "rld", "md")}
         self.mirrors = {w.name: DRCMirror(cfg.block_size, w.capacity_tokens // cfg.block_size) for w in cfg.md}
+        # pick_p cache_aware: what each P prefilled (its own prefix cache), as the MDs' mirrors
+        p_aware = cfg.policy.pick_p == "cache_aware"
+        self.p_mirrors = {
+            w.name: DRCMirror(cfg.block_size, w.capacity_tokens // cfg.block_size) for w in cfg.p if p_aware
+        }
         self.lines = LineBook(cfg, clock)
 
     # ------------------------------------------------------------ picks
@@ -193,6 +198,15 @@ class Pools:
     def hits(self, prompt: list[int]) -> dict[str, int]:
         """MD name -> the tokens of prompt its DRC is expected to hold (the router's mirrors)."""
         return {name: mirror.match(prompt) for name, mirror in self.mirrors.items()}
+
+    def p_hits(self, prompt: list[int]) -> dict[str, int] | None:
+        """P name -> the tokens of prompt its own prefix cache is expected to hold (pick_p cache_aware; else None)."""
+        return {name: mirror.match(prompt) for name, mirror in self.p_mirrors.items()} or None
+
+    def prefilled(self, worker: WorkerConfig, prompt: list[int]) -> None:
+        """P prefilled prompt: its cache holds the prompt's whole blocks (pick_p cache_aware's mirror)."""
+        if (mirror := self.p_mirrors.get(worker.name)) is not None:
+            mirror.insert(prompt)
 
     def _load(self, w: WorkerConfig, hit: int) -> WorkerLoad:
         """A worker's load now (the caller holds the lock): its sessions, and its picks not yet taken up."""

@@ -219,7 +219,7 @@ class RouterServicer(pdd_pb2_grpc.RouterServicer):
         if decision.route != Route.P_MD:
             chosen["rld"] = self.pools.choose("rld", tokens=len(prompt) + max_tokens)  # as _open_stream takes
         if decision.route != Route.COLOCATED:
-            chosen["p"] = self.pools.choose("p", tokens=len(prompt))  # as _prefill holds
+            chosen["p"] = self.pools.choose("p", self.pools.p_hits(prompt), tokens=len(prompt))  # as _prefill holds
         return decision, chosen, line, figures
 
     def _md_hits(self, prompt: list[int]) -> dict[str, int]:
@@ -459,6 +459,7 @@ class _RequestRun:
             self._fail(err.code(), f"{p.name}: {err.details()}")
         # Token 0 (reply.first_token) reaches the client from the decode side once it holds the KV.
         self.s.events.emit("prefill_reply", self.rid, first_token=reply.first_token, t_ns_p=reply.t_ns)
+        self.s.pools.prefilled(p, self.prompt)
         for line, w in [("", reply.wan), *reply.lines.items()]:
             if w.samples:
                 self.s.pools.lines.report(

@@ -165,7 +165,7 @@ class WorkerLoad:
     """What the router knows of one worker when it picks: name; sessions: its requests in flight from this
     router (P: prefills, RLD/MD: decode sessions); tokens: P: prompt tokens it still has to prefill, RLD/MD:
     KV slots its sessions reserved (prompt + max_tokens); capacity_tokens: its KV slots; healthy: no recent
-    failure; hit_tokens: MD: the prompt's prefix its DRC is expected to hold (tokens)."""
+    failure; hit_tokens: the prompt's prefix its cache is expected to hold (tokens; MD: its DRC, P: its own)."""
 
     name: str
     sessions: int = 0
@@ -232,6 +232,18 @@ def _md_least_load(cands: list[WorkerLoad], turn: int, **_) -> Pick:
     return Pick(_least(cands, lambda w: (w.sessions, w.tokens)).name, "least_load")
 
 
+def _p_cache_aware(cands: list[WorkerLoad], turn: int, **_) -> Pick:
+    """The P expected to hold the longest prefix of the prompt in its own prefix cache (hit_tokens: the router's
+    mirror of what each P prefilled), ties to the fewest prompt tokens still to prefill, then the fewest prefills:
+    a session's next turn goes where its context is. No balance rule (pick_md's): a P's queue of cached turns is
+    short work, and at published scale (docs/simulator.md, sweep (c)) pick_md's thresholds moved 3 of 4 turns off
+    their P, and a pick by expected end (queue + uncached tokens, as Mooncake's conductor) half of them, each
+    recomputing its context. Reason affinity where the pick holds more of the prompt than some other P."""
+    best = _least(cands, lambda w: (-w.hit_tokens, w.tokens, w.sessions))
+    more = best.hit_tokens > min(w.hit_tokens for w in cands)
+    return Pick(best.name, "affinity" if more else "least_load")
+
+
 def _md_cache_aware(
     cands: list[WorkerLoad], turn: int, load_cap: int, balance_abs: int, balance_rel: float, **_
 ) -> Pick:
@@ -292,7 +304,7 @@ def _md_line_measured(cands: list[WorkerLoad], turn: int, load_cap: int, lines: 
 
 # The pick policies of each pool (workers.roles.config's PickP, PickRLD, PickMD), by name: the one place a
 # policy's name becomes its function.
-P_PICKS = {"least_load": _p_least_load, "round_robin": _round_robin}
+P_PICKS = {"cache_aware": _p_cache_aware, "least_load": _p_least_load, "round_robin": _round_robin}
 RLD_PICKS = {"least_load": _rld_least_load, "round_robin": _round_robin}
 MD_PICKS = {
     "cache_aware": _md_cache_aware,
@@ -303,7 +315,7 @@ MD_PICKS = {
 
 
 def pick_p(loads: list[WorkerLoad], policy: str, turn: int) -> Pick:
-    """The P that prefills (P_PICKS[policy]: least_load or round_robin)."""
+    """The P that prefills (P_PICKS[policy]: cache_aware, least_load or round_robin)."""
     cands, pick = _first_pass(loads)
     return pick if pick is not None else P_PICKS[policy](cands, turn)
 
