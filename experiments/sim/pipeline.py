@@ -41,9 +41,10 @@ there only what that P prefilled of it; least recently used blocks go when P's K
 shared prefixes are matched block by block (its prompts' tokens); a later turn's prompt continues its previous
 turn's blocks, then its own (the reply's tokens are the reference run's). A fallback prefills again on the same P.
 
-Times: TTFT is when the decode side holds the prompt's KV and forwards P's first token (as the emulated
-client sees it: P's token reaches the client through the decode side); ttft_decode is the first token a
-decode worker made. Chunked and auto handoffs are simulated as one-shot (docs/simulator.md).
+Times are the client's: a token when the decode side sends it (P's first once that side holds the prompt's KV),
+an MD's a one-way of the line later (the client is in site A); ttft_decode: the first token a decode worker made.
+pdd's P->MD copy starts at the MD's DRC answer at the earliest (P asks as it starts; the MD answers once the router's
+open crossed the line: an RTT). Chunked and auto handoffs are simulated as one-shot (docs/simulator.md).
 """
 
 from __future__ import annotations
@@ -100,10 +101,9 @@ class Simulation:
 
     cfg: the variant (experiments.sim.config.sim_config); requests: the workload (a warm-up is not simulated:
     its prompt is put in every P's prefix cache, and the system prompt is taken as cached on every decode worker,
-    as after the emulated warm-up); seed: the line's jitter and real compute's P step spread
-    (experiments.sim.realcompute.the_jitter: each P its own draws);
-    calibration: the WAN table (None: formula only); request_s: timeouts.request_s, the client's deadline of
-    one request (0: none)"""
+    as after the emulated warm-up); seed: the line's jitter and real compute's P step spread (realcompute.the_jitter:
+    each P its own draws); calibration: the WAN table (None: formula only); request_s: timeouts.request_s, the
+    client's deadline of one request (0: none)"""
 
     def __init__(
         self,
@@ -118,6 +118,7 @@ class Simulation:
         self.request_s, self.kv_wait_s = request_s, dep.decode.kv_wait_ms / 1000
         self._block = dep.block_size  # tokens a KV block
         self.line = Line(env, cfg.line, calibration, random.Random(seed), congestion=cfg.wan_congestion)
+        self.back_s = cfg.line.one_way_s  # an MD's token to the client (site A) crosses the line back (as A -> B)
         self.deadlines = Deadlines(env)  # timeouts.request_s, and the MDs' kv_wait_ms on the WAN copies
         self.rooms = {
             w.name: KVRoom(env, kv_capacity_tokens(w), dep.block_size) for ws in cfg.workers.values() for w in ws
@@ -130,8 +131,7 @@ class Simulation:
             )
             for w in cfg.workers["p"]
         ]
-        self.rld = [DecodeWorker(env, w) for w in cfg.workers["rld"]]
-        self.md = [DecodeWorker(env, w) for w in cfg.workers["md"]]
+        self.rld, self.md = ([DecodeWorker(env, w) for w in cfg.workers[role]] for role in ("rld", "md"))
         self.pools = {"p": self.p, "rld": self.rld, "md": self.md}
         self.requests = [r for r in requests if r.kind != "warmup"]
         self._by_id = {r.request_id: r for r in self.requests}
@@ -143,8 +143,7 @@ class Simulation:
                 p.cache.insert(prompt_chain(warm.head_tokens, self._block), p.room.capacity)
         self.next_turns: dict[str, list[WorkloadRequest]] = defaultdict(list)
         self.base: dict[str, int] = {}  # session -> its shared head's cached tokens (the system prompt)
-        self.records = []
-        self._turns = {"p": 0, "rld": 0, "md": 0}  # each pool's picks so far (round_robin's turn, as the router's)
+        self.records, self._turns = [], {"p": 0, "rld": 0, "md": 0}  # _turns: each pool's picks (round_robin's turn)
         self._md_sessions: dict[str, Rec] = {}  # request -> its record while its pdd MD session is open (in-flight DRC)
 
     def run(self):
@@ -183,8 +182,6 @@ class Simulation:
         self.records.append(replace(rec, ok=False, issued=False, error=error))
         for nxt in self.next_turns.get(req.request_id, ()):
             self._not_issued(nxt, error)
-
-    # ------------------------------------------------------------ ends
 
     def _end(self, rec: Rec) -> None:
         """The client has its answer (once); a failed request's open sessions stop, its KV blocks come back."""
@@ -376,7 +373,7 @@ class Simulation:
         yield session.released
         if rec.error is None:  # else the failure's record took the tokens it had
             rec.live.remove((worker, session))
-            rec.add(session, worker.name, role)
+            rec.add(session, worker.name, role, self.back_s if role == "md" else 0.0)
 
     def _colocated(self, req: WorkloadRequest, rec: Rec):
         rld = self._rld()
@@ -432,6 +429,8 @@ class Simulation:
         when the MD holds it; False when the line or the room took past decode.kv_wait_ms (its session's end:
         kv_timeout; the copy still crosses the line)."""
         deadline = rec.t0 + self.kv_wait_s
+        if rec.drc_hit is not None and (wait := rec.t0 + 2 * self.back_s - self.env.now) > 0:
+            yield wait  # pdd: P's copy starts at the MD's DRC answer (PrefixLength), once the router's open got there
         yield kv_export_s(p.model.roofline, tokens)
         sent = self.line.transfer(
             tokens * self.cfg.kv_bytes_per_token, self.cfg.wan_connections, self._peer(p.name, md.name)
@@ -490,7 +489,7 @@ class Simulation:
             if fallback:
                 return (yield from self._fall_back(req, rec, f"md ended: {KV_TIMEOUT}"))
             return self._fail(rec, streams_ended(req, 0, [f"md ended: {KV_TIMEOUT}"]))
-        rec.first(self.env.now, p.name)
+        rec.first(self.env.now + self.back_s, p.name)  # P's token, sent by the MD
         yield from self._decode(rec, md, "md", Session(self.env, req.max_tokens - 1, req.prompt_len))
         if rec.error is None:
             self._free(rec, "md", self._keep(req))

@@ -58,8 +58,9 @@ class Rec:
         self.token_workers.append(worker)
         self.counts[worker.rstrip("0123456789")] += 1
 
-    def add(self, s: Session, worker: str, role: str) -> None:
-        self.times += s.times
+    def add(self, s: Session, worker: str, role: str, late: float = 0.0) -> None:
+        """s's tokens join the record; late: their way to the client after the worker (s; an MD's: the line back)."""
+        self.times += [t + late for t in s.times] if late else s.times
         self.token_workers += [worker] * s.made
         self.counts[role] += s.made
         self.steps += s.steps

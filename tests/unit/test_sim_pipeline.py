@@ -48,10 +48,30 @@ def test_one_request_cross_dc_ttft_is_prefill_plus_transfer_and_the_first_decode
     ramp_s, ramp_bytes = slow_start(kv, 1e9, 0.02)
     line = 0.01 + ramp_s + (kv - ramp_bytes) * 8 / 1e9
     transfer = p.kv_transfer_s(req.prompt_len) + line + md.kv_transfer_s(req.prompt_len)
-    assert rec.ttft_ms == pytest.approx((prefill + transfer) * 1e3)
-    assert rec.ttft_decode_ms == pytest.approx((prefill + transfer + md.decode_s([req.prompt_len])) * 1e3)
+    back = 0.01  # the MD's tokens to the client, in site A: the line's one way
+    assert rec.ttft_ms == pytest.approx((prefill + transfer + back) * 1e3)
+    assert rec.ttft_decode_ms == pytest.approx((prefill + transfer + md.decode_s([req.prompt_len]) + back) * 1e3)
     assert rec.wan_kv_bytes == kv and rec.route == "p-md"
     assert rec.output_tokens == req.max_tokens and rec.md_tokens == req.max_tokens - 1
+
+
+def test_pdds_copy_to_the_md_waits_for_its_drc_answer_a_round_trip_after_the_route(tmp_path):
+    """P asks the MD's DRC where its copy starts as it starts its prefill; the MD answers once the router's open
+    got there: on a 200 ms line the copy cannot start before 400 ms, however short the prefill."""
+    direct = "deployment.policy.direct_max_transfer_ms=5000"  # P->MD on this line too
+    spec = loaded(tmp_path, "workload.fixed_hit.requests=1", "variants=[pdd-hetero]", direct, delay_ms=200)
+    (rec,) = simulate(spec).records
+    (req,) = measured(spec)
+    cfg = sim_config(spec, "pdd-hetero")
+    p, md = cfg.workers["p"][0].roofline, cfg.workers["md"][0].roofline
+    assert rec.route == "p-md" and p.prefill_s(req.prompt_len - req.cached_tokens, req.cached_tokens) < 0.4
+    tokens = req.prompt_len - req.cached_tokens
+    kv = tokens * cfg.kv_bytes_per_token
+    ramp_s, ramp_bytes = slow_start(kv, 1e9, 0.4)
+    line = 0.2 + ramp_s + (kv - ramp_bytes) * 8 / 1e9
+    copy = p.kv_transfer_s(tokens) + line + md.kv_transfer_s(tokens)  # (slow start as one connection's: +-12 ms)
+    # the answer, the copy, the token's way back; without the answer's wait it would start at the prefill's end
+    assert (0.4 + copy + 0.2) * 1e3 <= rec.ttft_ms <= (0.4 + copy + 0.2) * 1e3 + 50
 
 
 def test_pd_intra_sends_nothing_on_the_wan_and_its_ttft_is_prefill_plus_the_fast_path(tmp_path):
