@@ -354,9 +354,10 @@ class Simulation:
     def _prefill(self, req: WorkloadRequest, rec: Rec, p: PrefillWorker | None = None):
         """P's prefill on top of what P's own prefix cache holds of the prompt (p: the P a fallback prefills on
         again, as the router's; else picked); P, or None when P refused it (the request failed)."""
-        if p is None and (how := self.cfg.policy.pick_p) == "cache_aware" and len(self.p) > 1:
-            p = pick_prefill(self.p, self.chain(req), req.prompt_len)
-        p = p or self._pick("p", how, _P_LOAD)
+        if p is None:
+            how = self.cfg.policy.pick_p
+            aware = how == "cache_aware" and len(self.p) > 1
+            p = pick_prefill(self.p, self.chain(req), req.prompt_len) if aware else self._pick("p", how, _P_LOAD)
         rec.workers["p"] = p.name
         problem, self.p_cached[req.request_id] = yield from p.prefill_prompt(
             req.prompt_len, self.chain(req), self._blocks(req, 1), req.request_id
