@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from topology.profiles import load_profile
+from experiments.spec.scaling import lan_profile
 from topology.tc import netem_args
 
 log = logging.getLogger(__name__)
@@ -254,7 +254,7 @@ class ClusterBed:
             ),
             "lan_shaping": None,
             "wan_profile": profile.to_dict(),
-            "lan_profile": load_profile("lan").to_dict(),
+            "lan_profile": lan_profile(self.spec).to_dict(),
             "hosts": [],
             "seed": self.spec.topology_seed,
             "snaplen_bytes": self.spec.snaplen_bytes,

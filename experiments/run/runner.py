@@ -48,7 +48,7 @@ from experiments.spec.deployment import pool_cpusets, role_of
 from experiments.run.loadgen import Settled
 from experiments.spec.experiment import ExperimentSpec
 from experiments.spec.order import REFERENCE_VARIANT, run_order
-from experiments.spec.scaling import spec_scaling_record
+from experiments.spec.scaling import lan_profile, spec_scaling_record
 from experiments.progress import Progress
 from topology.profiles import Profile
 
@@ -169,6 +169,7 @@ def topology_config(spec: ExperimentSpec, profile, out: Path, play_schedule: boo
 
     return TopologyConfig(
         wan_profile=winmod.link_profile(spec, profile),
+        lan_profile=lan_profile(spec),
         backend=spec.backend,
         capture_dir=out / "pcap",
         snaplen_bytes=spec.snaplen_bytes,

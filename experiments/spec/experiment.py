@@ -23,7 +23,7 @@ from pydantic import BeforeValidator, StringConstraints
 
 import yaml
 
-from experiments.spec import faults, placement, sites, workload
+from experiments.spec import faults, placement, scaling, sites, workload
 from experiments.spec.crosstraffic import CrossFlow
 from experiments.spec.deployment import pool_sizes, worker_names
 from experiments.spec.faults import Fault
@@ -190,6 +190,8 @@ class ExperimentSpec:
     description: Str = ""
     profile: Str = "wan-cross-country"  # netem profile name or YAML path (the WAN link: the topology's first line)
     topology: Str = "two-clusters"  # topology file name or YAML path (topology.topofile; experiments.spec.sites)
+    # every intra-cluster link's profile (name or YAML path): the LAN the fast path (P -> RLD) crosses
+    lan_profile: Str = "lan"
     backend: Literal["auto", "tc", "userspace"] = "auto"
     runtime: Runtime = "process"  # how roles run in the hosts; docker: see runtime.py
     variants: tuple[Str, ...] = VARIANTS  # compared on the same topology and workload (the tables' order):
@@ -313,6 +315,7 @@ def validate(spec: ExperimentSpec, profile: Profile | None = None, *, check_mach
             f"variants={list(spec.variants)}: each once, from {list(known)} (modes, or names defined in variant_defs)"
         )
     profile = parse_profile(spec) if profile is None else profile
+    _refuse(scaling.lan_problem(spec))
     _refuse(sites.topology_problem(spec))  # before the deployment: the workers' addresses come from it
     for role in ("p", "rld", "md"):
         _range(f"capacity_tokens.{role}", getattr(spec.capacity_tokens, role), spec.block_size, 1 << 22)

@@ -33,6 +33,24 @@ def applied_profile(spec) -> Profile:
     return scaled_profile(published, spec_kv_scale(spec))
 
 
+def lan_profile(spec) -> Profile:
+    """The spec's LAN profile (every intra-cluster link's; not scaled: docs/spec.md), parsed; ScalingError naming
+    the field."""
+    try:
+        return profiles.load_profile(spec.lan_profile)
+    except ProfileError as err:
+        raise ScalingError(f"lan_profile: {err}") from None
+
+
+def lan_problem(spec) -> str | None:
+    """Why the spec's LAN profile does not load (None: it does)."""
+    try:
+        lan_profile(spec)
+    except ScalingError as err:
+        return str(err)
+    return None
+
+
 def applied_schedule(spec) -> tuple[ScheduleStep, ...]:
     """The spec's own `schedule:` parsed, its rates / the run's s."""
     try:

@@ -122,7 +122,7 @@ def test_a_plan_parses_the_profile_once_and_the_link_it_runs_sets_the_rate():
 
 def test_a_run_parses_its_profile_once(monkeypatch, tmp_path):
     """From the command line's load to every variant's deployment config: one parse of the WAN profile (the
-    topology then takes the Plan's Profile)."""
+    topology then takes the Plan's Profile; the LAN's, `lan`, is parsed apart)."""
     import topology.profiles as profiles
     from experiments.run import deploy, runner
 
@@ -134,7 +134,7 @@ def test_a_run_parses_its_profile_once(monkeypatch, tmp_path):
         deploy.write_deployment(
             plan.spec, tmp_path / f"{v}.yaml", tmp_path, variant_mode(plan.spec, v), wan=plan.profile
         )
-    assert len(calls) == 1 and plan.profile.name == "wan-cross-country"
+    assert len([a for a in calls if a[0] != "lan"]) == 1 and plan.profile.name == "wan-cross-country"
 
 
 @pytest.mark.parametrize(
