@@ -38,6 +38,7 @@ LINE = (
     "link: {rate_mbit: 100000, delay_ms: 15, loss_pct: 0.01}\n"
 )
 PUBLISHED = [
+    "lan_profile=experiments/specs/lines/published-rdma.yaml",  # RDMA in the cluster: the host links alone
     "model=small",  # the tokenizer and the context check: the arithmetic is kimi-k2's
     "pools.p.workers=16",
     "pools.rld.workers=2",

@@ -7,6 +7,7 @@
     .venv/bin/python scripts/validate_sim.py wan-table MATRIX... [--out experiments/sim/calibration.yaml]  # the WAN
     .venv/bin/python scripts/validate_sim.py p-spread RUN_DIR... [--variants pd-intra,pdd]  # the P step's spread
     .venv/bin/python scripts/validate_sim.py decode-level MATRIX... [--variants colocated,pd-intra]  # the RLD's
+    .venv/bin/python scripts/validate_sim.py lan-rate RUN_DIR... [--variants pd-intra,pdd]  # the emulated LAN's
     .venv/bin/python scripts/validate_sim.py compare DIRS [--spec pdd-vs-baselines] [--out /tmp/simval]
     .venv/bin/python scripts/validate_sim.py compare-repeats MATRIX... [--spec S] [--set K=V] [--seed S] [--out DIR]
 
@@ -35,6 +36,13 @@ P's alone; roles_cpu's serving CPU, printed beside, is CPU not wall time and mis
 run's TPOT p50 (the decode worker's time per step, its mixed steps in between included) over the simulated one's,
 the median over runs and variants, and realcompute's decode worker constants (mixed step, decode factor, import)
 scaled by it.
+lan-rate: the goodput the emulated fast path (P -> RLD) reached where the LAN bound it: each fast-path copy
+(kv_send_start to kv_send_end on P, path fast) that ended more than LAN_BOUND_MS after its prefill (the prefill's
+end did not hold it back: the copy ran behind the LAN all along), its KV bytes over its time; the median and
+quartiles per variant and pooled, and the LAN profile's rate_mbit that gives the pooled median through the
+simulator's LAN (experiments.sim.config.lan_line: rate x 1448/1514). What experiments/specs/lines/lan-this-machine.yaml
+holds: compare-repeats --set lan_profile=experiments/specs/lines/lan-this-machine.yaml then simulates the LAN these
+runs had, not the 10 Gbit/s the `lan` profile names.
 compare: DIRS holds lines "PROFILE RUN_DIR [RC]" (a run directory or any directory with its summary.json); each
 profile is simulated once (`pddlab simulate SPEC --set profile=P`) and every variant's TTFT p50 (with both 95%
 intervals), p90 and WAN KV bytes are printed side by side as a markdown table, with the error and whether it is
@@ -1208,6 +1216,45 @@ def decode_level_report(matrices: list[Path], spec: str, variants: list[str]) ->
     )
 
 
+LAN_BOUND_MS = 20  # a copy ending this long after its prefill's end was held back by the LAN, not by the prefill
+
+
+def lan_rates(events: dict[str, list[dict]]) -> list[float]:
+    """The goodput (bit/s) of each fast-path copy of one variant's events (worker -> events) that the LAN bound."""
+    done, start, end = {}, {}, {}
+    for ev in events.values():
+        for e in ev:
+            rid, kind = e.get("request_id"), e["event"]
+            if kind == "prefill_done":
+                done[rid] = e["t_ns"]
+            elif kind in ("kv_send_start", "kv_send_end") and e.get("path") == "fast":
+                (start if kind == "kv_send_start" else end)[rid] = (e["t_ns"], e["kv_bytes"])
+    return [
+        end[r][1] * 8e9 / (end[r][0] - start[r][0])
+        for r in end
+        if r in start and r in done and end[r][0] - done[r] > LAN_BOUND_MS * 1e6 and end[r][0] > start[r][0]
+    ]
+
+
+def lan_rate(runs: list[Path], variants: tuple[str, ...]) -> None:
+    from experiments.sim.wan import MSS_BYTES
+    from topology.profiles import FRAME_BYTES
+
+    by: dict[str, list[float]] = {}
+    for run in runs:
+        for v, ev in _events(run, variants):
+            by.setdefault(v, []).extend(lan_rates(ev))
+    by["pooled"] = [r for rs in by.values() for r in rs]
+    print("| variant | LAN-bound copies | goodput median Gbit/s | quartiles |\n|---|---|---|---|")
+    for v, rs in by.items():
+        if rs:
+            q = statistics.quantiles(rs, n=4) if len(rs) > 1 else [rs[0]] * 3
+            print(f"| {v} | {len(rs)} | {statistics.median(rs) / 1e9:.2f} | {q[0] / 1e9:.2f} - {q[2] / 1e9:.2f} |")
+    if by["pooled"]:
+        rate = statistics.median(by["pooled"]) / 1e6 * FRAME_BYTES / MSS_BYTES
+        print(f"\nrate_mbit: {rate:.0f}  # the LAN profile whose simulated goodput is the pooled median")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -1254,6 +1301,9 @@ def main() -> None:
     sp = sub.add_parser("p-spread")
     sp.add_argument("runs", nargs="+", type=Path)
     sp.add_argument("--variants", default="pd-intra,pdd", help="the variants whose P steps are read")
+    ln = sub.add_parser("lan-rate")
+    ln.add_argument("runs", nargs="+", type=Path)
+    ln.add_argument("--variants", default="pd-intra,pdd", help="the variants whose fast-path copies are read")
     dl = sub.add_parser("decode-level")
     dl.add_argument("matrices", nargs="+", type=Path)
     dl.add_argument("--spec", default="pdd-vs-baselines")
@@ -1271,6 +1321,8 @@ def main() -> None:
         wan_table(a.matrices, a.spec, a.out)
     elif a.cmd == "p-spread":
         p_spread(a.runs, tuple(v for v in a.variants.split(",") if v))
+    elif a.cmd == "lan-rate":
+        lan_rate(a.runs, tuple(v for v in a.variants.split(",") if v))
     elif a.cmd == "decode-level":
         decode_level_report(a.matrices, a.spec, [v for v in a.variants.split(",") if v])
     elif a.cmd == "compare":

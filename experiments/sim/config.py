@@ -6,25 +6,27 @@ its GPUs, its cores) and, per variant, a `SimConfig`: every worker of its pools 
 of the deployment's architecture on the worker's accelerator x devices: compute.mode modelled; or, for real
 compute, the spec's small model on the catalogue's `this-machine`, scaled to the emulated runs' measured times and
 slowed by the variant's `contention`: experiments.sim.realcompute), the roles' validated policy, the KV bytes
-a token carries, and the published WAN line (the profile as written: the simulator needs no kv_scale).
+a token carries, the published WAN line (the profile as written: the simulator needs no kv_scale) and the LAN
+(the spec's lan_profile: P's link in cluster A, which the fast path crosses).
 Not responsible for: running anything (experiments.sim.pipeline) or the line's behaviour (experiments.sim.wan).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from experiments.spec import experiment as ex
 from experiments.spec.deployment import deployment_dict
 from experiments.spec.experiment import Loaded
-from topology.profiles import load_profile
+from experiments.spec.scaling import lan_profile, spec_kv_scale
+from topology.profiles import FRAME_BYTES, load_profile
 from workers.modelled.catalogue import CatalogueError
 from workers.modelled.roofline import Roofline
 from workers.roles.config import ConfigError, DeploymentConfig, catalogue, kv_bytes_per_token, parse_config
 
 from experiments.sim.realcompute import Contention, MeasuredRoofline
-from experiments.sim.wan import LineParams, line_from_profile
+from experiments.sim.wan import MSS_BYTES, LineParams, line_from_profile
 
 # the pools each mode uses (colocated: the RLD serves everything; pd-intra: no MD; pd-cross: no RLD; pdd: all three)
 ROLES_USED = {"colocated": ("rld",), "pd-intra": ("p", "rld"), "pd-cross": ("p", "md"), "pdd": ("p", "rld", "md")}
@@ -61,7 +63,8 @@ class SimConfig:
     workers: role -> its pool; kv_bytes_per_token: the architecture's KV per token (B, unscaled: the published
     line is simulated); route_kv_bytes_per_token: what the router's route decision multiplies (the wire's, /
     kv_scale, against the scaled rate in policy.wan_rate_mbit: the same decision as the emulated run's);
-    line: the A->B direction of the published line; wan_connections: TCP connections per WAN KV transfer;
+    line: the A->B direction of the published line; lan: P's link in cluster A (experiments.sim.config.lan_line);
+    wan_connections: TCP connections per WAN KV transfer;
     wan_congestion: their congestion control (kv.wan.congestion)"""
 
     variant: str
@@ -72,6 +75,7 @@ class SimConfig:
     kv_bytes_per_token: int
     route_kv_bytes_per_token: int
     line: LineParams
+    lan: LineParams
     wan_connections: int
     wan_congestion: str
     issue_s: float = 0.0  # timeouts.issue_s: no request is sent later than this into the variant (0: no limit)
@@ -139,10 +143,18 @@ def sim_config(loaded: Loaded, variant: str, pace: Mapping[str, float] | None = 
         kv_bytes_per_token=arch.kv_bytes_per_token if modelled else kv_bytes_per_token(cfg),
         route_kv_bytes_per_token=kv_bytes_per_token(cfg),
         line=line_from_profile(published),
+        lan=lan_line(lan_profile(spec), spec_kv_scale(spec)),
         wan_connections=cfg.kv.wan.connections,
         wan_congestion=cfg.kv.wan.congestion,
         issue_s=spec.timeouts.issue_s,
     )
+
+
+def lan_line(profile, kv_scale: float = 1.0) -> LineParams:
+    """P's link in cluster A (the fast path), from the spec's LAN profile: its rate times TCP's payload share of
+    a frame, times kv_scale (an emulated run's LAN is not scaled, and carries 1/kv_scale of the KV)."""
+    lan = line_from_profile(profile)
+    return replace(lan, rate_bps=lan.rate_bps * MSS_BYTES / FRAME_BYTES * kv_scale)
 
 
 def contention(mode: str, pool_sizes: dict[str, int]) -> Contention:

@@ -3,10 +3,10 @@
 Responsible for: `Simulation` (one variant: its P, RLD and MD pools, the A->B line, the MDs' and Ps' prefix caches,
 the names of each prompt's blocks) and, per request, its path: the route decision
 (workers.roles.routing.decide_route, the emulated router's own pure function), the worker picks, P's prefill, the
-fast path to the RLD (the host links' KV export and import), the WAN copy to the MD (export, line, import), eager
-decoding on the RLD, the handoff by token IDs (or by KV, mode kv) and the MD's extend, the singular filter and the
-ablation's P->RLD; then one experiments.analysis.records.RequestRecord per request, as the emulated run's analysis
-reads it (experiments.sim.record).
+fast path to the RLD (the LAN, P's link; the host links' KV export and import), the WAN copy to the MD (export,
+line, import), eager decoding on the RLD, the handoff by token IDs (or by KV, mode kv) and the MD's extend, the
+singular filter and the ablation's P->RLD; then one experiments.analysis.records.RequestRecord per request, as the
+emulated run's analysis reads it (experiments.sim.record).
 Not responsible for: step times (the roofline, through experiments.sim.workers) or the line (experiments.sim.wan).
 
 KV room (experiments.sim.kvroom), as the roles keep it: the decode sessions a request needs are opened first, before
@@ -44,7 +44,7 @@ turn's blocks, then its own (the reply's tokens are the reference run's). A fall
 Times are the client's: a token when the decode side sends it (P's first once that side holds the prompt's KV),
 an MD's a one-way of the line later (the client is in site A); ttft_decode: the first token a decode worker made.
 pdd's P->MD copy starts at the MD's DRC answer at the earliest (P asks as it starts; the MD answers once the router's
-open crossed the line: an RTT). Chunked and auto handoffs are simulated as one-shot (docs/simulator.md).
+open crossed the line and its step under way ended). Chunked and auto handoffs are simulated as one-shot.
 """
 
 from __future__ import annotations
@@ -123,14 +123,11 @@ class Simulation:
         self.rooms = {
             w.name: KVRoom(env, kv_capacity_tokens(w), dep.block_size) for ws in cfg.workers.values() for w in ws
         }
-        room_wait_s, pre = dep.prefill.room_wait_ms / 1000, dep.prefill
+        pre = dep.prefill
+        queue = (pre.max_waiting, pre.room_wait_ms / 1000, pre.step_budget_tokens)
         jitter = {w.name: the_jitter(w.roofline, seed, w.name) for w in cfg.workers["p"]}  # each P its own draws
-        self.p = [
-            PrefillWorker(
-                env, w, self.rooms[w.name], pre.max_waiting, room_wait_s, pre.step_budget_tokens, jitter[w.name]
-            )
-            for w in cfg.workers["p"]
-        ]
+        lan = cfg.lan.rate_bps / 8  # each P's link in cluster A: the LAN's goodput (B/s)
+        self.p = [PrefillWorker(env, w, self.rooms[w.name], *queue, jitter[w.name], lan) for w in cfg.workers["p"]]
         self.rld, self.md = ([DecodeWorker(env, w) for w in cfg.workers[role]] for role in ("rld", "md"))
         self.pools = {"p": self.p, "rld": self.rld, "md": self.md}
         self.requests = [r for r in requests if r.kind != "warmup"]
@@ -224,7 +221,13 @@ class Simulation:
         blocks, pin = self._blocks(req, req.max_tokens), req.session if role == "md" else None
         waits = None if room.open(blocks, pin) else room.wait(blocks, self.env.now + self.kv_wait_s, pin)
         rec.rooms[role] = [room, blocks, waits]
+        if pin is not None:  # the router's open reaches the MD a one-way later, which takes it at its step's end
+            self.env.call_in(self.back_s, self._answer, (rec, worker))
         return None
+
+    def _answer(self, opened: tuple[Rec, DecodeWorker]) -> None:
+        """When the MD's DRC answer (PrefixLength, pdd: _wan_in) reaches P: the MD's step end, a one-way later."""
+        opened[0].answer_at = self.env.now + opened[1].to_step_end() + self.back_s
 
     def _deferred(self, rec: Rec, role: str) -> bool:
         """The session found no room at its open: it reports no cached prefix (the whole prompt's KV comes)."""
@@ -340,16 +343,8 @@ class Simulation:
         return chain
 
     def p_prefix_hit(self) -> dict[str, dict]:
-        """Each P's prefix hit as the emulated per_worker reports it: n prefills, token_weighted (cached / prompt
-        tokens), and the blocks its cache evicted."""
-        return {
-            p.name: {
-                "n": p.cache.lookups,
-                "token_weighted": p.cache.hit_tokens / p.cache.prompt_tokens if p.cache.prompt_tokens else None,
-                "evicted_blocks": p.cache.evictions,
-            }
-            for p in self.p
-        }
+        """Each P's prefix hit as the emulated per_worker reports it (PrefillWorker.prefix_hit)."""
+        return {p.name: p.prefix_hit() for p in self.p}
 
     def _prefill(self, req: WorkloadRequest, rec: Rec, p: PrefillWorker | None = None):
         """P's prefill on top of what P's own prefix cache holds of the prompt (p: the P a fallback prefills on
@@ -359,7 +354,7 @@ class Simulation:
             aware = how == "cache_aware" and len(self.p) > 1
             p = pick_prefill(self.p, self.chain(req), req.prompt_len) if aware else self._pick("p", how, _P_LOAD)
         rec.workers["p"] = p.name
-        problem, self.p_cached[req.request_id] = yield from p.prefill_prompt(
+        problem, self.p_cached[req.request_id], rec.p_started = yield from p.prefill_prompt(
             req.prompt_len, self.chain(req), self._blocks(req, 1), req.request_id
         )
         if problem:
@@ -391,9 +386,12 @@ class Simulation:
         yield from self._decode(rec, rld, "rld", Session(self.env, req.max_tokens - 1, req.prompt_len))
         self._free(rec, "rld")
 
-    def _fast_path(self, p: PrefillWorker, rld: DecodeWorker, tokens: int):
-        """A process's delays: P -> RLD inside cluster A, KV export from P's devices then the import into the RLD's
-        (DecodeWorker.import_s; real compute: the export streamed during the prefill, one delay with the import)."""
+    def _fast_path(self, p: PrefillWorker, rld: DecodeWorker, tokens: int, started: float):
+        """A process's delays: P -> RLD inside cluster A, the LAN (PrefillWorker.lan_copy: streamed from P's first
+        step of the prompt, started) and its one-way delay, then KV export from P's devices and the import into
+        the RLD's (DecodeWorker.import_s; real compute: the export streamed during the prefill, one delay with
+        the import)."""
+        yield p.lan_copy(tokens * self.cfg.kv_bytes_per_token, started) - self.env.now + self.cfg.lan.one_way_s
         if isinstance(rld.model.roofline, MeasuredRoofline):
             yield kv_export_s(p.model.roofline, tokens) + kv_import_s(rld.model.roofline, tokens)
         else:
@@ -408,7 +406,7 @@ class Simulation:
         p = yield from self._prefill(req, rec, p)
         if p is None or rec.error:
             return
-        yield from self._fast_path(p, rld, req.prompt_len)
+        yield from self._fast_path(p, rld, req.prompt_len, rec.p_started)
         if rec.error:
             return
         ready = self._room_ready(rec, "rld")
@@ -430,8 +428,10 @@ class Simulation:
         when the MD holds it; False when the line or the room took past decode.kv_wait_ms (its session's end:
         kv_timeout; the copy still crosses the line)."""
         deadline = rec.t0 + self.kv_wait_s
-        if rec.drc_hit is not None and (wait := rec.t0 + 2 * self.back_s - self.env.now) > 0:
-            yield wait  # pdd: P's copy starts at the MD's DRC answer (PrefixLength), once the router's open got there
+        if rec.drc_hit is not None and (wait := rec.t0 + self.back_s - self.env.now) >= 0:
+            yield wait  # pdd: the router's open is on its way to the MD; P's copy starts at its answer (_answer)
+        if rec.drc_hit is not None and (wait := rec.answer_at - self.env.now) > 0:
+            yield wait
         yield kv_export_s(p.model.roofline, tokens)
         sent = self.line.transfer(
             tokens * self.cfg.kv_bytes_per_token, self.cfg.wan_connections, self._peer(p.name, md.name)
@@ -526,7 +526,7 @@ class Simulation:
         tokens = req.prompt_len - rec.md_cached
         wan = env.process(self._wan_in(rec, p, md, tokens)) if md_open else None
         rec.wan_kv = tokens * cfg.kv_bytes_per_token if md_open else 0
-        yield from self._fast_path(p, rld, req.prompt_len)
+        yield from self._fast_path(p, rld, req.prompt_len, rec.p_started)
         if rec.error:
             return
         ready = self._room_ready(rec, "rld")

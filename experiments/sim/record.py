@@ -42,6 +42,8 @@ class Rec:
         self.steps = self.batch_sum = 0
         self.drc_hit, self.md_cached = None, 0
         self.fast_kv = self.wan_kv = self.wan_handoff = self.kv_saved = self.p_tokens = 0
+        self.p_started = 0.0  # when P's first step of its prompt began (s): its fast-path copy streams from then
+        self.answer_at = 0.0  # pdd: when its MD's DRC answer reaches P (s; Simulation._answer)
         self.relay_absorbed, self.handoff = False, None
         # pdd's in-flight DRC (experiments.sim.pipeline): while its MD session is open, `md_closed` fires at its end
         # and `promised` is what the MD keeps if it ends well; `after`, the earlier turn whose copy this one's waits on

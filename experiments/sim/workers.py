@@ -16,6 +16,7 @@ worker's sessions hold theirs through the pipeline, which opens them before P's 
 from __future__ import annotations
 
 import bisect
+import math
 from itertools import accumulate
 
 from experiments.sim import clock
@@ -73,12 +74,13 @@ class StepSeconds:
 
 class _Prompt:
     """A prompt in P's steps: left: new tokens still lacking KV; pos: tokens with KV (cached + computed);
-    done: fires at the end of the step that ran its last chunk."""
+    done: fires at the end of the step that ran its last chunk; started: when the step of its first chunk began
+    (s; None before it ran)."""
 
-    __slots__ = ("left", "pos", "done")
+    __slots__ = ("left", "pos", "done", "started")
 
     def __init__(self, left: int, pos: int, done: clock.Event):
-        self.left, self.pos, self.done = left, pos, done
+        self.left, self.pos, self.done, self.started = left, pos, done, None
 
 
 class PrefillWorker:
@@ -86,7 +88,8 @@ class PrefillWorker:
     room: its KV blocks (None: unlimited); max_waiting, wait_s: prefill.max_waiting and room_wait_ms (s), the
     bounds of the queue of prompts waiting for KV room; budget_tokens: prefill.step_budget_tokens (0: whole
     prompts, one at a time); jitter: each step's time factor by the step's ordinal (real compute's
-    experiments.sim.realcompute.StepJitter: P's steps spread; None: the roofline's time exactly).
+    experiments.sim.realcompute.StepJitter: P's steps spread; None: the roofline's time exactly); lan_Bps: the
+    goodput of its link in cluster A, the LAN (B/s; inf: unlimited).
 
     Chunked (budget_tokens > 0), as the emulated P's ChunkScheduler (workers/chunked.py): each step runs chunks
     of the prompts in flight under the budget, first come first served (`plan_step`), a prompt's tail chunk
@@ -106,8 +109,10 @@ class PrefillWorker:
         wait_s: float = 0.0,
         budget_tokens: int = 0,
         jitter=None,
+        lan_Bps: float = math.inf,
     ):
         self.env, self.model, self.name = env, model, model.name
+        self.lan_Bps, self.lan_free = lan_Bps, 0.0  # its link in cluster A (goodput, B/s); when it carried its copies
         self.jitter = jitter
         self.room, self.max_waiting, self.wait_s = room, max_waiting, wait_s
         self.budget = budget_tokens
@@ -139,7 +144,8 @@ class PrefillWorker:
     def prefill_prompt(self, prompt_len: int, chain: list[int], blocks: int = 0, request_id: str = ""):
         """A process (generator): prefill's, with the cached tokens P's own prefix cache (`cache`) holds of the
         prompt (prompt_len tokens, its whole blocks named chain: kvroom.prompt_chain) once it is admitted, as the
-        engine's open matches; its whole blocks are cached after. Returns ('' or why P refused it, cached). Needs
+        engine's open matches; its whole blocks are cached after. Returns ('' or why P refused it, cached, when its
+        first step began: s; the refusal's time where it was refused). Needs
         a room: the cache keeps what the room's reservations leave (capacity - reserved, the pinned blocks
         counted once), as the engine's cache keeps what its open requests leave."""
         self.in_flight += 1
@@ -147,20 +153,40 @@ class PrefillWorker:
         if problem := (yield from self._admit(prompt_len, blocks, request_id)):
             self.in_flight -= 1
             self.in_flight_tokens -= prompt_len
-            return problem, 0
+            return problem, 0, self.env.now
         cache, room = self.cache, self.room
         cached = cache.match(chain, prompt_len, request_id)
         pinned = cached // cache.block
         self.pinned_blocks += pinned  # in the room's reservations and in the cache: once in the engine
         cache.trim(room.capacity - room.reserved + self.pinned_blocks)
-        yield from self._compute(prompt_len - cached, cached)
+        started = yield from self._compute(prompt_len - cached, cached)
         self.pinned_blocks -= pinned
         cache.unpin(request_id)
         room.release(blocks)  # its whole blocks stay, as the cache's (the engine's finish); the rest are free
         cache.insert(chain, room.capacity - room.reserved + self.pinned_blocks)
         self.in_flight -= 1
         self.in_flight_tokens -= prompt_len
-        return "", cached
+        return "", cached, started
+
+    def prefix_hit(self) -> dict:
+        """Its prefix hit as the emulated per_worker reports it: n prefills, token_weighted (cached / prompt
+        tokens), and the blocks its cache evicted."""
+        c = self.cache
+        return {
+            "n": c.lookups,
+            "token_weighted": c.hit_tokens / c.prompt_tokens if c.prompt_tokens else None,
+            "evicted_blocks": c.evictions,
+        }
+
+    def lan_copy(self, nbytes: float, started: float) -> float:
+        """When P's link has carried a copy of nbytes (a fast-path copy, at the end of its prefill) that streamed
+        from started (P's first step of its prompt): behind the copies it still carries, one at a time in the order
+        their prefills end (fair sharing would end the earlier ones later, the last at the same time), and not
+        before now; an unlimited LAN: now."""
+        if self.lan_Bps < math.inf:
+            self.lan_free = max(self.env.now, max(started, self.lan_free) + nbytes / self.lan_Bps)
+            return self.lan_free
+        return self.env.now
 
     def _admit(self, prompt_len: int, blocks: int, request_id: str):
         """A process (generator): KV room for `blocks` (the roomqueue's rules). Returns '' or why P refused."""
@@ -180,11 +206,13 @@ class PrefillWorker:
         return ""
 
     def _compute(self, new_tokens: int, cached_tokens: int):
-        """A process (generator): P's turn, then the prefill of new_tokens on top of cached_tokens."""
+        """A process (generator): P's turn, then the prefill of new_tokens on top of cached_tokens. Returns when
+        its first step began (s)."""
         if self.budget:
             prompt = _Prompt(max(1, new_tokens), cached_tokens, self.env.event())
             self._arrive(prompt)
             yield prompt.done
+            return prompt.started
         else:
             seconds = self.model.roofline.prefill_s(max(1, new_tokens), cached_tokens)
             if self.jitter is not None:
@@ -192,8 +220,10 @@ class PrefillWorker:
                 self.jitter.forget(self.steps + 1)
             self.busy_s += seconds
             self.steps += 1
-            self.free_at = max(self.env.now, self.free_at) + seconds
+            started = max(self.env.now, self.free_at)
+            self.free_at = started + seconds
             yield self.free_at - self.env.now  # a delay (s): the process waits it (experiments.sim.clock)
+            return started
 
     def _arrive(self, prompt: _Prompt) -> None:
         """A prompt joins the chunked steps: planned at once when P is idle; else from the step after the one
@@ -228,7 +258,7 @@ class PrefillWorker:
             return
         ends = self._plan_ends
         done = bisect.bisect_right(ends, self.env.now - self._plan_start + 1e-12)
-        self._commit(self._plan_steps[:done], ends[done - 1] if done else 0.0)
+        self._commit(self._plan_steps[:done], ends[:done])
         self._plan_steps = None
         if self._queue:
             self._start()
@@ -258,20 +288,24 @@ class PrefillWorker:
             ends.append(t)
         return plan, ends
 
-    def _commit(self, steps: list[list[tuple[int, int]]], seconds: float) -> None:
-        """These planned steps ran (seconds in all): their chunks' tokens have KV; prompts whose last chunk ran
-        are done."""
+    def _commit(self, steps: list[list[tuple[int, int]]], ends: list[float]) -> None:
+        """These planned steps ran (ends: each one's end from _plan_start): their chunks' tokens have KV; a prompt
+        whose first chunk ran started with its step; prompts whose last chunk ran are done."""
         queue, budget = self._queue, self.budget
-        for chunks in steps:
+        begin = self._plan_start
+        for k, chunks in enumerate(steps):
             for i, n in chunks:
+                if queue[i].started is None:
+                    queue[i].started = begin
                 queue[i].left -= n
                 queue[i].pos += n
+            begin = self._plan_start + ends[k]
             i, n = chunks[0]
             self.lone_tail_steps += len(chunks) == 1 and not queue[i].left and n < budget
         self.steps += len(steps)
         if self.jitter is not None:
             self.jitter.forget(self.steps)
-        self.busy_s += seconds
+        self.busy_s += ends[-1] if ends else 0.0
         finished = [p for p in queue if not p.left]
         if finished:
             self._queue = [p for p in queue if p.left]

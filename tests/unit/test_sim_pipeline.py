@@ -2,14 +2,17 @@
 mode and hit, determinism, bad specs refused as for emulated runs, and `pddlab simulate`'s run directory."""
 
 import json
+from itertools import accumulate
 
 import pytest
 
 from experiments import cli
 from experiments.analysis import summary as summary_mod
 from experiments.sim.config import load_for_simulation, sim_config
+from experiments.sim.pipeline import Simulation
 from experiments.sim.simulate import simulate, workload_of
 from experiments.sim.wan import slow_start
+from experiments.sim.workers import Session
 from experiments.spec.experiment import SpecError, load
 
 SPEC = "pdd-bathtub-hetero"  # modelled compute: kimi-k2, P on 16 x h800, MD on 16 x h20
@@ -74,15 +77,47 @@ def test_pdds_copy_to_the_md_waits_for_its_drc_answer_a_round_trip_after_the_rou
     assert (0.4 + copy + 0.2) * 1e3 <= rec.ttft_ms <= (0.4 + copy + 0.2) * 1e3 + 50
 
 
+def test_a_busy_md_answers_its_drc_at_the_end_of_the_step_under_way(tmp_path):
+    """The router's open reaches the MD a one-way after the route; the MD takes it between two steps (as it imports),
+    then its answer crosses back: with a long decode under way there, pdd's copy starts at that step's end + the
+    way back, not at an RTT."""
+    direct = "deployment.policy.direct_max_transfer_ms=5000"  # P->MD on this line too
+    one_md = "pools.md.workers=1"
+    spec = loaded(tmp_path, "workload.fixed_hit.requests=1", "variants=[pdd-hetero]", direct, one_md, delay_ms=200)
+    cfg, reqs = sim_config(spec, "pdd-hetero"), measured(spec)
+    starts, t0 = {}, reqs[0].arrival_s
+    for busy in (False, True):
+        sim = Simulation(cfg, reqs)
+        sent, md = sim.line.transfer, sim.md[0]  # (one MD: pools.md.workers=1)
+        sim.line.transfer = lambda *a, _sent=sent, _env=sim.env, _busy=busy, **k: (
+            starts.setdefault(_busy, _env.now) and _sent(*a, **k)
+        )
+        for _ in range(32 if busy else 0):  # a full batch of 60,000-token sessions decoding there from the start
+            md.join(Session(sim.env, 10_000, 60_000))
+        (rec,) = sim.run()
+        assert rec.route == "p-md"
+    steps = accumulate(md.model.roofline.decode_s([60_000 + k] * 32) for k in range(10_000))
+    step_end = next(t for t in steps if t > t0 + 0.2)  # the step under way when the open arrives
+    export = cfg.workers["p"][0].roofline.kv_transfer_s(reqs[0].prompt_len - reqs[0].cached_tokens)
+    assert starts[False] == pytest.approx(t0 + 0.4 + export)
+    assert starts[True] == pytest.approx(step_end + 0.2 + export) and step_end > t0 + 0.2 + 1e-4  # not at an end
+
+
 def test_pd_intra_sends_nothing_on_the_wan_and_its_ttft_is_prefill_plus_the_fast_path(tmp_path):
+    """The fast path: the copy streams over the LAN (the `lan` profile's 10 Gbit/s, TCP's payload share) from P's
+    first step; what it has not carried by the prefill's end crosses then; the host links' export and import."""
     spec = one_request(tmp_path, "pd-intra-strong")
     (rec,) = simulate(spec).records
     (req,) = measured(spec)
     cfg = sim_config(spec, "pd-intra-strong")
     p, rld = cfg.workers["p"][0].roofline, cfg.workers["rld"][0].roofline
     prefill = p.prefill_s(req.prompt_len - req.cached_tokens, req.cached_tokens)
+    goodput = 10e9 * 1448 / 1514
+    left = req.prompt_len * cfg.kv_bytes_per_token - prefill * goodput / 8
+    assert cfg.lan.rate_bps == pytest.approx(goodput) and left > 0  # kimi-k2's KV outlasts a short prefill
+    lan = 0.02e-3 + left * 8 / goodput
     fast = p.kv_transfer_s(req.prompt_len) + rld.kv_transfer_s(req.prompt_len)
-    assert rec.ttft_ms == pytest.approx((prefill + fast) * 1e3)
+    assert rec.ttft_ms == pytest.approx((prefill + lan + fast) * 1e3)
     assert rec.wan_bytes == 0 and rec.route == "p-rld" and rec.rld_tokens == req.max_tokens - 1
 
 
