@@ -8,8 +8,9 @@ product); each point's spec (spec fields as `--set`; `link.` / `a_to_b.` / `b_to
 records without simulating again); per point and variant: goodput under the spec's SLO, cost per hour, BCR
 (requests meeting the SLO per USD) and BCR over the same-room homogeneous PD variant (experiments.analysis.cost's
 reference), TTFT p50 / p90, SLO attainment, the RLD's token share, P's hit and the MD's (the ablation's DRC falls
-behind), the share of requests finished on the RLD and, over the last third of the arrivals (the load's
-highest step), the RLD's requests in flight and TTFT p50 (where an ablation's collapse shows); the cheapest
+behind), the share of requests finished on the RLD, the RLD's requests in flight over each third of the arrivals
+(its load against time) and the last third's TTFT p50 (the load's highest step: where an ablation's collapse
+shows); the cheapest
 (point, variant) whose SLO attainment reaches `--sla` (default 0.9); sweep.json and sweep.md in the output
 directory, one progress line a point.
 Not responsible for: simulating (experiments.sim.simulate) or the intervals of an emulated analysis (a sweep's
@@ -138,6 +139,10 @@ def variant_row(recs: list[RequestRecord], slo, per_hour: float | None) -> dict:
         "p_hit": _mean([100.0 * r.expected_hit for r in routed if r.expected_hit is not None]),
         "md_hit": _mean([100.0 * r.md_cached_tokens / r.prompt_tokens for r in routed if r.prompt_tokens]),
         "rld_in_flight_last_third": _in_flight(recs, t0 + 2 / 3 * sent * 1e9, t0 + sent * 1e9),
+        # the RLD's load against time: each third of the arrivals (the load's steps, where a spec has three)
+        "rld_in_flight_by_third": [
+            _in_flight(recs, t0 + k / 3 * sent * 1e9, t0 + (k + 1) / 3 * sent * 1e9) for k in range(3)
+        ],
         "ttft_p50_last_third_ms": percentile(last_ttft, 50) if last_ttft else None,
     }
 
@@ -191,10 +196,11 @@ COLUMNS: list[tuple[str, str, Callable[[dict], str]]] = [
     ("on RLD %", "on_rld", lambda r: _num(r["on_rld"], "{:.1f}")),
     ("P / MD hit %", "hits", lambda r: f"{_num(r['p_hit'], '{:.1f}')} / {_num(r['md_hit'], '{:.1f}')}"),
     (
-        "last third: RLD in flight, TTFT p50 ms",
-        "last",
-        lambda r: f"{_num(r['rld_in_flight_last_third'], '{:.1f}')}, {_num(r['ttft_p50_last_third_ms'])}",
+        "RLD in flight by third of the arrivals",
+        "thirds",
+        lambda r: " / ".join(_num(x, "{:.1f}") for x in r.get("rld_in_flight_by_third") or [None] * 3),
     ),
+    ("last third: TTFT p50 ms", "last", lambda r: _num(r["ttft_p50_last_third_ms"])),
 ]
 
 

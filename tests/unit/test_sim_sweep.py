@@ -88,6 +88,8 @@ def test_a_variants_row_goodput_hits_rld_share_and_last_third():
     assert row["p_hit"] == pytest.approx(90.0) and row["md_hit"] == pytest.approx(67.5)
     # the arrivals span 3 s; the last third from 2 s: requests 3 and 4; the RLD's request is in flight 1 s of 1 s
     assert row["rld_in_flight_last_third"] == pytest.approx(1.0)
+    # by third (0-1, 1-2, 2-3 s): the RLD's request (sent at 2 s) is in flight in the last alone
+    assert row["rld_in_flight_by_third"] == pytest.approx([0.0, 0.0, 1.0])
     assert row["ttft_p90_ms"] == float("inf")  # a failed request ranks worst
 
 
@@ -110,9 +112,10 @@ def test_bcr_over_the_reference_and_the_cheapest_row_meeting_the_sla():
     sweep.mark_cheapest(rows, 0.9)
     for r in rows:
         r.update(ttft_p50_ms=1, ttft_p90_ms=2, rld_token_share=0, on_rld=0, p_hit=90, md_hit=90)
-        r.update(rld_in_flight_last_third=0, ttft_p50_last_third_ms=1)
+        r.update(rld_in_flight_last_third=0, rld_in_flight_by_third=[0, 1, 2], ttft_p50_last_third_ms=1)
     md = sweep.markdown(rows, ["k"], "pd-intra", 0.9, ["# head"])
     assert "| 2 | **pdd** (cheapest) |" in md and "pdd at {'k': 2}, 900.0 USD/h" in md
+    assert "| 0.0 / 1.0 / 2.0 | 1 |" in md  # the RLD's load by third, then the last third's TTFT p50
 
 
 def test_a_price_axis_reprices_the_catalogue():
