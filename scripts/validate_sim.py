@@ -37,8 +37,9 @@ run's TPOT p50 (the decode worker's time per step, its mixed steps in between in
 the median over runs and variants, and realcompute's decode worker constants (mixed step, decode factor, import)
 scaled by it.
 lan-rate: the goodput the emulated fast path (P -> RLD) reached where the LAN bound it: each fast-path copy
-(kv_send_start to kv_send_end on P, path fast) that ended more than LAN_BOUND_MS after its prefill (the prefill's
-end did not hold it back: the copy ran behind the LAN all along), its KV bytes over its time; the median and
+(kv_send_start to kv_send_end on P, path fast) that ended more than 20 ms after its prefill (the prefill's end did
+not hold it back: the copy ran behind the LAN all along; experiments.analysis.transfers.lan_bound_rates, what a
+run's summary now keeps as kv_paths.fast.lan_bound), its KV bytes over its time; the median and
 quartiles per variant and pooled, and the LAN profile's rate_mbit that gives the pooled median through the
 simulator's LAN (experiments.sim.config.lan_line: rate x 1448/1514). What experiments/specs/lines/lan-this-machine.yaml
 holds: compare-repeats --set lan_profile=experiments/specs/lines/lan-this-machine.yaml then simulates the LAN these
@@ -1216,24 +1217,13 @@ def decode_level_report(matrices: list[Path], spec: str, variants: list[str]) ->
     )
 
 
-LAN_BOUND_MS = 20  # a copy ending this long after its prefill's end was held back by the LAN, not by the prefill
-
-
 def lan_rates(events: dict[str, list[dict]]) -> list[float]:
-    """The goodput (bit/s) of each fast-path copy of one variant's events (worker -> events) that the LAN bound."""
-    done, start, end = {}, {}, {}
-    for ev in events.values():
-        for e in ev:
-            rid, kind = e.get("request_id"), e["event"]
-            if kind == "prefill_done":
-                done[rid] = e["t_ns"]
-            elif kind in ("kv_send_start", "kv_send_end") and e.get("path") == "fast":
-                (start if kind == "kv_send_start" else end)[rid] = (e["t_ns"], e["kv_bytes"])
-    return [
-        end[r][1] * 8e9 / (end[r][0] - start[r][0])
-        for r in end
-        if r in start and r in done and end[r][0] - done[r] > LAN_BOUND_MS * 1e6 and end[r][0] > start[r][0]
-    ]
+    """The goodput (bit/s) of each fast-path copy of one variant's events (worker -> events) that the LAN bound
+    (experiments.analysis.transfers.lan_bound_rates, which the emulated summary's kv_paths.fast.lan_bound reads)."""
+    from experiments.analysis.transfers import lan_bound_rates, pair_transfers
+
+    flat = [e for ev in events.values() for e in ev]
+    return [r * 1e6 for r in lan_bound_rates(pair_transfers(flat), flat)]
 
 
 def lan_rate(runs: list[Path], variants: tuple[str, ...]) -> None:

@@ -95,6 +95,7 @@ def add_wan_analysis(summary: dict, events: list[dict], rm: runmeta.RunMeta, wan
         s.update(kv, wan_flows=kv_pcap, rld_occupancy=occupancy.rld_occupancy(evs, window))
         summary["warnings"] += warnings
         summary["warnings"] += emulator_health(v, s, window.emulator if window else None)
+        summary["warnings"] += lan_health(v, s, rm.lan_rate_mbit)
         s["wan_retrans_by_impairment"] = impairment.variant_retrans(evs, window) if window else None
 
 
@@ -139,6 +140,29 @@ def add_workers(summary: dict, recs: list[records.RequestRecord], events: list[d
         )
         s["workers"] = per_worker.to_json(figs)
         s["prefill_steps"] = per_worker.prefill_steps([e for e in events if e.get("variant") == v])
+
+
+LAN_SLOW = 0.5  # a LAN whose bound copies ran under this share of the profile's payload rate: a warning
+
+
+def lan_health(variant: str, s: dict, rate_mbit: float | None) -> list[dict]:
+    """A warning where the fast path's copies that the LAN held back (kv_paths.fast.lan_bound) ran at under
+    LAN_SLOW of the LAN profile's payload rate (its rate x 1448/1514): the machine, not the profile, set the LAN."""
+    lb = ((s.get("kv_paths") or {}).get("fast") or {}).get("lan_bound")
+    if not lb or not rate_mbit or lb["p50_mbit"] >= LAN_SLOW * rate_mbit * 1448 / 1514:
+        return []
+    return [
+        {
+            "variant": variant,
+            "path": "fast",
+            "kind": "lan_slow",
+            "count": lb["copies"],
+            "message": f"{variant}: the fast path's copies that the LAN held back ran at {lb['p50_mbit']:,.0f} Mbit/s "
+            f"(median of {lb['copies']}), {lb['p50_mbit'] / rate_mbit:.0%} of the LAN profile's {rate_mbit:,.0f}: this "
+            "machine could not carry the profile's rate, so the run's LAN was slower than its spec's (a simulator "
+            'compared with it needs this LAN: docs/simulator.md, "The LAN")',
+        }
+    ]
 
 
 def emulator_health(variant: str, s: dict, h: EmulatorHealth | None) -> list[dict]:

@@ -52,6 +52,7 @@ class RunMeta:
     kv_ports: set[int] = field(default_factory=lambda: set(DEFAULT_KV_PORTS))
     workers: dict[str, list[WorkerSetup]] = field(default_factory=dict)
     site_a: frozenset[bytes] | None = None  # a real cluster's site A addresses (packed); None: the topology's
+    lan_rate_mbit: float | None = None  # the LAN profile's rate (metadata's topology.lan_profile; None: unknown)
 
     @property
     def origin_s(self) -> float | None:
@@ -128,6 +129,7 @@ def load(run_dir: Path, meta: RunMetadata) -> RunMeta:
         kv_ports=kv_ports(deps),
         workers={v: worker_setups(cfg, meta) for v, cfg in deps.items()},
         site_a=site_a(meta),
+        lan_rate_mbit=meta.topology.lan_profile.a_to_b.rate_mbit if meta.topology else None,
     )
 
 

@@ -222,6 +222,36 @@ def kv_paths(transfers: list[Transfer], samples: list[dict]) -> dict[str, dict]:
     }
 
 
+LAN_BOUND_MS = 20  # a fast-path copy ending this long after its prefill ended was held back by the LAN, not by P
+
+
+def lan_bound_rates(transfers: list[Transfer], events: list[dict]) -> list[float]:
+    """The goodput (Mbit/s) of each completed fast-path copy that ended more than LAN_BOUND_MS after its request's
+    prefill_done (P streams the copy while it computes, so a copy that ends with the prefill says nothing of the
+    LAN): its KV bytes over its time, kv_send_start to its end."""
+    done = {e["request_id"]: e["t_ns"] for e in events if e["event"] == "prefill_done"}
+    return [
+        t.kv_bytes * 8e3 / (t.t_end_ns - t.t_start_ns)
+        for t in transfers
+        if t.path == "fast"
+        and t.outcome == "ok"
+        and t.t_start_ns is not None
+        and t.t_end_ns is not None
+        and t.t_end_ns > t.t_start_ns
+        and t.request_id in done
+        and t.t_end_ns - done[t.request_id] > LAN_BOUND_MS * 1e6
+    ]
+
+
+def lan_bound(transfers: list[Transfer], events: list[dict]) -> dict | None:
+    """The fast path's goodput where the LAN bound it (lan_bound_rates): {copies, p25/p50/p75_mbit}; None: none."""
+    rates = sorted(lan_bound_rates(transfers, events))
+    if not rates:
+        return None
+    q = lambda f: rates[min(len(rates) - 1, int(f * len(rates)))]  # noqa: E731
+    return {"copies": len(rates), "p25_mbit": q(0.25), "p50_mbit": median(rates), "p75_mbit": q(0.75)}
+
+
 def wan_bytes(paths: dict[str, dict], on_wire_pcap: int | None, on_wire_kv_pcap: int | None) -> dict:
     """The WAN's bytes three ways (module docstring), summed over the WAN paths."""
 
@@ -289,6 +319,7 @@ def variant_kv(
     transfers, samples = pair_transfers(events), tcp_samples(events)
     complete_from_samples(transfers, samples)
     paths = kv_paths(transfers, samples)
+    paths["fast"]["lan_bound"] = lan_bound(transfers, events)
     return (
         {"kv_paths": paths, "wan_bytes": wan_bytes(paths, on_wire_pcap, on_wire_kv_pcap)},
         congestion_warnings(variant, transfers, events),

@@ -309,3 +309,33 @@ def test_with_several_lines_the_worst_line_is_the_figure_and_each_late_line_a_wa
         "pdd: the userspace emulator (line cheap)",  # late
     ]
     assert s["emulator_p99_late_ms"] == pytest.approx(5.41) and s["emulator"]["line"] == "cheap"
+
+
+def test_the_lan_is_read_where_it_held_a_copy_back_and_a_slow_one_is_a_warning():
+    from experiments.analysis.analyze import lan_health
+
+    ms = 1_000_000
+
+    def copy(rid, start_ms, end_ms, done_ms, kv=25_000_000):
+        return [
+            {"t_ns": start_ms * ms, "event": "kv_send_start", "request_id": rid, "path": "fast"},
+            {"t_ns": done_ms * ms, "event": "prefill_done", "request_id": rid},
+            {"t_ns": end_ms * ms, "event": "kv_send_end", "request_id": rid, "path": "fast", "kv_bytes": kv},
+        ]
+
+    ev = (
+        copy("a", 0, 100, 50)  # ended 50 ms after its prefill: the LAN bound it, 25 MB in 100 ms = 2 Gbit/s
+        + copy("b", 0, 200, 150)  # 1 Gbit/s
+        + copy("c", 0, 40, 30)  # ended 10 ms after its prefill: the prefill bound it (5 Gbit/s, not read)
+        + [{"t_ns": 0, "event": "kv_send_start", "request_id": "d", "path": "wan"}]
+        + [{"t_ns": 9 * ms, "event": "kv_send_end", "request_id": "d", "path": "wan", "kv_bytes": 10}]
+    )
+    ts = transfers.pair_transfers(ev)
+    assert sorted(transfers.lan_bound_rates(ts, ev)) == pytest.approx([1000.0, 2000.0])
+    lb = transfers.lan_bound(ts, ev)
+    assert lb["copies"] == 2 and lb["p50_mbit"] == pytest.approx(1500.0)
+    s = {"kv_paths": {"fast": {"lan_bound": lb}}}
+    [w] = lan_health("pdd", s, 10_000)  # 15% of a 10 Gbit/s LAN
+    assert w["kind"] == "lan_slow" and "1,500 Mbit/s (median of 2), 15% of the LAN profile's 10,000" in w["message"]
+    assert lan_health("pdd", s, 2_000) == []  # 75% of a 2 Gbit/s one: the LAN ran at its rate
+    assert lan_health("pdd", s, 0) == [] and lan_health("pdd", {"kv_paths": None}, 10_000) == []  # unlimited; none
