@@ -10,9 +10,8 @@ records without simulating again); per point and variant: goodput under the spec
 reference), TTFT p50 / p90, SLO attainment, the RLD's token share, P's hit and the MD's (the ablation's DRC falls
 behind), the share of requests finished on the RLD, the RLD's requests in flight over each third of the arrivals
 (its load against time) and the last third's TTFT p50 (the load's highest step: where an ablation's collapse
-shows); the cheapest
-(point, variant) whose SLO attainment reaches `--sla` (default 0.9); sweep.json and sweep.md in the output
-directory, one progress line a point.
+shows); the cheapest (point, variant) whose SLO attainment reaches `--sla` (default 0.9); sweep.json and sweep.md
+in the output directory, one progress line a point.
 Not responsible for: simulating (experiments.sim.simulate) or the intervals of an emulated analysis (a sweep's
 rows are point estimates: `pddlab simulate` on one point gives them).
 """

@@ -145,9 +145,9 @@ class PrefillWorker:
         """A process (generator): prefill's, with the cached tokens P's own prefix cache (`cache`) holds of the
         prompt (prompt_len tokens, its whole blocks named chain: kvroom.prompt_chain) once it is admitted, as the
         engine's open matches; its whole blocks are cached after. Returns ('' or why P refused it, cached, when its
-        first step began: s; the refusal's time where it was refused). Needs
-        a room: the cache keeps what the room's reservations leave (capacity - reserved, the pinned blocks
-        counted once), as the engine's cache keeps what its open requests leave."""
+        first step began: s; the refusal's time where it was refused). Needs a room: the cache keeps what the
+        room's reservations leave (capacity - reserved, the pinned blocks counted once), as the engine's cache
+        keeps what its open requests leave."""
         self.in_flight += 1
         self.in_flight_tokens += prompt_len
         if problem := (yield from self._admit(prompt_len, blocks, request_id)):
