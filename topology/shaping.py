@@ -457,11 +457,31 @@ class ScheduleRunner:
         cause = self._labels[index]
         for direction in _step_directions(step):
             current = self._state.current[direction]
-            if revert:
-                self._state.set(direction, current.replace(**saved.pop((index, direction))), f"{cause} ends")
-            else:
-                saved[(index, direction)] = {k: current.to_dict()[k] for k in step.changes}
-                self._state.set(direction, current.replace(**step.changes), cause)
+            self._state.set(
+                direction, played(current, index, direction, step, revert, saved), f"{cause} ends" if revert else cause
+            )
+
+
+def played(
+    current: LinkParams, index: int, direction: str, step: ScheduleStep, revert: bool, saved: dict
+) -> LinkParams:
+    """A direction's parameters after step `index` begins (its changes; saved keeps the fields they replace) or
+    ends (revert: those fields as they were before it)."""
+    if revert:
+        return current.replace(**saved.pop((index, direction)))
+    saved[(index, direction)] = {k: current.to_dict()[k] for k in step.changes}
+    return current.replace(**step.changes)
+
+
+def link_states(start: dict[str, LinkParams], schedule: tuple[ScheduleStep, ...]) -> list[tuple[float, dict]]:
+    """What a schedule does to a link, as the shaper plays it: (s from the schedule's start, direction ->
+    LinkParams) after each change or revert, in time order (the simulator's line: experiments.sim)."""
+    current, saved, out = dict(start), {}, []
+    for at_s, index, step, revert in _expand(schedule):
+        for direction in _step_directions(step):
+            current[direction] = played(current[direction], index, direction, step, revert, saved)
+        out.append((at_s, dict(current)))
+    return out
 
 
 def _expand(schedule: tuple[ScheduleStep, ...]) -> list[tuple[float, int, ScheduleStep, bool]]:

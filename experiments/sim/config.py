@@ -20,7 +20,8 @@ from experiments.spec import experiment as ex
 from experiments.spec.deployment import deployment_dict
 from experiments.spec.experiment import Loaded
 from experiments.spec.scaling import lan_profile, spec_kv_scale
-from topology.profiles import FRAME_BYTES, load_profile
+from topology.profiles import FRAME_BYTES, load_profile, parse_schedule
+from topology.shaping import link_states, merge_schedules
 from workers.modelled.catalogue import CatalogueError
 from workers.modelled.roofline import Roofline
 from workers.roles.config import ConfigError, DeploymentConfig, catalogue, kv_bytes_per_token, parse_config
@@ -76,6 +77,7 @@ class SimConfig:
     route_kv_bytes_per_token: int
     line: LineParams
     lan: LineParams
+    line_schedule: tuple  # ((s from the workload's start, the A->B line from then on), ...): a schedule's changes
     wan_connections: int
     wan_congestion: str
     issue_s: float = 0.0  # timeouts.issue_s: no request is sent later than this into the variant (0: no limit)
@@ -143,10 +145,27 @@ def sim_config(loaded: Loaded, variant: str, pace: Mapping[str, float] | None = 
         kv_bytes_per_token=arch.kv_bytes_per_token if modelled else kv_bytes_per_token(cfg),
         route_kv_bytes_per_token=kv_bytes_per_token(cfg),
         line=line_from_profile(published),
+        line_schedule=line_schedule(spec, published),
         lan=lan_line(lan_profile(spec), spec_kv_scale(spec)),
         wan_connections=cfg.kv.wan.connections,
         wan_congestion=cfg.kv.wan.congestion,
         issue_s=spec.timeouts.issue_s,
+    )
+
+
+def line_schedule(spec, published) -> tuple[tuple[float, LineParams], ...]:
+    """The A->B line after each change of the profile's and the spec's schedules (unscaled, as the line), played
+    as each emulated variant's window plays them from the workload's start (schedule_clock: variant); link: none
+    (played once from the link's coming up: simulate.not_simulated says so)."""
+    if spec.schedule_clock != "variant":
+        return ()
+    steps, _labels = merge_schedules(
+        ("profile", published.schedule), ("spec", parse_schedule(list(spec.schedule), "schedule"))
+    )
+    start = {d: published.direction(d) for d in ("a_to_b", "b_to_a")}
+    return tuple(
+        (at_s, line_from_profile(replace(published, a_to_b=now["a_to_b"], b_to_a=now["b_to_a"])))
+        for at_s, now in link_states(start, steps)
     )
 
 

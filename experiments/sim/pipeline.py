@@ -117,14 +117,14 @@ class Simulation:
         env, dep = self.env, cfg.deployment
         self.request_s, self.kv_wait_s = request_s, dep.decode.kv_wait_ms / 1000
         self._block = dep.block_size  # tokens a KV block
-        self.line = Line(env, cfg.line, calibration, random.Random(seed), congestion=cfg.wan_congestion)
+        rng, cc = random.Random(seed), cfg.wan_congestion
+        self.line = Line(env, cfg.line, calibration, rng, congestion=cc, schedule=cfg.line_schedule)
         self.back_s = cfg.line.one_way_s  # an MD's token to the client (site A) crosses the line back (as A -> B)
         self.deadlines = Deadlines(env)  # timeouts.request_s, and the MDs' kv_wait_ms on the WAN copies
         self.rooms = {
             w.name: KVRoom(env, kv_capacity_tokens(w), dep.block_size) for ws in cfg.workers.values() for w in ws
         }
-        pre = dep.prefill
-        queue = (pre.max_waiting, pre.room_wait_ms / 1000, pre.step_budget_tokens)
+        queue = (dep.prefill.max_waiting, dep.prefill.room_wait_ms / 1000, dep.prefill.step_budget_tokens)
         jitter = {w.name: the_jitter(w.roofline, seed, w.name) for w in cfg.workers["p"]}  # each P its own draws
         lan = cfg.lan.rate_bps / 8  # each P's link in cluster A: the LAN's goodput (B/s)
         self.p = [PrefillWorker(env, w, self.rooms[w.name], *queue, jitter[w.name], lan) for w in cfg.workers["p"]]

@@ -151,8 +151,14 @@ def summarize(
 def not_simulated(loaded: Loaded, configs: dict[str, SimConfig]) -> list[str]:
     """What the spec asks for that the simulator leaves out (docs/simulator.md), one line each."""
     spec, out = loaded.spec, []
-    if spec.schedule or loaded.profile.schedule:
-        out.append("Not simulated: the link's schedule (the line keeps the profile's base parameters).")
+    if (spec.schedule or loaded.profile.schedule) and spec.schedule_clock != "variant":
+        out.append("Not simulated: the link's schedule (schedule_clock link: the line keeps its base parameters).")
+    elif spec.schedule or loaded.profile.schedule:
+        out.append(
+            "Simulated in part: the link's schedule changes the A->B line (rate, delay, loss, jitter) from each "
+            "step on; transfers under way keep their TCP cap, and the way back (the MD's answers and tokens) keeps "
+            "the base one-way delay."
+        )
     if spec.cross_traffic:
         out.append("Not simulated: cross traffic on the WAN (the KV transfers have the line to themselves).")
     if spec.faults:

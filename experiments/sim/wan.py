@@ -8,8 +8,9 @@ on timers of the event loop (`Line.transfer(nbytes)` -> an event that fires when
 calibration table (`Calibration`, experiments/sim/calibration.yaml's format) corrects the formula's per-flow
 throughput by what the emulator measured.
 Not responsible for: what is sent or when (experiments.sim.pipeline); queue build-up, packet-level loss
-recovery, reordering, loss bursts (a Gilbert-Elliott or 4-state model counts by its stationary mean loss), a
-schedule's changes of the line or cross traffic (not modelled: docs/simulator.md).
+recovery, reordering, loss bursts (a Gilbert-Elliott or 4-state model counts by its stationary mean loss), cross
+traffic (not modelled: docs/simulator.md). A schedule's changes (`Line.set_params`) take effect from their time on:
+the rate's shares at once, a new TCP cap for the transfers that start after.
 
 A transfer's time: one-way delay (+ a seeded normal jitter draw) + its slow-start rounds + the rest of its
 bytes at its fair share of the line, recomputed each time a transfer joins or leaves (fluid processor sharing).
@@ -304,6 +305,7 @@ class Line:
         rng: random.Random | None = None,
         slow_start: bool = True,
         congestion: str = "cubic",
+        schedule: tuple = (),
     ):
         self.env, self.params, self.calibration = env, params, calibration
         self.rng, self.slow_start, self.congestion = rng or random.Random(0), slow_start, congestion
@@ -316,7 +318,22 @@ class Line:
         self._rate, self._line_bps = params.rate_bps, 2 * params.rate_bps  # an uncapped flow counts as twice the line
         self._calibrated = calibration is not None and calibration.covers(params, congestion)  # else 1 everywhere
         self._caps: dict[int, float] = {}  # connections -> cap_bps
-        self._factors: dict[int, float] = {}  # transfers on the line -> the calibration's factor (params are fixed)
+        self._factors: dict[int, float] = {}  # transfers on the line -> the calibration's factor (until a change)
+        for at_s, changed in schedule:  # a schedule's changes: (s from now, LineParams)
+            env.call_in(at_s, self.set_params, changed)
+
+    def set_params(self, params: LineParams) -> None:
+        """The line from now on (a schedule's change): the shares of its rate and the calibration's factor change
+        at once; transfers under way keep their TCP cap and slow-start rounds, those that start later take the
+        new line's."""
+        self._advance()
+        self.params, self._rate, self._line_bps = params, params.rate_bps, 2 * params.rate_bps
+        self._calibrated = self.calibration is not None and self.calibration.covers(params, self.congestion)
+        self._caps.clear()
+        self._factors.clear()
+        lb = self._line_bps
+        self._demand = sum((g.cap if g.cap < lb else lb) * len(g.heap) for g in self.groups.values())
+        self._reschedule()
 
     def _factor(self, n: int) -> float:
         """The calibration's factor with n transfers on this line (looked up once per n)."""

@@ -198,3 +198,50 @@ def test_a_bad_calibration_table_is_refused_naming_the_field(tmp_path, text, fie
     path.write_text(text)
     with pytest.raises(CalibrationError, match=field.replace("[", r"\[").replace("]", r"\]")):
         load_calibration(path)
+
+
+def test_a_schedule_changes_the_rate_at_once_and_a_later_transfer_takes_the_new_delay():
+    line = LineParams(rate_bps=8e6, rtt_s=0.0)  # 1 MB/s
+    halved = [(1.0, replace(line, rate_bps=4e6))]  # from 1 s on: 0.5 MB/s
+    # 1 MB alone at 1 MB/s until 1 s... it is done then; 2 MB: 1 MB by 1 s, the other at 0.5 MB/s: 3 s
+    assert arrivals(line, [2 * MB], schedule=halved) == pytest.approx([3.0])
+    env = clock.Environment()
+    spiked = Line(env, LineParams(rate_bps=math.inf, rtt_s=0.05), schedule=[(0.5, LineParams(math.inf, 0.16))])
+    done = []
+
+    def send(at):
+        yield at
+        yield spiked.transfer(1000)
+        done.append(env.now - at)
+
+    env.process(send(0.0))
+    env.process(send(1.0))
+    env.run()
+    assert done == pytest.approx([0.025, 0.08])  # one-way: half the RTT before the change, then the new one's
+
+
+def test_the_simulated_line_plays_the_profiles_schedule_from_the_workloads_start(tmp_path):
+    from experiments.sim.config import load_for_simulation, sim_config
+    from experiments.sim.simulate import not_simulated
+
+    loaded = load_for_simulation("pdd-vs-baselines", ["profile=wan-flaky"])
+    cfg = sim_config(loaded, "pdd")
+    base = cfg.line
+    assert [x for t, p in cfg.line_schedule for x in (t, p.loss, p.rtt_s)] == pytest.approx(
+        [
+            x
+            for step in [
+                (10, 0.05, base.rtt_s),  # loss 5% for 5 s
+                (15, base.loss, base.rtt_s),
+                (25, base.loss, 0.080 + 0.025),  # A->B's delay 80 ms for 5 s: the RTT is both ways'
+                (30, base.loss, base.rtt_s),
+                (40, 0.20, base.rtt_s),
+                (42, base.loss, base.rtt_s),
+            ]
+            for x in step
+        ]
+    )
+    assert any(w.startswith("Simulated in part: the link's schedule") for w in not_simulated(loaded, {"pdd": cfg}))
+    link = load_for_simulation("pdd-vs-baselines", ["profile=wan-flaky", "schedule_clock=link"])
+    assert sim_config(link, "pdd").line_schedule == ()  # played once from the link's coming up: not simulated
+    assert any(w.startswith("Not simulated: the link's schedule") for w in not_simulated(link, {"pdd": cfg}))
