@@ -34,8 +34,8 @@ def applied_profile(spec) -> Profile:
 
 
 def lan_profile(spec) -> Profile:
-    """The spec's LAN profile (every intra-cluster link's; not scaled: docs/spec.md), parsed; ScalingError naming
-    the field."""
+    """The spec's LAN profile (every intra-cluster link's, as written: kv_scale does not scale the LAN), parsed;
+    ScalingError naming the field."""
     try:
         return profiles.load_profile(spec.lan_profile)
     except ProfileError as err:
