@@ -38,6 +38,7 @@ from experiments.rundir import clientlog, metadata, files as rundir
 from experiments.analysis import crosstraffic
 from experiments.rundir.metadata import EmulatorHealth, RunMetadata, SpecRecord
 from experiments.spec.experiment import SLO, build
+from topology.profiles import FRAME_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -147,9 +148,9 @@ LAN_SLOW = 0.5  # a LAN whose bound copies ran under this share of the profile's
 
 def lan_health(variant: str, s: dict, rate_mbit: float | None) -> list[dict]:
     """A warning where the fast path's copies that the LAN held back (kv_paths.fast.lan_bound) ran at under
-    LAN_SLOW of the LAN profile's payload rate (its rate x 1448/1514): the machine, not the profile, set the LAN."""
+    LAN_SLOW of the LAN profile's payload rate (its rate x MSS / frame): the machine, not the profile, set the LAN."""
     lb = ((s.get("kv_paths") or {}).get("fast") or {}).get("lan_bound")
-    if not lb or not rate_mbit or lb["p50_mbit"] >= LAN_SLOW * rate_mbit * 1448 / 1514:
+    if not lb or not rate_mbit or lb["p50_mbit"] >= LAN_SLOW * rate_mbit * limits.DEFAULT_MSS / FRAME_BYTES:
         return []
     return [
         {

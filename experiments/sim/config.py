@@ -20,7 +20,7 @@ from experiments.spec import experiment as ex
 from experiments.spec.deployment import deployment_dict
 from experiments.spec.experiment import Loaded
 from experiments.spec.scaling import lan_profile, spec_kv_scale
-from topology.profiles import FRAME_BYTES, load_profile, parse_schedule
+from topology.profiles import DIRECTIONS, FRAME_BYTES, load_profile, parse_schedule
 from topology.shaping import link_states, merge_schedules
 from workers.modelled.catalogue import CatalogueError
 from workers.modelled.roofline import Roofline
@@ -162,7 +162,7 @@ def line_schedule(spec, published) -> tuple[tuple[float, LineParams], ...]:
     steps, _labels = merge_schedules(
         ("profile", published.schedule), ("spec", parse_schedule(list(spec.schedule), "schedule"))
     )
-    start = {d: published.direction(d) for d in ("a_to_b", "b_to_a")}
+    start = {d: published.direction(d) for d in DIRECTIONS}
     return tuple(
         (at_s, line_from_profile(replace(published, a_to_b=now["a_to_b"], b_to_a=now["b_to_a"])))
         for at_s, now in link_states(start, steps)

@@ -221,7 +221,7 @@ class Simulation:
         blocks, pin = self._blocks(req, req.max_tokens), req.session if role == "md" else None
         waits = None if room.open(blocks, pin) else room.wait(blocks, self.env.now + self.kv_wait_s, pin)
         rec.rooms[role] = [room, blocks, waits]
-        if pin is not None:  # the router's open reaches the MD a one-way later, which takes it at its step's end
+        if pin is not None and rec.drc_hit is not None:  # pdd: the router's open reaches the MD a one-way later
             self.env.call_in(self.back_s, self._answer, (rec, worker))
         return None
 

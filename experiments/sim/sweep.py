@@ -123,6 +123,8 @@ def variant_row(recs: list[RequestRecord], slo, per_hour: float | None) -> dict:
     sent = (max((r.t_send_ns for r in recs), default=0) - t0) / 1e9  # the arrivals' span: the load's last third
     last = [r for r in recs if r.t_send_ns >= t0 + 2 / 3 * sent * 1e9]
     last_ttft = [r.ttft_ms if r.ok and r.ttft_ms is not None else float("inf") for r in last]
+    # the RLD's load against time: each third of the arrivals (the load's steps, where a spec has three)
+    thirds = [_in_flight(recs, t0 + k / 3 * sent * 1e9, t0 + (k + 1) / 3 * sent * 1e9) for k in range(3)]
     return {
         "requests": len(recs),
         "completed": len(ok),
@@ -137,11 +139,8 @@ def variant_row(recs: list[RequestRecord], slo, per_hour: float | None) -> dict:
         "on_rld": _mean([100.0 * (r.route in ON_RLD) for r in routed]),
         "p_hit": _mean([100.0 * r.expected_hit for r in routed if r.expected_hit is not None]),
         "md_hit": _mean([100.0 * r.md_cached_tokens / r.prompt_tokens for r in routed if r.prompt_tokens]),
-        "rld_in_flight_last_third": _in_flight(recs, t0 + 2 / 3 * sent * 1e9, t0 + sent * 1e9),
-        # the RLD's load against time: each third of the arrivals (the load's steps, where a spec has three)
-        "rld_in_flight_by_third": [
-            _in_flight(recs, t0 + k / 3 * sent * 1e9, t0 + (k + 1) / 3 * sent * 1e9) for k in range(3)
-        ],
+        "rld_in_flight_last_third": thirds[2],
+        "rld_in_flight_by_third": thirds,
         "ttft_p50_last_third_ms": percentile(last_ttft, 50) if last_ttft else None,
     }
 
