@@ -41,10 +41,10 @@ there only what that P prefilled of it; least recently used blocks go when P's K
 shared prefixes are matched block by block (its prompts' tokens); a later turn's prompt continues its previous
 turn's blocks, then its own (the reply's tokens are the reference run's). A fallback prefills again on the same P.
 
-Times are the client's: a token when the decode side sends it (P's first once that side holds the prompt's KV),
-an MD's a one-way of the line later (the client is in site A); ttft_decode: the first token a decode worker made.
-pdd's P->MD copy starts at the MD's DRC answer at the earliest (P asks as it starts; the MD answers once the router's
-open crossed the line and its step under way ended). Chunked and auto handoffs are simulated as one-shot.
+Times are the client's: a token when the decode side sends it (P's first once that side holds the prompt's KV), an
+MD's a crossing later (a message's: the one-way delay and its frames' largest jitter, wan.CONTROL_FRAMES); ttft_decode:
+the first token a decode worker made. pdd's P->MD copy starts at the MD's DRC answer at the earliest (P asks as it
+starts; the MD answers once the router's open crossed the line and its step ended). Handoffs are simulated one-shot.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ from experiments.sim.config import HANDOFF_ID_BYTES, SimConfig
 from experiments.sim.kvroom import Deadlines, KVRoom, extend_chain, kv_capacity_tokens, prompt_chain
 from experiments.sim.realcompute import MeasuredRoofline, kv_export_s, kv_import_s, the_jitter
 from experiments.sim.record import DEADLINE_EXCEEDED, Rec, streams_ended
-from experiments.sim.wan import Calibration, Line
+from experiments.sim.wan import CONTROL_FRAMES, Calibration, Line
 from experiments.sim.workers import DecodeWorker, PrefillWorker, Session, pick_prefill
 from experiments.spec.workload import WorkloadRequest
 from workers.roles.routing import Route, decide_route
@@ -119,7 +119,7 @@ class Simulation:
         self._block = dep.block_size  # tokens a KV block
         rng, cc = random.Random(seed), cfg.wan_congestion
         self.line = Line(env, cfg.line, calibration, rng, congestion=cc, schedule=cfg.line_schedule)
-        self.back_s = cfg.line.one_way_s  # an MD's token to the client (site A) crosses the line back (as A -> B)
+        self.back_s = cfg.line.one_way_s + cfg.line.mean_max_jitter_s(CONTROL_FRAMES)  # a message across (as A->B)
         self.deadlines = Deadlines(env)  # timeouts.request_s, and the MDs' kv_wait_ms on the WAN copies
         self.rooms = {
             w.name: KVRoom(env, kv_capacity_tokens(w), dep.block_size) for ws in cfg.workers.values() for w in ws

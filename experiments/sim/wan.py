@@ -12,8 +12,9 @@ recovery, reordering, loss bursts (a Gilbert-Elliott or 4-state model counts by 
 traffic (not modelled: docs/simulator.md). A schedule's changes (`Line.set_params`) take effect from their time on:
 the rate's shares at once, a new TCP cap for the transfers that start after.
 
-A transfer's time: one-way delay (+ a seeded normal jitter draw) + its slow-start rounds + the rest of its
-bytes at its fair share of the line, recomputed each time a transfer joins or leaves (fluid processor sharing).
+A transfer's time: one-way delay (+ a seeded draw of the largest of its frames' jitter: LineParams.max_jitter_s)
++ its slow-start rounds + the rest of its bytes at its fair share of the line, recomputed each time a transfer
+joins or leaves (fluid processor sharing).
 A slow-start round sends one window at min(the window's rate, window / RTT, and its fair share of the line),
 counted among the line's sharers, so the line never carries more than its rate: a round takes an RTT on a free
 line, longer on a busy one; the window doubles each round (each byte acked adds one), from where its
@@ -37,11 +38,13 @@ import math
 import operator
 import random
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import yaml
 
 from experiments.sim import clock
+from topology.netem_model import NETEM_DIST_SCALE, load_dist_table
 from topology.rate_trace import load_trace
 
 MSS_BYTES = 1448  # TCP payload of a 1500-byte Ethernet frame with timestamps
@@ -50,6 +53,11 @@ RTO_MIN_S = 0.2  # Linux's TCP_RTO_MIN: an RTO is the smoothed RTT + max(4 x its
 KEPT_CONNECTIONS = 8  # ConnectionPool.max_idle: idle connections kept per peer
 MATHIS_C = 1.22  # sqrt(3/2): periodic loss, delayed ACKs off (Mathis, Semke, Mahdavi, Ott 1997)
 CALIBRATION_FILE = Path(__file__).resolve().parent / "calibration.yaml"
+# The frames of a control message (a gRPC call or its reply: the router's open, the DRC answer, a token) as it
+# crosses a jittered line: the modelled default's runs (docs/runs/modelled-default-20261206f, pdd's P->MD requests)
+# took 3.7-7.7 ms past the 30 ms delay on wan-cross-country (jitter 5 ms), 0.6-1.2 past 5 on wan-regional (0.5):
+# what netem's queue gives a burst of 3 frames (+4.5, +0.5; topology.netem_model), not 1 (+0.7, +0.1).
+CONTROL_FRAMES = 3
 _DONE_BYTES = 1e-3  # a flow with fewer bytes left than this has arrived (float rounding)
 
 
@@ -64,17 +72,52 @@ class LineParams:
     rate_bps: serialisation rate (bit/s); inf: unlimited
     rtt_s: round-trip time (s): both directions' delay
     loss: loss probability per packet (0..1), taken as random (a burst model's stationary mean)
-    jitter_s: sigma of the one-way delay's normal variation (s)
+    jitter_s: the one-way delay's jitter (s: netem's, the distribution's spread)
+    jitter_table: the delay distribution's values in units of jitter_s, sorted (jitter_table(); (): uniform)
     """
 
     rate_bps: float
     rtt_s: float
     loss: float = 0.0
     jitter_s: float = 0.0
+    jitter_table: tuple[float, ...] = ()
 
     @property
     def one_way_s(self) -> float:
         return self.rtt_s / 2
+
+    def max_jitter_s(self, frames: int, u: float) -> float:
+        """The latest of `frames` frames' jitter draws (s), at quantile u (0..1) of that maximum's distribution:
+        what a message of that many frames waits past the one-way delay on a netem line. netem's queue sends no
+        frame before the one ahead of it (tfifo with a rate), and a message is in when its last frame is, so a
+        burst of frames takes the largest of their draws (topology.netem_model: 3 frames on wan-cross-country,
+        +4.5 ms; 500, +15 ms). P(max <= x) = F(x)^frames, so the max is F's quantile u^(1/frames)."""
+        if not self.jitter_s:
+            return 0.0
+        q = u ** (1.0 / frames)
+        table = self.jitter_table
+        if not table:  # uniform in [-jitter, +jitter)
+            return self.jitter_s * (2 * q - 1)
+        return self.jitter_s * table[min(len(table) - 1, int(q * len(table)))]
+
+    def mean_max_jitter_s(self, frames: int) -> float:
+        """The mean of max_jitter_s(frames, u) over u (s): E[max] = sum of each value x its probability as the
+        largest ((k/m)^frames - ((k-1)/m)^frames for the k-th smallest of m equally likely)."""
+        if not self.jitter_s:
+            return 0.0
+        table, m = self.jitter_table, len(self.jitter_table)
+        if not table:
+            return self.jitter_s * (frames - 1) / (frames + 1)
+        return self.jitter_s * sum(x * (((k + 1) / m) ** frames - (k / m) ** frames) for k, x in enumerate(table))
+
+
+@lru_cache(maxsize=None)
+def jitter_table(distribution: str) -> tuple[float, ...]:
+    """A netem delay distribution's values in units of its jitter, sorted (netem's tabledist: table value x
+    jitter / NETEM_DIST_SCALE); (): uniform."""
+    if distribution == "uniform":
+        return ()
+    return tuple(sorted(v / NETEM_DIST_SCALE for v in load_dist_table(distribution)))
 
 
 def line_from_profile(profile, direction: str = "a_to_b") -> LineParams:
@@ -85,7 +128,8 @@ def line_from_profile(profile, direction: str = "a_to_b") -> LineParams:
     rate = d.rate_mbit * 1e6 if d.rate_mbit else math.inf
     if d.rate_trace:
         rate = load_trace(d.rate_trace).mean_rate_mbit() * 1e6
-    return LineParams(rate, (d.delay_ms + back.delay_ms) / 1e3, d.expected_loss_pct / 100, d.jitter_ms / 1e3)
+    table = jitter_table(d.delay_distribution) if d.jitter_ms else ()
+    return LineParams(rate, (d.delay_ms + back.delay_ms) / 1e3, d.expected_loss_pct / 100, d.jitter_ms / 1e3, table)
 
 
 def mathis_bps(rtt_s: float, loss: float, mss_bytes: int = MSS_BYTES) -> float:
@@ -359,7 +403,8 @@ class Line:
         p, done = self.params, self.env.event()
         self.bytes_sent += int(nbytes)
         cap = self._caps.get(connections) or self._caps.setdefault(connections, self.cap_bps(connections))
-        delay = max(0.0, p.one_way_s + (self.rng.gauss(0.0, p.jitter_s) if p.jitter_s else 0.0))
+        frames = -(-int(nbytes) // MSS_BYTES) or 1
+        delay = max(0.0, p.one_way_s + (p.max_jitter_s(frames, self.rng.random()) if p.jitter_s else 0.0))
         start = self._take(peer)
         full = min(cap, p.rate_bps) / 8 * p.rtt_s  # bytes per RTT at the cap: slow start ends there
         if peer is not None:

@@ -11,7 +11,7 @@ from experiments.analysis import summary as summary_mod
 from experiments.sim.config import load_for_simulation, sim_config
 from experiments.sim.pipeline import Simulation
 from experiments.sim.simulate import simulate, workload_of
-from experiments.sim.wan import slow_start
+from experiments.sim.wan import CONTROL_FRAMES, slow_start
 from experiments.sim.workers import Session
 from experiments.spec.experiment import SpecError, load
 
@@ -250,3 +250,14 @@ def test_a_turn_waiting_on_a_copy_that_never_lands_loses_its_prefix_and_finishes
     assert second.inflight_tokens > 0 and second.ok
     # the RLD answered before the MD found the prefix gone (30 s after turn 0 began): both causes, in that order
     assert second.fallbacks == ["completed_on_rld:md_never_ready", "prefix_lost"] and second.md_tokens == 0
+
+
+def test_a_messages_crossing_and_the_tokens_way_back_take_their_frames_largest_jitter(tmp_path):
+    """pd-cross, one request, a 10 ms line with 4 ms of (uniform) jitter against none: the KV copy's thousands of
+    frames take ~+4 ms (their largest draw), the MD's token back to the client the mean of 3 frames' (+2 ms)."""
+    base = simulate(one_request(tmp_path, "pd-cross")).records[0]
+    spec = one_request(tmp_path, "pd-cross", jitter_ms=4.0)
+    (rec,) = simulate(spec).records
+    back = Simulation(sim_config(spec, "pd-cross"), []).back_s
+    assert back == pytest.approx(0.01 + 0.004 * (CONTROL_FRAMES - 1) / (CONTROL_FRAMES + 1))
+    assert rec.ttft_ms - base.ttft_ms == pytest.approx(4.0 + 2.0, abs=0.1)
