@@ -62,7 +62,7 @@ from experiments.sim import clock
 from experiments.sim.config import HANDOFF_ID_BYTES, SimConfig
 from experiments.sim.kvroom import Deadlines, KVRoom, extend_chain, kv_capacity_tokens, prompt_chain
 from experiments.sim.realcompute import MeasuredRoofline, kv_export_s, kv_import_s, the_jitter
-from experiments.sim.record import DEADLINE_EXCEEDED, Rec, streams_ended
+from experiments.sim.record import DEADLINE_EXCEEDED, Rec, cut_at_end, streams_ended
 from experiments.sim.wan import CONTROL_FRAMES, Calibration, Line
 from experiments.sim.workers import DecodeWorker, PrefillWorker, Session, pick_prefill
 from experiments.spec.workload import WorkloadRequest
@@ -105,14 +105,8 @@ class Simulation:
     each P its own draws); calibration: the WAN table (None: formula only); request_s: timeouts.request_s, the
     client's deadline of one request (0: none)"""
 
-    def __init__(
-        self,
-        cfg: SimConfig,
-        requests: list[WorkloadRequest],
-        seed: int = 0,
-        calibration: Calibration | None = None,
-        request_s: float = 0.0,
-    ):
+    def __init__(self, cfg: SimConfig, requests: list[WorkloadRequest], seed: int = 0,
+                 calibration: Calibration | None = None, request_s: float = 0.0):  # fmt: skip
         self.cfg, self.env = cfg, clock.Environment()
         env, dep = self.env, cfg.deployment
         self.request_s, self.kv_wait_s = request_s, dep.decode.kv_wait_ms / 1000
@@ -142,6 +136,7 @@ class Simulation:
         self.base: dict[str, int] = {}  # session -> its shared head's cached tokens (the system prompt)
         self.records, self._turns = [], {"p": 0, "rld": 0, "md": 0}  # _turns: each pool's picks (round_robin's turn)
         self._md_sessions: dict[str, Rec] = {}  # request -> its record while its pdd MD session is open (in-flight DRC)
+        self.wan_ends: dict[str, float] = {}  # request -> when its WAN copy's last byte arrived (s)
 
     def run(self):
         """Simulate every request to its end; the records (RequestRecord) in the workload's order."""
@@ -155,7 +150,7 @@ class Simulation:
                     self.env.start(self._client(r, r.arrival_s))
             self.env.run()
         order = {r.request_id: i for i, r in enumerate(self.requests)}
-        return sorted(self.records, key=lambda rec: order[rec.request_id])
+        return sorted(cut_at_end(self.records, self.wan_ends, self.back_s), key=lambda rec: order[rec.request_id])
 
     def _client(self, req: WorkloadRequest, at_s: float):
         """The load generator's chain of a session: each turn after the previous one's answer (a failed one too:
@@ -436,6 +431,7 @@ class Simulation:
         sent = self.line.transfer(
             tokens * self.cfg.kv_bytes_per_token, self.cfg.wan_connections, self._peer(p.name, md.name)
         )
+        sent.callbacks.append(lambda _e: self.wan_ends.__setitem__(rec.req.request_id, self.env.now))
         self.deadlines.interrupt_unless(sent, deadline)
         try:
             yield sent

@@ -4,11 +4,14 @@ Responsible for: `Rec`, what a request gathered on its way (tokens and their wor
 handoff, the decode sessions it still has open, the KV blocks it holds on each worker) and its
 `experiments.analysis.records.RequestRecord` (the emulated analysis' own record); the failures' texts, each as
 the emulated client records it (`streams_ended`: the router's "every worker stream ended" over the sessions'
-end notes; `DEADLINE_EXCEEDED`: the client's gRPC deadline, timeouts.request_s).
+end notes; `DEADLINE_EXCEEDED`: the client's gRPC deadline, timeouts.request_s); `cut_at_end`: the WAN KV
+bytes of the copies still crossing at the variant's end left out, as the emulated analysis leaves them.
 Not responsible for: the times themselves (experiments.sim.pipeline).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from experiments.analysis.records import RequestRecord
 from experiments.sim.config import SimConfig
@@ -128,3 +131,21 @@ class Rec:
             inflight_tokens=self.inflight_tokens,
         )
         return self.final
+
+
+def cut_at_end(records: list[RequestRecord], wan_ends: dict[str, float], ack_s: float) -> list[RequestRecord]:
+    """The records with their WAN KV as an emulated run's analysis counts it: a copy's bytes once P's sender ended
+    it (kv_send_end: its last byte in, wan_ends[request], and acknowledged, ack_s later), and the emulated variant
+    stops its roles once its last request ended, so a copy still crossing then counts none (the simulated line
+    carries it all the same: Line.bytes_sent), nor does the MD's absorbing a finished relay's output (relay_absorbed:
+    it needs the copy in)."""
+    if not records:
+        return records
+    end = max(r.t_done_ns for r in records) / 1e9
+    late = {rid for rid, t in wan_ends.items() if t + ack_s > end}
+    return [
+        replace(r, wan_kv_bytes=0, wan_bytes=r.wan_handoff_bytes, relay_absorbed=False)
+        if r.wan_kv_bytes and r.request_id in late
+        else r
+        for r in records
+    ]

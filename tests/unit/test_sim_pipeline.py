@@ -11,7 +11,7 @@ from experiments.analysis import summary as summary_mod
 from experiments.sim.config import load_for_simulation, sim_config
 from experiments.sim.pipeline import Simulation
 from experiments.sim.simulate import simulate, workload_of
-from experiments.sim.wan import CONTROL_FRAMES, slow_start
+from experiments.sim.wan import CONTROL_FRAMES, load_calibration, slow_start
 from experiments.sim.workers import Session
 from experiments.spec.experiment import SpecError, load
 
@@ -229,23 +229,27 @@ def two_turns(tmp_path, kv_wait_ms: int):
         f"deployment.decode.kv_wait_ms={kv_wait_ms}",
     ]
     spec = loaded(tmp_path, *sets, rate_mbit=5)
-    return sorted((r for r in simulate(spec, analyse=False).records if r.variant == "pdd-hetero"), key=lambda r: r.turn)
+    sim = Simulation(sim_config(spec, "pdd-hetero"), workload_of(spec), spec.spec.workload.seed, load_calibration())
+    first, second = sorted(sim.run(), key=lambda r: r.turn)
+    return first, second, sim.line.bytes_sent
 
 
 def test_a_turn_whose_prefix_is_still_crossing_ships_only_what_lies_beyond(tmp_path):
     # decode.py's in-flight DRC: turn 1 waits for turn 0's copy instead of shipping its whole prompt again
-    first, second = two_turns(tmp_path, kv_wait_ms=180_000)
-    assert first.fallbacks == ["completed_on_rld:md_never_ready"] and first.relay_absorbed  # landed in time
+    first, second, shipped = two_turns(tmp_path, kv_wait_ms=180_000)
+    assert first.fallbacks == ["completed_on_rld:md_never_ready"]
     kv = 70_272  # kimi-k2's KV bytes a token
-    assert first.wan_kv_bytes == (first.prompt_tokens - 32) * kv  # all but the system prompt
     # turn 0's prompt and reply in whole blocks of 16 (its last token has no KV): 32 + 480 + 15 -> 512
     assert second.inflight_tokens == 512 - 32 and second.md_cached_tokens == 512
-    assert second.wan_kv_bytes == (second.prompt_tokens - 512) * kv  # the new turn's tokens alone
+    # turn 0: all but the system prompt; turn 1: its new tokens alone
+    assert shipped == (first.prompt_tokens - 32) * kv + (second.prompt_tokens - 512) * kv
+    # both answered from the RLD within ~1.4 s, the copies land at ~14 and ~62 s: past the variant's end (cut_at_end)
+    assert first.wan_kv_bytes == second.wan_kv_bytes == 0 and not first.relay_absorbed
     assert second.ok and "prefix_lost" not in second.fallbacks
 
 
 def test_a_turn_waiting_on_a_copy_that_never_lands_loses_its_prefix_and_finishes_on_the_rld(tmp_path):
-    first, second = two_turns(tmp_path, kv_wait_ms=30_000)  # turn 0's copy (~56 s) misses its 30 s
+    first, second, _shipped = two_turns(tmp_path, kv_wait_ms=30_000)  # turn 0's copy (~56 s) misses its 30 s
     assert first.fallbacks == ["completed_on_rld:md_never_ready"] and not first.relay_absorbed
     assert second.inflight_tokens > 0 and second.ok
     # the RLD answered before the MD found the prefix gone (30 s after turn 0 began): both causes, in that order
@@ -261,3 +265,16 @@ def test_a_messages_crossing_and_the_tokens_way_back_take_their_frames_largest_j
     back = Simulation(sim_config(spec, "pd-cross"), []).back_s
     assert back == pytest.approx(0.01 + 0.004 * (CONTROL_FRAMES - 1) / (CONTROL_FRAMES + 1))
     assert rec.ttft_ms - base.ttft_ms == pytest.approx(4.0 + 2.0, abs=0.1)
+
+
+def test_a_copy_still_crossing_when_the_last_request_ends_counts_no_wan_bytes_as_in_an_emulated_run(tmp_path):
+    """pdd, one request, P->RLD->MD: on a 1 Mbit/s line its MD gives up (kv_wait_ms) and the RLD decodes to the end
+    long before the copy is in; the emulated variant stops there, its P never logs the copy's end (kv_send_end), so
+    the request carries no WAN KV bytes. On a 1 Gbit/s line the copy ends within the request: counted."""
+    rld_md = "deployment.policy.direct_max_transfer_ms=0"  # never P->MD
+    slow = simulate(loaded(tmp_path, "workload.fixed_hit.requests=1", "variants=[pdd-hetero]", rld_md, rate_mbit=1))
+    (rec,) = slow.records
+    assert rec.route == "p-rld-md" and rec.ok and rec.md_tokens == 0
+    assert rec.wan_kv_bytes == 0 and rec.wan_bytes == rec.wan_handoff_bytes
+    (fast,) = simulate(loaded(tmp_path, "workload.fixed_hit.requests=1", "variants=[pdd-hetero]", rld_md)).records
+    assert fast.route == "p-rld-md" and fast.md_tokens > 0 and fast.wan_kv_bytes > 0
