@@ -1227,6 +1227,7 @@ def lan_rates(events: dict[str, list[dict]]) -> list[float]:
 
 
 def lan_rate(runs: list[Path], variants: tuple[str, ...]) -> None:
+    from experiments.analysis.metrics import percentile
     from experiments.sim.wan import MSS_BYTES
     from topology.profiles import FRAME_BYTES
 
@@ -1238,8 +1239,8 @@ def lan_rate(runs: list[Path], variants: tuple[str, ...]) -> None:
     print("| variant | LAN-bound copies | goodput median Gbit/s | quartiles |\n|---|---|---|---|")
     for v, rs in by.items():
         if rs:
-            q = statistics.quantiles(rs, n=4) if len(rs) > 1 else [rs[0]] * 3
-            print(f"| {v} | {len(rs)} | {statistics.median(rs) / 1e9:.2f} | {q[0] / 1e9:.2f} - {q[2] / 1e9:.2f} |")
+            q = [percentile(rs, p) / 1e9 for p in (25, 50, 75)]  # as summary.json's kv_paths.fast.lan_bound
+            print(f"| {v} | {len(rs)} | {q[1]:.2f} | {q[0]:.2f} - {q[2]:.2f} |")
     if by["pooled"]:
         rate = statistics.median(by["pooled"]) / 1e6 * FRAME_BYTES / MSS_BYTES
         print(f"\nrate_mbit: {rate:.0f}  # the LAN profile whose simulated goodput is the pooled median")

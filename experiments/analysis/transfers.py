@@ -38,7 +38,7 @@ from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
 from statistics import median
 
-from experiments.analysis.metrics import stats
+from experiments.analysis.metrics import percentile, stats
 
 PATHS = ("fast", "wan", "handoff")
 WAN_PATHS = ("wan", "handoff")
@@ -245,11 +245,10 @@ def lan_bound_rates(transfers: list[Transfer], events: list[dict]) -> list[float
 
 def lan_bound(transfers: list[Transfer], events: list[dict]) -> dict | None:
     """The fast path's goodput where the LAN bound it (lan_bound_rates): {copies, p25/p50/p75_mbit}; None: none."""
-    rates = sorted(lan_bound_rates(transfers, events))
+    rates = lan_bound_rates(transfers, events)
     if not rates:
         return None
-    q = lambda f: rates[min(len(rates) - 1, int(f * len(rates)))]  # noqa: E731
-    return {"copies": len(rates), "p25_mbit": q(0.25), "p50_mbit": median(rates), "p75_mbit": q(0.75)}
+    return {"copies": len(rates), **{f"p{p}_mbit": percentile(rates, p) for p in (25, 50, 75)}}
 
 
 def wan_bytes(paths: dict[str, dict], on_wire_pcap: int | None, on_wire_kv_pcap: int | None) -> dict:

@@ -334,6 +334,7 @@ def test_the_lan_is_read_where_it_held_a_copy_back_and_a_slow_one_is_a_warning()
     assert sorted(transfers.lan_bound_rates(ts, ev)) == pytest.approx([1000.0, 2000.0])
     lb = transfers.lan_bound(ts, ev)
     assert lb["copies"] == 2 and lb["p50_mbit"] == pytest.approx(1500.0)
+    assert (lb["p25_mbit"], lb["p75_mbit"]) == pytest.approx((1250.0, 1750.0))  # metrics.percentile's, interpolated
     s = {"kv_paths": {"fast": {"lan_bound": lb}}}
     [w] = lan_health("pdd", s, 10_000)  # 15% of a 10 Gbit/s LAN
     assert w["kind"] == "lan_slow" and "1,500 Mbit/s (median of 2), 15% of the LAN profile's 10,000" in w["message"]

@@ -198,7 +198,8 @@ def _candidates(loads: list[WorkerLoad]) -> tuple[list[WorkerLoad], bool]:
 
 
 def _least(loads: list[WorkerLoad], key) -> WorkerLoad:
-    return min(loads, key=lambda w: (key(w), loads.index(w)))
+    """The worker of the least key; ties to the earliest in the pool (min keeps the first of equal keys)."""
+    return min(loads, key=key)
 
 
 def _first_pass(loads: list[WorkerLoad]) -> tuple[list[WorkerLoad], Pick | None]:
