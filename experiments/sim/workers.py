@@ -578,10 +578,8 @@ def pick_prefill(pool: list[PrefillWorker], chain: list[int], prompt_len: int) -
     """policy.pick_p cache_aware's P of pool (routing.pick_p's rule, the emulated router's): each P's load (its
     prefills in flight, their tokens) and the prompt's prefix its own cache holds (the router's mirror of what each
     P prefilled; here the cache itself, which a mirror follows but for evictions)."""
-    loads = [
-        WorkerLoad(
-            p.name, p.in_flight, p.in_flight_tokens, hit_tokens=p.cache.held(chain, prompt_len) if p.cache else 0
-        )
-        for p in pool
-    ]
-    return pool[[w.name for w in loads].index(pick_p(loads, "cache_aware", 0).worker)]
+    hits = [p.cache.held(chain, prompt_len) if p.cache else 0 for p in pool]
+    top = max(hits)  # the rule's first key is the hit: only the Ps that hold the most can win (in pool order)
+    best = [p for p, h in zip(pool, hits) if h == top]
+    loads = [WorkerLoad(p.name, p.in_flight, p.in_flight_tokens, hit_tokens=top) for p in best]
+    return best[[w.name for w in loads].index(pick_p(loads, "cache_aware", 0).worker)]
