@@ -9,22 +9,16 @@ import pytest
 
 from experiments.sim import clock
 from experiments.sim.wan import MSS_BYTES, Line, LineParams, jitter_table, line_from_profile
-from topology.netem_model import NetemQueue
-from topology.profiles import load_profile
-
-FRAME = 1514
+from topology.netem_model import periodic_delays_ns
+from topology.profiles import FRAME_BYTES, load_profile
 
 
 def netem_burst_excess_ms(params, frames: int, seeds: int) -> float:
     """The mean delay past delay_ms of the last of `frames` frames sent back to back at the line's rate through
     the emulator's own netem model (loss off), over `seeds` seeds."""
-    gap = int(FRAME * 8 / (params.rate_mbit * 1e6) * 1e9)
-    excess = []
-    for seed in range(seeds):
-        queue = NetemQueue(params, seed)
-        last = [d.time_to_send_ns - i * gap for i in range(frames) for d in queue.enqueue(i * gap, bytes(FRAME))]
-        excess.append(last[-1] / 1e6 - params.delay_ms)
-    return statistics.mean(excess)
+    gap = int(FRAME_BYTES * 8 / (params.rate_mbit * 1e6) * 1e9)
+    last = [periodic_delays_ns(params, frames, gap, FRAME_BYTES, seed)[-1] for seed in range(seeds)]
+    return statistics.mean(last) / 1e6 - params.delay_ms
 
 
 @pytest.mark.parametrize(
