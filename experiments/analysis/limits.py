@@ -33,10 +33,13 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from statistics import median
 
 from experiments.analysis.formats import num as _f
 from experiments.analysis.transfers import WAN_PATHS, Transfer, complete_from_samples, pair_transfers, tcp_samples
+from topology.profiles import PROFILE_DIR
+from topology.rate_trace import TraceError, load_trace
 
 MATHIS_C = 1.22  # sqrt(3/2): periodic loss, delayed ACKs off (Mathis et al. 1997)
 RATE_SHARE = 0.7  # a transfer at >= 70% of a bound (its line share, the Mathis bound) is taken as bound by it
@@ -205,11 +208,29 @@ def scaling_warning(variant: str, lim: dict) -> dict | None:
     }
 
 
+def line_rate_mbit(direction: dict, rate_mbit: float | None) -> float | None:
+    """The A->B line's rate for the shares (Mbit/s): its rate, or a rate trace's mean over one period (the trace
+    as recorded, else the project's netem_profiles/traces/ file of that name: a run made in another checkout);
+    None: unlimited, or a trace that cannot be read."""
+    if rate_mbit:
+        return rate_mbit
+    if not (recorded := direction.get("rate_trace")):
+        return None
+    for path in (Path(recorded), PROFILE_DIR / "traces" / Path(recorded).name):
+        if path.is_file():
+            try:
+                return load_trace(str(path)).mean_rate_mbit()
+            except TraceError:
+                return None
+    return None
+
+
 def add_to(summary: dict, events: list[dict], meta) -> None:
     """Into summary, in place: each variant's transfer_limits and the warnings (meta: the run's RunMetadata;
-    nothing where the line was unlimited or never up)."""
+    nothing where the line was unlimited or never up; a rate trace: shares of its mean rate, line_rate_mbit)."""
     wan = meta.topology.wan_profile.a_to_b if meta.topology else None
-    if wan is None or not wan.rate_mbit:
+    line_mbit = line_rate_mbit(wan.model_extra or {}, wan.rate_mbit) if wan is not None else None
+    if not line_mbit:
         return
     extra = wan.model_extra or {}
     rtt_ms, loss_pct = 2 * float(extra.get("delay_ms") or 0), float(extra.get("loss_pct") or 0)
@@ -217,7 +238,7 @@ def add_to(summary: dict, events: list[dict], meta) -> None:
     clusters = {h.name: h.cluster for h in getattr(meta.topology, "hosts", None) or []}
     for v, per in summary["variants"].items():
         lim = per["transfer_limits"] = variant_limits(
-            [e for e in events if e.get("variant") == v], wan.rate_mbit, rtt_ms, loss_pct, s, clusters
+            [e for e in events if e.get("variant") == v], line_mbit, rtt_ms, loss_pct, s, clusters
         )
         if (w := scaling_warning(v, lim)) is not None:
             summary.setdefault("warnings", []).append(w)

@@ -2,6 +2,7 @@
 sender-limited or unclear; summary.json counts them per variant and a scaled run where most were slow-start or
 loss-limited is warned about. One at a time here (each has the whole line); sharing: test_limits_share.py."""
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -105,3 +106,23 @@ def test_a_variant_without_wan_transfers_has_no_row():
     none = limits.variant_limits([], LINE, rtt_ms=60, loss_pct=0.0, kv_scale=4.0)
     assert [none[k] for k in limits.LIMITS] == [0] * 5 and none["transfers"] == []
     assert limits.markdown_section({"colocated": {"transfer_limits": none}}) == []
+
+
+def test_a_rate_trace_line_is_judged_at_the_trace_mean_rate(tmp_path):
+    # A run on a rate trace records rate_mbit 0 and the trace's path: the shares are of the trace's mean rate
+    # (one 1500-byte opportunity per ms over a 10 ms period: 12 Mbit/s), found by name where the recorded path
+    # (another checkout's) is gone; a trace nowhere to be read leaves the run without transfer_limits.
+    def run_on(path):
+        link = LinkRecord(rate_mbit=0.0, delay_ms=30.0, loss_pct=0.0, rate_trace=str(path))
+        meta = SimpleNamespace(topology=SimpleNamespace(wan_profile=SimpleNamespace(a_to_b=link)), line_scaling=None)
+        summary = {"variants": {"pdd": {}}, "warnings": []}
+        limits.add_to(summary, EVENTS, meta)
+        return summary["variants"]["pdd"].get("transfer_limits")
+
+    trace = tmp_path / "every-ms.trace"
+    trace.write_text("".join(f"{t}\n" for t in range(1, 11)))
+    lim = run_on(trace)
+    assert lim["line_mbit"] == pytest.approx(12.0) and lim["transfers"][0]["share_mbit"] == pytest.approx(12.0)
+    shipped = run_on(Path("/elsewhere/netem_profiles/traces/cellular-steps.trace"))
+    assert shipped["line_mbit"] == pytest.approx(27.8844, abs=1e-3)
+    assert run_on(tmp_path / "gone.trace") is None
