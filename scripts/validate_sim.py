@@ -5,6 +5,7 @@
     .venv/bin/python scripts/validate_sim.py modelled-p RUN_DIR [--arch kimi-k2 --accelerator h800 --devices 16]
     .venv/bin/python scripts/validate_sim.py paced RUN_DIR...  # modelled runs: the simulator also at their own pace
     .venv/bin/python scripts/validate_sim.py wan-table MATRIX... [--out experiments/sim/calibration.yaml]  # the WAN
+    .venv/bin/python scripts/validate_sim.py wan-spread MATRIX... [--spreads 0,0.25,0.5]  # the WAN's uneven shares
     .venv/bin/python scripts/validate_sim.py p-spread RUN_DIR... [--variants pd-intra,pdd]  # the P step's spread
     .venv/bin/python scripts/validate_sim.py decode-level MATRIX... [--variants colocated,pd-intra]  # the RLD's
     .venv/bin/python scripts/validate_sim.py lan-rate RUN_DIR... [--variants pd-intra,pdd]  # the emulated LAN's
@@ -1011,11 +1012,11 @@ def wan_transfers(runs: list[Run]) -> dict[tuple[str, int], list[dict]]:
     return out
 
 
-def wan_table(matrices: list[Path], spec: str, out: Path | None) -> None:
+def wan_table(matrices: list[Path], spec: str, out: Path | None, share_spread: float = 0.0) -> None:
     """The simulator's WAN calibration table from the emulated runs' own KV transfers: per shipped profile and
     concurrency (flows), the transfers' median goodput and the factor at which the simulator's line gives its
     transfers that goodput (experiments.sim.wan.solve_factor); printed, and written to out (the simulator reads
-    experiments/sim/calibration.yaml)."""
+    experiments/sim/calibration.yaml) with share_spread (what wan-spread chose over the same runs)."""
     import yaml
 
     from experiments.sim.config import load_for_simulation, sim_config
@@ -1034,7 +1035,7 @@ def wan_table(matrices: list[Path], spec: str, out: Path | None) -> None:
         line = line_from_profile(load_profile(profile))
         kv_bytes = int(statistics.median(t["kv_bytes"] for t in ts))
         goodput = statistics.median(t["goodput_mbit"] for t in ts)
-        factor = solve_factor(line, congestion, connections, flows, kv_bytes, goodput)
+        factor = solve_factor(line, congestion, connections, flows, kv_bytes, goodput, share_spread)
         rate = line.rate_bps / 1e6 if math.isfinite(line.rate_bps) else 0.0
         points.append(
             {
@@ -1055,14 +1056,97 @@ def wan_table(matrices: list[Path], spec: str, out: Path | None) -> None:
     sources = ", ".join(sorted({r.matrix for r in runs}))
     header = (
         '# The simulator\'s WAN calibration table (experiments/sim/wan.py; docs/simulator.md, "The WAN"), made by\n'
-        f"#   .venv/bin/python scripts/validate_sim.py wan-table {' '.join(map(str, matrices))} --out {out}\n"
+        f"#   .venv/bin/python scripts/validate_sim.py wan-table {' '.join(map(str, matrices))} --out {out}"
+        f" --share-spread {share_spread:g}\n"
         "# from the emulated runs' own WAN KV transfers (summary.json's transfer_limits): per line and concurrency,\n"
-        "# their median goodput and the factor the simulator's rates take there so its transfers match it.\n"
+        "# their median goodput and the factor the simulator's rates take there so its transfers match it;\n"
+        "# share_spread: how unevenly transfers share a full line (validate_sim.py wan-spread over the same runs).\n"
     )
     status = f"calibrated: {len(points)} points from {len(runs)} emulated runs of {spec} ({sources})"
     lines = [f"  - {yaml.safe_dump(p, default_flow_style=True, sort_keys=False, width=1000).strip()}\n" for p in points]
-    out.write_text(header + yaml.safe_dump({"status": status}, width=1000) + "points:\n" + "".join(lines))
+    top = yaml.safe_dump({"status": status, "share_spread": share_spread}, width=1000, sort_keys=False)
+    out.write_text(header + top + "points:\n" + "".join(lines))
     print(f"\n{out}: {status}")
+
+
+SPREAD_MIN_FLOWS = 2.5  # wan-spread reads the transfers that shared the line with two others or more, on average
+
+
+def _quantiles(xs: list[float]) -> tuple[float, float, float]:
+    from experiments.analysis.metrics import percentile
+
+    return tuple(percentile(xs, q) for q in (10, 50, 90))
+
+
+def sim_share_ratios(spec: str, profile: str, sets: tuple[str, ...], variant: str, seeds: range, spread: float):
+    """The simulator's WAN copies of `variant` (each of seeds) as wan-spread reads the runs': each copy of
+    WAN_TABLE_MIN_BYTES or more with SPREAD_MIN_FLOWS or more copies in flight on average over its life (itself
+    included), its goodput over its share (the line's rate / that mean); the table's share_spread set to spread."""
+    from experiments.analysis.limits import mean_concurrency
+    from experiments.sim.config import load_for_simulation, sim_config
+    from experiments.sim.pipeline import Simulation
+    from experiments.sim.simulate import workload_of
+    from experiments.sim.wan import load_calibration
+
+    loaded = load_for_simulation(spec, [f"profile={profile}", *sets])
+    cfg, reqs = sim_config(loaded, variant), workload_of(loaded)
+    base = load_calibration()
+    cal = type(base)(base.points, base.status, spread)
+    out = []
+    for seed in seeds:
+        sim = Simulation(cfg, reqs, seed, cal, request_s=loaded.spec.timeouts.request_s)
+        sim.line.log = []
+        sim.run()
+        spans = [(a, b) for a, _n, b in (r for r in sim.line.log if len(r) == 3)]
+        for a, n, *end in sim.line.log:
+            if not end or n < WAN_TABLE_MIN_BYTES or end[0] <= a:
+                continue
+            flows = mean_concurrency((a, end[0]), spans)
+            if flows >= SPREAD_MIN_FLOWS:
+                out.append(n * 8 / (end[0] - a) / (cfg.line.rate_bps / flows))
+    return out
+
+
+def wan_spread(matrices: list[Path], spec: str, sets: tuple[str, ...], variant: str, spreads: list[float]) -> None:
+    """How unevenly concurrent WAN copies share the line, in the runs and in the simulator at each share_spread:
+    per profile, the copies' goodput over their share (the line over the mean number in flight; the runs' from
+    summary.json's transfer_limits, goodput over the time its sender had bytes, as wan-table), 10th / 50th / 90th
+    percentiles, and the 90th over the 10th, the figure share_spread is chosen by (pooled over profiles, weighted
+    by the runs' copies)."""
+    from topology.profiles import load_profile
+
+    runs = [r for r in find_runs(matrices) if r.summary.get("simulated") is not True]
+    measured: dict[str, list[float]] = {}
+    for run in runs:
+        for t in ((run.summary["variants"].get(variant) or {}).get("transfer_limits") or {}).get("transfers") or []:
+            busy = (t.get("goodput_mbit") or 0) / max(0.05, 1 - (t.get("sender_idle") or 0.0))
+            if t.get("path") == "wan" and busy and t["kv_bytes"] >= WAN_TABLE_MIN_BYTES and t.get("share_mbit"):
+                if (t.get("concurrency") or 1.0) >= SPREAD_MIN_FLOWS:
+                    measured.setdefault(run.profile, []).append(busy / t["share_mbit"])
+    floor = f">= {WAN_TABLE_MIN_BYTES / 1e6:g} MB, >= {SPREAD_MIN_FLOWS} in flight"
+    print(f"{variant}'s WAN copies ({floor}): goodput / share")
+    heads = " | ".join(f"spread {s:g}" for s in spreads)
+    print(f"| profile | copies | runs p10 / p50 / p90 | runs p90/p10 | {heads} |")
+    print("|---|---|---|---|" + "---|" * len(spreads))
+    pooled = {s: 0.0 for s in spreads}
+    for profile, xs in sorted(measured.items()):
+        if len(xs) < MIN_TRANSFERS:
+            continue
+        load_profile(profile)  # a profile the runs name but this checkout lacks: its error, here
+        lo, mid, hi = _quantiles(xs)
+        cells = []
+        for s in spreads:
+            sim = sim_share_ratios(spec, profile, sets, variant, range(1, 5), s)
+            slo, smid, shi = _quantiles(sim) if len(sim) >= MIN_TRANSFERS else (math.nan,) * 3
+            pooled[s] += len(xs) * abs(math.log((shi / slo) / (hi / lo))) if slo > 0 else math.inf
+            cells.append(f"{slo:.2f} / {smid:.2f} / {shi:.2f} ({shi / slo:.2f}, {len(sim)})")
+        runs_cell = f"{lo:.2f} / {mid:.2f} / {hi:.2f} | {hi / lo:.2f}"
+        print(f"| {profile} | {len(xs)} | {runs_cell} | " + " | ".join(cells) + " |")
+    n = sum(len(xs) for xs in measured.values() if len(xs) >= MIN_TRANSFERS)
+    print(
+        "\nmean |log(simulated p90/p10 / runs')|, weighted by copies: "
+        + ", ".join(f"spread {s:g}: {pooled[s] / max(1, n):.3f}" for s in spreads)
+    )
 
 
 def spec_runs(matrices: list[Path], spec: str, out: Path):
@@ -1289,6 +1373,13 @@ def main() -> None:
     wt.add_argument("matrices", nargs="+", type=Path)
     wt.add_argument("--spec", default="pdd-vs-baselines")
     wt.add_argument("--out", type=Path, default=None, help="write the table here (experiments/sim/calibration.yaml)")
+    wt.add_argument("--share-spread", type=float, default=0.0, help="the table's share_spread (wan-spread's choice)")
+    ws = sub.add_parser("wan-spread")
+    ws.add_argument("matrices", nargs="+", type=Path)
+    ws.add_argument("--spec", default="pdd-vs-baselines")
+    ws.add_argument("--variant", default="pd-cross", help="the variant whose WAN copies are read")
+    ws.add_argument("--spreads", default="0,0.25,0.5,0.75", help="the share_spread values to simulate")
+    ws.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="as compare-repeats' --set")
     sp = sub.add_parser("p-spread")
     sp.add_argument("runs", nargs="+", type=Path)
     sp.add_argument("--variants", default="pd-intra,pdd", help="the variants whose P steps are read")
@@ -1309,7 +1400,9 @@ def main() -> None:
     elif a.cmd == "paced":
         paced(a.runs)
     elif a.cmd == "wan-table":
-        wan_table(a.matrices, a.spec, a.out)
+        wan_table(a.matrices, a.spec, a.out, a.share_spread)
+    elif a.cmd == "wan-spread":
+        wan_spread(a.matrices, a.spec, tuple(a.set), a.variant, [float(x) for x in a.spreads.split(",")])
     elif a.cmd == "p-spread":
         p_spread(a.runs, tuple(v for v in a.variants.split(",") if v))
     elif a.cmd == "lan-rate":

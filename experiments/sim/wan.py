@@ -37,6 +37,7 @@ import heapq
 import math
 import operator
 import random
+import statistics
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -212,10 +213,11 @@ class CalibrationPoint:
 class Calibration:
     """The emulator's measured per-flow goodput against the formula's, by the nearest measured point.
 
-    status: "uncalibrated: formula only" while the table has no points (factor 1 everywhere)"""
+    status: "uncalibrated: formula only" while the table has no points (factor 1 everywhere); share_spread: the
+    log-spread of the weights by which transfers share a full line it covers (share_weights; 0: equal shares)"""
 
-    def __init__(self, points: list[CalibrationPoint], status: str):
-        self.points, self.status = points, status
+    def __init__(self, points: list[CalibrationPoint], status: str, share_spread: float = 0.0):
+        self.points, self.status, self.share_spread = points, status, share_spread
 
     def near(self, line: LineParams, congestion: str) -> list[CalibrationPoint]:
         """The points measured with this congestion control on a line like this one (rate, RTT and loss each within
@@ -284,52 +286,78 @@ def load_calibration(path: Path = CALIBRATION_FILE) -> Calibration:
         if not isinstance(raw["congestion"], str) or not raw["congestion"]:
             raise CalibrationError(f"{path}: points[{i}].congestion: expected a congestion control's name")
         points.append(CalibrationPoint(**{k: raw[k] for k in POINT_KEYS}))
-    return Calibration(points, data["status"])
+    spread = data.get("share_spread", 0.0)
+    if isinstance(spread, bool) or not isinstance(spread, (int, float)) or not 0 <= spread <= 2:
+        raise CalibrationError(f"{path}: share_spread: expected a number in [0, 2], got {spread!r}")
+    return Calibration(points, data["status"], float(spread))
 
 
 def transfers_goodput_mbit(
-    params: LineParams, congestion: str, connections: int, flows: int, kv_bytes: float, factor: float
-) -> float:
-    """The simulator's mean goodput (Mbit/s: bytes x 8 / time from the send to the last byte) of `flows` transfers
-    of kv_bytes started together on new connections on a line of params, its rates x factor."""
-    env = clock.Environment()
+    params: LineParams, congestion: str, connections: int, flows: int, kv_bytes: float, factor: float,
+    spread: float = 0.0,
+) -> float:  # fmt: skip
+    """The simulator's goodput (Mbit/s: bytes x 8 / time from the send to the last byte) of `flows` transfers of
+    kv_bytes started together on new connections on a line of params, its rates x factor: their mean; with a
+    share_spread, the median over SPREAD_DRAWS draws of their weights (as the runs' per-flow median)."""
     rate_mbit = params.rate_bps / 1e6 if math.isfinite(params.rate_bps) else 1e6
     point = CalibrationPoint(rate_mbit, params.rtt_s * 1e3, params.loss * 100, flows, congestion, 0, 1, 1.0, factor)
-    line = Line(env, params, Calibration([point], "solving"), random.Random(0), congestion=congestion)
-    times = []
-    for _ in range(flows):
-        line.transfer(kv_bytes, connections).callbacks.append(lambda _e: times.append(env.now))
-    env.run()
-    return sum(kv_bytes * 8 / t / 1e6 for t in times) / len(times)
+    goodputs = []
+    for seed in range(SPREAD_DRAWS if spread else 1):
+        env = clock.Environment()
+        line = Line(env, params, Calibration([point], "solving", spread), random.Random(seed), congestion=congestion)
+        times: list[float] = []
+        landed = lambda _e, times=times, env=env: times.append(env.now)  # noqa: E731
+        for _ in range(flows):
+            line.transfer(kv_bytes, connections).callbacks.append(landed)
+        env.run()
+        goodputs += [kv_bytes * 8 / t / 1e6 for t in times]
+    return statistics.median(goodputs) if spread else sum(goodputs) / len(goodputs)
+
+
+SPREAD_DRAWS = 16  # transfers_goodput_mbit's draws of the weights, with a share_spread
 
 
 def solve_factor(params: LineParams, congestion: str, connections: int, flows: int, kv_bytes: float,
-                 goodput_mbit: float) -> float:  # fmt: skip
-    """The factor of the simulator's rates on this line at which its transfers (as transfers_goodput_mbit) take
-    goodput_mbit: bisection on its logarithm in [1/1000, 1] (the goodput grows with it). At most 1: a line never
-    carries more than its rate; transfers that measured faster than the formula's (fewer sharing the line than
-    their time-averaged concurrency's bin) leave it as it is."""
+                 goodput_mbit: float, spread: float = 0.0) -> float:  # fmt: skip
+    """The factor of the simulator's rates on this line at which its transfers (as transfers_goodput_mbit, with the
+    table's share_spread) take goodput_mbit: bisection on its logarithm in [1/1000, 1] (the goodput grows with it).
+    At most 1: a line never carries more than its rate; transfers that measured faster than the formula's (fewer
+    sharing the line than their time-averaged concurrency's bin) leave it as it is."""
     lo, hi = math.log(1e-3), 0.0
+    args = (params, congestion, connections, flows, kv_bytes)
     for _ in range(40):
         mid = (lo + hi) / 2
-        if transfers_goodput_mbit(params, congestion, connections, flows, kv_bytes, math.exp(mid)) < goodput_mbit:
+        if transfers_goodput_mbit(*args, math.exp(mid), spread) < goodput_mbit:
             lo = mid
         else:
             hi = mid
     return round(math.exp((lo + hi) / 2), 4)
 
 
-_CAP = operator.attrgetter("cap")
+_ORDER = operator.attrgetter("order")
+SHARE_LEVELS = 8  # a transfer's weight on the line: one of this many equally likely values (share_weights)
+
+
+def share_weights(spread: float, levels: int = SHARE_LEVELS) -> tuple[float, ...]:
+    """The weights a transfer's share of a full line takes, equally likely: the quantiles (k + 1/2) / levels of a
+    lognormal of mean 1 and log-spread `spread` (0: (1.0,), every transfer its equal share). TCP flows sharing a
+    bottleneck do not split it evenly (which flow's packets a full queue drops, who started first: the emulated
+    runs' concurrent WAN copies took 0.7-1.9x their share, 10th-90th percentile; docs/simulator.md)."""
+    if spread <= 0:
+        return (1.0,)
+    z = statistics.NormalDist()
+    return tuple(math.exp(spread * z.inv_cdf((k + 0.5) / levels) - spread * spread / 2) for k in range(levels))
 
 
 class _Group:
-    """The flows of one cap: they share one rate, so one virtual clock (bytes served to each since the group
-    began) orders their ends in a heap of (virtual end, sequence, event): O(log n) per join or end."""
+    """The flows of one cap and weight: they share one rate, so one virtual clock (bytes served to each since the
+    group began) orders their ends in a heap of (virtual end, sequence, event): O(log n) per join or end. order:
+    cap / weight, the weighted max-min order."""
 
-    __slots__ = ("cap", "served", "rate", "heap")
+    __slots__ = ("cap", "w", "order", "served", "rate", "heap")
 
-    def __init__(self, cap: float):
-        self.cap, self.served, self.rate, self.heap = cap, 0.0, 0.0, []
+    def __init__(self, cap: float, w: float):
+        self.cap, self.w, self.order, self.served, self.rate, self.heap = cap, w, cap / w, 0.0, 0.0, []
 
 
 class Line:
@@ -339,7 +367,8 @@ class Line:
     rng: draws the jitter; slow_start: model each transfer's slow-start rounds (a new or idle connection);
     congestion: the senders' TCP congestion control: bbr is not loss-bound (it paces at the bottleneck's rate
     whatever random loss of a few % does: its flows get their fair share, less the lost packets); every other
-    (cubic, reno, the kernel's default) is capped by Mathis"""
+    (cubic, reno, the kernel's default) is capped by Mathis. Where the calibration covers the line, a full line is
+    shared by weight: each transfer draws one of share_weights(calibration.share_spread) (weighted max-min)."""
 
     def __init__(
         self,
@@ -353,14 +382,16 @@ class Line:
     ):
         self.env, self.params, self.calibration = env, params, calibration
         self.rng, self.slow_start, self.congestion = rng or random.Random(0), slow_start, congestion
-        self.groups: dict[float, _Group] = {}  # by cap, in the order they began (the order their ends fire)
-        self._by_cap: list[_Group] = []  # the same groups, lowest cap first (the max-min order)
+        self.groups: dict[tuple, _Group] = {}  # by (cap, weight), in the order they began (their ends fire so)
+        self._by_cap: list[_Group] = []  # the same groups, lowest cap / weight first (the max-min order)
         self.kept: dict[object, list[_Kept]] = {}  # peer -> its idle connections, the latest given back last
         self._t, self._gen, self._seq = 0.0, 0, 0
-        self._n, self._demand = 0, 0.0  # transfers on the line, the sum of their caps (bit/s)
+        self._n, self._demand, self._wsum = 0, 0.0, 0.0  # transfers on the line, their caps (bit/s), weights
         self.bytes_sent = 0
+        self.log: list | None = None  # set to a list: each transfer's [sent (s), bytes, arrived (s)] (scripts)
         self._rate, self._line_bps = params.rate_bps, 2 * params.rate_bps  # an uncapped flow counts as twice the line
         self._calibrated = calibration is not None and calibration.covers(params, congestion)  # else 1 everywhere
+        self._weights = share_weights(calibration.share_spread if self._calibrated else 0.0)
         self._caps: dict[int, float] = {}  # connections -> cap_bps
         self._factors: dict[int, float] = {}  # transfers on the line -> the calibration's factor (until a change)
         for at_s, changed in schedule:  # a schedule's changes: (s from now, LineParams)
@@ -373,6 +404,7 @@ class Line:
         self._advance()
         self.params, self._rate, self._line_bps = params, params.rate_bps, 2 * params.rate_bps
         self._calibrated = self.calibration is not None and self.calibration.covers(params, self.congestion)
+        self._weights = share_weights(self.calibration.share_spread if self._calibrated else 0.0)
         self._caps.clear()
         self._factors.clear()
         lb = self._line_bps
@@ -402,11 +434,17 @@ class Line:
         it takes and gives back (None: new ones, not kept)."""
         p, done = self.params, self.env.event()
         self.bytes_sent += int(nbytes)
+        if self.log is not None:
+            rec = [self.env.now, nbytes]
+            self.log.append(rec)
+            done.callbacks.append(lambda _e: rec.append(self.env.now))
         cap = self._caps.get(connections) or self._caps.setdefault(connections, self.cap_bps(connections))
         frames = -(-int(nbytes) // MSS_BYTES) or 1
         delay = max(0.0, p.one_way_s + (p.max_jitter_s(frames, self.rng.random()) if p.jitter_s else 0.0))
         start = self._take(peer)
         full = min(cap, p.rate_bps) / 8 * p.rtt_s  # bytes per RTT at the cap: slow start ends there
+        ws = self._weights
+        w = ws[int(self.rng.random() * len(ws))] if len(ws) > 1 else 1.0
         if peer is not None:
             window = min(full, (start or INITIAL_WINDOW_SEGMENTS * MSS_BYTES) + nbytes)  # + each byte acked
             done.callbacks.append(lambda _e: self._give(peer, window, delay, connections))
@@ -416,10 +454,10 @@ class Line:
             if left <= _DONE_BYTES or math.isinf(cap):  # within slow start, or no loss: with the ramp
                 self.env.call_in(delay + ramp_s, done.succeed)
             else:
-                self.env.call_in(delay + ramp_s, self._join, (left, math.inf, full, cap, done))
+                self.env.call_in(delay + ramp_s, self._join, (left, math.inf, full, cap, w, done))
             return done
         first = (start or INITIAL_WINDOW_SEGMENTS * MSS_BYTES) if self.slow_start and p.rtt_s > 0 else math.inf
-        self.env.call_in(delay, self._join, (nbytes, first, full, cap, done))
+        self.env.call_in(delay, self._join, (nbytes, first, full, cap, w, done))
         return done
 
     def _take(self, peer: object) -> float | None:
@@ -442,32 +480,36 @@ class Line:
         if (len(pool) + 1) * connections <= KEPT_CONNECTIONS:
             pool.append(_Kept(window, self.env.now - delay, self.env.now + self.params.one_way_s))
 
-    def _join(self, transfer: tuple[float, float, float, float, clock.Event]) -> None:
+    def _join(self, transfer: tuple[float, float, float, float, float, clock.Event]) -> None:
         """A transfer starts sharing the line now: (bytes left, its slow-start rounds from window (inf: none), the
-        window at its cap, its cap, its event), then the rest."""
-        left, window, full, cap, done = transfer
+        window at its cap, its cap, its weight, its event), then the rest."""
+        left, window, full, cap, w, done = transfer
         self._advance()
-        self._round(left, window, full, cap, done)
+        self._round(left, window, full, cap, w, done)
         self._reschedule()
 
-    def _round(self, left: float, window: float, full: float, cap: float, done: clock.Event) -> None:
+    def _round(self, left: float, window: float, full: float, cap: float, w: float, done: clock.Event) -> None:
         """A transfer's next slow-start round (window bytes capped at window / RTT, then the next round at twice
         the window), or, past its slow start or within this window, the rest at its cap."""
         if window >= full or left <= window + _DONE_BYTES:
-            self._push(left, cap, done.succeed)
+            self._push(left, cap, w, done.succeed)
         else:
             rtt = self.params.rtt_s
-            self._push(window, window * 8 / rtt, lambda: self._round(left - window, 2 * window, full, cap, done))
+            then = lambda: self._round(left - window, 2 * window, full, cap, w, done)  # noqa: E731
+            self._push(window, window * 8 / rtt, w, then)
 
-    def _push(self, nbytes: float, cap: float, then) -> None:
-        """nbytes at most cap (bit/s) on the line from now; then() once they are across (no reschedule)."""
-        g = self.groups.get(cap)
+    def _push(self, nbytes: float, cap: float, w: float, then) -> None:
+        """nbytes at most cap (bit/s), of weight w, on the line from now; then() once they are across (no
+        reschedule)."""
+        key = (cap, w)
+        g = self.groups.get(key)
         if g is None:
-            g = self.groups[cap] = _Group(cap)
-            bisect.insort(self._by_cap, g, key=_CAP)
+            g = self.groups[key] = _Group(cap, w)
+            bisect.insort(self._by_cap, g, key=_ORDER)
         self._seq += 1
         heapq.heappush(g.heap, (g.served + nbytes, self._seq, then))
         self._n += 1
+        self._wsum += w
         self._demand += cap if cap < self._line_bps else self._line_bps  # an uncapped flow: more than the line
 
     def _advance(self) -> None:
@@ -478,13 +520,13 @@ class Line:
                 g.served += g.rate / 8 * dt
 
     def _reschedule(self) -> None:
-        """Share the line among the groups (max-min over their caps), and time the next end."""
+        """Share the line among the groups (max-min over their caps, by weight), and time the next end."""
         self._gen += 1
         if not self.groups:
-            self._n, self._demand = 0, 0.0  # no float drift carried over
+            self._n, self._demand, self._wsum = 0, 0.0, 0.0  # no float drift carried over
             return
-        n, rate = self._n, self._rate
-        factor = self._factor(n) if self._calibrated else 1.0
+        n, rate = self._wsum, self._rate
+        factor = self._factor(self._n) if self._calibrated else 1.0
         wait = math.inf
         if self._demand <= rate:  # the line is not full: every flow at its cap
             for g in self.groups.values():
@@ -494,11 +536,11 @@ class Line:
                     wait = w
         else:
             left = rate
-            for g in self._by_cap:
-                heap, cap = g.heap, g.cap
-                share, k = left / n, len(heap)
+            for g in self._by_cap:  # weighted max-min: n is the weight left
+                heap, cap, wt = g.heap, g.cap, g.w
+                share, k = left * wt / n, len(heap)
                 r = share if share < cap else cap
-                left, n = left - r * k, n - k
+                left, n = left - r * k, n - wt * k
                 if factor != 1.0:
                     r *= factor
                 g.rate = r
@@ -514,7 +556,8 @@ class Line:
         now = self.env.now
         dt, self._t = now - self._t, now
         due, gone, line_bps = [], [], self._line_bps
-        for cap, g in self.groups.items():  # _advance and the ends due, in one pass
+        for key, g in self.groups.items():  # _advance and the ends due, in one pass
+            cap, w = key
             served = g.served
             if dt:
                 served = g.served = served + g.rate / 8 * dt
@@ -524,11 +567,12 @@ class Line:
             while heap and heap[0][0] <= reach:
                 due.append(heapq.heappop(heap)[2])
                 self._n -= 1
+                self._wsum -= w
                 self._demand -= cap if cap < line_bps else line_bps
             if not heap:
-                gone.append(cap)  # a slow-start round's cap may not come again
-        for cap in gone:
-            self._by_cap.remove(self.groups.pop(cap))
+                gone.append(key)  # a slow-start round's cap may not come again
+        for key in gone:
+            self._by_cap.remove(self.groups.pop(key))
         for then in due:
             then()
         self._reschedule()

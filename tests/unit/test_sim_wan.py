@@ -18,6 +18,7 @@ from experiments.sim.wan import (
     fair_share,
     load_calibration,
     mathis_bps,
+    share_weights,
     slow_start,
     solve_factor,
     transfers_goodput_mbit,
@@ -152,7 +153,7 @@ def test_the_shipped_table_gives_each_measured_line_the_goodput_the_emulator_mea
     assert cal.status.startswith("calibrated:") and len(cal.points) >= 10
     for p in cal.points:
         line = LineParams(rate_bps=p.rate_mbit * 1e6, rtt_s=p.rtt_ms / 1e3, loss=p.loss_pct / 100)
-        simulated = transfers_goodput_mbit(line, p.congestion, 2, p.flows, p.kv_bytes, p.factor)
+        simulated = transfers_goodput_mbit(line, p.congestion, 2, p.flows, p.kv_bytes, p.factor, cal.share_spread)
         if p.factor < 1:
             assert simulated == pytest.approx(p.per_flow_mbit, rel=0.01), p
         else:
@@ -191,6 +192,8 @@ factor: 0.5"
         (f"status: x\npoints: [{{{POINT.replace('flows: 1', 'flows: 0')}}}]", "flows"),
         (f"status: x\npoints: [{{{POINT.replace('factor: 0.5', 'factor: 1.5')}}}]", "factor"),
         (f"status: x\npoints: [{{{POINT.replace('congestion: bbr', 'congestion: 3')}}}]", "congestion"),
+        ("status: x\nshare_spread: -0.1\npoints: []", "share_spread"),
+        ("status: x\nshare_spread: wide\npoints: []", "share_spread"),
     ],
 )
 def test_a_bad_calibration_table_is_refused_naming_the_field(tmp_path, text, field):
@@ -245,3 +248,30 @@ def test_the_simulated_line_plays_the_profiles_schedule_from_the_workloads_start
     link = load_for_simulation("pdd-vs-baselines", ["profile=wan-flaky", "schedule_clock=link"])
     assert sim_config(link, "pdd").line_schedule == ()  # played once from the link's coming up: not simulated
     assert any(w.startswith("Not simulated: the link's schedule") for w in not_simulated(link, {"pdd": cfg}))
+
+
+def test_share_weights_are_a_lognormal_of_mean_one_and_none_without_spread():
+    assert share_weights(0.0) == (1.0,)
+    ws = share_weights(0.3)
+    assert len(ws) == 8 and list(ws) == sorted(ws) and sum(ws) / len(ws) == pytest.approx(1.0, abs=0.01)
+    assert ws[-1] / ws[0] == pytest.approx(math.exp(0.3 * 2 * 1.534), rel=0.01)  # z of 1/16 and 15/16: +-1.534
+
+
+def test_a_full_line_is_shared_by_each_transfers_drawn_weight():
+    # A line the calibration covers (factor 1) with share_spread 0.5: each transfer draws one of the 8 weights (the
+    # line's rng, in the order they start); two 1 MB transfers on 1 MB/s: the heavier gets w / (w1 + w2) of the
+    # line until it is done, the other the rest and then the whole line, so the last still lands at 2 s.
+    point = CalibrationPoint(8, 0, 0, 1, "cubic", MB, 10, 8.0, 1.0)
+    cal = Calibration([point], "calibrated", share_spread=0.5)
+    ws, draws = share_weights(0.5), random.Random(5)
+    w1, w2 = (ws[int(draws.random() * len(ws))] for _ in range(2))
+    assert w1 != w2  # this seed draws two levels
+    line = LineParams(rate_bps=8e6, rtt_s=0.0)
+    first, second = arrivals(line, [MB, MB], calibration=cal, rng=random.Random(5), slow_start=False)
+    assert min(first, second) == pytest.approx((w1 + w2) / max(w1, w2))
+    assert max(first, second) == pytest.approx(2.0)
+    assert (first < second) == (w1 > w2)
+    # a line the table does not cover keeps equal shares
+    assert arrivals(LineParams(rate_bps=8e9, rtt_s=0.0), [MB, MB], calibration=cal, rng=random.Random(5)) == (
+        pytest.approx([0.002, 0.002])
+    )
