@@ -208,3 +208,33 @@ def test_a_run_that_computed_otherwise_is_refused():
     for v in bare["variants"].values():
         v["roles_cpu"] = {"roles": {"p": {"modelled_s": 8.0}}}
     assert vs.mismatch(vs.Run("m", "wan-lossy", bare), ref, "pdd-vs-baselines", modelled) is None
+
+
+def test_wan_spread_reads_the_simulators_copies_as_the_runs_and_the_spread_widens_them():
+    # pd-cross on wan-congested (the table covers it): its copies' goodput over their share, two seeds; equal
+    # shares keep them near 1 (90th / 10th ~1.2), weights of log-spread 0.5 spread them (~3: validate_sim
+    # wan-spread's table in docs/simulator.md, "Uneven shares")
+    def p90_over_p10(spread):
+        ratios = vs.sim_share_ratios("pdd-vs-baselines", "wan-congested", (), "pd-cross", range(1, 3), spread)
+        assert len(ratios) >= 20 and all(r > 0 for r in ratios)
+        lo, _mid, hi = vs._quantiles(ratios)
+        return hi / lo
+
+    assert p90_over_p10(0.0) < 1.4 < 1.8 < p90_over_p10(0.5)
+
+
+def test_the_wan_table_writes_its_share_spread_and_the_simulator_reads_it_back(tmp_path):
+    from experiments.sim.wan import load_calibration
+
+    summary = _summary()
+    copy = {"path": "wan", "kv_bytes": 30e6, "goodput_mbit": 10.0, "concurrency": 1.0, "sender_idle": 0.0}
+    summary["variants"]["pdd"]["transfer_limits"] = {"transfers": [copy] * 5}
+    run = tmp_path / "matrix" / "wan-lossy"
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text(json.dumps(summary))
+    out = tmp_path / "calibration.yaml"
+    vs.wan_table([tmp_path / "matrix"], "pdd-vs-baselines", out, 0.3)
+    cal = load_calibration(out)
+    assert cal.share_spread == 0.3 and "--share-spread 0.3" in out.read_text()
+    [point] = cal.points
+    assert (point.flows, point.transfers, point.per_flow_mbit) == (1, 5, 10.0) and point.factor < 1
