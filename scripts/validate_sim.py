@@ -1326,7 +1326,7 @@ def lan_rate(runs: list[Path], variants: tuple[str, ...]) -> None:
             q = [percentile(rs, p) / 1e9 for p in (25, 50, 75)]  # as summary.json's kv_paths.fast.lan_bound
             print(f"| {v} | {len(rs)} | {q[1]:.2f} | {q[0]:.2f} - {q[2]:.2f} |")
     if by["pooled"]:
-        rate = statistics.median(by["pooled"]) / 1e6 * FRAME_BYTES / MSS_BYTES
+        rate = percentile(by["pooled"], 50) / 1e6 * FRAME_BYTES / MSS_BYTES
         print(f"\nrate_mbit: {rate:.0f}  # the LAN profile whose simulated goodput is the pooled median")
 
 
