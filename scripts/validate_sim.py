@@ -996,15 +996,17 @@ def flows_bin(concurrency: float) -> int:
     return 2 ** max(0, round(math.log2(max(1.0, concurrency))))
 
 
-def wan_transfers(runs: list[Run]) -> dict[tuple[str, int], list[dict]]:
-    """(profile, flows) -> every WAN KV transfer of WAN_TABLE_MIN_BYTES or more the runs measured there
-    (summary.json's transfer_limits: each transfer's bytes, the sender's time, its goodput and the transfers sharing
-    the line on average), its goodput over the time its sender had bytes to send: the emulated P streams a prompt's
-    KV while it computes it, so part of a copy's time (`sender_idle`, median 4-22% a profile) is P's, which the
-    simulator counts before the copy starts."""
+def wan_transfers(runs: list[Run], variant: str | None = None) -> dict[tuple[str, int], list[dict]]:
+    """(profile, flows) -> every WAN KV transfer of WAN_TABLE_MIN_BYTES or more the runs measured there (variant:
+    its only; None: every variant's) (summary.json's transfer_limits: each transfer's bytes, the sender's time, its
+    goodput and the transfers sharing the line on average), its goodput over the time its sender had bytes to send:
+    the emulated P streams a prompt's KV while it computes it, so part of a copy's time (`sender_idle`, median 4-22%
+    a profile) is P's, which the simulator counts before the copy starts."""
     out: dict[tuple[str, int], list[dict]] = {}
     for run in runs:
-        for v in run.summary["variants"].values():
+        for name, v in run.summary["variants"].items():
+            if variant is not None and name != variant:
+                continue
             for t in (v.get("transfer_limits") or {}).get("transfers") or []:
                 if t.get("path") == "wan" and t.get("goodput_mbit") and t["kv_bytes"] >= WAN_TABLE_MIN_BYTES:
                     busy = t | {"goodput_mbit": t["goodput_mbit"] / max(0.05, 1 - (t.get("sender_idle") or 0.0))}
@@ -1086,12 +1088,12 @@ def sim_share_ratios(spec: str, profile: str, sets: tuple[str, ...], variant: st
     from experiments.sim.config import load_for_simulation, sim_config
     from experiments.sim.pipeline import Simulation
     from experiments.sim.simulate import workload_of
-    from experiments.sim.wan import load_calibration
+    from experiments.sim.wan import Calibration, load_calibration
 
     loaded = load_for_simulation(spec, [f"profile={profile}", *sets])
     cfg, reqs = sim_config(loaded, variant), workload_of(loaded)
     base = load_calibration()
-    cal = type(base)(base.points, base.status, spread)
+    cal = Calibration(base.points, base.status, spread)
     out = []
     for seed in seeds:
         sim = Simulation(cfg, reqs, seed, cal, request_s=loaded.spec.timeouts.request_s)
@@ -1117,12 +1119,10 @@ def wan_spread(matrices: list[Path], spec: str, sets: tuple[str, ...], variant: 
 
     runs = [r for r in find_runs(matrices) if r.summary.get("simulated") is not True]
     measured: dict[str, list[float]] = {}
-    for run in runs:
-        for t in ((run.summary["variants"].get(variant) or {}).get("transfer_limits") or {}).get("transfers") or []:
-            busy = (t.get("goodput_mbit") or 0) / max(0.05, 1 - (t.get("sender_idle") or 0.0))
-            if t.get("path") == "wan" and busy and t["kv_bytes"] >= WAN_TABLE_MIN_BYTES and t.get("share_mbit"):
-                if (t.get("concurrency") or 1.0) >= SPREAD_MIN_FLOWS:
-                    measured.setdefault(run.profile, []).append(busy / t["share_mbit"])
+    for (profile, _flows), ts in wan_transfers(runs, variant).items():
+        for t in ts:
+            if t.get("share_mbit") and (t.get("concurrency") or 1.0) >= SPREAD_MIN_FLOWS:
+                measured.setdefault(profile, []).append(t["goodput_mbit"] / t["share_mbit"])
     floor = f">= {WAN_TABLE_MIN_BYTES / 1e6:g} MB, >= {SPREAD_MIN_FLOWS} in flight"
     print(f"{variant}'s WAN copies ({floor}): goodput / share")
     heads = " | ".join(f"spread {s:g}" for s in spreads)
