@@ -229,10 +229,11 @@ def add_to(summary: dict, events: list[dict], meta) -> None:
     """Into summary, in place: each variant's transfer_limits and the warnings (meta: the run's RunMetadata;
     nothing where the line was unlimited or never up; a rate trace: shares of its mean rate, line_rate_mbit)."""
     wan = meta.topology.wan_profile.a_to_b if meta.topology else None
-    line_mbit = line_rate_mbit(wan.model_extra or {}, wan.rate_mbit) if wan is not None else None
-    if not line_mbit:
+    if wan is None:
         return
     extra = wan.model_extra or {}
+    if not (line_mbit := line_rate_mbit(extra, wan.rate_mbit)):
+        return
     rtt_ms, loss_pct = 2 * float(extra.get("delay_ms") or 0), float(extra.get("loss_pct") or 0)
     s = meta.line_scaling.kv_scale if getattr(meta, "line_scaling", None) else 1.0
     clusters = {h.name: h.cluster for h in getattr(meta.topology, "hosts", None) or []}
