@@ -193,6 +193,11 @@ class LinkParams:
         return self.replace(**{name: LinkParams.__dataclass_fields__[name].default for name in PACKET_IMPAIRMENTS})
 
     @property
+    def mean_rate_mbit(self) -> float:
+        """The rate, or a rate trace's mean over one period (Mbit/s); 0: unlimited."""
+        return self.rate_mbit or (load_trace(self.rate_trace).mean_rate_mbit() if self.rate_trace else 0.0)
+
+    @property
     def effective_limit_pkts(self) -> int:
         """Queue limit actually applied: explicit, or derived so TCP can fill the link.
 
@@ -208,7 +213,7 @@ class LinkParams:
         if self.limit_pkts:
             return self.limit_pkts
         # A rate trace sizes the queue by its mean rate (both backends: the tc one holds it while the rate moves).
-        rate_mbit = self.rate_mbit or (load_trace(self.rate_trace).mean_rate_mbit() if self.rate_trace else 0.0)
+        rate_mbit = self.mean_rate_mbit
         if not rate_mbit:
             return NETEM_DEFAULT_LIMIT_PKTS
         one_way_s = (self.delay_ms + 2 * self.jitter_ms) / 1000

@@ -32,7 +32,6 @@ from experiments.sim.pipeline import Simulation, few_collections
 from experiments.sim.wan import Calibration, load_calibration
 from experiments.spec import workload
 from experiments.spec.experiment import Loaded, to_dict
-from topology.rate_trace import load_trace
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
 
@@ -167,7 +166,7 @@ def not_simulated(loaded: Loaded, configs: dict[str, SimConfig]) -> list[str]:
     if a_to_b.rate_trace:
         out.append(
             f"Not simulated: the rate trace's variation ({Path(a_to_b.rate_trace).name}): the line runs at the "
-            f"trace's mean rate, {load_trace(a_to_b.rate_trace).mean_rate_mbit():.3g} Mbit/s."
+            f"trace's mean rate, {a_to_b.mean_rate_mbit:.3g} Mbit/s."
         )
     if a_to_b.loss_ge is not None or a_to_b.loss_state is not None:
         model = "Gilbert-Elliott" if a_to_b.loss_ge is not None else "4-state"

@@ -46,7 +46,6 @@ import yaml
 
 from experiments.sim import clock
 from topology.netem_model import NETEM_DIST_SCALE, load_dist_table
-from topology.rate_trace import load_trace
 
 MSS_BYTES = 1448  # TCP payload of a 1500-byte Ethernet frame with timestamps
 INITIAL_WINDOW_SEGMENTS = 10  # Linux's initial congestion window (RFC 6928)
@@ -126,9 +125,7 @@ def line_from_profile(profile, direction: str = "a_to_b") -> LineParams:
     mean rate, its variation not modelled; loss: the direction's long-run loss rate, a Gilbert-Elliott or
     4-state model's stationary mean: its bursts are not modelled)."""
     d, back = profile.direction(direction), profile.direction("b_to_a" if direction == "a_to_b" else "a_to_b")
-    rate = d.rate_mbit * 1e6 if d.rate_mbit else math.inf
-    if d.rate_trace:
-        rate = load_trace(d.rate_trace).mean_rate_mbit() * 1e6
+    rate = d.mean_rate_mbit * 1e6 or math.inf
     table = jitter_table(d.delay_distribution) if d.jitter_ms else ()
     return LineParams(rate, (d.delay_ms + back.delay_ms) / 1e3, d.expected_loss_pct / 100, d.jitter_ms / 1e3, table)
 
@@ -390,8 +387,7 @@ class Line:
         self.bytes_sent = 0
         self.log: list | None = None  # set to a list: each transfer's [sent (s), bytes, arrived (s)] (scripts)
         self._rate, self._line_bps = params.rate_bps, 2 * params.rate_bps  # an uncapped flow counts as twice the line
-        self._calibrated = calibration is not None and calibration.covers(params, congestion)  # else 1 everywhere
-        self._weights = share_weights(calibration.share_spread if self._calibrated else 0.0)
+        self._cover(params)
         self._caps: dict[int, float] = {}  # connections -> cap_bps
         self._factors: dict[int, float] = {}  # transfers on the line -> the calibration's factor (until a change)
         for at_s, changed in schedule:  # a schedule's changes: (s from now, LineParams)
@@ -403,13 +399,18 @@ class Line:
         new line's."""
         self._advance()
         self.params, self._rate, self._line_bps = params, params.rate_bps, 2 * params.rate_bps
-        self._calibrated = self.calibration is not None and self.calibration.covers(params, self.congestion)
-        self._weights = share_weights(self.calibration.share_spread if self._calibrated else 0.0)
+        self._cover(params)
         self._caps.clear()
         self._factors.clear()
         lb = self._line_bps
         self._demand = sum((g.cap if g.cap < lb else lb) * len(g.heap) for g in self.groups.values())
         self._reschedule()
+
+    def _cover(self, params: LineParams) -> None:
+        """Whether the calibration covers this line (else factor 1 everywhere), and the weights transfers draw."""
+        cal = self.calibration
+        self._calibrated = cal is not None and cal.covers(params, self.congestion)
+        self._weights = share_weights(cal.share_spread if self._calibrated else 0.0)
 
     def _factor(self, n: int) -> float:
         """The calibration's factor with n transfers on this line (looked up once per n)."""
