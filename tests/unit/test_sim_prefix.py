@@ -56,6 +56,53 @@ def test_eviction_takes_the_least_recent_prompt_tail_first_and_keeps_the_shared_
     assert cache.match(chain_b, len(b) + 1) == 4 * BLOCK  # the system prompt, in both, was the most recent
 
 
+class EagerStamps(PrefixCache):
+    """The cache as it stamped before its stamps were deferred: every block of a prompt at its insert."""
+
+    def insert(self, chain, room_blocks):
+        n = len(chain)
+        clock = self._clock + n
+        self.stamps.update(zip(chain, range(clock, clock - n, -1)))
+        self._clock = clock
+        self.trim(room_blocks)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_deferred_stamps_evict_what_stamping_every_insert_evicts(seed, monkeypatch):
+    """Sessions of growing turns over a shared system prompt, in a room that evicts often, some prefills pinned:
+    the same hits, evictions and blocks held after every step as the cache that stamps at once, and the same
+    stamps once the deferred are written (a small bound on the deferred, so that path runs too)."""
+    import random
+
+    import experiments.sim.kvroom as kvroom
+
+    monkeypatch.setattr(kvroom, "RESTAMP_AT_MOST", 5)
+    rng = random.Random(seed)
+    system = prompt_chain(list(range(64)), BLOCK)
+    sessions = [list(system) for _ in range(6)]
+    deferred, eager = PrefixCache(BLOCK), EagerStamps(BLOCK)
+    for step in range(400):
+        s = rng.randrange(len(sessions))
+        chain = sessions[s]
+        if rng.random() < 0.3 and len(chain) > 12:  # a new session over the system prompt
+            chain = sessions[s] = list(system)
+        extend_chain(chain, (len(chain) + rng.randint(1, 5)) * BLOCK, BLOCK, salt=step)
+        prompt_len, room = len(chain) * BLOCK + 1, rng.randint(10, 40)
+        pin = f"r{step}" if rng.random() < 0.5 else ""
+        unpin = pin and rng.random() < 0.7  # its prefill ended before the insert (else it stays pinned)
+        hits = [c.match(chain, prompt_len, pin) for c in (deferred, eager)]
+        assert hits[0] == hits[1]
+        for c in (deferred, eager):
+            c.trim(room)
+            if unpin:
+                c.unpin(pin)
+            c.insert(chain, room)
+        assert deferred.evictions == eager.evictions and deferred.stamps.keys() == eager.stamps.keys()
+    assert deferred.evictions > 50  # the room was short: eviction read the stamps again and again
+    deferred._write_stamps()
+    assert deferred.stamps == eager.stamps
+
+
 def sessions_of_four_turns(p_workers: int, pick_p: str = "round_robin", sessions: int = 1, *extra: str):
     """Sessions of four turns on pd-intra (P -> RLD), nothing else: their requests, records and the simulation."""
     loaded = load_for_simulation(
