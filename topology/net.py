@@ -460,9 +460,12 @@ class Testbed:
         """Raise TestbedError if a schedule failed to change the link (each played schedule's failure is
         raised once; the link clock's, every time: that schedule stopped for good) or the userspace
         emulator died."""
-        failed = [r for r in ([self._schedule] if self._schedule else []) + self._schedules + self._played if r.error]
-        self._played = [r for r in self._played if not r.error and r.running]
-        problems = [f"schedule failed: {r.error}" for r in failed]
+        # each runner read once, whether it runs before its error: its thread sets the error and then ends, so a
+        # change failing between two reads is raised now or next time, never dropped unseen
+        clocks = [(r, r.running, r.error) for r in ([self._schedule] if self._schedule else []) + self._schedules]
+        played = [(r, r.running, r.error) for r in self._played]
+        self._played = [r for r, running, err in played if running and not err]
+        problems = [f"schedule failed: {err}" for _r, _running, err in clocks + played if err]
         for name, link in self.links.items():
             code = link.backend.exit_code
             if code is not None:

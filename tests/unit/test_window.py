@@ -57,6 +57,36 @@ def testbed(tmp_path, monkeypatch):
     return make
 
 
+class FailsWhileChecked:
+    """A played schedule whose change fails while Testbed.check reads it: alive with no error at the first read,
+    then (its thread set the error and ended) failed and stopped at every later read."""
+
+    def __init__(self):
+        self.reads = 0
+
+    def _read(self, before, after):
+        self.reads += 1
+        return before if self.reads == 1 else after
+
+    @property
+    def running(self):
+        return self._read(True, False)
+
+    @property
+    def error(self):
+        return self._read(None, RuntimeError("tc qdisc change failed"))
+
+
+def test_a_schedule_failing_while_the_testbed_checks_it_is_raised_not_dropped(testbed):
+    """Testbed.check reads each played schedule; one whose change fails between two reads must still be raised
+    (now or at the next check), never dropped from the schedules watched unseen."""
+    tb = testbed()
+    tb._played.append(FailsWhileChecked())
+    with pytest.raises(TestbedError, match="schedule failed: tc qdisc change failed"):
+        tb.check()
+        tb.check()
+
+
 def _window(tb, tmp_path, name):
     return VariantWindow(tb, Impairment(PROFILE.schedule, LABELS, restore=True), tmp_path / name, tmp_path)
 
@@ -276,9 +306,15 @@ def test_a_failed_schedule_step_ends_a_serve_session_incomplete(testbed, tmp_pat
     monkeypatch.setattr(serve._Forwarder, "start", lambda self: self)
     monkeypatch.setattr(serve._Forwarder, "stop", lambda self: None)
     spec = load_spec("pdd-smoke", ["runtime=process"])
-    deadline = time.monotonic() + 5
+    serving: list[float] = []  # the first until(): serving began (the setup before it, the machine's reference
+    # speed among it, takes 2-6 s on this machine: a deadline counted from here would pass before the schedule ran)
+
+    def five_s_served() -> bool:
+        serving.append(time.monotonic())
+        return serving[-1] - serving[0] > 5
+
     with pytest.raises(TestbedError, match="schedule failed: tc qdisc change failed"):
-        serve.run(spec, "pdd", until=lambda: time.monotonic() > deadline)  # the schedule fails at 0.05 s
+        serve.run(spec, "pdd", until=five_s_served)  # the schedule fails 0.05 s after the testbed is up
     meta = metadata.read(tmp_path)
     assert meta.serve and not meta.complete and "schedule failed" in meta.error
     assert meta.variants["pdd"].status == "stopped" and meta.variants["pdd"].exit_codes == {"router": 0}
