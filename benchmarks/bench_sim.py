@@ -71,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         " ever slows a run: the best of N is the code's speed, as timeit reports it)",
     )
     args = ap.parse_args(argv)
+    if args.repeat < 1:
+        ap.error(f"--repeat {args.repeat}: at least 1 run of each variant")
     with tempfile.TemporaryDirectory() as tmp:
         line = Path(tmp) / "published-line.yaml"
         line.write_text(LINE)
@@ -85,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"simulator: {'compiled (Cython): ' + ', '.join(built) if built else 'pure Python'}")
     for v, cfg in configs.items():
         walls, cpus = [], []
-        for _ in range(max(1, args.repeat)):
+        for _ in range(args.repeat):
             t1, c1 = time.perf_counter(), time.process_time()
             sim = Simulation(cfg, reqs, seed=1, calibration=cal, request_s=loaded.spec.timeouts.request_s)
             recs = sim.run()
